@@ -1,0 +1,5 @@
+import sys
+
+from certlm.cli import main
+
+sys.exit(main())

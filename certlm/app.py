@@ -1,0 +1,100 @@
+"""The app factory: settings, secrets, plugins, storage, routes, and the checks every request passes."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from quart import Quart
+from quart_schema import QuartSchema
+
+from certlm import __version__
+from certlm.auth import install_access_checks, load_or_create_api_key
+from certlm.config import Settings
+from certlm.errors import register_error_handlers
+from certlm.host import Host
+from certlm.licensing import LicenseService
+from certlm.plugins import build_plugin_manager
+from certlm.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
+from certlm.secretbox import SecretBox
+from certlm.storage import close_storage, open_storage
+
+log = logging.getLogger(__name__)
+
+# One module per area of the API, each exporting ``blueprint``.
+BLUEPRINT_MODULES: tuple[str, ...] = (
+    "certlm.blueprints.system",
+    "certlm.blueprints.license",
+    "certlm.blueprints.tls",
+    "certlm.blueprints.inventory",
+    "certlm.blueprints.devices",
+    "certlm.blueprints.pki",
+    "certlm.blueprints.maintenance",
+    "certlm.blueprints.admin",
+    "certlm.blueprints.docs",
+)
+
+
+def create_app(settings: Settings | None = None) -> Quart:
+    settings = settings or Settings.from_env()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    secrets = SecretBox.from_key_file(settings.secrets_dir / "certlm_secret.key")
+    services = HostServices(settings=settings, secrets=secrets)
+
+    plugin_manager = build_plugin_manager(settings.disabled_plugins)
+    drivers = DeviceDriverRegistry()
+    plugin_manager.hook.certlm_register_device_drivers(register=drivers)
+    drivers.instantiate(services)
+    pki_backends = PkiBackendRegistry()
+    plugin_manager.hook.certlm_register_pki_backends(register=pki_backends)
+    pki_backends.instantiate(services)
+
+    app = Quart("certlm", static_folder=None)
+    # opc.tcp://host:port arrives as a path parameter; its "//" must not be merged away.
+    app.url_map.merge_slashes = False
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["QUART_SCHEMA_CONVERT_CASING"] = False
+    host = Host(
+        settings=settings,
+        secrets=secrets,
+        services=services,
+        plugin_manager=plugin_manager,
+        drivers=drivers,
+        pki_backends=pki_backends,
+        api_key=load_or_create_api_key(settings.api_key_file),
+        licenses=LicenseService(settings.license_public_key_file),
+    )
+    app.extensions["certlm"] = host
+
+    QuartSchema(
+        app,
+        openapi_path="/openapi.json",
+        swagger_ui_path="/docs",
+        redoc_ui_path=None,
+        scalar_ui_path=None,
+        info={"title": "certlm", "version": __version__},
+        security_schemes={
+            "apiKey": {"type": "apiKey", "in_": "header", "name": "X-API-Key"},
+            "bearer": {"type": "http", "scheme": "bearer"},
+        },
+        security=[{"apiKey": []}, {"bearer": []}],
+    )
+    register_error_handlers(app)
+    install_access_checks(app)
+    for module_name in BLUEPRINT_MODULES:
+        app.register_blueprint(importlib.import_module(module_name).blueprint)
+    for blueprints in plugin_manager.hook.certlm_blueprints():
+        for blueprint in blueprints or ():
+            app.register_blueprint(blueprint)
+
+    model_modules = [m for modules in plugin_manager.hook.certlm_model_modules() for m in modules or ()]
+
+    @app.before_serving
+    async def start_storage() -> None:
+        host.schema_version = await open_storage(settings.database_url, model_modules)
+
+    @app.after_serving
+    async def stop_storage() -> None:
+        await close_storage()
+
+    return app

@@ -1,0 +1,93 @@
+"""API-key authentication and license feature gating, applied to every route in one place.
+
+The open routes are exactly the spec's list; ``tests/test_access.py`` walks the app's url map to keep it so.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+from pathlib import Path
+
+from quart import Quart, request
+
+from certlm.errors import APIError, Forbidden, Unauthorized
+from certlm.host import current_host
+from certlm.licensing import CORE_FEATURE
+from certlm.secretbox import write_private_file
+
+log = logging.getLogger(__name__)
+
+# (method, url rule) pairs reachable without an API key: the spec's list, nothing more.
+OPEN_ROUTES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("GET", "/docs"),
+        ("GET", "/openapi.json"),
+        ("GET", "/pki/ca/<pki_id>"),
+        ("GET", "/pki/crl/<pki_id>"),
+        ("GET", "/systeminfo"),
+        ("GET", "/opcua_gds_dashboard.html"),
+    }
+)
+# URL rules that need the API key but no license, so that a license can be installed at all.
+LICENSE_EXEMPT_RULES: frozenset[str] = frozenset({"/systeminfo/lic"})
+
+
+def load_or_create_api_key(path: Path) -> str:
+    """Read the API key, or create a strong random one (mode 0600) on first start and say where."""
+    if path.exists():
+        key = path.read_text().strip()
+        if len(key) < 16:
+            raise RuntimeError(f"API key in {path} is shorter than 16 characters")
+        return key
+    key = secrets.token_urlsafe(32)
+    write_private_file(path, (key + "\n").encode())
+    print(f"certlm: created a new API key in {path}", flush=True)
+    return key
+
+
+def presented_key() -> str | None:
+    if key := request.headers.get("X-API-Key"):
+        return key.strip()
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    return None
+
+
+def is_open(method: str, rule: str) -> bool:
+    method = "GET" if method == "HEAD" else method
+    return (method, rule) in OPEN_ROUTES
+
+
+def install_access_checks(app: Quart) -> None:
+    @app.before_request
+    async def check_access() -> None:
+        rule = request.url_rule
+        if rule is None or request.method == "OPTIONS":
+            return  # routing answers 404/405 itself
+        if is_open(request.method, rule.rule):
+            return
+        key = presented_key()
+        host = current_host()
+        if key is None:
+            raise Unauthorized("missing API key: send X-API-Key or Authorization: Bearer")
+        if not hmac.compare_digest(key.encode(), host.api_key.encode()):
+            raise Unauthorized("invalid API key")
+        if rule.rule in LICENSE_EXEMPT_RULES:
+            return
+        status = await host.licenses.current()
+        if status is None:
+            raise Forbidden("no license installed: POST one to /systeminfo/lic")
+        if not status.grants(CORE_FEATURE):
+            reason = status.validation_message or f"license lacks feature '{CORE_FEATURE}'"
+            raise Forbidden(f"license does not permit this: {reason}")
+
+    @app.before_request
+    async def check_content_type() -> None:
+        if request.method in ("POST", "PATCH", "PUT", "DELETE") and (request.content_length or 0) > 0:
+            if request.mimetype != "application/json":
+                raise APIError(
+                    f"unsupported content type {request.mimetype or 'none'!r}: send application/json", 415
+                )

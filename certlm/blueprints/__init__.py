@@ -1,0 +1,1 @@
+"""The REST interface, one module per area of the spec."""

@@ -1,0 +1,5 @@
+"""inventory: filled in by its area."""
+
+from quart import Blueprint
+
+blueprint = Blueprint("inventory", __name__)

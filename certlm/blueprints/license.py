@@ -1,0 +1,75 @@
+"""The installed license: upload, validation, removal. Needs the API key but no license."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from quart import Blueprint
+from quart_schema import validate_request
+
+from certlm.errors import APIError, NotFound
+from certlm.host import current_host
+from certlm.licensing import LicenseFormatError, decode_base64
+from certlm.storage.models import StoredLicense
+
+blueprint = Blueprint("license", __name__)
+
+
+class LicenseUpload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    license_b64: str = Field(strict=True, min_length=1, max_length=65536)
+
+
+class LicenseOut(BaseModel):
+    validation_success: bool
+    validation_message: str | None
+    company: str | None
+    features: list[str]
+    feature_count: int | None
+    licensed_endpoints: int | None
+    validity_start: str | None
+    validity_end: str | None
+    product: str | None
+    product_version: str | None
+    license_type: str | None
+    is_currently_valid: bool | None
+    days_until_expiry: int | None
+    is_expired: bool | None
+
+
+class LicenseRemoved(BaseModel):
+    validation_success: bool
+    validation_message: str
+    features: list[str]
+
+
+@blueprint.post("/systeminfo/lic")
+@validate_request(LicenseUpload)
+async def install_license(data: LicenseUpload) -> tuple[LicenseOut, int]:
+    """Store and validate a license file (base64). An invalid license is stored and reported as such."""
+    try:
+        decode_base64(data.license_b64)
+    except LicenseFormatError as error:
+        raise APIError(str(error)) from None
+    await StoredLicense.update_or_create(id=1, defaults={"license_b64": data.license_b64.strip()})
+    host = current_host()
+    host.licenses.forget()
+    status = await host.licenses.current(fresh=True)
+    return LicenseOut(**status.as_dict()), 201
+
+
+@blueprint.get("/systeminfo/lic")
+async def show_license() -> LicenseOut:
+    """The installed license, validated now."""
+    status = await current_host().licenses.current(fresh=True)
+    if status is None:
+        raise NotFound("No license stored")
+    return LicenseOut(**status.as_dict())
+
+
+@blueprint.delete("/systeminfo/lic")
+async def remove_license() -> LicenseRemoved:
+    """Remove the license; feature-gated endpoints answer 403 until another is installed."""
+    await StoredLicense.filter(id=1).delete()
+    current_host().licenses.forget()
+    return LicenseRemoved(validation_success=False, validation_message="License removed", features=[])

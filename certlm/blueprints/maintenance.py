@@ -1,0 +1,5 @@
+"""maintenance: filled in by its area."""
+
+from quart import Blueprint
+
+blueprint = Blueprint("maintenance", __name__)

@@ -1,0 +1,16 @@
+"""PKI type 0, ``none``: an entry without a PKI. Devices keep the certificates they have."""
+
+from __future__ import annotations
+
+from certlm import hookimpl
+from certlm.registry import PkiBackend, PkiBackendRegistry
+
+
+class NoPki(PkiBackend):
+    pki_type = 0
+    name = "none"
+
+
+@hookimpl(trylast=True)
+def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:
+    register.add(NoPki)

@@ -1,0 +1,253 @@
+"""Certificate, CSR and PKCS#12 parsing and description: the one place for it, used by host and plugins."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import pkcs12
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from certlm.errors import APIError, CsrRejected
+
+PKCS12_MIN_BASE64_CHARS = 160
+PKCS12_MAX_PASSWORD_CHARS = 1024
+
+_EKU_NAMES = {
+    ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
+    ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth",
+    ExtendedKeyUsageOID.CODE_SIGNING: "codeSigning",
+    ExtendedKeyUsageOID.EMAIL_PROTECTION: "emailProtection",
+    ExtendedKeyUsageOID.TIME_STAMPING: "timeStamping",
+    ExtendedKeyUsageOID.OCSP_SIGNING: "OCSPSigning",
+}
+_KEY_USAGE_NAMES = (
+    ("digital_signature", "digitalSignature"),
+    ("content_commitment", "nonRepudiation"),
+    ("key_encipherment", "keyEncipherment"),
+    ("data_encipherment", "dataEncipherment"),
+    ("key_agreement", "keyAgreement"),
+    ("key_cert_sign", "keyCertSign"),
+    ("crl_sign", "cRLSign"),
+)
+
+
+def load_certificate(data: bytes | str, what: str = "certificate") -> x509.Certificate:
+    """A certificate from PEM or DER; 400 naming ``what`` otherwise."""
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        if b"-----BEGIN" in raw:
+            return x509.load_pem_x509_certificate(raw)
+        return x509.load_der_x509_certificate(raw)
+    except ValueError:
+        raise APIError(f"{what} is not a valid PEM or DER X.509 certificate") from None
+
+
+def load_certificates_pem(text: str, what: str = "certificates") -> list[x509.Certificate]:
+    try:
+        certificates = x509.load_pem_x509_certificates(text.encode())
+    except ValueError:
+        raise APIError(f"{what} is not valid PEM X.509 certificates") from None
+    return certificates
+
+
+def load_crl(data: bytes | str, what: str = "CRL") -> x509.CertificateRevocationList:
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        if b"-----BEGIN" in raw:
+            return x509.load_pem_x509_crl(raw)
+        return x509.load_der_x509_crl(raw)
+    except ValueError:
+        raise APIError(f"{what} is not a valid PEM or DER CRL") from None
+
+
+def load_csr(pem: str) -> x509.CertificateSigningRequest:
+    """A PEM CSR whose self-signature verifies; ``CsrRejected`` (400) otherwise."""
+    try:
+        csr = x509.load_pem_x509_csr(pem.encode())
+    except ValueError:
+        raise CsrRejected("csr_pem is not a valid PEM certificate signing request") from None
+    try:
+        valid = csr.is_signature_valid
+    except Exception:  # an unsupported or broken key makes cryptography raise instead of answering False
+        valid = False
+    if not valid:
+        raise CsrRejected("csr_pem signature does not verify")
+    return csr
+
+
+@dataclass(frozen=True)
+class Pkcs12Content:
+    private_key: object
+    certificate: x509.Certificate
+    chain: tuple[x509.Certificate, ...]
+
+
+def load_pkcs12_base64(blob_b64: str, password: str | None, what: str) -> Pkcs12Content:
+    """Decode and decrypt a base64 PKCS#12 upload holding a key and a certificate; 400 naming ``what``."""
+    try:
+        blob = base64.b64decode("".join(blob_b64.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(f"{what} is not valid base64") from None
+    try:
+        key, certificate, chain = pkcs12.load_key_and_certificates(
+            blob, password.encode() if password else None
+        )
+    except (ValueError, TypeError):
+        raise APIError(
+            f"{what} is not a PKCS#12 file or cannot be decrypted with the given password"
+        ) from None
+    if certificate is None:
+        raise APIError(f"{what} holds no certificate")
+    if key is None:
+        raise APIError(f"{what} holds no private key")
+    return Pkcs12Content(private_key=key, certificate=certificate, chain=tuple(chain))
+
+
+def to_pem(certificate: x509.Certificate) -> str:
+    return certificate.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def to_der(certificate: x509.Certificate) -> bytes:
+    return certificate.public_bytes(serialization.Encoding.DER)
+
+
+def colon_hex(data: bytes) -> str:
+    return ":".join(f"{byte:02X}" for byte in data)
+
+
+def sha1_fingerprint(certificate: x509.Certificate) -> str:
+    return colon_hex(certificate.fingerprint(hashes.SHA1()))
+
+
+def sha256_spki(certificate: x509.Certificate) -> str:
+    spki = certificate.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return colon_hex(hashlib.sha256(spki).digest())
+
+
+def spec_datetime(moment: datetime | None) -> str | None:
+    """The inventory's ``YYYY-MM-DD HH:MM:SS`` (UTC) format."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else None
+
+
+def remaining_days(certificate: x509.Certificate, now: datetime | None = None) -> int:
+    now = now or datetime.now(UTC)
+    return (certificate.not_valid_after_utc - now).days
+
+
+def common_name(name: x509.Name) -> str | None:
+    attributes = name.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(attributes[0].value) if attributes else None
+
+
+def is_self_signed(certificate: x509.Certificate) -> bool:
+    if certificate.issuer != certificate.subject:
+        return False
+    try:
+        certificate.verify_directly_issued_by(certificate)
+    except (ValueError, TypeError, Exception):
+        return False
+    return True
+
+
+def key_description(certificate: x509.Certificate) -> tuple[str | None, int | None]:
+    key = certificate.public_key()
+    if isinstance(key, rsa.RSAPublicKey):
+        return "RSA", key.key_size
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        return f"EC {key.curve.name}", key.key_size
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return "Ed25519", 256
+    if isinstance(key, ed448.Ed448PublicKey):
+        return "Ed448", 456
+    if isinstance(key, dsa.DSAPublicKey):
+        return "DSA", key.key_size
+    return None, None
+
+
+def _extension(certificate: x509.Certificate, extension_type: type):
+    try:
+        return certificate.extensions.get_extension_for_class(extension_type).value
+    except x509.ExtensionNotFound:
+        return None
+
+
+def key_usages(certificate: x509.Certificate) -> list[str]:
+    usage = _extension(certificate, x509.KeyUsage)
+    if usage is None:
+        return []
+    names = [name for attribute, name in _KEY_USAGE_NAMES if getattr(usage, attribute)]
+    if usage.key_agreement:
+        names += [
+            n
+            for a, n in (("encipher_only", "encipherOnly"), ("decipher_only", "decipherOnly"))
+            if getattr(usage, a)
+        ]
+    return names
+
+
+def extended_key_usages(certificate: x509.Certificate) -> list[str]:
+    usage = _extension(certificate, x509.ExtendedKeyUsage)
+    return [_EKU_NAMES.get(oid, oid.dotted_string) for oid in usage] if usage else []
+
+
+def subject_alternative_names(certificate: x509.Certificate) -> dict[str, list[str]]:
+    san = _extension(certificate, x509.SubjectAlternativeName)
+    if san is None:
+        return {}
+    groups = {
+        "uri": san.get_values_for_type(x509.UniformResourceIdentifier),
+        "dns": san.get_values_for_type(x509.DNSName),
+        "ip": [str(ip) for ip in san.get_values_for_type(x509.IPAddress)],
+        "email": san.get_values_for_type(x509.RFC822Name),
+        "dirname": [name.rfc4514_string() for name in san.get_values_for_type(x509.DirectoryName)],
+    }
+    return {kind: values for kind, values in groups.items() if values}
+
+
+def crl_distribution_points(certificate: x509.Certificate) -> list[str]:
+    points = _extension(certificate, x509.CRLDistributionPoints)
+    urls = []
+    for point in points or ():
+        for name in point.full_name or ():
+            if isinstance(name, x509.UniformResourceIdentifier):
+                urls.append(name.value)
+    return urls
+
+
+def certificate_detail(certificate: x509.Certificate | None, now: datetime | None = None) -> dict:
+    """The ``certificate`` object of the spec's Certificate detail; all-null fields without a certificate."""
+    if certificate is None:
+        return {
+            "sha1_thumbprint": None, "sha256_spki": None, "subject_dn": None, "subject_cn": None,
+            "issuer_dn": None, "serial_number": None, "valid_from": None, "valid_to": None,
+            "remaining_days": None, "self_signed": False, "key_type": None, "public_key_size": None,
+            "key_usage": [], "extended_key_usage": [], "san": {}, "cdp": [],
+        }  # fmt: skip
+    key_type, key_size = key_description(certificate)
+    return {
+        "sha1_thumbprint": sha1_fingerprint(certificate),
+        "sha256_spki": sha256_spki(certificate),
+        "subject_dn": certificate.subject.rfc4514_string(),
+        "subject_cn": common_name(certificate.subject),
+        "issuer_dn": certificate.issuer.rfc4514_string(),
+        "serial_number": f"{certificate.serial_number:X}",
+        "valid_from": certificate.not_valid_before_utc.isoformat(),
+        "valid_to": certificate.not_valid_after_utc.isoformat(),
+        "remaining_days": remaining_days(certificate, now),
+        "self_signed": is_self_signed(certificate),
+        "key_type": key_type,
+        "public_key_size": key_size,
+        "key_usage": key_usages(certificate),
+        "extended_key_usage": extended_key_usages(certificate),
+        "san": subject_alternative_names(certificate),
+        "cdp": crl_distribution_points(certificate),
+    }

@@ -1,0 +1,108 @@
+"""The ``certlm`` command: serve the API, issue licenses, and set up a demo instance."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from datetime import date
+from pathlib import Path
+
+from certlm import __version__
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from certlm.config import Settings
+    from certlm.server import serve
+
+    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+    settings = Settings.from_env(**overrides)
+    asyncio.run(serve(settings, host=args.host, port=args.port))
+    return 0
+
+
+def _license_keygen(args: argparse.Namespace) -> int:
+    from certlm.licensing import generate_key_pair
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    private_path, public_path = generate_key_pair(out)
+    print(f"private key: {private_path}\npublic key:  {public_path}")
+    return 0
+
+
+def _license_issue(args: argparse.Namespace) -> int:
+    from certlm.licensing import issue_license, load_private_key
+
+    if args.endpoints < 0:
+        raise SystemExit("--endpoints must be at least 0")
+    if args.valid_until < args.valid_from:
+        raise SystemExit("--valid-until is before --valid-from")
+    features = [f.strip() for part in args.features for f in part.split(",") if f.strip()]
+    print(
+        issue_license(
+            load_private_key(Path(args.private_key)),
+            company=args.company,
+            features=features,
+            licensed_endpoints=args.endpoints,
+            validity_start=args.valid_from,
+            validity_end=args.valid_until,
+            license_type=args.type,
+        )
+    )
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from certlm.demo import run_demo
+
+    return run_demo(Path(args.data_dir), host=args.host, port=args.port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="certlm", description="certlm " + __version__)
+    parser.add_argument("--log-level", default="INFO")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser(
+        "serve", help="serve the REST API (HTTPS once a TLS certificate is installed)"
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=5000)
+    serve.add_argument("--data-dir", default=None, help="default: $CERTLM_DATA_DIR or ./certlm-data")
+    serve.set_defaults(func=_serve)
+
+    demo = commands.add_parser("demo", help="set up a demo instance (license, PKI, data) and serve it")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=5000)
+    demo.add_argument("--data-dir", default="certlm-demo")
+    demo.set_defaults(func=_demo)
+
+    license_parser = commands.add_parser("license", help="make license keys and licenses")
+    license_commands = license_parser.add_subparsers(dest="license_command", required=True)
+    keygen = license_commands.add_parser("keygen", help="write an Ed25519 key pair for signing licenses")
+    keygen.add_argument("--out", required=True)
+    keygen.set_defaults(func=_license_keygen)
+    issue = license_commands.add_parser("issue", help="print a signed license (base64)")
+    issue.add_argument("--private-key", required=True)
+    issue.add_argument("--company", required=True)
+    issue.add_argument("--features", action="append", required=True, help="comma-separated, repeatable")
+    issue.add_argument("--endpoints", type=int, required=True)
+    issue.add_argument("--valid-from", type=date.fromisoformat, required=True)
+    issue.add_argument("--valid-until", type=date.fromisoformat, required=True)
+    issue.add_argument("--type", choices=("commercial", "trial"), required=True)
+    issue.set_defaults(func=_license_issue)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Settings of one certlm instance, read from the environment (``CERTLM_*``) with explicit overrides."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    database_url: str
+    api_key_file: Path
+    license_public_key_file: Path
+    disabled_plugins: frozenset[str] = frozenset()
+    max_body_bytes: int = 1024 * 1024
+    public_url: str | None = None
+    device_connect_timeout_s: float = 10.0
+    device_operation_timeout_s: float = 60.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.data_dir / "secrets"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        env = dict(os.environ if env is None else env)
+        data_dir = Path(
+            overrides.pop("data_dir", None) or env.get("CERTLM_DATA_DIR") or "certlm-data"
+        ).resolve()
+        settings = cls(
+            data_dir=data_dir,
+            database_url=env.get("CERTLM_DATABASE_URL") or f"sqlite://{data_dir / 'certlm.sqlite3'}",
+            api_key_file=Path(env.get("CERTLM_API_KEY_FILE") or data_dir / "secrets" / "certlm_api_key.txt"),
+            license_public_key_file=Path(
+                env.get("CERTLM_LICENSE_PUBLIC_KEY_FILE") or data_dir / "secrets" / "license_public_key.pem"
+            ),
+            disabled_plugins=frozenset(
+                name.strip() for name in env.get("CERTLM_DISABLE_PLUGINS", "").split(",") if name.strip()
+            ),
+            public_url=env.get("CERTLM_PUBLIC_URL") or None,
+        )
+        return replace(settings, **overrides)

@@ -1,0 +1,33 @@
+"""The running host's parts, as the request handlers and plugins see them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from quart import current_app
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from certlm.config import Settings
+    from certlm.licensing import LicenseService
+    from certlm.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
+    from certlm.secretbox import SecretBox
+
+
+@dataclass
+class Host:
+    settings: Settings
+    secrets: SecretBox
+    services: HostServices
+    plugin_manager: pluggy.PluginManager
+    drivers: DeviceDriverRegistry
+    pki_backends: PkiBackendRegistry
+    api_key: str
+    licenses: LicenseService
+    schema_version: int | None = None
+
+
+def current_host() -> Host:
+    return current_app.extensions["certlm"]

@@ -1,0 +1,266 @@
+"""What plugins register and the host looks up by name: device drivers by service id, PKI backends by type.
+
+The base classes here are the contracts a vendor implements. Every device or PKI operation the host performs
+goes through one of these registries; the host itself never branches on a protocol or PKI type.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from certlm.errors import UnsupportedOperation
+
+if TYPE_CHECKING:
+    from cryptography import x509
+
+    from certlm.config import Settings
+    from certlm.secretbox import SecretBox
+    from certlm.storage.models import PkiEntry
+
+
+class DuplicateRegistration(RuntimeError):
+    """Two installed plugins claim the same service id or PKI type."""
+
+
+@dataclass(frozen=True)
+class SupportedDevice:
+    """A device and firmware combination a driver declares it supports. Data, never code."""
+
+    vendor: str
+    device_name: str
+    firmware_versions: tuple[str, ...] = ("*",)
+
+    def matches(self, identity: DeviceIdentity) -> bool:
+        return (
+            self.vendor.casefold() == identity.manufacturer.casefold()
+            and self.device_name.casefold() == identity.product.casefold()
+            and any(fnmatch.fnmatchcase(identity.firmware, pattern) for pattern in self.firmware_versions)
+        )
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """What a device says about itself (OPC UA BuildInfo or its SSH/REST equivalent)."""
+
+    manufacturer: str
+    product: str
+    firmware: str
+
+
+@dataclass(frozen=True)
+class HostServices:
+    """What the host lends to drivers and backends: settings and the at-rest encryption of secrets."""
+
+    settings: Settings
+    secrets: SecretBox
+
+
+@dataclass
+class DeviceTarget:
+    """Everything a driver needs to reach one inventory entry, secrets decrypted for this call only."""
+
+    entry_id: int | None
+    server: str
+    port: int
+    url: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    pkcs12: bytes | None = field(default=None, repr=False)
+    pkcs12_password: str | None = field(default=None, repr=False)
+    security_policy: int | None = None
+    security_mode: int | None = None
+
+
+@dataclass(frozen=True)
+class FirmwareInfo:
+    firmware_version: str
+    device_name: str
+
+
+class DeviceDriver:
+    """Base class of a device management driver. Subclass it, set the class attributes, override the
+    operations the device supports; an operation left alone answers 501 naming the service.
+
+    All operations are coroutines taking a ``DeviceTarget`` and must finish within the connection and
+    operation time-outs in ``HostServices.settings``.
+    """
+
+    service: ClassVar[str]
+    protocol: ClassVar[str]
+    supported_devices: ClassVar[tuple[SupportedDevice, ...]] = ()
+    generic: ClassVar[bool] = False
+
+    def __init__(self, services: HostServices) -> None:
+        self.services = services
+
+    @classmethod
+    def supports(cls, identity: DeviceIdentity) -> bool:
+        return any(device.matches(identity) for device in cls.supported_devices)
+
+    def _unsupported(self, operation: str) -> UnsupportedOperation:
+        return UnsupportedOperation(f"service {self.service} does not support {operation}")
+
+    async def read_firmware(self, target: DeviceTarget) -> FirmwareInfo:
+        """Firmware version and device name, read live from the device."""
+        raise self._unsupported("reading the firmware version")
+
+    async def read_status(self, target: DeviceTarget) -> str:
+        """The device's server state (and operating state where known), read live."""
+        raise self._unsupported("reading the device status")
+
+    async def read_plc_info(self, target: DeviceTarget) -> dict[str, Any]:
+        """Driver-specific PLC metadata, read live."""
+        raise self._unsupported("reading PLC information")
+
+
+@dataclass(frozen=True)
+class CertificateProfile:
+    """Which kind of certificate an enrollment asks for."""
+
+    name: str  # "client" or "server"
+
+
+CLIENT_PROFILE = CertificateProfile("client")
+SERVER_PROFILE = CertificateProfile("server")
+
+
+@dataclass(frozen=True)
+class Enrollment:
+    """An issued certificate and the chain from its issuer up to the root."""
+
+    certificate: x509.Certificate
+    chain: tuple[x509.Certificate, ...]
+
+
+class PkiBackend:
+    """Base class of a PKI backend. Subclass it, set ``pki_type`` and ``name``, override what the PKI
+    offers; an operation left alone answers 501. Methods raise ``certlm.errors.APIError`` subclasses
+    (``CsrRejected`` 400, ``NotFound`` 404, ``UpstreamUnavailable`` 502) with a message for the client.
+    """
+
+    pki_type: ClassVar[int]
+    name: ClassVar[str]
+
+    def __init__(self, services: HostServices) -> None:
+        self.services = services
+
+    def _unsupported(self, operation: str) -> UnsupportedOperation:
+        return UnsupportedOperation(f"PKI type {self.name} does not support {operation}")
+
+    def configuration_problems(self, entry: PkiEntry) -> list[str]:
+        """Problems with a PKI entry's stored configuration, checked on create and update. No I/O."""
+        return []
+
+    async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+        """The CA chain, issuing CA first. Raise ``NotFound`` when none is available yet."""
+        raise self._unsupported("CA certificates")
+
+    async def enroll(
+        self, entry: PkiEntry, csr: x509.CertificateSigningRequest, profile: CertificateProfile
+    ) -> Enrollment:
+        """Have ``csr`` signed under ``profile``. Raise ``CsrRejected`` for a CSR the PKI refuses."""
+        raise self._unsupported("enrollment")
+
+    async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
+        """The current CRL of the CA. Raise ``NotFound`` without one, ``UpstreamUnavailable`` if unreachable."""
+        raise self._unsupported("CRLs")
+
+    async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
+        """Revoke ``certificate``, issued by this PKI."""
+        raise self._unsupported("revocation")
+
+
+def stable_device_id(service: str, device: SupportedDevice, firmware: str) -> int:
+    """A positive id that stays the same across restarts and plugin install order."""
+    digest = hashlib.sha256(f"{service}\0{device.vendor}\0{device.device_name}\0{firmware}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+class DeviceDriverRegistry:
+    """Device driver classes by service id; what plugins fill through ``certlm_register_device_drivers``."""
+
+    def __init__(self) -> None:
+        self._classes: dict[str, type[DeviceDriver]] = {}
+        self._instances: dict[str, DeviceDriver] = {}
+
+    def add(self, driver_class: type[DeviceDriver]) -> None:
+        service = driver_class.service
+        if service in self._classes:
+            raise DuplicateRegistration(
+                f"service {service!r} registered by both {self._classes[service].__module__} "
+                f"and {driver_class.__module__}"
+            )
+        self._classes[service] = driver_class
+
+    def instantiate(self, services: HostServices) -> None:
+        self._instances = {service: cls(services) for service, cls in self._classes.items()}
+
+    def services(self) -> list[str]:
+        return sorted(self._classes)
+
+    def get(self, service: str) -> DeviceDriver:
+        try:
+            return self._instances[service]
+        except KeyError:
+            raise UnsupportedOperation(f"no installed plugin provides service {service!r}") from None
+
+    def supported_devices(self) -> list[dict[str, Any]]:
+        rows = []
+        for service, cls in sorted(self._classes.items()):
+            for device in cls.supported_devices:
+                for firmware in device.firmware_versions:
+                    rows.append(
+                        {
+                            "id": stable_device_id(service, device, firmware),
+                            "device_name": device.device_name,
+                            "firmware_version": firmware,
+                            "vendor": device.vendor,
+                            "service": service,
+                        }
+                    )
+        return rows
+
+    def select_service(self, protocol: str, identity: DeviceIdentity | None) -> str | None:
+        """The service id of the most specific installed driver for a device, else the protocol's generic."""
+        candidates = [cls for cls in self._classes.values() if cls.protocol == protocol]
+        if identity is not None:
+            specific = sorted(cls.service for cls in candidates if not cls.generic and cls.supports(identity))
+            if specific:
+                return specific[0]
+        generic = sorted(cls.service for cls in candidates if cls.generic)
+        return generic[0] if generic else None
+
+
+class PkiBackendRegistry:
+    """PKI backend classes by pki type; what plugins fill through ``certlm_register_pki_backends``."""
+
+    def __init__(self) -> None:
+        self._classes: dict[int, type[PkiBackend]] = {}
+        self._instances: dict[int, PkiBackend] = {}
+
+    def add(self, backend_class: type[PkiBackend]) -> None:
+        pki_type = backend_class.pki_type
+        if pki_type in self._classes:
+            raise DuplicateRegistration(
+                f"pki type {pki_type} registered by both {self._classes[pki_type].__module__} "
+                f"and {backend_class.__module__}"
+            )
+        self._classes[pki_type] = backend_class
+
+    def instantiate(self, services: HostServices) -> None:
+        self._instances = {pki_type: cls(services) for pki_type, cls in self._classes.items()}
+
+    def types(self) -> list[dict[str, Any]]:
+        return [{"pki_type_id": t, "pki_type": cls.name} for t, cls in sorted(self._classes.items())]
+
+    def known(self, pki_type: int) -> bool:
+        return pki_type in self._classes
+
+    def get(self, pki_type: int) -> PkiBackend:
+        try:
+            return self._instances[pki_type]
+        except KeyError:
+            raise UnsupportedOperation(f"no installed plugin provides pki type {pki_type}") from None

@@ -1,0 +1,33 @@
+"""Response shapes shared across areas of the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class OperationResult(BaseModel):
+    """The spec's operation result envelope."""
+
+    success: bool
+    execution: str
+    error: str = ""
+    result: dict[str, Any] | list[Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: str
+
+
+def operation_result(execution: str, result: dict[str, Any] | list[Any] | None = None) -> dict[str, Any]:
+    return OperationResult(success=True, execution=execution, result=result).model_dump()
+
+
+def parse_id(value: str, name: str) -> int:
+    """A positive integer path parameter; 400 naming the parameter otherwise."""
+    from certlm.errors import APIError
+
+    if not value.isdigit() or int(value) < 1 or len(value) > 18:
+        raise APIError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,195 @@
+"""The host's tables. Secrets are stored only as SecretBox tokens, in fields whose names end in ``_enc``."""
+
+from __future__ import annotations
+
+from tortoise import fields
+from tortoise.models import Model
+
+
+class SchemaVersion(Model):
+    """One row: the schema version this database has been migrated to."""
+
+    id = fields.IntField(primary_key=True)
+    version = fields.IntField()
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "certlm_schema"
+
+
+class SystemSettings(Model):
+    """One row (id 1): scheduler and listing settings changed through ``POST /systeminfo``."""
+
+    id = fields.IntField(primary_key=True)
+    gds_push_scheduler_active = fields.BooleanField(default=False)
+    gds_push_scheduler_renewal_days = fields.IntField(default=30)
+    gds_push_scheduler_scan_interval_sec = fields.IntField(default=3600)
+    gds_push_scheduler_status = fields.CharField(max_length=64, default="stopped")
+    monitor_scheduler_active = fields.BooleanField(default=False)
+    monitor_scheduler_scan_interval_sec = fields.IntField(default=3600)
+    monitor_scheduler_status = fields.CharField(max_length=64, default="stopped")
+    show_inactive_devices = fields.BooleanField(default=False)
+    # The last TOTP time step accepted by DELETE /sql, so that one code cannot be used twice.
+    last_totp_counter = fields.BigIntField(default=0)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "system_settings"
+
+
+class StoredLicense(Model):
+    """One row (id 1) at most: the installed license file, as uploaded."""
+
+    id = fields.IntField(primary_key=True)
+    license_b64 = fields.TextField()
+    installed_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "license"
+
+
+class TlsServerCertificate(Model):
+    """The API server's own TLS certificate. ``pending`` ones become active at the next start."""
+
+    id = fields.IntField(primary_key=True)
+    certificate_pem = fields.TextField()
+    chain_pem = fields.TextField(default="")
+    private_key_enc = fields.TextField()
+    pending = fields.BooleanField(default=True)
+    uploaded_at = fields.DatetimeField(auto_now_add=True)
+
+    class Meta:
+        table = "tls_server_certificate"
+
+
+class PkiEntry(Model):
+    """A configured PKI endpoint; its ``pki_type`` picks the backend plugin."""
+
+    id = fields.IntField(primary_key=True)
+    name = fields.CharField(max_length=255, null=True)
+    pki_type = fields.IntField()
+    pki_connection = fields.CharField(max_length=512)
+    username = fields.CharField(max_length=255, null=True)
+    password_enc = fields.TextField(null=True)
+    additional_path_segment = fields.CharField(max_length=255, null=True)
+    est_client_pkcs12_enc = fields.TextField(null=True)
+    est_client_pkcs12_password_enc = fields.TextField(null=True)
+    est_client_certificate_der = fields.BinaryField(null=True)
+    est_cdp_urls = fields.JSONField(default=list)
+    tls_cdp_urls = fields.JSONField(default=list)
+    tls_ca = fields.JSONField(default=list)
+    tls_crls = fields.JSONField(default=list)
+    # CA certificates fetched from the PKI (EST /cacerts) or uploaded, PEM.
+    ca_certificates = fields.JSONField(default=list)
+    creator_id = fields.CharField(max_length=255, null=True)
+    created_at = fields.DatetimeField(auto_now_add=True)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "pki_entry"
+
+
+class InventoryEntry(Model):
+    """A managed device endpoint. ``protocol`` is the inventory table (gds, opc, ssh, rest); ``service`` names
+    the driver plugin that talks to it."""
+
+    id = fields.IntField(primary_key=True)
+    protocol = fields.CharField(max_length=16, db_index=True)
+    service = fields.CharField(max_length=128)
+    name = fields.CharField(max_length=255, null=True)
+    server = fields.CharField(max_length=255)
+    port = fields.IntField(default=4840)
+    device_status = fields.IntField(default=1)
+    pki: fields.ForeignKeyNullableRelation[PkiEntry] = fields.ForeignKeyField(
+        "models.PkiEntry", related_name="devices", null=True, on_delete=fields.SET_NULL
+    )
+    security_policy = fields.IntField(null=True)
+    security_mode = fields.IntField(null=True)
+    renewal_days = fields.IntField(null=True)
+    certificate_der = fields.BinaryField(null=True)
+    cert_revoked = fields.BooleanField(null=True)
+    last_changed_certificate_date = fields.DatetimeField(null=True)
+    trustlist = fields.JSONField(null=True)
+    firmware_version = fields.CharField(max_length=255, null=True)
+    device_name = fields.CharField(max_length=255, null=True)
+    last_result = fields.JSONField(null=True)
+    created_at = fields.DatetimeField(auto_now_add=True)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "inventory_entry"
+        unique_together = (("server", "port", "protocol"),)
+
+
+class DeviceCredential(Model):
+    """The user identity certlm presents to one device. Deleted with its entry."""
+
+    id = fields.IntField(primary_key=True)
+    entry: fields.OneToOneRelation[InventoryEntry] = fields.OneToOneField(
+        "models.InventoryEntry", related_name="credential", on_delete=fields.CASCADE
+    )
+    username = fields.CharField(max_length=255, null=True)
+    password_enc = fields.TextField(null=True)
+    pkcs12_enc = fields.TextField(null=True)
+    pkcs12_password_enc = fields.TextField(null=True)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "device_credential"
+
+
+class CaCertificate(Model):
+    """A CA certificate kept in the service's own CA store (the ``ca`` table of ``/inventory``)."""
+
+    id = fields.IntField(primary_key=True)
+    name = fields.CharField(max_length=255, null=True)
+    certificate_pem = fields.TextField()
+    sha1_fingerprint = fields.CharField(max_length=64, unique=True)
+    subject_dn = fields.TextField()
+    created_at = fields.DatetimeField(auto_now_add=True)
+
+    class Meta:
+        table = "ca_certificate"
+
+
+class MaintenanceWindow(Model):
+    id = fields.IntField(primary_key=True)
+    name = fields.CharField(max_length=255)
+    description = fields.TextField(null=True)
+    status = fields.CharField(max_length=16)
+    window_type = fields.CharField(max_length=16)
+    timezone = fields.CharField(max_length=64, default="Europe/Berlin")
+    valid_from = fields.DatetimeField(null=True)
+    valid_until = fields.DatetimeField(null=True)
+    created_at = fields.DatetimeField(auto_now_add=True)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    rules: fields.ReverseRelation[MaintenanceRule]
+
+    class Meta:
+        table = "maintenance_window"
+
+
+class MaintenanceRule(Model):
+    id = fields.IntField(primary_key=True)
+    window: fields.ForeignKeyRelation[MaintenanceWindow] = fields.ForeignKeyField(
+        "models.MaintenanceWindow", related_name="rules", on_delete=fields.CASCADE
+    )
+    start_at = fields.DatetimeField(null=True)
+    end_at = fields.DatetimeField(null=True)
+    recurrence_type = fields.CharField(max_length=16, null=True)
+    day_of_week = fields.IntField(null=True)
+    day_of_month = fields.IntField(null=True)
+    start_time = fields.CharField(max_length=8, null=True)
+    end_time = fields.CharField(max_length=8, null=True)
+    interval_count = fields.IntField(null=True)
+    rrule = fields.TextField(null=True)
+    # Extensions to the spec's rule fields: the expression of a "cron" rule, and how long a window opened
+    # by a cron or RRULE occurrence stays open.
+    cron = fields.CharField(max_length=255, null=True)
+    duration_minutes = fields.IntField(null=True)
+    created_at = fields.DatetimeField(auto_now_add=True)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "maintenance_rule"
