@@ -86,8 +86,6 @@ def install_access_checks(app: Quart) -> None:
 
     @app.before_request
     async def check_content_type() -> None:
-        if request.method in ("POST", "PATCH", "PUT", "DELETE") and (request.content_length or 0) > 0:
-            if request.mimetype != "application/json":
-                raise APIError(
-                    f"unsupported content type {request.mimetype or 'none'!r}: send application/json", 415
-                )
+        has_body = request.method in ("POST", "PATCH", "PUT", "DELETE") and (request.content_length or 0) > 0
+        if has_body and request.mimetype != "application/json":
+            raise APIError(f"unsupported content type {request.mimetype or 'none'!r}: send application/json", 415)

@@ -60,8 +60,10 @@ def describe_validation_error(error: Exception) -> str:
         return str(error) or "invalid request body"
     parts = []
     for item in errors():
-        field = ".".join(str(p) for p in item.get("loc", ()) if p != "__root__") or "body"
-        parts.append(f"{field}: {item.get('msg', 'invalid')}")
+        message = item.get("msg", "invalid").removeprefix("Value error, ")
+        field = ".".join(str(p) for p in item.get("loc", ()) if p != "__root__")
+        # A model-level rule (e.g. "at least one field") names its fields in its own message.
+        parts.append(f"{field}: {message}" if field else message)
     return "; ".join(parts) or "invalid request body"
 
 

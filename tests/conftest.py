@@ -38,8 +38,8 @@ def license_keys(tmp_path_factory: pytest.TempPathFactory) -> LicenseKeys:
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory: pytest.TempPathFactory):
-    server = PostgresServer(tmp_path_factory.mktemp("postgres"))
+def postgres():
+    server = PostgresServer()
     server.start()
     try:
         yield server
@@ -78,9 +78,7 @@ async def start_service(
 
 
 @pytest.fixture(scope="module")
-async def service(
-    tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys
-) -> AsyncIterator[RunningService]:
+async def service(tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys) -> AsyncIterator[RunningService]:
     """A licensed certlm on SQLite, shared by the tests of one module."""
     running = await start_service(tmp_path_factory, license_keys)
     try:

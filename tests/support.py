@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -155,8 +156,9 @@ class RunningService:
 class PostgresServer:
     """A throw-away PostgreSQL cluster on 127.0.0.1 from the machine's initdb/pg_ctl."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self) -> None:
+        # Not under pytest's temp dirs: those are private to root, and the server runs as "postgres".
+        self.directory = Path(tempfile.mkdtemp(prefix="certlm-postgres-"))
         self.port = free_port()
         self.user = "certlm"
 
@@ -170,7 +172,6 @@ class PostgresServer:
         for tool in ("initdb", "pg_ctl"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"{tool} not found: .ci/run installs PostgreSQL")
-        self.directory.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.directory, "postgres", "postgres")
         self._run(
@@ -184,6 +185,7 @@ class PostgresServer:
 
     def stop(self) -> None:
         self._run(shutil.which("pg_ctl"), "-D", str(self.directory / "data"), "-m", "immediate", "stop")
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def create_database(self) -> str:
         name = f"certlm_{uuid.uuid4().hex[:12]}"
@@ -195,3 +197,10 @@ class PostgresServer:
         name = database_url.rsplit("/", 1)[1]
         return self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-d", name,
                          "-At", "-c", sql).stdout  # fmt: skip
+
+
+def _create_other(cls=LicenseKeys) -> LicenseKeys:
+    return cls.create(Path(tempfile.mkdtemp(prefix="other-license-keys-")))
+
+
+LicenseKeys.create_other = staticmethod(_create_other)  # a key pair the server does not trust

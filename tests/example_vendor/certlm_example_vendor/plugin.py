@@ -1,11 +1,12 @@
-"""The ACME Widget PLC driver: reads firmware and status from the PLC's small JSON interface.
+"""The ACME Widget PLC driver: an OPC UA device whose firmware and run state are read from its web interface.
 
-It shows what a vendor package needs: a driver class declaring its devices as data, registered through
-the ``certlm_register_device_drivers`` hook, installed as its own distribution with an entry point.
+It shows what a vendor package needs: a driver class declaring its devices as data, registered through the
+``certlm_register_device_drivers`` hook, installed as its own distribution with a ``certlm`` entry point.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 from typing import Any
@@ -16,27 +17,31 @@ from certlm.registry import DeviceDriver, DeviceDriverRegistry, DeviceTarget, Fi
 
 
 class AcmeWidgetDriver(DeviceDriver):
-    service = "rest-acme-widget"
-    protocol = "rest"
+    service = "gds-push-acme-widget"
+    protocol = "gds"
     supported_devices = (
         SupportedDevice(vendor="ACME", device_name="Widget PLC 3000", firmware_versions=("2.4", "2.5")),
     )
 
-    def _get(self, target: DeviceTarget, path: str) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(f"http://{target.server}:{target.port}{path}", timeout=5) as response:
+    async def _get(self, target: DeviceTarget, path: str) -> dict[str, Any]:
+        # The Widget serves its diagnostics as JSON over HTTP on the port it is registered with.
+        url = f"http://{target.server}:{target.port}{path}"
+
+        def fetch() -> dict[str, Any]:
+            with urllib.request.urlopen(url, timeout=5) as response:
                 return json.load(response)
+
+        try:
+            return await asyncio.to_thread(fetch)
         except OSError as error:
-            raise UpstreamUnavailable(
-                f"ACME Widget at {target.server}:{target.port} unreachable: {error}"
-            ) from None
+            raise UpstreamUnavailable(f"ACME Widget at {target.server}:{target.port} unreachable: {error}") from None
 
     async def read_firmware(self, target: DeviceTarget) -> FirmwareInfo:
-        info = self._get(target, "/info")
+        info = await self._get(target, "/info")
         return FirmwareInfo(firmware_version=info["firmware"], device_name=info["model"])
 
     async def read_status(self, target: DeviceTarget) -> str:
-        return self._get(target, "/status")["state"]
+        return (await self._get(target, "/status"))["state"]
 
 
 @hookimpl

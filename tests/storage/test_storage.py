@@ -1,0 +1,93 @@
+"""Storage on SQLite and PostgreSQL: persistence, schema versions, in-place migration, shared databases."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from certlm.storage.migrations import CURRENT_VERSION
+
+
+async def test_data_survives_restart_on_both_engines(make_service, database_url) -> None:
+    service = await make_service(database_url=database_url)
+    async with service.client() as client:
+        info = (await client.post("/systeminfo", json={"gds_push_scheduler_renewal_days": 12})).json()
+        assert info["infrastructure"]["db_version"] == str(CURRENT_VERSION)
+    await service.restart()
+    async with service.client() as client:
+        assert (await client.get("/systeminfo")).json()["gds_push_scheduler_renewal_days"] == 12
+        assert (await client.get("/systeminfo/lic")).json()["validation_success"] is True
+    if database_url is None:
+        assert (service.data_dir / "certlm.sqlite3").exists()
+
+
+def _downgrade_sqlite_to_version_1(path) -> None:
+    """Turn a current database back into what version 1 looked like: rules without cron columns."""
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE maintenance_rule DROP COLUMN cron")
+        db.execute("ALTER TABLE maintenance_rule DROP COLUMN duration_minutes")
+        db.execute("UPDATE certlm_schema SET version = 1")
+        db.execute(
+            "INSERT INTO maintenance_window (name, status, window_type, timezone, created_at, updated_at) "
+            "VALUES ('legacy', 'active', 'recurring', 'Europe/Berlin', '2025-01-01', '2025-01-01')"
+        )
+        db.execute(
+            "INSERT INTO maintenance_rule (window_id, recurrence_type, start_time, end_time, created_at, updated_at) "
+            "VALUES (1, 'daily', '01:00', '03:00', '2025-01-01', '2025-01-01')"
+        )
+
+
+def _rule_columns_sqlite(path) -> set[str]:
+    with sqlite3.connect(path) as db:
+        return {row[1] for row in db.execute("PRAGMA table_info(maintenance_rule)")}
+
+
+async def test_version_1_sqlite_database_is_upgraded_in_place(make_service) -> None:
+    service = await make_service()
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    _downgrade_sqlite_to_version_1(database)
+    assert "cron" not in _rule_columns_sqlite(database)
+    await service.start()
+    assert {"cron", "duration_minutes"} <= _rule_columns_sqlite(database)
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT version FROM certlm_schema").fetchone()[0] == CURRENT_VERSION
+        assert db.execute("SELECT recurrence_type, start_time FROM maintenance_rule").fetchall() == [("daily", "01:00")]
+    async with service.client() as client:
+        assert (await client.get("/systeminfo")).json()["infrastructure"]["db_version"] == str(CURRENT_VERSION)
+        # The license stored before the upgrade is still there.
+        assert (await client.get("/systeminfo/lic")).json()["validation_success"] is True
+
+
+async def test_version_1_postgres_database_is_upgraded_in_place(make_service, postgres) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await service.stop()
+    postgres.query(
+        url,
+        "ALTER TABLE maintenance_rule DROP COLUMN cron; ALTER TABLE maintenance_rule DROP COLUMN duration_minutes;"
+        "UPDATE certlm_schema SET version = 1;"
+        "INSERT INTO maintenance_window (name, status, window_type, timezone, created_at, updated_at) "
+        "VALUES ('legacy', 'active', 'recurring', 'UTC', now(), now());"
+        "INSERT INTO maintenance_rule (window_id, recurrence_type, start_time, end_time, created_at, updated_at) "
+        "SELECT id, 'daily', '01:00', '03:00', now(), now() FROM maintenance_window;",
+    )
+    await service.start()
+    columns = postgres.query(
+        url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'maintenance_rule'"
+    ).split()
+    assert {"cron", "duration_minutes"} <= set(columns)
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    assert postgres.query(url, "SELECT recurrence_type FROM maintenance_rule").strip() == "daily"
+
+
+async def test_two_instances_share_one_postgres(make_service, postgres, license_keys) -> None:
+    url = postgres.create_database()
+    first = await make_service(database_url=url)
+    second = await make_service(database_url=url, licensed=False)
+    async with first.client() as client:
+        await client.post("/systeminfo", json={"show_inactive_devices": True})
+    # The second instance has its own API key file but reads the license and settings from the shared database.
+    async with second.client() as client:
+        info = (await client.get("/systeminfo")).json()
+        assert info["show_inactive_devices"] is True
+        assert (await client.get("/systeminfo/lic")).json()["validation_success"] is True
