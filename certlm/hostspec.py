@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -30,7 +31,10 @@ def opcua_url(server: str, port: int) -> str:
 def valid_server(server: str) -> bool:
     """A hostname, IPv4 or IPv6 address (without brackets)."""
     if ":" in server:
-        return bool(re.fullmatch(r"[0-9A-Fa-f:.]+", server)) and server.count(":") >= 2
+        try:
+            return isinstance(ipaddress.ip_address(server), ipaddress.IPv6Address)
+        except ValueError:
+            return False
     return bool(_HOSTNAME.match(server))
 
 
@@ -51,7 +55,9 @@ def parse_host_or_url(value: str) -> HostSpec:
         if "/" in value:
             value = value.split("/", 1)[0]
     if value.startswith("["):
-        host, _, rest = value[1:].partition("]")
+        host, closed, rest = value[1:].partition("]")
+        if not closed:
+            raise APIError(f"host_or_url {original!r} is not host, host:port or opc.tcp://host:port")
         port = _port(rest[1:], original) if rest.startswith(":") else None
         if rest and not rest.startswith(":"):
             raise APIError(f"host_or_url {original!r} is not host, host:port or opc.tcp://host:port")

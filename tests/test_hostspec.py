@@ -38,6 +38,9 @@ def test_accepted_spellings(text: str, expected: HostSpec) -> None:
         ("", "is not host, host:port or opc.tcp://host:port"),
         ("plc;rm -rf", "is not host, host:port or opc.tcp://host:port"),
         ("[::1]x", "is not host, host:port or opc.tcp://host:port"),
+        ("[::1", "is not host, host:port or opc.tcp://host:port"),
+        ("a:b:c", "is not host, host:port or opc.tcp://host:port"),
+        ("[fe80::zz]:4840", "is not host, host:port or opc.tcp://host:port"),
     ],
 )
 def test_refused_spellings(text: str, message: str) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from quart import Blueprint
+from quart_schema import validate_response
 
 from certlm.host import current_host
 from certlm.hostspec import parse_host_or_url
@@ -36,6 +37,7 @@ async def _driver_and_target(host_or_url: str):
 
 
 @blueprint.get("/gds/monitor/firmware/<path:host_or_url>")
+@validate_response(FirmwareOut)
 async def read_firmware(host_or_url: str) -> FirmwareOut:
     """Firmware version and device name, read live by the entry's driver."""
     driver, target, entry = await _driver_and_target(host_or_url)
@@ -48,6 +50,7 @@ async def read_firmware(host_or_url: str) -> FirmwareOut:
 
 
 @blueprint.get("/gds/monitor/status/<path:host_or_url>")
+@validate_response(StatusOut)
 async def read_status(host_or_url: str) -> StatusOut:
     """The device's server and operating state, read live by the entry's driver."""
     driver, target, _ = await _driver_and_target(host_or_url)
@@ -55,6 +58,7 @@ async def read_status(host_or_url: str) -> StatusOut:
 
 
 @blueprint.get("/gds/monitor/plc/<path:host_or_url>")
+@validate_response(PlcOut)
 async def read_plc(host_or_url: str) -> PlcOut:
     """Driver-specific PLC metadata, read live."""
     driver, target, _ = await _driver_and_target(host_or_url)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
 from quart import Blueprint, redirect
+from quart_schema import validate_response
 
 from certlm import __version__
 from certlm.blueprints.system import SOFTWARE
@@ -10,10 +12,18 @@ from certlm.blueprints.system import SOFTWARE
 blueprint = Blueprint("docs", __name__)
 
 
+class ServiceRoot(BaseModel):
+    software: str
+    version: str
+    docs: str
+    openapi: str
+
+
 @blueprint.get("/")
-async def root() -> dict:
+@validate_response(ServiceRoot)
+async def root() -> ServiceRoot:
     """Where to go from here."""
-    return {"software": SOFTWARE, "version": __version__, "docs": "/docs", "openapi": "/openapi.json"}
+    return ServiceRoot(software=SOFTWARE, version=__version__, docs="/docs", openapi="/openapi.json")
 
 
 @blueprint.get("/swagger")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
-from quart_schema import validate_request
+from quart_schema import validate_request, validate_response
 
 from certlm.errors import APIError, NotFound
 from certlm.host import current_host
@@ -44,6 +44,7 @@ class LicenseRemoved(BaseModel):
 
 
 @blueprint.post("/systeminfo/lic")
+@validate_response(LicenseOut, 201)
 @validate_request(LicenseUpload)
 async def install_license(data: LicenseUpload) -> tuple[LicenseOut, int]:
     """Store and validate a license file (base64). An invalid license is stored and reported as such."""
@@ -59,6 +60,7 @@ async def install_license(data: LicenseUpload) -> tuple[LicenseOut, int]:
 
 
 @blueprint.get("/systeminfo/lic")
+@validate_response(LicenseOut)
 async def show_license() -> LicenseOut:
     """The installed license, validated now."""
     status = await current_host().licenses.current(fresh=True)
@@ -68,6 +70,7 @@ async def show_license() -> LicenseOut:
 
 
 @blueprint.delete("/systeminfo/lic")
+@validate_response(LicenseRemoved)
 async def remove_license() -> LicenseRemoved:
     """Remove the license; feature-gated endpoints answer 403 until another is installed."""
     await StoredLicense.filter(id=1).delete()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from quart import Blueprint
-from quart_schema import validate_request
+from quart_schema import validate_request, validate_response
 
 from certlm import __version__
 from certlm.errors import APIError
@@ -192,6 +192,7 @@ async def _system_info() -> dict:
 
 
 @blueprint.get("/systeminfo")
+@validate_response(SystemInfo)
 async def get_system_info() -> SystemInfo:
     """System information and scheduler settings. Open: needs no API key."""
     try:
@@ -203,6 +204,7 @@ async def get_system_info() -> SystemInfo:
 
 
 @blueprint.post("/systeminfo")
+@validate_response(SystemInfo)
 @validate_request(SystemSettingsUpdate)
 async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
     """Change scheduler settings and whether inactive devices are listed; at least one field."""
@@ -216,6 +218,7 @@ async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
 
 
 @blueprint.get("/gds/systeminfo")
+@validate_response(GdsSystemInfo)
 async def gds_system_info() -> GdsSystemInfo:
     """The OPC UA security policy and mode bitmasks, device status and operating mode codes."""
     return GdsSystemInfo(
@@ -229,6 +232,7 @@ async def gds_system_info() -> GdsSystemInfo:
 
 
 @blueprint.get("/crl/systeminfo")
+@validate_response(CrlSystemInfo)
 async def crl_system_info() -> CrlSystemInfo:
     """The CRL check statuses and RFC 5280 revocation reasons."""
     return CrlSystemInfo(
@@ -238,6 +242,7 @@ async def crl_system_info() -> CrlSystemInfo:
 
 
 @blueprint.get("/supported-devices")
+@validate_response(list[SupportedDeviceOut])
 async def supported_devices() -> list[SupportedDeviceOut]:
     """Device and firmware combinations the installed driver plugins declare."""
     return [SupportedDeviceOut(**row) for row in current_host().drivers.supported_devices()]
