@@ -1,15 +1,23 @@
-"""Inventory lookups and views shared by every area that deals with devices."""
+"""Inventory lookups, views and rules shared by every area that deals with devices."""
 
 from __future__ import annotations
 
+import base64
+import ipaddress
 from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
+from pydantic import BaseModel
 
-from certlm.blueprints.system import DEVICE_STATUS_NAMES, SECURITY_MODE_BITS, SECURITY_POLICY_BITS
-from certlm.certs import common_name, spec_datetime
-from certlm.errors import APIError, NotFound
+from certlm.blueprints.system import (
+    DEVICE_STATUS_NAMES,
+    SECURITY_MODE_BITS,
+    SECURITY_POLICY_BITS,
+    system_settings,
+)
+from certlm.certs import common_name, load_pkcs12_base64, spec_datetime
+from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
 from certlm.hostspec import HostSpec, opcua_url
 from certlm.registry import DeviceTarget
@@ -17,20 +25,146 @@ from certlm.storage.models import DeviceCredential, InventoryEntry
 
 # Inventory tables whose entries count against the license's endpoint limit.
 LICENSED_PROTOCOLS = ("gds", "opc", "ssh")
+DEVICE_STATUS_ACTIVE = 1
+DEVICE_STATUS_DELETED = 2
+# The service id an entry gets while no installed plugin declares a generic driver for its table; the
+# driver plugin refines it later (the GDS push plugin from the device's BuildInfo).
+FALLBACK_SERVICES = {"gds": "gds-push-generic", "opc": "gds-push-generic", "ssh": "ssh-generic", "rest": "rest-generic"}
+# The keys of ``InventoryEntry.trustlist``: each holds a list of strings (certificates or CRLs, base64 DER).
+TRUSTLIST_KEYS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
+
+
+class InventoryEntryOut(BaseModel):
+    """The spec's Inventory entry, plus ``cert_subject_cn``."""
+
+    id: int
+    name: str | None
+    url: str
+    service: str
+    server: str
+    port: int
+    device_status: int | None
+    device_status_name: str | None
+    pki_endpoint: str | None
+    username: str | None
+    cert_subjectdn: str | None
+    cert_issuerdn: str | None
+    cert_validfrom: str | None
+    cert_validto: str | None
+    cert_base64: str | None
+    cert_expdays: int | None
+    cert_revoked: bool | None
+    renewal_days: int | None
+    security_policy: int | None
+    security_mode: int | None
+    security_policys: list[str]
+    security_modes: list[str]
+    cert_subject_cn: str | None
+
+
+class TrustListOut(BaseModel):
+    """The spec's Trust list entry."""
+
+    url: str
+    trustlist_trusted_ca: list[str]
+    trustlist_trusted_crl: list[str]
+    trustlist_issuer_ca: list[str]
+    trustlist_issuer_crl: list[str]
+
+
+def canonical_server(server: str) -> str:
+    """The stored spelling of a host: lower case, IPv6 without brackets and compressed."""
+    server = server.strip()
+    if server.startswith("[") and server.endswith("]"):
+        server = server[1:-1]
+    try:
+        return ipaddress.ip_address(server).compressed
+    except ValueError:
+        return server.lower()
 
 
 async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = ("gds", "opc")) -> InventoryEntry:
     """The entry a ``{host_or_url}`` names; 404 if none, 400 if a bare host matches several ports."""
-    query = InventoryEntry.filter(server__iexact=spec.server, protocol__in=protocols)
+    server = canonical_server(spec.server)
+    query = InventoryEntry.filter(server__iexact=server, protocol__in=protocols)
     if spec.port is not None:
         query = query.filter(port=spec.port)
     entries = await query.prefetch_related("pki")
     if not entries:
-        raise NotFound(f"no inventory entry for {spec.server}" + (f":{spec.port}" if spec.port else ""))
+        raise NotFound(f"no inventory entry for {server}" + (f":{spec.port}" if spec.port else ""))
     if len(entries) > 1:
         ports = ", ".join(str(e.port) for e in sorted(entries, key=lambda e: e.port))
-        raise APIError(f"{spec.server} has entries on several ports ({ports}): give host:port")
+        raise APIError(f"{server} has entries on several ports ({ports}): give host:port")
     return entries[0]
+
+
+async def find_entry_at(server: str, port: int, protocol: str) -> InventoryEntry | None:
+    """The entry of one table at exactly ``server:port``, or None."""
+    return await InventoryEntry.get_or_none(server__iexact=canonical_server(server), port=port, protocol=protocol)
+
+
+def default_service(protocol: str) -> str:
+    """The service id for a new entry of ``protocol`` before its device has identified itself."""
+    return current_host().drivers.select_service(protocol, None) or FALLBACK_SERVICES[protocol]
+
+
+async def ensure_endpoint_capacity(additional: int = 1) -> None:
+    """403 unless the license allows ``additional`` more managed endpoints.
+
+    Entries of the licensed tables count unless they are marked deleted. A license without a usable
+    ``licensed_endpoints`` allows none (fail closed).
+    """
+    status = await current_host().licenses.current()
+    limit = status.licensed_endpoints if status and status.licensed_endpoints is not None else 0
+    used = (
+        await InventoryEntry.filter(protocol__in=LICENSED_PROTOCOLS)
+        .exclude(device_status=DEVICE_STATUS_DELETED)
+        .count()
+    )
+    if used + additional > limit:
+        raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+
+
+def verified_pkcs12(blob_b64: str, password: str | None, what: str) -> bytes:
+    """The DER bytes of a base64 PKCS#12 upload, after proving that ``password`` opens it (400 otherwise)."""
+    load_pkcs12_base64(blob_b64, password, what)
+    return base64.b64decode("".join(blob_b64.split()))
+
+
+async def save_credentials(
+    entry: InventoryEntry,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    pkcs12: bytes | None = None,
+    pkcs12_password: str | None = None,
+) -> DeviceCredential:
+    """Store the parts given (None leaves a part unchanged), each secret encrypted.
+
+    A new ``pkcs12`` replaces the stored password with ``pkcs12_password``, which may be None.
+    """
+    secrets = current_host().secrets
+    credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+    if credential is None:
+        credential = DeviceCredential(entry_id=entry.id)
+    if username is not None:
+        credential.username = username
+    if password is not None:
+        credential.password_enc = secrets.encrypt(password)
+    if pkcs12 is not None:
+        credential.pkcs12_enc = secrets.encrypt(pkcs12)
+        credential.pkcs12_password_enc = secrets.encrypt(pkcs12_password) if pkcs12_password else None
+    await credential.save()
+    return credential
+
+
+async def listed_entries(protocols: tuple[str, ...]) -> list[InventoryEntry]:
+    """Entries of ``protocols`` as inventory listings show them: inactive and deleted ones only when
+    ``show_inactive_devices`` is set."""
+    query = InventoryEntry.filter(protocol__in=protocols)
+    if not (await system_settings()).show_inactive_devices:
+        query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
+    return await query.order_by("id")
 
 
 async def device_target(entry: InventoryEntry) -> DeviceTarget:
@@ -56,6 +190,7 @@ async def device_target(entry: InventoryEntry) -> DeviceTarget:
 
 
 def bit_names(mask: int | None, bits: list[dict[str, Any]]) -> list[str]:
+    """The names of the bits set in ``mask`` (``["none"]`` for 0, nothing for no mask)."""
     if mask is None:
         return []
     if mask == 0:
@@ -67,14 +202,8 @@ def entry_certificate(entry: InventoryEntry) -> x509.Certificate | None:
     return x509.load_der_x509_certificate(entry.certificate_der) if entry.certificate_der else None
 
 
-async def render_entry(entry: InventoryEntry, username: str | None = None) -> dict[str, Any]:
-    """The spec's Inventory entry; secrets are never part of it."""
-    import base64
-
+def _render(entry: InventoryEntry, username: str | None) -> dict[str, Any]:
     certificate = entry_certificate(entry)
-    if username is None:
-        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
-        username = credential.username if credential else None
     now = datetime.now(UTC)
     pki_id = entry.pki_id  # type: ignore[attr-defined]
     return {
@@ -102,3 +231,31 @@ async def render_entry(entry: InventoryEntry, username: str | None = None) -> di
         "security_modes": bit_names(entry.security_mode, SECURITY_MODE_BITS),
         "cert_subject_cn": common_name(certificate.subject) if certificate else None,
     }
+
+
+async def render_entry(entry: InventoryEntry, username: str | None = None) -> dict[str, Any]:
+    """The spec's Inventory entry; secrets are never part of it. ``username`` saves a lookup."""
+    if username is None:
+        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+        username = credential.username if credential else None
+    return _render(entry, username)
+
+
+async def render_entries(entries: list[InventoryEntry]) -> list[InventoryEntryOut]:
+    """Inventory entries for a listing, with their usernames read in one query."""
+    credentials = await DeviceCredential.filter(entry_id__in=[e.id for e in entries]).values("entry_id", "username")
+    usernames = {row["entry_id"]: row["username"] for row in credentials}
+    return [InventoryEntryOut(**_render(entry, usernames.get(entry.id))) for entry in entries]
+
+
+async def entry_out(entry: InventoryEntry) -> InventoryEntryOut:
+    return InventoryEntryOut(**await render_entry(entry))
+
+
+def trustlist_view(entry: InventoryEntry) -> TrustListOut:
+    """The trust list last read from the device; empty lists where none was read."""
+    stored = entry.trustlist if isinstance(entry.trustlist, dict) else {}
+    return TrustListOut(
+        url=opcua_url(entry.server, entry.port),
+        **{key: [str(item) for item in stored.get(key) or []] for key in TRUSTLIST_KEYS},
+    )

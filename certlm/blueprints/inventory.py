@@ -1,5 +1,548 @@
-"""inventory: filled in by its area."""
+"""The device inventory: GDS and SSH listings, entries and their credentials, cached trust lists, and the
+low-level ``/inventory`` access to the gds, opc, ssh, pki and ca tables."""
 
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from quart import Blueprint
+from quart_schema import validate_request
+from tortoise.exceptions import IntegrityError
+from tortoise.transactions import in_transaction
+
+from certlm.blueprints.pki import PkiCreate, PkiFields, apply_fields
+from certlm.certs import (
+    PKCS12_MAX_PASSWORD_CHARS,
+    PKCS12_MIN_BASE64_CHARS,
+    load_certificate,
+    sha1_fingerprint,
+    to_pem,
+)
+from certlm.errors import APIError, NotFound
+from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url, valid_server
+from certlm.inventory import (
+    DEVICE_STATUS_DELETED,
+    LICENSED_PROTOCOLS,
+    InventoryEntryOut,
+    TrustListOut,
+    canonical_server,
+    default_service,
+    ensure_endpoint_capacity,
+    entry_out,
+    find_entry,
+    find_entry_at,
+    listed_entries,
+    render_entries,
+    save_credentials,
+    trustlist_view,
+    verified_pkcs12,
+)
+from certlm.responses import OperationResult, operation_result
+from certlm.storage.models import CaCertificate, InventoryEntry, PkiEntry
 
 blueprint = Blueprint("inventory", __name__)
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+GDS = "gds"
+LOW_LEVEL_TABLES = ("gds", "opc", "ssh", "pki", "ca")
+INVALID_TABLE = "table must contain one of: gds, opc, ssh, pki, ca"
+# Upper bounds that keep values inside the database's 32-bit integer columns.
+MAX_ID = 2**31 - 1
+MAX_RENEWAL_DAYS = 36500
+SERVICE_PATTERN = r"^(gds-push|ssh|rest)-[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+def _checked_server(value: str) -> str:
+    server = canonical_server(value)
+    # valid_server lets any string of hex digits and colons pass as IPv6; a body must hold a real address.
+    if not valid_server(server) or (":" in server and not _is_ip(server)):
+        raise ValueError("must be a hostname, an IPv4 address or an IPv6 address")
+    return server
+
+
+def _is_ip(server: str) -> bool:
+    try:
+        ipaddress.ip_address(server)
+    except ValueError:
+        return False
+    return True
+
+
+class StrictBody(BaseModel):
+    """A request body: no unknown fields, no type coercion, and null is never a value (omit the field)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("must not be null; omit the field instead")
+        return value
+
+
+class EntryAddress(StrictBody):
+    server: str = Field(min_length=1, max_length=255, description="IP or DNS hostname")
+    port: int = Field(default=DEFAULT_OPCUA_PORT, ge=1, le=65535)
+
+    @field_validator("server")
+    @classmethod
+    def server_is_host(cls, value: str) -> str:
+        return _checked_server(value)
+
+
+class UserInfo(StrictBody):
+    """The user identity certlm presents to the device: a name and password, a PKCS#12, or both."""
+
+    userinfo_name: str | None = Field(default=None, min_length=1, max_length=255)
+    userinfo_password: str | None = Field(default=None, max_length=PKCS12_MAX_PASSWORD_CHARS)
+    userinfo_pkcs12_base64: str | None = Field(default=None, min_length=PKCS12_MIN_BASE64_CHARS)
+    userinfo_pkcs12_password: str | None = Field(default=None, max_length=PKCS12_MAX_PASSWORD_CHARS)
+
+    @model_validator(mode="after")
+    def parts_come_in_pairs(self) -> UserInfo:
+        if (self.userinfo_name is None) != (self.userinfo_password is None):
+            raise ValueError("userinfo_name and userinfo_password must be given together")
+        if self.userinfo_pkcs12_password is not None and self.userinfo_pkcs12_base64 is None:
+            raise ValueError("userinfo_pkcs12_password needs userinfo_pkcs12_base64")
+        return self
+
+    def has_credentials(self) -> bool:
+        return self.userinfo_name is not None or self.userinfo_pkcs12_base64 is not None
+
+    def verified_credentials(self) -> dict[str, Any]:
+        """The ``save_credentials`` arguments this body gives, its PKCS#12 proven to open (400 otherwise)."""
+        credentials: dict[str, Any] = {}
+        if self.userinfo_name is not None:
+            credentials.update(username=self.userinfo_name, password=self.userinfo_password)
+        if self.userinfo_pkcs12_base64 is not None:
+            credentials.update(
+                pkcs12=verified_pkcs12(
+                    self.userinfo_pkcs12_base64, self.userinfo_pkcs12_password, "userinfo_pkcs12_base64"
+                ),
+                pkcs12_password=self.userinfo_pkcs12_password,
+            )
+        return credentials
+
+
+class UserCredentialsIn(EntryAddress, UserInfo):
+    """``/gds/inventory/user``: the entry's address and at least one credential."""
+
+    @model_validator(mode="after")
+    def some_credential(self) -> UserCredentialsIn:
+        if not self.has_credentials():
+            raise ValueError("At least one of userinfo_name with userinfo_password, userinfo_pkcs12_base64 is required")
+        return self
+
+
+_GDS_COLUMNS = {"name", "device_status", "pki", "security_policy", "security_mode", "renewal_days"}
+
+
+class GdsEntryIn(EntryAddress, UserInfo):
+    """``POST`` and ``PATCH /gds/inventory``; on PATCH only the fields given change."""
+
+    name: str | None = Field(default=None, max_length=255)
+    device_status: int | None = Field(default=None, ge=0, le=2, description="0 inactive, 1 active, 2 deleted")
+    pki: int | None = Field(default=None, ge=0, le=MAX_ID, description="Id of the PKI entry")
+    security_policy: int | None = Field(default=None, ge=0, le=63, description="Security policy bitmask")
+    security_mode: int | None = Field(default=None, ge=0, le=7, description="Security mode bitmask")
+    renewal_days: int | None = Field(default=None, ge=0, le=MAX_RENEWAL_DAYS)
+
+    def entry_columns(self) -> dict[str, Any]:
+        """The inventory columns this body sets (``pki`` is the ``pki_id`` column)."""
+        given = self.model_dump(include=set(self.model_fields_set) & _GDS_COLUMNS)
+        if "pki" in given:
+            given["pki_id"] = given.pop("pki")
+        return given
+
+
+async def _ensure_pki_exists(pki_id: int | None, field: str) -> None:
+    if pki_id is not None and not await PkiEntry.exists(id=pki_id):
+        raise APIError(f"{field}: no PKI entry with id {pki_id}")
+
+
+async def _reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
+    existing = await find_entry_at(server, port, protocol)
+    if existing is not None and existing.id != keep_id:
+        raise APIError(
+            f"{protocol} inventory already has {server}:{port} (id {existing.id}, device_status "
+            f"{existing.device_status}): PATCH it instead",
+            409,
+        )
+
+
+async def _create_entry(protocol: str, server: str, port: int, columns: dict[str, Any]) -> InventoryEntry:
+    """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too."""
+    await _reject_duplicate(server, port, protocol)
+    if protocol in LICENSED_PROTOCOLS and columns.get("device_status") != DEVICE_STATUS_DELETED:
+        await ensure_endpoint_capacity()
+    columns.setdefault("service", default_service(protocol))
+    try:
+        return await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
+    except IntegrityError:
+        raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
+
+
+async def _update_entry(entry: InventoryEntry, columns: dict[str, Any]) -> None:
+    """Apply ``columns``; reviving a deleted entry needs license room like creating one."""
+    reviving = (
+        entry.protocol in LICENSED_PROTOCOLS
+        and entry.device_status == DEVICE_STATUS_DELETED
+        and columns.get("device_status", DEVICE_STATUS_DELETED) != DEVICE_STATUS_DELETED
+    )
+    if reviving:
+        await ensure_endpoint_capacity()
+    entry.update_from_dict(columns)
+    try:
+        await entry.save()
+    except IntegrityError:
+        raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+
+
+async def _gds_entry_at(server: str, port: int) -> InventoryEntry:
+    entry = await find_entry_at(server, port, GDS)
+    if entry is None:
+        raise NotFound(f"no gds inventory entry for {server}:{port}")
+    return entry
+
+
+@blueprint.get("/inventory")
+async def list_all_entries() -> list[InventoryEntryOut]:
+    """Entries of every table (gds, opc, ssh, rest). Inactive and deleted entries only when
+    ``show_inactive_devices`` is set."""
+    return await render_entries(await listed_entries(("gds", "opc", "ssh", "rest")))
+
+
+@blueprint.get("/gds/inventory")
+async def list_gds_entries() -> list[InventoryEntryOut]:
+    """The GDS inventory. Inactive and deleted entries only when ``show_inactive_devices`` is set."""
+    return await render_entries(await listed_entries((GDS,)))
+
+
+@blueprint.get("/ssh/inventory")
+async def list_ssh_entries() -> list[InventoryEntryOut]:
+    """The SSH inventory. Inactive and deleted entries only when ``show_inactive_devices`` is set."""
+    return await render_entries(await listed_entries(("ssh",)))
+
+
+@blueprint.get("/gds/inventory/trustlist")
+async def list_trustlists() -> list[TrustListOut]:
+    """The trust lists last read from the listed GDS entries; empty lists where none was read."""
+    return [trustlist_view(entry) for entry in await listed_entries((GDS,))]
+
+
+@blueprint.post("/gds/inventory")
+@validate_request(GdsEntryIn)
+async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
+    """Add a GDS entry. 409 when the server and port are already in the GDS inventory, 403 when the
+    license endpoint limit is reached. A PKCS#12 must open with its password; secrets are stored encrypted."""
+    columns = data.entry_columns()
+    await _ensure_pki_exists(columns.get("pki_id"), "pki")
+    credentials = data.verified_credentials()
+    async with in_transaction("default"):
+        entry = await _create_entry(GDS, data.server, data.port, columns)
+        if credentials:
+            await save_credentials(entry, **credentials)
+    return await entry_out(entry)
+
+
+@blueprint.patch("/gds/inventory")
+@validate_request(GdsEntryIn)
+async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
+    """Change the fields given of the GDS entry at ``server`` and ``port``; 404 if there is none."""
+    entry = await _gds_entry_at(data.server, data.port)
+    columns = data.entry_columns()
+    await _ensure_pki_exists(columns.get("pki_id"), "pki")
+    credentials = data.verified_credentials()
+    async with in_transaction("default"):
+        await _update_entry(entry, columns)
+        if credentials:
+            await save_credentials(entry, **credentials)
+    return await entry_out(entry)
+
+
+@blueprint.post("/gds/inventory/user")
+@validate_request(UserCredentialsIn)
+async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
+    """Store the credentials for a GDS entry, creating the entry when there is none (403 when that would
+    exceed the license endpoint limit)."""
+    credentials = data.verified_credentials()
+    async with in_transaction("default"):
+        entry = await find_entry_at(data.server, data.port, GDS)
+        if entry is None:
+            entry = await _create_entry(GDS, data.server, data.port, {})
+        await save_credentials(entry, **credentials)
+    return await entry_out(entry)
+
+
+@blueprint.patch("/gds/inventory/user")
+@validate_request(UserCredentialsIn)
+async def update_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
+    """Change the stored credentials of an existing GDS entry; 404 if there is none."""
+    entry = await _gds_entry_at(data.server, data.port)
+    await save_credentials(entry, **data.verified_credentials())
+    return await entry_out(entry)
+
+
+@blueprint.get("/gds/inventory/<path:host_or_url>")
+async def get_gds_entry(host_or_url: str) -> InventoryEntryOut:
+    """One GDS entry by ``host``, ``host:port`` or ``opc.tcp://host:port``, whatever its device_status."""
+    return await entry_out(await find_entry(parse_host_or_url(host_or_url), (GDS,)))
+
+
+@blueprint.delete("/gds/inventory/<path:host_or_url>")
+async def delete_gds_entry(host_or_url: str) -> InventoryEntryOut:
+    """Remove a GDS entry and its stored credentials; returns the entry as it was."""
+    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
+    deleted = await entry_out(entry)
+    await entry.delete()  # the credential row goes with it (ON DELETE CASCADE)
+    return deleted
+
+
+class LowLevelRequest(BaseModel):
+    """``POST`` and ``PATCH /inventory``: one row of a table in the low-level database format."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # Any type, so that every wrong table (a number, null, a misspelling) gets the spec's one error text.
+    table: Any = Field(json_schema_extra={"type": "string", "enum": list(LOW_LEVEL_TABLES)})
+    add: dict[str, Any] | str = Field(description="The row's columns: a JSON object, or a string holding one")
+
+    def checked_table(self) -> str:
+        if not isinstance(self.table, str) or self.table not in LOW_LEVEL_TABLES:
+            raise APIError(INVALID_TABLE)
+        return self.table
+
+    def row(self) -> dict[str, Any]:
+        if isinstance(self.add, dict):
+            return self.add
+        try:
+            row = json.loads(self.add)
+        except ValueError:
+            raise APIError("add: not valid JSON") from None
+        if not isinstance(row, dict):
+            raise APIError("add: must be a JSON object, or a string holding one")
+        return row
+
+
+class RowId(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    id: int = Field(ge=1, le=MAX_ID)
+
+
+def _validated(model: type[ModelT], row: dict[str, Any]) -> ModelT:
+    """``row`` as ``model``; 400 naming each offending column as ``add.<column>``."""
+    try:
+        return model.model_validate(row)
+    except ValidationError as error:
+        raise APIError(
+            "; ".join(
+                f"{'.'.join(['add', *(str(part) for part in item['loc'])])}: {item['msg']}" for item in error.errors()
+            )
+        ) from None
+
+
+def _refuse_id(row: dict[str, Any]) -> None:
+    if "id" in row:
+        raise APIError("add.id: assigned by the database; leave it out when creating")
+
+
+def _row_id(row: dict[str, Any]) -> int:
+    """The ``id`` naming the row a PATCH changes."""
+    return _validated(RowId, {key: row[key] for key in ("id",) if key in row}).id
+
+
+class Columns(BaseModel):
+    """A row of a low-level table: known columns only, strict types, null only in nullable columns."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    not_null: ClassVar[frozenset[str]] = frozenset()
+    required_on_create: ClassVar[tuple[str, ...]] = ()
+
+    id: int | None = Field(default=None, ge=1, le=MAX_ID, description="Identifies the row on PATCH")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def null_only_where_nullable(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and info.field_name in cls.not_null:
+            raise ValueError("must not be null")
+        return value
+
+    @classmethod
+    def for_insert(cls, row: dict[str, Any]) -> Self:
+        _refuse_id(row)
+        columns = _validated(cls, row)
+        missing = [name for name in cls.required_on_create if name not in columns.model_fields_set]
+        if missing:
+            raise APIError("; ".join(f"add.{name}: Field required" for name in missing))
+        return columns
+
+    def given(self, *exclude: str) -> dict[str, Any]:
+        """The columns the row gives, except ``id`` and ``exclude``."""
+        return self.model_dump(include=set(self.model_fields_set) - {"id", *exclude})
+
+
+class DeviceColumns(Columns):
+    """The gds, opc and ssh tables."""
+
+    not_null = frozenset({"id", "server", "port", "service", "device_status"})
+    required_on_create = ("server",)
+
+    server: str | None = Field(default=None, min_length=1, max_length=255)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    name: str | None = Field(default=None, max_length=255)
+    service: str | None = Field(default=None, max_length=128, pattern=SERVICE_PATTERN)
+    device_status: int | None = Field(default=None, ge=0, le=2)
+    security_policy: int | None = Field(default=None, ge=0, le=63)
+    security_mode: int | None = Field(default=None, ge=0, le=7)
+    renewal_days: int | None = Field(default=None, ge=0, le=MAX_RENEWAL_DAYS)
+    pki_id: int | None = Field(default=None, ge=1, le=MAX_ID)
+
+    @field_validator("server")
+    @classmethod
+    def server_is_host(cls, value: str) -> str:
+        return _checked_server(value)
+
+
+class CaColumns(Columns):
+    """The ca table: a PEM certificate, parsed and fingerprinted on the way in."""
+
+    not_null = frozenset({"id", "certificate_pem"})
+    required_on_create = ("certificate_pem",)
+
+    certificate_pem: str | None = Field(default=None, min_length=1)
+    name: str | None = Field(default=None, max_length=255)
+
+    def stored(self) -> dict[str, Any]:
+        columns = self.given("certificate_pem")
+        if self.certificate_pem is not None:
+            certificate = load_certificate(self.certificate_pem, "add.certificate_pem")
+            columns["certificate_pem"] = to_pem(certificate)
+            columns["sha1_fingerprint"] = sha1_fingerprint(certificate)
+            columns["subject_dn"] = certificate.subject.rfc4514_string()
+        return columns
+
+
+async def _insert_device(table: str, row: dict[str, Any]) -> int:
+    columns = DeviceColumns.for_insert(row)
+    values = columns.given("server", "port")
+    await _ensure_pki_exists(values.get("pki_id"), "add.pki_id")
+    entry = await _create_entry(table, columns.server, columns.port or DEFAULT_OPCUA_PORT, values)
+    return entry.id
+
+
+async def _update_device(table: str, row: dict[str, Any]) -> int:
+    """Change the device row named by ``id``, else by server and port (which then stay as they are)."""
+    columns = _validated(DeviceColumns, row)
+    if columns.id is not None:
+        entry = await InventoryEntry.get_or_none(id=columns.id, protocol=table)
+        if entry is None:
+            raise NotFound(f"no {table} inventory entry with id {columns.id}")
+        values = columns.given()
+    elif columns.server is not None:
+        port = columns.port or DEFAULT_OPCUA_PORT
+        entry = await find_entry_at(columns.server, port, table)
+        if entry is None:
+            raise NotFound(f"no {table} inventory entry for {columns.server}:{port}")
+        values = columns.given("server", "port")
+    else:
+        raise APIError("add: give id, or server (and port), to say which row to change")
+    await _ensure_pki_exists(values.get("pki_id"), "add.pki_id")
+    if "server" in values or "port" in values:
+        server, port = values.get("server", entry.server), values.get("port", entry.port)
+        await _reject_duplicate(server, port, table, keep_id=entry.id)
+    await _update_entry(entry, values)
+    return entry.id
+
+
+async def _insert_pki(table: str, row: dict[str, Any]) -> int:
+    """A PKI entry from the same fields ``POST /pki/inventory`` takes, checked the same way."""
+    _refuse_id(row)
+    entry = PkiEntry()
+    apply_fields(entry, _validated(PkiCreate, row))
+    await entry.save()
+    return entry.id
+
+
+async def _update_pki(table: str, row: dict[str, Any]) -> int:
+    pki_id = _row_id(row)
+    fields = _validated(PkiFields, {key: value for key, value in row.items() if key != "id"})
+    entry = await PkiEntry.get_or_none(id=pki_id)
+    if entry is None:
+        raise NotFound(f"no pki row with id {pki_id}")
+    apply_fields(entry, fields)
+    await entry.save()
+    return entry.id
+
+
+async def _reject_duplicate_ca(fingerprint: str, keep_id: int | None = None) -> None:
+    existing = await CaCertificate.get_or_none(sha1_fingerprint=fingerprint)
+    if existing is not None and existing.id != keep_id:
+        raise APIError(f"ca table already holds the certificate {fingerprint} (id {existing.id})", 409)
+
+
+async def _save_ca(row: CaCertificate) -> int:
+    try:
+        await row.save()
+    except IntegrityError:
+        raise APIError(f"ca table already holds the certificate {row.sha1_fingerprint}", 409) from None
+    return row.id
+
+
+async def _insert_ca(table: str, row: dict[str, Any]) -> int:
+    values = CaColumns.for_insert(row).stored()
+    await _reject_duplicate_ca(values["sha1_fingerprint"])
+    return await _save_ca(CaCertificate(**values))
+
+
+async def _update_ca(table: str, row: dict[str, Any]) -> int:
+    ca_id = _row_id(row)
+    values = _validated(CaColumns, row).stored()
+    certificate = await CaCertificate.get_or_none(id=ca_id)
+    if certificate is None:
+        raise NotFound(f"no ca row with id {ca_id}")
+    if "sha1_fingerprint" in values:
+        await _reject_duplicate_ca(values["sha1_fingerprint"], keep_id=ca_id)
+    certificate.update_from_dict(values)
+    return await _save_ca(certificate)
+
+
+RowWriter = Callable[[str, dict[str, Any]], Awaitable[int]]
+# Per table: how POST inserts a row and how PATCH changes one.
+_TABLE_WRITERS: dict[str, tuple[RowWriter, RowWriter]] = {
+    "gds": (_insert_device, _update_device),
+    "opc": (_insert_device, _update_device),
+    "ssh": (_insert_device, _update_device),
+    "pki": (_insert_pki, _update_pki),
+    "ca": (_insert_ca, _update_ca),
+}
+
+
+@blueprint.post("/inventory")
+@validate_request(LowLevelRequest)
+async def insert_row(data: LowLevelRequest) -> OperationResult:
+    """Add a row to a table. Columns: gds, opc, ssh: server (required), port, name, service, device_status,
+    security_policy, security_mode, renewal_days, pki_id; pki: the fields of ``POST /pki/inventory``;
+    ca: certificate_pem (required, PEM), name. 403 when a device row would exceed the license endpoint
+    limit, 409 for a duplicate."""
+    table = data.checked_table()
+    insert, _ = _TABLE_WRITERS[table]
+    row_id = await insert(table, data.row())
+    return OperationResult(**operation_result(f"added row {row_id} to {table}", {"table": table, "id": row_id}))
+
+
+@blueprint.patch("/inventory")
+@validate_request(LowLevelRequest)
+async def update_row(data: LowLevelRequest) -> OperationResult:
+    """Change the columns given of one row, named by ``id`` in ``add`` (device tables also by server and
+    port); 404 if there is no such row."""
+    table = data.checked_table()
+    _, update = _TABLE_WRITERS[table]
+    row_id = await update(table, data.row())
+    return OperationResult(**operation_result(f"updated row {row_id} of {table}", {"table": table, "id": row_id}))

@@ -1,0 +1,171 @@
+"""PKI type 1, ``internal``: a root CA per PKI entry, kept in the database with its key encrypted at rest."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from tortoise.exceptions import IntegrityError
+from tortoise.transactions import in_transaction
+
+from certlm.errors import APIError
+from certlm.registry import CertificateProfile, Enrollment, HostServices, PkiBackend
+from certlm.storage.models import PkiEntry
+from certlm_pki_internal import ca
+from certlm_pki_internal.models import InternalCa, IssuedCertificate
+
+# The setting (``Settings.extra`` key) for the lifetime of issued certificates, in days.
+VALIDITY_SETTING = "pki_internal_validity_days"
+# A served CRL is re-signed after a day, so relying parties always get one valid for six more days at least.
+CRL_REFRESH_AFTER = timedelta(days=1)
+
+
+class InternalPki(PkiBackend):
+    pki_type = 1
+    name = "internal"
+
+    def __init__(self, services: HostServices) -> None:
+        super().__init__(services)
+        validity_days = int(services.settings.extra.get(VALIDITY_SETTING, ca.DEFAULT_LEAF_VALIDITY_DAYS))
+        if validity_days < 1:
+            raise ValueError(f"{VALIDITY_SETTING} must be at least 1, got {validity_days}")
+        self._validity = timedelta(days=validity_days)
+        # Serialises root creation and CRL numbering within this process; the database's unique key and row
+        # lock do the same across instances sharing a PostgreSQL database.
+        self._lock = asyncio.Lock()
+
+    def _policy(self, entry: PkiEntry) -> ca.IssuancePolicy:
+        public_url = self.services.settings.public_url
+        if not public_url:
+            return ca.IssuancePolicy(validity=self._validity)
+        base = public_url.rstrip("/")
+        # RFC 5280 §4.2.1.13 and §4.2.2.1: HTTP URIs in these extensions must deliver DER.
+        return ca.IssuancePolicy(
+            validity=self._validity,
+            crl_url=f"{base}/pki/crl/{entry.id}?format=der",
+            ca_issuers_url=f"{base}/pki/ca/{entry.id}?format=der",
+        )
+
+    async def _authority(self, entry: PkiEntry) -> InternalCa:
+        """The entry's root CA, created on first use."""
+        authority = await InternalCa.get_or_none(pki_entry_id=entry.id)
+        if authority is not None:
+            return authority
+        async with self._lock:
+            authority = await InternalCa.get_or_none(pki_entry_id=entry.id)
+            if authority is not None:
+                return authority
+            key = await asyncio.to_thread(ca.generate_root_key)
+            certificate = ca.create_root(key, entry.id, datetime.now(UTC))
+            key_der = key.private_bytes(
+                serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+            try:
+                return await InternalCa.create(
+                    pki_entry_id=entry.id,
+                    certificate_pem=certificate.public_bytes(serialization.Encoding.PEM).decode(),
+                    private_key_enc=self.services.secrets.encrypt(key_der),
+                )
+            except IntegrityError:
+                # Another instance on the same database created the root first: everyone uses that one.
+                return await InternalCa.get(pki_entry_id=entry.id)
+
+    def _signing_material(self, authority: InternalCa) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
+        key = serialization.load_der_private_key(self.services.secrets.decrypt(authority.private_key_enc), None)
+        if not isinstance(key, rsa.RSAPrivateKey):
+            raise APIError(f"internal CA {authority.id} has a stored key that is not RSA", 500)
+        return x509.load_pem_x509_certificate(authority.certificate_pem.encode()), key
+
+    async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+        authority = await self._authority(entry)
+        return [x509.load_pem_x509_certificate(authority.certificate_pem.encode())]
+
+    async def enroll(
+        self, entry: PkiEntry, csr: x509.CertificateSigningRequest, profile: CertificateProfile
+    ) -> Enrollment:
+        authority = await self._authority(entry)
+        ca_certificate, ca_key = self._signing_material(authority)
+        certificate = ca.issue(csr, profile, ca_certificate, ca_key, self._policy(entry), datetime.now(UTC))
+        await IssuedCertificate.create(
+            ca_id=authority.id,
+            serial_number=f"{certificate.serial_number:X}",
+            subject_dn=certificate.subject.rfc4514_string(),
+            profile=profile.name,
+            not_valid_after=certificate.not_valid_after_utc,
+        )
+        return Enrollment(certificate=certificate, chain=(ca_certificate,))
+
+    async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
+        authority = await self._authority(entry)
+        if self._is_fresh(authority, datetime.now(UTC)):
+            return x509.load_der_x509_crl(authority.crl_der)
+        async with self._lock, in_transaction() as connection:
+            authority = await InternalCa.filter(id=authority.id).using_db(connection).select_for_update().get()
+            now = datetime.now(UTC)
+            if self._is_fresh(authority, now):
+                return x509.load_der_x509_crl(authority.crl_der)
+            # Expired certificates fail validation anyway; RFC 5280 §3.3 lets them leave the CRL.
+            revoked = await IssuedCertificate.filter(
+                ca_id=authority.id, revoked_at__isnull=False, not_valid_after__gt=now
+            ).using_db(connection)
+            ca_certificate, ca_key = self._signing_material(authority)
+            crl = ca.build_crl(
+                ca_certificate,
+                ca_key,
+                [
+                    ca.Revocation(
+                        serial_number=int(record.serial_number, 16),
+                        revoked_at=record.revoked_at,
+                        reason=x509.ReasonFlags(record.revocation_reason),
+                    )
+                    for record in revoked
+                ],
+                authority.next_crl_number,
+                now,
+            )
+            authority.next_crl_number += 1
+            authority.crl_der = crl.public_bytes(serialization.Encoding.DER)
+            authority.crl_last_update = now
+            await authority.save(using_db=connection)
+            return crl
+
+    @staticmethod
+    def _is_fresh(authority: InternalCa, now: datetime) -> bool:
+        return (
+            authority.crl_der is not None
+            and authority.crl_last_update is not None
+            and now - authority.crl_last_update < CRL_REFRESH_AFTER
+        )
+
+    async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
+        authority = await self._authority(entry)
+        ca_certificate = x509.load_pem_x509_certificate(authority.certificate_pem.encode())
+        try:
+            certificate.verify_directly_issued_by(ca_certificate)
+        except (ValueError, TypeError, InvalidSignature):
+            raise APIError(
+                f"certificate {certificate.subject.rfc4514_string()} was not issued by the internal CA "
+                f"of PKI entry {entry.id}"
+            ) from None
+        if reason == x509.ReasonFlags.remove_from_crl:
+            raise APIError("removeFromCRL belongs in delta CRLs, which the internal CA does not publish")
+        record, _ = await IssuedCertificate.get_or_create(
+            ca_id=authority.id,
+            serial_number=f"{certificate.serial_number:X}",
+            defaults={
+                "subject_dn": certificate.subject.rfc4514_string(),
+                "profile": "unknown",
+                "not_valid_after": certificate.not_valid_after_utc,
+            },
+        )
+        if record.revoked_at is not None and record.revocation_reason == reason.value:
+            return
+        # A changed reason (say certificateHold becoming keyCompromise) keeps the original revocation date.
+        record.revoked_at = record.revoked_at or datetime.now(UTC)
+        record.revocation_reason = reason.value
+        await record.save(update_fields=["revoked_at", "revocation_reason"])
+        await InternalCa.filter(id=authority.id).update(crl_der=None, crl_last_update=None)
