@@ -10,6 +10,7 @@ from typing import Any
 
 import pyotp
 from quart import Blueprint
+from quart_schema import validate_response
 from tortoise import Tortoise
 from tortoise.models import Model
 from tortoise.transactions import in_transaction
@@ -122,6 +123,7 @@ async def _sample_maintenance() -> tuple[int, int]:
 
 
 @blueprint.post("/create/dummy-db")
+@validate_response(OperationResult)
 async def create_sample_database() -> OperationResult:
     """Fill the database with sample entries: three GDS devices (one inactive) and an SSH gateway, an EST
     and (when the internal CA backend is installed) an internal PKI entry, and a weekly maintenance window.
@@ -174,6 +176,7 @@ def _deletion_order(models: list[type[Model]]) -> list[type[Model]]:
 
 
 @blueprint.delete("/sql/<totp_code>")
+@validate_response(OperationResult)
 async def wipe_database(totp_code: str) -> OperationResult:
     """Irreversibly delete the inventory, user credentials, PKI configuration, CA and device certificates,
     maintenance windows and every plugin's stored rows. Kept: the license, the schema version, the system

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from quart import Blueprint
-from quart_schema import validate_request
+from quart_schema import validate_request, validate_response
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
@@ -212,6 +212,7 @@ async def _gds_entry_at(server: str, port: int) -> InventoryEntry:
 
 
 @blueprint.get("/inventory")
+@validate_response(list[InventoryEntryOut])
 async def list_all_entries() -> list[InventoryEntryOut]:
     """Entries of every table (gds, opc, ssh, rest). Inactive and deleted entries only when
     ``show_inactive_devices`` is set."""
@@ -219,24 +220,28 @@ async def list_all_entries() -> list[InventoryEntryOut]:
 
 
 @blueprint.get("/gds/inventory")
+@validate_response(list[InventoryEntryOut])
 async def list_gds_entries() -> list[InventoryEntryOut]:
     """The GDS inventory. Inactive and deleted entries only when ``show_inactive_devices`` is set."""
     return await render_entries(await listed_entries((GDS,)))
 
 
 @blueprint.get("/ssh/inventory")
+@validate_response(list[InventoryEntryOut])
 async def list_ssh_entries() -> list[InventoryEntryOut]:
     """The SSH inventory. Inactive and deleted entries only when ``show_inactive_devices`` is set."""
     return await render_entries(await listed_entries(("ssh",)))
 
 
 @blueprint.get("/gds/inventory/trustlist")
+@validate_response(list[TrustListOut])
 async def list_trustlists() -> list[TrustListOut]:
     """The trust lists last read from the listed GDS entries; empty lists where none was read."""
     return [trustlist_view(entry) for entry in await listed_entries((GDS,))]
 
 
 @blueprint.post("/gds/inventory")
+@validate_response(InventoryEntryOut)
 @validate_request(GdsEntryIn)
 async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Add a GDS entry. 409 when the server and port are already in the GDS inventory, 403 when the
@@ -252,6 +257,7 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 
 
 @blueprint.patch("/gds/inventory")
+@validate_response(InventoryEntryOut)
 @validate_request(GdsEntryIn)
 async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Change the fields given of the GDS entry at ``server`` and ``port``; 404 if there is none."""
@@ -267,6 +273,7 @@ async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 
 
 @blueprint.post("/gds/inventory/user")
+@validate_response(InventoryEntryOut)
 @validate_request(UserCredentialsIn)
 async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
     """Store the credentials for a GDS entry, creating the entry when there is none (403 when that would
@@ -281,6 +288,7 @@ async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
 
 
 @blueprint.patch("/gds/inventory/user")
+@validate_response(InventoryEntryOut)
 @validate_request(UserCredentialsIn)
 async def update_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
     """Change the stored credentials of an existing GDS entry; 404 if there is none."""
@@ -290,12 +298,14 @@ async def update_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
 
 
 @blueprint.get("/gds/inventory/<path:host_or_url>")
+@validate_response(InventoryEntryOut)
 async def get_gds_entry(host_or_url: str) -> InventoryEntryOut:
     """One GDS entry by ``host``, ``host:port`` or ``opc.tcp://host:port``, whatever its device_status."""
     return await entry_out(await find_entry(parse_host_or_url(host_or_url), (GDS,)))
 
 
 @blueprint.delete("/gds/inventory/<path:host_or_url>")
+@validate_response(InventoryEntryOut)
 async def delete_gds_entry(host_or_url: str) -> InventoryEntryOut:
     """Remove a GDS entry and its stored credentials; returns the entry as it was."""
     entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
@@ -525,6 +535,7 @@ _TABLE_WRITERS: dict[str, tuple[RowWriter, RowWriter]] = {
 
 
 @blueprint.post("/inventory")
+@validate_response(OperationResult)
 @validate_request(LowLevelRequest)
 async def insert_row(data: LowLevelRequest) -> OperationResult:
     """Add a row to a table. Columns: gds, opc, ssh: server (required), port, name, service, device_status,
@@ -538,6 +549,7 @@ async def insert_row(data: LowLevelRequest) -> OperationResult:
 
 
 @blueprint.patch("/inventory")
+@validate_response(OperationResult)
 @validate_request(LowLevelRequest)
 async def update_row(data: LowLevelRequest) -> OperationResult:
     """Change the columns given of one row, named by ``id`` in ``add`` (device tables also by server and

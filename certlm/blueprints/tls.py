@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
-from quart_schema import validate_request
+from quart_schema import validate_request, validate_response
 
 from certlm.certs import PKCS12_MAX_PASSWORD_CHARS, PKCS12_MIN_BASE64_CHARS, load_pkcs12_base64
 from certlm.host import current_host
@@ -64,6 +64,7 @@ async def _configuration(message: str | None = None) -> TlsConfiguration:
 
 
 @blueprint.get("/tls")
+@validate_response(TlsConfiguration)
 async def get_tls() -> TlsConfiguration:
     """The TLS certificate the API is served with, the TLS versions and ciphers offered, and any upload that
     waits for a restart."""
@@ -71,6 +72,7 @@ async def get_tls() -> TlsConfiguration:
 
 
 @blueprint.post("/tls")
+@validate_response(TlsConfiguration)
 @validate_request(TlsUpload)
 async def upload_tls(data: TlsUpload) -> TlsConfiguration:
     """Store a PKCS#12 certificate and key for the API server. It is served after the next restart; until
