@@ -96,13 +96,9 @@ def load_pkcs12_base64(blob_b64: str, password: str | None, what: str) -> Pkcs12
     except (binascii.Error, ValueError):
         raise APIError(f"{what} is not valid base64") from None
     try:
-        key, certificate, chain = pkcs12.load_key_and_certificates(
-            blob, password.encode() if password else None
-        )
+        key, certificate, chain = pkcs12.load_key_and_certificates(blob, password.encode() if password else None)
     except (ValueError, TypeError):
-        raise APIError(
-            f"{what} is not a PKCS#12 file or cannot be decrypted with the given password"
-        ) from None
+        raise APIError(f"{what} is not a PKCS#12 file or cannot be decrypted with the given password") from None
     if certificate is None:
         raise APIError(f"{what} holds no certificate")
     if key is None:
@@ -187,9 +183,7 @@ def key_usages(certificate: x509.Certificate) -> list[str]:
     names = [name for attribute, name in _KEY_USAGE_NAMES if getattr(usage, attribute)]
     if usage.key_agreement:
         names += [
-            n
-            for a, n in (("encipher_only", "encipherOnly"), ("decipher_only", "decipherOnly"))
-            if getattr(usage, a)
+            n for a, n in (("encipher_only", "encipherOnly"), ("decipher_only", "decipherOnly")) if getattr(usage, a)
         ]
     return names
 

@@ -65,9 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser(
-        "serve", help="serve the REST API (HTTPS once a TLS certificate is installed)"
-    )
+    serve = commands.add_parser("serve", help="serve the REST API (HTTPS once a TLS certificate is installed)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=5000)
     serve.add_argument("--data-dir", default=None, help="default: $CERTLM_DATA_DIR or ./certlm-data")
@@ -98,9 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return args.func(args)
 
 

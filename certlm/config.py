@@ -28,9 +28,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
         env = dict(os.environ if env is None else env)
-        data_dir = Path(
-            overrides.pop("data_dir", None) or env.get("CERTLM_DATA_DIR") or "certlm-data"
-        ).resolve()
+        data_dir = Path(overrides.pop("data_dir", None) or env.get("CERTLM_DATA_DIR") or "certlm-data").resolve()
         settings = cls(
             data_dir=data_dir,
             database_url=env.get("CERTLM_DATABASE_URL") or f"sqlite://{data_dir / 'certlm.sqlite3'}",

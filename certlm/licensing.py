@@ -59,14 +59,10 @@ def generate_key_pair(out_dir: Path) -> tuple[Path, Path]:
     public_path = out_dir / "license_public_key.pem"
     write_private_file(
         private_path,
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ),
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
     public_path.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return private_path, public_path
 
@@ -161,9 +157,7 @@ def _copy_fields(status: LicenseStatus, document: dict[str, Any]) -> None:
     features = document.get("features")
     status.features = [f for f in features if isinstance(f, str)] if isinstance(features, list) else []
     endpoints = document.get("licensed_endpoints")
-    status.licensed_endpoints = (
-        endpoints if isinstance(endpoints, int) and not isinstance(endpoints, bool) else None
-    )
+    status.licensed_endpoints = endpoints if isinstance(endpoints, int) and not isinstance(endpoints, bool) else None
     for name in ("validity_start", "validity_end", "product", "product_version", "license_type"):
         value = document.get(name)
         setattr(status, name, value if isinstance(value, str) else None)

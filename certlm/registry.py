@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from certlm.errors import UnsupportedOperation
+from certlm.errors import APIError, UnsupportedOperation
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -128,6 +128,15 @@ SERVER_PROFILE = CertificateProfile("server")
 
 
 @dataclass(frozen=True)
+class ServerValidation:
+    """What validating a PKI server found: where it was reached and the CA certificates it delivered."""
+
+    host: str
+    port: int
+    ca_certificates: tuple[x509.Certificate, ...]
+
+
+@dataclass(frozen=True)
 class Enrollment:
     """An issued certificate and the chain from its issuer up to the root."""
 
@@ -153,6 +162,15 @@ class PkiBackend:
     def configuration_problems(self, entry: PkiEntry) -> list[str]:
         """Problems with a PKI entry's stored configuration, checked on create and update. No I/O."""
         return []
+
+    async def validate(self, entry: PkiEntry, *, strict: bool) -> ServerValidation:
+        """Connect to the PKI server, fetch its CA certificates and store them in ``entry.ca_certificates``;
+        ``strict`` also verifies the server's TLS chain against ``entry.tls_ca``. Only PKIs reached over the
+        network offer this; the default answers 400 as the spec requires for every other type."""
+        raise APIError(
+            f"validate requires a type 2 (EST) entry with a connection; PKI entry {entry.id} is of type "
+            f"{entry.pki_type} ({self.name})"
+        )
 
     async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
         """The CA chain, issuing CA first. Raise ``NotFound`` when none is available yet."""

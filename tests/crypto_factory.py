@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -26,7 +26,7 @@ def self_signed(
 ) -> tuple[x509.Certificate, object]:
     key = key or ec_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -45,9 +45,7 @@ def self_signed(
 def pkcs12_base64(password: str | None = "secret-pw", common_name: str = "test", dns: tuple[str, ...] = ()) -> str:
     """A base64 PKCS#12 with an RSA key and its self-signed certificate (well over 160 characters)."""
     certificate, key = self_signed(rsa_key(2048), common_name=common_name, dns=dns)
-    encryption = (
-        serialization.BestAvailableEncryption(password.encode()) if password else serialization.NoEncryption()
-    )
+    encryption = serialization.BestAvailableEncryption(password.encode()) if password else serialization.NoEncryption()
     blob = pkcs12.serialize_key_and_certificates(common_name.encode(), key, certificate, None, encryption)
     return base64.b64encode(blob).decode()
 

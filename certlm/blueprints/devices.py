@@ -44,9 +44,7 @@ async def read_firmware(host_or_url: str) -> FirmwareOut:
     firmware = await driver.read_firmware(target)
     entry.firmware_version, entry.device_name = firmware.firmware_version, firmware.device_name
     await entry.save(update_fields=["firmware_version", "device_name", "updated_at"])
-    return FirmwareOut(
-        url=target.url, firmware_version=firmware.firmware_version, device_name=firmware.device_name
-    )
+    return FirmwareOut(url=target.url, firmware_version=firmware.firmware_version, device_name=firmware.device_name)
 
 
 @blueprint.get("/gds/monitor/status/<path:host_or_url>")

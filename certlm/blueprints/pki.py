@@ -388,14 +388,7 @@ async def delete_pki_entry(pki_id: str) -> PkiOut:
 async def _validate(pki_id: str, strict: bool) -> ValidationOut:
     entry = await _entry(pki_id)
     backend = current_host().pki_backends.get(entry.pki_type)  # 501 when no plugin provides the type
-    # Only a PKI reached over the network (EST) can be validated; its backend offers ``validate``.
-    validate = getattr(backend, "validate", None)
-    if validate is None:
-        raise APIError(
-            f"validate requires a type 2 (EST) entry with a connection; PKI entry {entry.id} is of type "
-            f"{entry.pki_type} ({backend.name})"
-        )
-    result = await validate(entry, strict=strict)
+    result = await backend.validate(entry, strict=strict)
     return ValidationOut(
         pki_id=entry.id,
         host=result.host,

@@ -21,9 +21,7 @@ def tortoise_config(database_url: str, model_modules: list[str]) -> dict:
             url = "postgres://" + url[len(prefix) :]
     return {
         "connections": {"default": url},
-        "apps": {
-            "models": {"models": [*HOST_MODEL_MODULES, *model_modules], "default_connection": "default"}
-        },
+        "apps": {"models": {"models": [*HOST_MODEL_MODULES, *model_modules], "default_connection": "default"}},
         "use_tz": True,
         "timezone": "UTC",
     }

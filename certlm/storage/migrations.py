@@ -28,9 +28,7 @@ class MigrationStep:
 async def _add_rule_cron_columns(connection: BaseDBAsyncClient, dialect: str) -> None:
     for column, sql_type in (("cron", "VARCHAR(255)"), ("duration_minutes", "INT")):
         if not await _column_exists(connection, dialect, "maintenance_rule", column):
-            await connection.execute_script(
-                f"ALTER TABLE maintenance_rule ADD COLUMN {column} {sql_type} NULL"
-            )
+            await connection.execute_script(f"ALTER TABLE maintenance_rule ADD COLUMN {column} {sql_type} NULL")
 
 
 STEPS: tuple[MigrationStep, ...] = (

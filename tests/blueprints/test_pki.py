@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import os
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar
@@ -17,7 +16,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 
 from certlm.app import create_app
 from certlm.config import Settings
-from certlm.registry import PkiBackend
+from certlm.registry import PkiBackend, ServerValidation
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import csr_pem, ec_key, pkcs12_base64, self_signed
 
@@ -449,13 +448,6 @@ async def test_secrets_never_leave_the_service_in_the_clear(service, api) -> Non
 
 
 # In-process: a backend that offers validation, and an entry whose type lost its plugin.
-
-
-@dataclass(frozen=True)
-class ServerValidation:
-    host: str
-    port: int
-    ca_certificates: tuple[x509.Certificate, ...]
 
 
 class ValidatingPki(PkiBackend):
