@@ -107,3 +107,21 @@ async def test_unknown_route_is_404_json(api) -> None:
     response = await api.put("/systeminfo")
     assert response.status_code == 405
     assert "error" in response.json()
+
+
+async def test_api_key_file_is_created_private_and_path_printed(service) -> None:
+    key_file = service.data_dir / "secrets" / "certlm_api_key.txt"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert len(service.api_key) >= 32
+    assert f"created a new API key in {key_file}" in service.log()
+
+
+async def test_api_key_file_named_by_environment(make_service, tmp_path: Path) -> None:
+    key_file = tmp_path / "operator-key.txt"
+    key_file.write_text("plant-7-operations-key-0123456789\n")
+    service = await make_service(licensed=False, env={"CERTLM_API_KEY_FILE": str(key_file)})
+    async with service.client(api_key="plant-7-operations-key-0123456789") as client:
+        assert (await client.get("/systeminfo/lic")).status_code == 404  # authorised: no license yet
+    assert not (service.data_dir / "secrets" / "certlm_api_key.txt").exists()
+    async with service.client(api_key="another-key-0123456789abcdef") as other:
+        assert (await other.get("/systeminfo/lic")).status_code == 401
