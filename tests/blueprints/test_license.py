@@ -66,9 +66,10 @@ def _resign_with_change(license_b64: str, **changes) -> str:
             "not valid before",
         ),
         (lambda keys: base64.b64encode(b"just some text").decode(), "malformed"),
+        (lambda keys: keys.issue()[: len(keys.issue()) // 8 * 4], "malformed"),
         (lambda keys: base64.b64encode(b'{"license": {}, "signature": "!!"}').decode(), "malformed"),
     ],
-    ids=["tampered", "other-key", "expired", "not-yet-valid", "not-json", "bad-signature-encoding"],
+    ids=["tampered", "other-key", "expired", "not-yet-valid", "not-json", "truncated", "bad-signature-encoding"],
 )
 async def test_bad_license_is_stored_but_invalid_with_reason(unlicensed, license_keys, make_license, message) -> None:
     async with unlicensed.client() as client:
