@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class OperationResult(BaseModel):
@@ -14,6 +14,18 @@ class OperationResult(BaseModel):
     execution: str
     error: str = ""
     result: dict[str, Any] | list[Any] | None = None
+
+
+class PartialUpdate(BaseModel):
+    """A request body whose fields are all optional but of which at least one must be given (spec text)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def at_least_one_field(self) -> PartialUpdate:
+        if not self.model_fields_set:
+            raise ValueError(f"At least one of {', '.join(type(self).model_fields)} is required")
+        return self
 
 
 class ErrorBody(BaseModel):

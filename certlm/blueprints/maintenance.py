@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
@@ -25,7 +25,7 @@ from certlm.maintenance import (
     window_contains,
     zone_named,
 )
-from certlm.responses import parse_id
+from certlm.responses import PartialUpdate, parse_id
 from certlm.storage.models import MaintenanceRule, MaintenanceWindow
 
 blueprint = Blueprint("maintenance", __name__)
@@ -78,10 +78,8 @@ class WindowCreate(BaseModel):
     valid_until: IsoDateTime | None = None
 
 
-class WindowUpdate(BaseModel):
+class WindowUpdate(PartialUpdate):
     """Only the fields given change; ``description``, ``valid_from`` and ``valid_until`` may be cleared."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: Name | None = None
     description: Description | None = None
@@ -97,12 +95,6 @@ class WindowUpdate(BaseModel):
         if value is None:
             raise ValueError("must not be null")
         return value
-
-    @model_validator(mode="after")
-    def at_least_one(self) -> WindowUpdate:
-        if not self.model_fields_set:
-            raise ValueError(f"At least one of {', '.join(type(self).model_fields)} is required")
-        return self
 
 
 class RuleFields(BaseModel):
@@ -129,14 +121,8 @@ class RuleCreate(RuleFields):
     maintenance_window_id: RecordId
 
 
-class RuleUpdate(RuleFields):
+class RuleUpdate(RuleFields, PartialUpdate):
     """Only the fields given change; a rule stays in its window."""
-
-    @model_validator(mode="after")
-    def at_least_one(self) -> RuleUpdate:
-        if not self.model_fields_set:
-            raise ValueError(f"At least one of {', '.join(type(self).model_fields)} is required")
-        return self
 
 
 class WindowTest(BaseModel):

@@ -8,13 +8,14 @@ import ssl
 from datetime import date
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
 from certlm import __version__
 from certlm.errors import APIError
 from certlm.host import current_host
+from certlm.responses import PartialUpdate
 from certlm.storage.models import SchemaVersion, SystemSettings
 
 blueprint = Blueprint("system", __name__)
@@ -84,21 +85,13 @@ class SystemInfo(BaseModel):
     show_inactive_devices: bool
 
 
-class SystemSettingsUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SystemSettingsUpdate(PartialUpdate):
     gds_push_scheduler_active: bool | None = Field(default=None, strict=True)
     gds_push_scheduler_renewal_days: int | None = Field(default=None, ge=0, strict=True)
     gds_push_scheduler_scan_interval_sec: int | None = Field(default=None, ge=1, strict=True)
     monitor_scheduler_active: bool | None = Field(default=None, strict=True)
     monitor_scheduler_scan_interval_sec: int | None = Field(default=None, ge=1, strict=True)
     show_inactive_devices: bool | None = Field(default=None, strict=True)
-
-    @model_validator(mode="after")
-    def at_least_one(self) -> SystemSettingsUpdate:
-        if not self.model_fields_set:
-            raise ValueError(f"At least one of {', '.join(type(self).model_fields)} is required")
-        return self
 
 
 class SupportedDeviceOut(BaseModel):
