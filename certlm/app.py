@@ -27,6 +27,7 @@ BLUEPRINT_MODULES: tuple[str, ...] = (
     "certlm.blueprints.license",
     "certlm.blueprints.tls",
     "certlm.blueprints.inventory",
+    "certlm.blueprints.push",
     "certlm.blueprints.devices",
     "certlm.blueprints.pki",
     "certlm.blueprints.maintenance",
@@ -54,6 +55,8 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.config["QUART_SCHEMA_CONVERT_CASING"] = False
+    # Background work (identifying a newly registered device) is retried later; shutdown need not wait long.
+    app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = 1
     host = Host(
         settings=settings,
         secrets=secrets,
@@ -81,17 +84,18 @@ def create_app(settings: Settings | None = None) -> Quart:
     )
     register_error_handlers(app)
     install_access_checks(app)
+    model_modules = [m for modules in plugin_manager.hook.certlm_model_modules() for m in modules or ()]
+
+    # Registered before any blueprint, so a blueprint's own ``before_app_serving`` finds the database open.
+    @app.before_serving
+    async def start_storage() -> None:
+        host.schema_version = await open_storage(settings.database_url, model_modules)
+
     for module_name in BLUEPRINT_MODULES:
         app.register_blueprint(importlib.import_module(module_name).blueprint)
     for blueprints in plugin_manager.hook.certlm_blueprints():
         for blueprint in blueprints or ():
             app.register_blueprint(blueprint)
-
-    model_modules = [m for modules in plugin_manager.hook.certlm_model_modules() for m in modules or ()]
-
-    @app.before_serving
-    async def start_storage() -> None:
-        host.schema_version = await open_storage(settings.database_url, model_modules)
 
     @app.after_serving
     async def stop_storage() -> None:

@@ -245,3 +245,43 @@ def certificate_detail(certificate: x509.Certificate | None, now: datetime | Non
         "san": subject_alternative_names(certificate),
         "cdp": crl_distribution_points(certificate),
     }
+
+
+def certificate_text(certificate: x509.Certificate) -> str:
+    """A readable rendering of a certificate's fields followed by its PEM, for the monitor's ``x509`` option."""
+    detail = certificate_detail(certificate)
+    san = "; ".join(f"{kind}: {', '.join(values)}" for kind, values in detail["san"].items())
+    lines = [
+        "Certificate:",
+        f"    Serial Number: {detail['serial_number']}",
+        f"    Signature Algorithm: {certificate.signature_algorithm_oid._name}",
+        f"    Issuer: {detail['issuer_dn']}",
+        "    Validity",
+        f"        Not Before: {detail['valid_from']}",
+        f"        Not After : {detail['valid_to']}",
+        f"    Subject: {detail['subject_dn']}",
+        f"    Public Key Algorithm: {detail['key_type']} ({detail['public_key_size']} bit)",
+        f"    Key Usage: {', '.join(detail['key_usage'])}",
+        f"    Extended Key Usage: {', '.join(detail['extended_key_usage'])}",
+        f"    Subject Alternative Name: {san}",
+        f"    CRL Distribution Points: {', '.join(detail['cdp'])}",
+        f"    SHA1 Fingerprint: {detail['sha1_thumbprint']}",
+    ]
+    return "\n".join(lines) + "\n" + to_pem(certificate)
+
+
+def revocation_status(
+    certificate: x509.Certificate, crls: list[x509.CertificateRevocationList], now: datetime | None = None
+) -> int:
+    """The spec's CRL check status id of ``certificate`` against the CRLs its PKI publishes: 12 self-signed,
+    4 no CRL of its issuer, 10 that CRL out of date, 1 not revoked, 2 revoked."""
+    if is_self_signed(certificate):
+        return 12
+    now = now or datetime.now(UTC)
+    issued = [crl for crl in crls if crl.issuer == certificate.issuer]
+    if not issued:
+        return 4
+    crl = max(issued, key=lambda c: c.last_update_utc)
+    if crl.last_update_utc > now or (crl.next_update_utc is not None and crl.next_update_utc < now):
+        return 10
+    return 2 if crl.get_revoked_certificate_by_serial_number(certificate.serial_number) is not None else 1

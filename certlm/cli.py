@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from datetime import date
 from pathlib import Path
@@ -57,7 +58,14 @@ def _license_issue(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from certlm.demo import run_demo
 
-    return run_demo(Path(args.data_dir), host=args.host, port=args.port)
+    return run_demo(
+        Path(args.data_dir),
+        host=args.host,
+        port=args.port,
+        device_urls=args.device,
+        device_username=args.device_username,
+        device_password=os.environ.get("CERTLM_DEMO_DEVICE_PASSWORD"),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=5000)
     demo.add_argument("--data-dir", default="certlm-demo")
+    demo.add_argument(
+        "--device", action="append", default=[], help="OPC UA device to onboard once serving (repeatable)"
+    )
+    demo.add_argument("--device-username", default=None, help="password from $CERTLM_DEMO_DEVICE_PASSWORD")
     demo.set_defaults(func=_demo)
 
     license_parser = commands.add_parser("license", help="make license keys and licenses")

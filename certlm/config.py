@@ -40,5 +40,23 @@ class Settings:
                 name.strip() for name in env.get("CERTLM_DISABLE_PLUGINS", "").split(",") if name.strip()
             ),
             public_url=env.get("CERTLM_PUBLIC_URL") or None,
+            device_connect_timeout_s=_seconds(env, "CERTLM_DEVICE_CONNECT_TIMEOUT_S", cls.device_connect_timeout_s),
+            device_operation_timeout_s=_seconds(
+                env, "CERTLM_DEVICE_OPERATION_TIMEOUT_S", cls.device_operation_timeout_s
+            ),
         )
         return replace(settings, **overrides)
+
+
+def _seconds(env: dict[str, str], name: str, default: float) -> float:
+    """A positive number of seconds from the environment; start-up fails naming the variable otherwise."""
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not 0 < value <= 3600:
+        raise ValueError(f"{name} must be between 0 and 3600 seconds, got {raw!r}")
+    return value

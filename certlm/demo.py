@@ -10,6 +10,7 @@ from certlm.config import Settings
 from certlm.licensing import generate_key_pair, issue_license, load_private_key
 
 DEMO_ENDPOINTS = 100
+DEVICE_ATTEMPTS = 10
 
 
 async def _prepare(settings: Settings) -> None:
@@ -42,7 +43,49 @@ async def _prepare(settings: Settings) -> None:
         await close_storage()
 
 
-def run_demo(data_dir: Path, host: str = "127.0.0.1", port: int = 5000) -> int:
+async def onboard_devices(device_urls: list[str], username: str | None, password: str | None) -> None:
+    """Register each device and onboard it (first contact, trust, enrollment from the demo's internal CA), the way
+    ``POST /gds/push/onboarding`` does. Devices enrolled by an earlier demo run are left alone."""
+    from certlm.blueprints.inventory import create_entry
+    from certlm.enrollment import PushOrder, push_certificate
+    from certlm.errors import APIError
+    from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url
+    from certlm.inventory import canonical_server, find_entry_at
+
+    for url in device_urls:
+        spec = parse_host_or_url(url)
+        server, port = canonical_server(spec.server), spec.port or DEFAULT_OPCUA_PORT
+        entry = await find_entry_at(server, port, "gds") or await create_entry("gds", server, port, {})
+        if entry.certificate_der is not None:
+            print(f"certlm demo: {url} already enrolled", flush=True)
+            continue
+        for attempt in range(DEVICE_ATTEMPTS):
+            try:
+                result = await push_certificate(
+                    entry, PushOrder(onboarding=True, add_issuer=True, username=username, password=password)
+                )
+            except APIError as error:
+                if attempt + 1 == DEVICE_ATTEMPTS:
+                    print(f"certlm demo: onboarding {url} failed: {error.message}", flush=True)
+                else:
+                    await asyncio.sleep(2)  # the simulators may still be starting
+                continue
+            print(
+                f"certlm demo: onboarded {url}: {result['certificate']['subject_dn']} valid to "
+                f"{result['certificate']['valid_to']}, driver {result['service']}",
+                flush=True,
+            )
+            break
+
+
+def run_demo(
+    data_dir: Path,
+    host: str = "127.0.0.1",
+    port: int = 5000,
+    device_urls: list[str] | None = None,
+    device_username: str | None = None,
+    device_password: str | None = None,
+) -> int:
     from certlm.server import serve
 
     data_dir = data_dir.resolve()
@@ -59,5 +102,11 @@ def run_demo(data_dir: Path, host: str = "127.0.0.1", port: int = 5000) -> int:
         f"  try: curl -H 'X-API-Key: {api_key}' http://{host}:{port}/systeminfo/lic\n"
         f"  docs: http://{host}:{port}/docs"
     )
-    asyncio.run(serve(settings, host=host, port=port))
+    after_start = None
+    if device_urls:
+
+        async def after_start() -> None:
+            await onboard_devices(device_urls, device_username, device_password)
+
+    asyncio.run(serve(settings, host=host, port=port, after_start=after_start))
     return 0

@@ -12,13 +12,15 @@ log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
-    """An error the client sees as ``{"error": message}`` with ``status``. Raise it anywhere."""
+    """An error the client sees as ``{"error": message}`` with ``status``. Raise it anywhere. ``details`` adds
+    fields next to ``error`` (e.g. the steps a device operation got through)."""
 
     status = 400
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, details: dict | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.details = details or {}
         if status is not None:
             self.status = status
 
@@ -70,7 +72,7 @@ def describe_validation_error(error: Exception) -> str:
 def register_error_handlers(app: Quart) -> None:
     @app.errorhandler(APIError)
     async def api_error(error: APIError):
-        return {"error": error.message}, error.status
+        return {"error": error.message, **error.details}, error.status
 
     @app.errorhandler(RequestSchemaValidationError)
     async def schema_error(error: RequestSchemaValidationError):

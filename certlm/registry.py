@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -80,6 +81,110 @@ class FirmwareInfo:
     device_name: str
 
 
+@dataclass(frozen=True)
+class DeviceDescription:
+    """What a driver learns when it first meets a device: who it is and what its management interface can do.
+
+    ``capabilities`` is driver-defined data stored with the entry (for OPC UA push: SupportedPrivateKeyFormats,
+    MaxTrustListSize, certificate groups and types).
+    """
+
+    identity: DeviceIdentity
+    capabilities: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CertificateReading:
+    """The application certificate a device presents, and the security the connection negotiated (bitmasks of
+    ``GET /gds/systeminfo``: policy 0 and mode 0 mean none)."""
+
+    certificate: x509.Certificate
+    security_policy: int
+    security_mode: int
+
+
+@dataclass
+class TrustList:
+    """A device trust list: four lists of DER blobs (certificates or CRLs)."""
+
+    trusted_certificates: list[bytes] = field(default_factory=list)
+    trusted_crls: list[bytes] = field(default_factory=list)
+    issuer_certificates: list[bytes] = field(default_factory=list)
+    issuer_crls: list[bytes] = field(default_factory=list)
+
+    # The spec's ``trustlist`` bitmask: which of the four lists a read or delete covers.
+    MASK_BITS: ClassVar[dict[str, int]] = {
+        "trusted_certificates": 1,
+        "trusted_crls": 2,
+        "issuer_certificates": 4,
+        "issuer_crls": 8,
+    }
+    ALL: ClassVar[int] = 15
+
+
+@dataclass(frozen=True)
+class PkiMaterial:
+    """What the host hands a driver for one enrollment: the way to get a CSR signed and what the device must
+    trust afterwards. ``enroll`` raises ``certlm.errors.CsrRejected`` when the PKI refuses the request; a driver
+    lets that propagate (as the ``__cause__`` of its ``PushFailed``) so the host can answer 422."""
+
+    enroll: Callable[[x509.CertificateSigningRequest], Awaitable[Enrollment]]
+    ca_certificates: tuple[x509.Certificate, ...]
+    crls: tuple[x509.CertificateRevocationList, ...]
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """One enrollment as the REST call or the scheduler asked for it.
+
+    ``pinned_certificate`` is the certificate last stored for the entry (DER) and ``trusted_cas`` the PKI's CA
+    chain: outside onboarding a driver accepts only a device that presents the pinned certificate or one issued
+    by those CAs. ``onboarding`` is first contact: the driver accepts the device's current (often self-signed)
+    certificate and makes the device trust the service before enrolling."""
+
+    subject: str | None = None
+    add_issuer: bool = False
+    add_client_certificate: bool = False
+    onboarding: bool = False
+    pinned_certificate: bytes | None = field(default=None, repr=False)
+    trusted_cas: tuple[x509.Certificate, ...] = ()
+
+
+@dataclass
+class StepOutcome:
+    """One step of a push: ``status`` is the protocol's status name on failure (e.g. ``BadUserAccessDenied``)."""
+
+    step: str
+    ok: bool
+    seconds: float
+    status: str = ""
+    message: str = ""
+
+
+@dataclass
+class PushOutcome:
+    """What a completed push left on the device, as verified after the device applied it."""
+
+    certificate: x509.Certificate
+    chain: tuple[x509.Certificate, ...]
+    trust_list: TrustList
+    security_policy: int
+    security_mode: int
+    steps: list[StepOutcome]
+    description: DeviceDescription | None = None
+
+
+class PushFailed(Exception):
+    """A push that stopped at ``steps[-1]``. ``changed_device`` is False when it failed before the device was
+    told to apply anything, so the device still runs on what it had. Raise it ``from`` the original error."""
+
+    def __init__(self, message: str, steps: list[StepOutcome], *, changed_device: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.steps = steps
+        self.changed_device = changed_device
+
+
 class DeviceDriver:
     """Base class of a device management driver. Subclass it, set the class attributes, override the
     operations the device supports; an operation left alone answers 501 naming the service.
@@ -114,6 +219,27 @@ class DeviceDriver:
     async def read_plc_info(self, target: DeviceTarget) -> dict[str, Any]:
         """Driver-specific PLC metadata, read live."""
         raise self._unsupported("reading PLC information")
+
+    async def describe(self, target: DeviceTarget) -> DeviceDescription:
+        """Identity and management capabilities, read live; the host picks the entry's driver from them
+        (``DeviceDriverRegistry.select_service``) when a device is registered."""
+        raise self._unsupported("identifying the device")
+
+    async def read_certificate(self, target: DeviceTarget, *, secure_session: bool) -> CertificateReading:
+        """The application certificate the device presents. Without ``secure_session`` it may be read from
+        the device's endpoint description; with it, from a signed and encrypted session."""
+        raise self._unsupported("reading the device certificate")
+
+    async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
+        """The device's trust list, the parts selected by ``mask`` (``TrustList.MASK_BITS``); others empty."""
+        raise self._unsupported("reading the trust list")
+
+    async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
+        """Enroll a new application certificate in one session: CSR from the device (or a key made here when
+        the device cannot), signed through ``pki.enroll``, installed with its chain, trust list written, the
+        change applied and verified by reconnecting. Raise ``PushFailed`` with the steps done so far; a
+        failure before the device applied anything must leave the device unchanged."""
+        raise self._unsupported("certificate push")
 
 
 @dataclass(frozen=True)

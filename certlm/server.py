@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import ssl
+from collections.abc import Awaitable, Callable
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
@@ -55,8 +56,17 @@ async def activate_server_tls(settings: Settings, secret_box: SecretBox) -> Serv
         await close_storage()
 
 
-async def serve(settings: Settings, host: str, port: int) -> None:
+async def serve(
+    settings: Settings, host: str, port: int, after_start: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """Serve until SIGINT or SIGTERM; ``after_start`` runs as a background task once the app has started."""
     app = create_app(settings)
+    if after_start is not None:
+
+        @app.before_serving
+        async def start_after_start() -> None:
+            app.add_background_task(after_start)
+
     certlm_host: Host = app.extensions["certlm"]
     config = hypercorn_config(settings, host, port, await activate_server_tls(settings, certlm_host.secrets))
     stop = asyncio.Event()

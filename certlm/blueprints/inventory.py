@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from quart import Blueprint
+from quart import Blueprint, current_app
 from quart_schema import validate_request, validate_response
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
@@ -22,6 +22,7 @@ from certlm.certs import (
     sha1_fingerprint,
     to_pem,
 )
+from certlm.enrollment import identify_in_background
 from certlm.errors import APIError, NotFound
 from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url, valid_server
 from certlm.inventory import (
@@ -176,7 +177,7 @@ async def _reject_duplicate(server: str, port: int, protocol: str, keep_id: int 
         )
 
 
-async def _create_entry(protocol: str, server: str, port: int, columns: dict[str, Any]) -> InventoryEntry:
+async def create_entry(protocol: str, server: str, port: int, columns: dict[str, Any]) -> InventoryEntry:
     """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too."""
     await _reject_duplicate(server, port, protocol)
     if protocol in LICENSED_PROTOCOLS and columns.get("device_status") != DEVICE_STATUS_DELETED:
@@ -204,7 +205,7 @@ async def _update_entry(entry: InventoryEntry, columns: dict[str, Any]) -> None:
         raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
 
 
-async def _gds_entry_at(server: str, port: int) -> InventoryEntry:
+async def gds_entry_at(server: str, port: int) -> InventoryEntry:
     entry = await find_entry_at(server, port, GDS)
     if entry is None:
         raise NotFound(f"no gds inventory entry for {server}:{port}")
@@ -250,9 +251,11 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     await _ensure_pki_exists(columns.get("pki_id"), "pki")
     credentials = data.verified_credentials()
     async with in_transaction("default"):
-        entry = await _create_entry(GDS, data.server, data.port, columns)
+        entry = await create_entry(GDS, data.server, data.port, columns)
         if credentials:
             await save_credentials(entry, **credentials)
+    # Choosing the device's driver needs a live connection; the answer does not wait for it.
+    current_app.add_background_task(identify_in_background, entry.id)
     return await entry_out(entry)
 
 
@@ -261,7 +264,7 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 @validate_request(GdsEntryIn)
 async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Change the fields given of the GDS entry at ``server`` and ``port``; 404 if there is none."""
-    entry = await _gds_entry_at(data.server, data.port)
+    entry = await gds_entry_at(data.server, data.port)
     columns = data.entry_columns()
     await _ensure_pki_exists(columns.get("pki_id"), "pki")
     credentials = data.verified_credentials()
@@ -282,7 +285,7 @@ async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
     async with in_transaction("default"):
         entry = await find_entry_at(data.server, data.port, GDS)
         if entry is None:
-            entry = await _create_entry(GDS, data.server, data.port, {})
+            entry = await create_entry(GDS, data.server, data.port, {})
         await save_credentials(entry, **credentials)
     return await entry_out(entry)
 
@@ -292,7 +295,7 @@ async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
 @validate_request(UserCredentialsIn)
 async def update_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
     """Change the stored credentials of an existing GDS entry; 404 if there is none."""
-    entry = await _gds_entry_at(data.server, data.port)
+    entry = await gds_entry_at(data.server, data.port)
     await save_credentials(entry, **data.verified_credentials())
     return await entry_out(entry)
 
@@ -443,7 +446,7 @@ async def _insert_device(table: str, row: dict[str, Any]) -> int:
     columns = DeviceColumns.for_insert(row)
     values = columns.given("server", "port")
     await _ensure_pki_exists(values.get("pki_id"), "add.pki_id")
-    entry = await _create_entry(table, columns.server, columns.port or DEFAULT_OPCUA_PORT, values)
+    entry = await create_entry(table, columns.server, columns.port or DEFAULT_OPCUA_PORT, values)
     return entry.id
 
 

@@ -31,8 +31,15 @@ async def _add_rule_cron_columns(connection: BaseDBAsyncClient, dialect: str) ->
             await connection.execute_script(f"ALTER TABLE maintenance_rule ADD COLUMN {column} {sql_type} NULL")
 
 
+async def _add_device_description_column(connection: BaseDBAsyncClient, dialect: str) -> None:
+    if not await _column_exists(connection, dialect, "inventory_entry", "device_description"):
+        sql_type = "JSON" if dialect == "sqlite" else "JSONB"
+        await connection.execute_script(f"ALTER TABLE inventory_entry ADD COLUMN device_description {sql_type} NULL")
+
+
 STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(2, "maintenance rules: cron expression and occurrence duration", _add_rule_cron_columns),
+    MigrationStep(3, "inventory: the device description its driver was chosen by", _add_device_description_column),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 

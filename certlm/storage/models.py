@@ -113,6 +113,8 @@ class InventoryEntry(Model):
     firmware_version = fields.CharField(max_length=255, null=True)
     device_name = fields.CharField(max_length=255, null=True)
     last_result = fields.JSONField(null=True)
+    # What the device said about itself when its driver was chosen: {"identity": {...}, "capabilities": {...}}.
+    device_description = fields.JSONField(null=True)
     created_at = fields.DatetimeField(auto_now_add=True)
     updated_at = fields.DatetimeField(auto_now=True)
 

@@ -21,8 +21,10 @@ async def test_data_survives_restart_on_both_engines(make_service, database_url)
 
 
 def _downgrade_sqlite_to_version_1(path) -> None:
-    """Turn a current database back into what version 1 looked like: rules without cron columns."""
+    """Turn a current database back into what version 1 looked like: rules without cron columns, inventory
+    entries without a device description."""
     with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE inventory_entry DROP COLUMN device_description")
         db.execute("ALTER TABLE maintenance_rule DROP COLUMN cron")
         db.execute("ALTER TABLE maintenance_rule DROP COLUMN duration_minutes")
         db.execute("UPDATE certlm_schema SET version = 1")
@@ -50,6 +52,7 @@ async def test_version_1_sqlite_database_is_upgraded_in_place(make_service) -> N
     await service.start()
     assert {"cron", "duration_minutes"} <= _rule_columns_sqlite(database)
     with sqlite3.connect(database) as db:
+        assert "device_description" in {row[1] for row in db.execute("PRAGMA table_info(inventory_entry)")}
         assert db.execute("SELECT version FROM certlm_schema").fetchone()[0] == CURRENT_VERSION
         assert db.execute("SELECT recurrence_type, start_time FROM maintenance_rule").fetchall() == [("daily", "01:00")]
     async with service.client() as client:
@@ -65,6 +68,7 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
     postgres.query(
         url,
         "ALTER TABLE maintenance_rule DROP COLUMN cron; ALTER TABLE maintenance_rule DROP COLUMN duration_minutes;"
+        "ALTER TABLE inventory_entry DROP COLUMN device_description;"
         "UPDATE certlm_schema SET version = 1;"
         "INSERT INTO maintenance_window (name, status, window_type, timezone, created_at, updated_at) "
         "VALUES ('legacy', 'active', 'recurring', 'UTC', now(), now());"
@@ -76,6 +80,10 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
         url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'maintenance_rule'"
     ).split()
     assert {"cron", "duration_minutes"} <= set(columns)
+    inventory_columns = postgres.query(
+        url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'inventory_entry'"
+    ).split()
+    assert "device_description" in inventory_columns
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
     assert postgres.query(url, "SELECT recurrence_type FROM maintenance_rule").strip() == "daily"
 

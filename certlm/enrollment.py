@@ -1,0 +1,285 @@
+"""Enrolling a device's certificate: the entry's driver talks to the device, its PKI backend signs, the inventory
+keeps what the device ended up with. The REST push endpoints and (later) the renewal scheduler both come here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from cryptography import x509
+
+from certlm.certs import certificate_detail, to_der
+from certlm.errors import APIError, CsrRejected, NotFound, UnsupportedOperation, UpstreamUnavailable
+from certlm.host import current_host
+from certlm.inventory import device_target, save_credentials
+from certlm.registry import (
+    SERVER_PROFILE,
+    DeviceDescription,
+    DeviceDriver,
+    DeviceIdentity,
+    DeviceTarget,
+    PkiBackend,
+    PkiMaterial,
+    PushFailed,
+    PushOutcome,
+    PushRequest,
+    StepOutcome,
+    TrustList,
+)
+from certlm.storage.models import InventoryEntry, PkiEntry
+
+log = logging.getLogger(__name__)
+
+# One push at a time per device: two concurrent sessions would each make the device discard the other's pending
+# key pair. Instances sharing a database are coordinated by the scheduler's lease, not by this lock.
+_device_locks: dict[int, asyncio.Lock] = {}
+
+
+@dataclass
+class PushOrder:
+    """What one push call asks for; credentials given here are tried and stored once the device accepted them."""
+
+    subject: str | None = None
+    add_issuer: bool = False
+    add_client_certificate: bool = False
+    onboarding: bool = False
+    debug: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+class PushError(APIError):
+    """A push that did not complete; the body carries the steps it got through."""
+
+
+def trustlist_record(trust_list: TrustList) -> dict[str, list[str]]:
+    """A trust list as ``InventoryEntry.trustlist`` stores it (the spec's Trust list entry keys, base64 DER)."""
+
+    def encoded(items: list[bytes]) -> list[str]:
+        return [base64.b64encode(item).decode() for item in items]
+
+    return {
+        "trustlist_trusted_ca": encoded(trust_list.trusted_certificates),
+        "trustlist_trusted_crl": encoded(trust_list.trusted_crls),
+        "trustlist_issuer_ca": encoded(trust_list.issuer_certificates),
+        "trustlist_issuer_crl": encoded(trust_list.issuer_crls),
+    }
+
+
+def description_record(description: DeviceDescription) -> dict[str, Any]:
+    return {"identity": asdict(description.identity), "capabilities": description.capabilities}
+
+
+def _steps_view(steps: list[StepOutcome], debug: bool) -> list[dict[str, Any]]:
+    """Each step's outcome; ``debug`` adds how long it took."""
+    view = []
+    for step in steps:
+        item: dict[str, Any] = {"step": step.step, "ok": step.ok, "status": step.status, "message": step.message}
+        if debug:
+            item["seconds"] = round(step.seconds, 4)
+        view.append(item)
+    return view
+
+
+def _certificate_summary(certificate: x509.Certificate) -> dict[str, Any]:
+    detail = certificate_detail(certificate)
+    keys = ("subject_dn", "issuer_dn", "serial_number", "valid_from", "valid_to", "sha1_thumbprint")
+    return {key: detail[key] for key in keys}
+
+
+async def enrollment_pki(entry: InventoryEntry) -> PkiEntry:
+    """The PKI entry that signs for ``entry``: its own, else the oldest PKI entry whose backend can enroll (then
+    assigned to the entry, so renewals keep using it)."""
+    host = current_host()
+    if entry.pki_id is not None:  # type: ignore[attr-defined]
+        return await PkiEntry.get(id=entry.pki_id)  # type: ignore[attr-defined]
+    for candidate in await PkiEntry.all().order_by("id"):
+        if host.pki_backends.known(candidate.pki_type) and _can_enroll(host.pki_backends.get(candidate.pki_type)):
+            entry.pki_id = candidate.id  # type: ignore[attr-defined]
+            await entry.save(update_fields=["pki_id", "updated_at"])
+            return candidate
+    raise APIError(
+        f"no PKI endpoint can sign for {entry.server}:{entry.port}: create one with POST /pki/inventory "
+        "or assign one with PATCH /gds/inventory {pki}"
+    )
+
+
+def _can_enroll(backend: PkiBackend) -> bool:
+    return type(backend).enroll is not PkiBackend.enroll
+
+
+async def pki_material(pki: PkiEntry) -> PkiMaterial:
+    """The enrollment callable and what the device must trust afterwards: the PKI's CA chain and current CRL."""
+    backend = current_host().pki_backends.get(pki.pki_type)
+    ca_certificates = tuple(await backend.ca_certificates(pki))
+    crls: tuple[x509.CertificateRevocationList, ...] = ()
+    try:
+        crls = (await backend.crl(pki),)
+    except (NotFound, UnsupportedOperation, UpstreamUnavailable) as error:
+        # A trust list without the CA's CRL still works on devices that do not insist on revocation checks;
+        # the push result says why it is missing.
+        log.warning("PKI entry %s: no CRL for the trust list: %s", pki.id, error.message)
+
+    async def enroll(csr: x509.CertificateSigningRequest):
+        return await backend.enroll(pki, csr, SERVER_PROFILE)
+
+    return PkiMaterial(enroll=enroll, ca_certificates=ca_certificates, crls=crls)
+
+
+async def choose_driver(entry: InventoryEntry, target: DeviceTarget) -> DeviceDriver:
+    """Ask the device who it is and store the most specific installed driver that declares support for it."""
+    drivers = current_host().drivers
+    description = await drivers.get(entry.service).describe(target)
+    await adopt_description(entry, description)
+    return drivers.get(entry.service)
+
+
+async def adopt_description(entry: InventoryEntry, description: DeviceDescription) -> None:
+    """Store what the device said about itself and the driver it selects."""
+    service = current_host().drivers.select_service(entry.protocol, description.identity) or entry.service
+    entry.device_description = description_record(description)
+    entry.service = service
+    entry.firmware_version = description.identity.firmware or entry.firmware_version
+    entry.device_name = description.identity.product or entry.device_name
+    await entry.save(update_fields=["device_description", "service", "firmware_version", "device_name", "updated_at"])
+
+
+def stored_identity(entry: InventoryEntry) -> DeviceIdentity | None:
+    record = entry.device_description or {}
+    identity = record.get("identity")
+    return DeviceIdentity(**identity) if identity else None
+
+
+def _lock_for(entry: InventoryEntry) -> asyncio.Lock:
+    return _device_locks.setdefault(entry.id, asyncio.Lock())
+
+
+async def push_certificate(entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
+    """Enroll a new certificate for ``entry`` and store the outcome; the ``result`` of the operation result.
+
+    Raises ``PushError`` (422 when the PKI refused the certificate request, 500 otherwise) with the steps done.
+    """
+    async with _lock_for(entry):
+        return await _push_locked(entry, order)
+
+
+async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
+    target = await device_target(entry)
+    if order.username is not None:
+        target.username, target.pkcs12, target.pkcs12_password = order.username, None, None
+    if order.password is not None:
+        target.password = order.password
+    pki = await enrollment_pki(entry)
+    material = await pki_material(pki)
+    steps: list[StepOutcome] = []
+    try:
+        if entry.device_description is None or order.onboarding:
+            started = asyncio.get_running_loop().time()
+            try:
+                driver = await choose_driver(entry, target)
+            except APIError as error:
+                steps.append(
+                    StepOutcome("identify", False, asyncio.get_running_loop().time() - started, message=error.message)
+                )
+                raise PushFailed(f"identifying the device failed: {error.message}", steps) from error
+            steps.append(
+                StepOutcome(
+                    "identify", True, asyncio.get_running_loop().time() - started, message=f"driver {entry.service}"
+                )
+            )
+        else:
+            driver = current_host().drivers.get(entry.service)
+        if order.onboarding:
+            # The device accepted these credentials; later renewals run unattended with them.
+            await _store_tried_credentials(entry, order)
+        request = PushRequest(
+            subject=order.subject,
+            add_issuer=order.add_issuer,
+            add_client_certificate=order.add_client_certificate,
+            onboarding=order.onboarding,
+            pinned_certificate=None if order.onboarding else entry.certificate_der,
+            trusted_cas=material.ca_certificates,
+        )
+        outcome = await driver.push(target, request, material)
+    except PushFailed as failure:
+        steps = steps + [s for s in failure.steps if s not in steps]
+        if any(s.step == "connect" and s.ok for s in steps):
+            await _store_tried_credentials(entry, order)
+        await _record_failure(entry, failure, steps, order.debug)
+        status = 422 if isinstance(failure.__cause__, CsrRejected) else 500
+        raise PushError(
+            failure.message,
+            status,
+            details={
+                "result": {
+                    "url": target.url,
+                    "device_changed": failure.changed_device,
+                    "steps": _steps_view(steps, order.debug),
+                }
+            },
+        ) from failure
+    await _store_tried_credentials(entry, order)
+    return await _record_success(entry, target, pki, outcome, steps + outcome.steps, order.debug)
+
+
+async def _store_tried_credentials(entry: InventoryEntry, order: PushOrder) -> None:
+    if order.username is not None or order.password is not None:
+        await save_credentials(entry, username=order.username, password=order.password)
+
+
+async def _record_success(
+    entry: InventoryEntry,
+    target: DeviceTarget,
+    pki: PkiEntry,
+    outcome: PushOutcome,
+    steps: list[StepOutcome],
+    debug: bool,
+) -> dict[str, Any]:
+    if outcome.description is not None:
+        await adopt_description(entry, outcome.description)
+    entry.certificate_der = to_der(outcome.certificate)
+    entry.cert_revoked = False
+    entry.last_changed_certificate_date = datetime.now(UTC)
+    entry.trustlist = trustlist_record(outcome.trust_list)
+    result = {
+        "url": target.url,
+        "service": entry.service,
+        "pki_endpoint": str(pki.id),
+        "certificate": _certificate_summary(outcome.certificate),
+        "trustlist": {key: len(items) for key, items in trustlist_record(outcome.trust_list).items()},
+        "security_policy": outcome.security_policy,
+        "security_mode": outcome.security_mode,
+        "steps": _steps_view(steps, debug),
+    }
+    entry.last_result = {"operation": "push", "success": True, "at": datetime.now(UTC).isoformat(), **result}
+    await entry.save()
+    return result
+
+
+async def _record_failure(entry: InventoryEntry, failure: PushFailed, steps: list[StepOutcome], debug: bool) -> None:
+    entry.last_result = {
+        "operation": "push",
+        "success": False,
+        "at": datetime.now(UTC).isoformat(),
+        "error": failure.message,
+        "device_changed": failure.changed_device,
+        "steps": _steps_view(steps, debug),
+    }
+    await entry.save(update_fields=["last_result", "updated_at"])
+
+
+async def identify_in_background(entry_id: int) -> None:
+    """Pick the driver of a newly registered entry from what the device says about itself. An unreachable device
+    keeps the generic driver until a push identifies it."""
+    entry = await InventoryEntry.get_or_none(id=entry_id)
+    if entry is None or entry.device_description is not None:
+        return
+    try:
+        await choose_driver(entry, await device_target(entry))
+    except APIError as error:
+        log.info("could not identify %s:%s yet: %s", entry.server, entry.port, error.message)

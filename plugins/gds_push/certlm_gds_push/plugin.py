@@ -1,0 +1,28 @@
+"""The hooks that make the GDS push drivers, certlm's OPC UA client certificate route and its table available."""
+
+from __future__ import annotations
+
+from quart import Blueprint
+
+from certlm import hookimpl
+from certlm.registry import DeviceDriverRegistry
+from certlm_gds_push.driver import GdsPushDriver
+from certlm_gds_push.drivers.simulated_plc import SimulatedPlcDriver
+
+
+@hookimpl
+def certlm_register_device_drivers(register: DeviceDriverRegistry) -> None:
+    register.add(GdsPushDriver)
+    register.add(SimulatedPlcDriver)
+
+
+@hookimpl
+def certlm_blueprints() -> list[Blueprint]:
+    from certlm_gds_push.blueprint import blueprint
+
+    return [blueprint]
+
+
+@hookimpl
+def certlm_model_modules() -> list[str]:
+    return ["certlm_gds_push.models"]
