@@ -122,7 +122,7 @@ async def test_trust_list_delete_body_with_bad_values_is_refused(api: httpx.Asyn
     for path in ("/gds/monitor/trustlist", "/gds/monitor/trustlist/plc.local"):
         response = await api.request("DELETE", path, json=body)
         assert response.status_code == 400, response.text
-        assert list(body)[0] in response.json()["error"]
+        assert next(iter(body)) in response.json()["error"]
 
 
 async def test_trust_list_delete_of_an_entry_without_one_is_404(api: httpx.AsyncClient) -> None:

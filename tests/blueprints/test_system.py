@@ -7,6 +7,8 @@ from datetime import date
 
 import pytest
 
+from certlm.storage.migrations import CURRENT_VERSION
+
 
 async def test_systeminfo_is_open_and_complete(service) -> None:
     async with service.client(api_key=None) as anonymous:
@@ -15,7 +17,7 @@ async def test_systeminfo_is_open_and_complete(service) -> None:
     info = response.json()
     assert info["status"] == 0
     assert info["version"] == "0.1.0"
-    assert info["infrastructure"]["db_version"] == "2"
+    assert info["infrastructure"]["db_version"] == str(CURRENT_VERSION)
     assert info["infrastructure"]["python_version"] == platform.python_version()
     assert info["infrastructure"]["openssl_version"].startswith("OpenSSL")
     assert (date.fromisoformat(info["eol"]) - date.today()).days == info["eol_days_remaining"]

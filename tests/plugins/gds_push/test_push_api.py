@@ -1,0 +1,285 @@
+"""The whole lifecycle over certlm's REST API against simulated OPC UA devices: onboarding, push, renewal,
+monitoring, trust lists, and every failure the issue names (wrong password, untrusted client, device down
+mid-push, device refusing CSR, trust list too large, PKI refusing the request)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig
+from cryptography import x509
+
+from certlm.certs import sha1_fingerprint
+from tests.conftest import start_service
+from tests.support import LicenseKeys, RunningService, free_port
+
+ADMIN = {"username": "admin", "password": "admin-pw"}
+DEVICE_TIMEOUTS = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20"}
+
+
+@pytest.fixture(scope="module")
+async def gds_service(
+    tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys
+) -> AsyncIterator[RunningService]:
+    """A licensed certlm with an internal CA, whose own OPC UA client certificate is therefore CA-issued."""
+    running = await start_service(tmp_path_factory, license_keys, env=DEVICE_TIMEOUTS, name="gds")
+    async with running.client() as api:
+        response = await api.post("/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0", "name": "CA"})
+        assert response.status_code == 200, response.text
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+async def api(gds_service: RunningService) -> AsyncIterator[httpx.AsyncClient]:
+    async with gds_service.client() as client:
+        yield client
+
+
+@pytest.fixture
+def device_config(tmp_path: Path) -> SimulatorConfig:
+    return SimulatorConfig(state_dir=tmp_path / "device", port=free_port(), auto_accept=True, apply_delay_s=0.2)
+
+
+@pytest.fixture
+async def device(device_config: SimulatorConfig) -> AsyncIterator[SimulatedDevice]:
+    simulated = SimulatedDevice(device_config)
+    await simulated.start()
+    try:
+        yield simulated
+    finally:
+        await simulated.stop()
+
+
+def body_for(device: SimulatedDevice, **extra) -> dict:
+    return {"server": "127.0.0.1", "port": device.config.port, **extra}
+
+
+def path_for(device: SimulatedDevice) -> str:
+    return quote(device.url, safe="")
+
+
+async def onboard(api: httpx.AsyncClient, device: SimulatedDevice, **extra) -> dict:
+    response = await api.post("/gds/push/onboarding", json=body_for(device, **ADMIN, **extra))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def client_certificate(api: httpx.AsyncClient) -> x509.Certificate:
+    return x509.load_der_x509_certificate((await api.get("/gds/crt", params={"format": "der"})).content)
+
+
+async def test_onboarding_enrolls_from_the_internal_ca_and_records_everything(
+    api: httpx.AsyncClient, device: SimulatedDevice
+) -> None:
+    factory_certificate = device.certificate
+    outcome = await onboard(api, device, name="Press 7", subject="CN=press-7,O=Plant Nord", debug=True)
+    assert outcome["success"] is True and outcome["error"] == ""
+    result = outcome["result"]
+    steps = [step["step"] for step in result["steps"]]
+    for expected in ("identify", "connect", "create_signing_request", "enroll", "update_certificate",
+                     "write_trust_list", "apply_changes", "verify"):  # fmt: skip
+        assert expected in steps
+    assert all(step["ok"] and step["seconds"] >= 0 for step in result["steps"])
+    # The device now presents a certificate of the internal CA with the requested subject.
+    presented = device.certificate
+    assert presented != factory_certificate
+    assert presented.subject.rfc4514_string() == "O=Plant Nord,CN=press-7"
+    ca = x509.load_pem_x509_certificate((await api.get(f"/pki/ca/{result['pki_endpoint']}")).content)
+    assert presented.issuer == ca.subject
+    # The inventory has what the device ended up with, and the driver picked from its BuildInfo.
+    entry = (await api.get(f"/gds/inventory/{path_for(device)}")).json()
+    assert entry["name"] == "Press 7" and entry["service"] == "gds-push-certlm-simulated-plc"
+    assert base64.b64decode(entry["cert_base64"]) == presented.public_bytes(encoding=_der())
+    assert entry["username"] == "admin" and entry["cert_revoked"] is False
+    trust_list = (await api.get(f"/gds/monitor/trustlist/{path_for(device)}")).json()
+    trusted = {base64.b64decode(item) for item in trust_list["trustlist_trusted_ca"]}
+    assert ca.public_bytes(_der()) in trusted
+    assert trust_list["trustlist_trusted_crl"], "the CA's CRL goes with it"
+    assert set(device.trust_list.trusted_certificates) == trusted
+    # The device trusts certlm from now on: its client certificate's issuer is the CA in the list.
+    assert (await client_certificate(api)).issuer == ca.subject
+    detail = (await api.get(f"/gds/inventory/crt/{path_for(device)}")).json()
+    assert detail["certificate"]["sha1_thumbprint"] == sha1_fingerprint(presented)
+    assert detail["certificate"]["san"]["uri"] == [device.application_uri]
+    assert detail["certificate_revocation"]["name"] == "not_revoked"
+    assert detail["last_changed_certificate_date"] is not None
+
+
+def _der():
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return Encoding.DER
+
+
+async def test_renewal_replaces_the_certificate_and_survives_a_device_restart(
+    api: httpx.AsyncClient, device: SimulatedDevice, device_config: SimulatorConfig
+) -> None:
+    await onboard(api, device)
+    first = device.certificate
+    renewed = await api.post("/gds/push/change", json={"server": "127.0.0.1", "port": device_config.port})
+    assert renewed.status_code == 200, renewed.text
+    assert "seconds" not in renewed.json()["result"]["steps"][0], "step timings only with debug"
+    second = device.certificate
+    assert second.serial_number != first.serial_number and second.subject == first.subject
+    again = await api.get(f"/gds/push/{path_for(device)}")
+    assert again.status_code == 200, again.text
+    third = device.certificate
+    assert third.serial_number not in (first.serial_number, second.serial_number)
+    await device.stop()
+    restarted = SimulatedDevice(device_config)
+    await restarted.start()
+    try:
+        assert restarted.certificate == third
+        monitored = await api.post(
+            "/gds/monitor/crt",
+            json={"server": "127.0.0.1", "port": str(device_config.port), "fingerprint": "sha1", "x509": True},
+        )
+        assert monitored.status_code == 200, monitored.text
+        assert monitored.json()["fingerprint"] == sha1_fingerprint(third)
+        assert "BEGIN CERTIFICATE" in monitored.json()["x509"] and monitored.json()["url"] == restarted.url
+    finally:
+        await restarted.stop()
+
+
+async def test_monitoring_reads_live(api: httpx.AsyncClient, device: SimulatedDevice) -> None:
+    await onboard(api, device)
+    path = path_for(device)
+    secure = await api.get(f"/gds/monitor/crt/{path}", params={"connection_security": "true", "fingerprint": "sha1"})
+    assert secure.status_code == 200, secure.text
+    assert secure.json()["security_mode"] == 2 and secure.json()["security_policy"] in (4, 8, 16)
+    assert secure.json()["fingerprint"] == sha1_fingerprint(device.certificate)
+    firmware = (await api.get(f"/gds/monitor/firmware/{path}")).json()
+    assert firmware == {"url": device.url, "firmware_version": "1.0.0", "device_name": "Simulated PLC"}
+    deprecated = await api.post("/gds/firmware", json=body_for(device, **ADMIN))
+    assert deprecated.json() == firmware
+    status = (await api.get(f"/gds/monitor/status/{path}")).json()
+    assert "Running" in status["status"] and "run" in status["status"]
+    plc = (await api.get(f"/gds/monitor/plc/{path}")).json()
+    assert plc["url"] == device.url and plc["plc_info"]
+    read = await api.post("/gds/monitor/trustlist", json=body_for(device, trustlist=1))
+    assert read.status_code == 200 and read.json()["success"] is True, read.text
+    assert read.json()["result"]["counts"] == {"trustlist_trusted_ca": len(device.trust_list.trusted_certificates)}
+    forget = await api.request("DELETE", f"/gds/monitor/trustlist/{path}", json={"trustlist": 2})
+    assert forget.status_code == 200
+    stored = (await api.get(f"/gds/monitor/trustlist/{path}")).json()
+    assert stored["trustlist_trusted_ca"] and stored["trustlist_trusted_crl"] == []
+
+
+async def test_wrong_password_fails_and_keeps_the_stored_one(api: httpx.AsyncClient, device: SimulatedDevice) -> None:
+    await onboard(api, device)
+    before = device.certificate
+    response = await api.post("/gds/push", json=body_for(device, username="admin", password="wrong"))
+    assert response.status_code == 500, response.text
+    body = response.json()
+    assert "BadUserAccessDenied" in body["error"] or "BadIdentityTokenRejected" in body["error"]
+    assert body["result"]["device_changed"] is False
+    assert device.certificate == before
+    # The stored password is still the one that works.
+    assert (await api.get(f"/gds/push/{path_for(device)}")).status_code == 200
+
+
+async def test_operator_without_security_admin_role_is_refused(api: httpx.AsyncClient, device: SimulatedDevice) -> None:
+    response = await api.post(
+        "/gds/push/onboarding", json=body_for(device, username="operator", password="operator-pw")
+    )
+    assert response.status_code == 500
+    assert "BadUserAccessDenied" in response.json()["error"]
+
+
+async def test_untrusted_client_is_refused_and_listed_as_rejected(
+    api: httpx.AsyncClient, device_config: SimulatorConfig
+) -> None:
+    strict = SimulatedDevice(replace(device_config, auto_accept=False))
+    await strict.start()
+    try:
+        response = await api.post("/gds/push/onboarding", json=body_for(strict, **ADMIN))
+        assert response.status_code == 500
+        assert "Bad" in response.json()["error"]
+        assert (await client_certificate(api)) in strict.rejected
+        # Trusting certlm's certificate on the device (by hand, as an operator would) lets onboarding through.
+        await strict.stop()
+        trusting = SimulatedDevice(
+            replace(device_config, auto_accept=False, trusted_client_certificates=(await client_certificate(api),))
+        )
+        await trusting.start()
+        try:
+            assert (await api.post("/gds/push/onboarding", json=body_for(trusting, **ADMIN))).status_code == 200
+        finally:
+            await trusting.stop()
+    finally:
+        await strict.stop()
+
+
+async def test_device_down_mid_push_leaves_it_on_its_old_certificate(
+    api: httpx.AsyncClient, device: SimulatedDevice, device_config: SimulatorConfig
+) -> None:
+    await onboard(api, device)
+    before = device.certificate
+    await device.stop()
+    failing = SimulatedDevice(replace(device_config, fail_at="update_certificate:drop"))
+    await failing.start()
+    try:
+        response = await api.post("/gds/push/change", json={"server": "127.0.0.1", "port": device_config.port})
+        assert response.status_code == 500
+        assert response.json()["result"]["device_changed"] is False
+    finally:
+        await failing.stop()
+    back = SimulatedDevice(device_config)
+    await back.start()
+    try:
+        assert back.certificate == before
+        assert (
+            await api.post("/gds/push/change", json={"server": "127.0.0.1", "port": device_config.port})
+        ).status_code == 200
+        assert back.certificate != before
+    finally:
+        await back.stop()
+
+
+async def test_device_without_csr_support_gets_a_key_made_by_certlm(
+    api: httpx.AsyncClient, device_config: SimulatorConfig
+) -> None:
+    for formats in (("PEM",), ("PFX",)):
+        config = replace(device_config, port=free_port(), can_create_csr=False, private_key_formats=formats,
+                         state_dir=device_config.state_dir / formats[0])  # fmt: skip
+        no_csr = SimulatedDevice(config)
+        await no_csr.start()
+        try:
+            outcome = await onboard(api, no_csr)
+            assert "generate_key" in [step["step"] for step in outcome["result"]["steps"]]
+            assert no_csr.certificate.serial_number == int(outcome["result"]["certificate"]["serial_number"], 16)
+        finally:
+            await no_csr.stop()
+
+
+async def test_trust_list_too_large_is_refused_before_the_device_changes(
+    api: httpx.AsyncClient, device_config: SimulatorConfig
+) -> None:
+    small = SimulatedDevice(replace(device_config, max_trust_list_size=512))
+    await small.start()
+    try:
+        before = small.certificate
+        response = await api.post("/gds/push/onboarding", json=body_for(small, **ADMIN))
+        assert response.status_code == 500
+        assert "too large" in response.json()["error"]
+        assert response.json()["result"]["device_changed"] is False
+        assert small.certificate == before
+    finally:
+        await small.stop()
+
+
+async def test_unreachable_device_answers_within_the_time_out(api: httpx.AsyncClient) -> None:
+    port = free_port()
+    response = await api.post("/gds/push", json={"server": "127.0.0.1", "port": port, **ADMIN})
+    assert response.status_code == 500 and response.json()["result"]["steps"][-1]["ok"] is False
+    monitored = await api.post("/gds/monitor/crt", json={"server": "127.0.0.1", "port": str(port)})
+    assert monitored.status_code == 500 and "error" in monitored.json()
