@@ -1,0 +1,76 @@
+"""Simulated OPC UA devices (PLCs) with Part 12 push certificate management, for tests, demos and benchmarks.
+
+Python API, inside a running event loop::
+
+    from certlm_gds_push.simulator import SimulatorConfig, SimulatedDevice, run_devices
+
+    config = SimulatorConfig(state_dir=Path("state"), port=48500)  # all fields: see SimulatorConfig
+    async with SimulatedDevice(config) as device:  # or: await device.start() ... await device.stop()
+        device.url              # "opc.tcp://127.0.0.1:48500"
+        device.application_uri  # "urn:certlm:simulator:simulated-plc:48500"
+        device.certificate      # the x509.Certificate presented now
+        device.trust_list       # TrustList: trusted_certificates, trusted_crls, issuer_certificates, issuer_crls
+        device.rejected         # refused client certificates (DER), as GetRejectedList returns them
+        device.listening        # False while down after an injected drop
+        await device.settle()   # until the endpoints reopened after ApplyChanges or a drop with down_s
+    async with run_devices(config, count=3) as devices:  # ports 48500..48502, started concurrently
+        ...
+
+Command line: ``certlm-simulate --count N --port P --state-dir DIR [...]`` (see ``--help``) prints
+``READY opc.tcp://127.0.0.1:PORT`` per device once all listen, and stops cleanly on SIGTERM or SIGINT.
+
+Nodes a device driver can read, by BrowseName (namespaces by URI, not index):
+
+- ``Objects/DeviceSet`` (``http://opcfoundation.org/UA/DI/``; NodeId i=5001 in that namespace) holds one
+  device object (``urn:certlm:simulator``; named after the product, ``SimulatedPLC`` by default) with String
+  properties in the DI namespace: ``Manufacturer``, ``Model`` (the product), ``SerialNumber``
+  (``SIM-<port>``), ``SoftwareRevision`` (the firmware), ``HardwareRevision``, ``DeviceRevision``,
+  ``ProductCode``.
+- ``Objects/PLC`` (``urn:certlm:simulator``) with ``OperatingMode`` (String, ``run`` or ``stop``),
+  ``ProgramName`` (String) and ``CycleTimeMs`` (Double), all in ``urn:certlm:simulator``.
+- ``Server/ServerStatus/BuildInfo``: ``ManufacturerName``, ``ProductName``, ``SoftwareVersion``.
+
+Push certificate management (Part 12; 1.05 where versions differ), on the DefaultApplicationGroup with
+RsaSha256ApplicationCertificateType (a null group or type NodeId means these):
+
+- Every ServerConfiguration and TrustList method needs a SignAndEncrypt channel (else
+  BadSecurityModeInsufficient) and an ``admin`` user (else BadUserAccessDenied). Arguments of the wrong
+  number or type give BadArgumentsMissing, BadTooManyArguments or BadInvalidArgument.
+- UpdateCertificate and opening the TrustList for writing start a transaction of the calling session
+  (applyChangesRequired is always True); other sessions get BadTransactionPending, and BadSessionIdInvalid
+  for ApplyChanges/CancelChanges. ApplyChanges without a transaction gives BadNothingToDo, with the TrustList
+  still open for writing BadInvalidState. CancelChanges, closing the session, or an injected drop discard it.
+  After ApplyChanges the device answers, waits ``apply_delay_s``, drops every channel and listens again.
+- CreateSigningRequest: subject ``CN=a/O=b`` (Part 12) or ``CN=a,O=b`` (RFC 4514), empty keeps the current
+  one; regeneratePrivateKey needs a nonce of 32+ bytes; BadNotSupported when ``can_create_csr`` is False.
+- UpdateCertificate refuses: unreadable DER or a non-RSA key (BadCertificateInvalid), outside its validity
+  (BadCertificateTimeInvalid), no URI SAN equal to the ApplicationUri (BadCertificateUriInvalid), an issuer
+  chain that does not verify (BadCertificateInvalid), a CA-issued certificate whose issuer is neither given
+  nor in the trust list (BadCertificateChainIncomplete), a key format outside SupportedPrivateKeyFormats or a
+  key that is not PKCS #8 PEM / unencrypted PFX (BadNotSupported), a public key matching neither the given
+  key, the CSR key nor the current key (BadSecurityChecksFailed).
+- TrustList: the file is a bare UA Binary TrustListDataType (BadDecodingError otherwise). Open takes Read
+  (1) or Write + EraseExisting (6); other OpenFileModes give BadNotSupported, 0 or unknown bits
+  BadInvalidArgument. Readers see the applied list; handles belong to their session. Write past
+  MaxTrustListSize: BadEncodingLimitsExceeded; CloseAndUpdate or AddCertificate producing a list over it:
+  BadRequestTooLarge. Certificates and CRLs must be DER and every CRL issued by a CA of the list
+  (BadCertificateInvalid). AddCertificate and RemoveCertificate act at once, so they need no transaction
+  (BadTransactionPending) and no open file (BadInvalidState); AddCertificate only adds trusted certificates
+  whose issuer is in the list (else BadCertificateInvalid, BadCertificateChainIncomplete).
+- GetRejectedList and GetCertificates (added to ServerConfiguration, asyncua's nodeset lacks it) are read-only.
+- Client application certificates are trusted when in the trusted certificates or chaining to one through
+  the issuer certificates without a revoking CRL; else CreateSession fails (BadCertificateUntrusted,
+  BadCertificateRevoked, BadCertificateTimeInvalid, ...) and the certificate joins GetRejectedList. With
+  ``auto_accept`` every certificate is accepted while the trust list is empty. A URI SAN must name the
+  client's ApplicationUri either way (BadCertificateUriInvalid).
+- ``fail_at="STEP"``, ``"STEP:BadSomeStatus"`` or ``"STEP:drop"`` (STEP: create_signing_request,
+  update_certificate, trust_list_write, apply_changes, get_rejected_list) makes that step answer the status
+  (BadInternalError by default) or take the device down without an answer, pending changes lost, until
+  stopped or for ``down_s`` seconds; ``fail_count`` limits it to the first N calls.
+"""
+
+from .config import SimulatorConfig
+from .device import SimulatedDevice, run_devices
+from .pki import TrustList
+
+__all__ = ["SimulatedDevice", "SimulatorConfig", "TrustList", "run_devices"]

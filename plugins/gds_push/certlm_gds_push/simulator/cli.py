@@ -1,0 +1,170 @@
+"""``certlm-simulate``: run simulated OPC UA devices on consecutive ports until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import DEFAULT_SECURITY_POLICIES, DEFAULT_USERS, FAILURE_STEPS, USER_ROLES, FailurePoint, SimulatorConfig
+from .device import run_devices
+
+
+def _user(text: str) -> tuple[str, tuple[str, str]]:
+    name, _, rest = text.partition(":")
+    password, _, role = rest.rpartition(":")
+    if not name or not password or role not in USER_ROLES:
+        raise argparse.ArgumentTypeError(f"expected NAME:PASSWORD:ROLE with ROLE one of {', '.join(USER_ROLES)}")
+    return name, (password, role)
+
+
+def _failure(text: str) -> str:
+    try:
+        FailurePoint.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return text
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="certlm-simulate",
+        description="Simulated OPC UA devices with Part 12 push certificate management. Prints "
+        "'READY <url>' per device once all listen, and runs until SIGTERM or SIGINT.",
+    )
+    parser.add_argument("--count", type=int, default=1, help="number of devices (default 1)")
+    parser.add_argument("--port", type=int, default=48500, help="port of the first device (default 48500)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--allow-remote", action="store_true", help="allow a --host other than loopback")
+    parser.add_argument("--state-dir", type=Path, required=True, help="keeps each device's state in DIR/<port>")
+    parser.add_argument("--manufacturer", default="certlm")
+    parser.add_argument("--product", default="Simulated PLC")
+    parser.add_argument("--firmware", default="1.0.0")
+    parser.add_argument(
+        "--user",
+        type=_user,
+        action="append",
+        metavar="NAME:PASSWORD:ROLE",
+        help=f"a user (repeatable, replaces the defaults {', '.join(DEFAULT_USERS)}); ROLE is admin or user",
+    )
+    parser.add_argument(
+        "--admin-user-cert",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="X.509 user logging in as admin",
+    )
+    parser.add_argument(
+        "--security-policies",
+        type=_names,
+        default=DEFAULT_SECURITY_POLICIES,
+        metavar="NAMES",
+        help="comma-separated asyncua SecurityPolicyType names (default: None and the three current RSA "
+        "policies, Sign and SignAndEncrypt)",
+    )
+    parser.add_argument("--auto-accept", action="store_true", help="accept any client while the trust list is empty")
+    parser.add_argument(
+        "--trust-client-cert", type=Path, action="append", default=[], metavar="FILE", help="trusted at first start"
+    )
+    parser.add_argument("--no-csr", action="store_true", help="CreateSigningRequest answers BadNotSupported")
+    parser.add_argument(
+        "--key-formats", type=_names, default=("PEM", "PFX"), metavar="FORMATS", help="SupportedPrivateKeyFormats"
+    )
+    parser.add_argument("--max-trust-list-size", type=int, default=0, metavar="BYTES", help="0 means no limit")
+    parser.add_argument(
+        "--fail-at",
+        type=_failure,
+        metavar="STEP[:STATUS|:drop]",
+        help=f"make a push step fail; STEP is one of {', '.join(FAILURE_STEPS)}",
+    )
+    parser.add_argument(
+        "--fail-count", type=int, metavar="N", help="only the first N calls of the step fail (default: every call)"
+    )
+    parser.add_argument("--down-s", type=float, metavar="S", help="after a drop, listen again after S seconds")
+    parser.add_argument(
+        "--apply-delay",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="seconds between answering ApplyChanges and dropping every channel (default 0.5)",
+    )
+    parser.add_argument("--operating-mode", choices=("run", "stop"), default="run")
+    parser.add_argument(
+        "--cert-days", type=int, default=365, metavar="DAYS", help="validity of a device's first certificate"
+    )
+    return parser
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not _is_loopback(args.host) and not args.allow_remote:
+        parser.error(f"--host {args.host} is not a loopback address; add --allow-remote to listen on it")
+    if args.count < 1:
+        parser.error("--count must be at least 1")
+    try:
+        config = SimulatorConfig(
+            state_dir=args.state_dir,
+            host=args.host,
+            port=args.port,
+            manufacturer=args.manufacturer,
+            product=args.product,
+            firmware=args.firmware,
+            users=dict(args.user) if args.user else dict(DEFAULT_USERS),
+            admin_user_certificates=tuple(args.admin_user_cert),
+            security_policies=args.security_policies,
+            auto_accept=args.auto_accept,
+            trusted_client_certificates=tuple(args.trust_client_cert),
+            can_create_csr=not args.no_csr,
+            private_key_formats=args.key_formats,
+            max_trust_list_size=args.max_trust_list_size,
+            fail_at=args.fail_at,
+            fail_count=args.fail_count,
+            down_s=args.down_s,
+            apply_delay_s=args.apply_delay,
+            operating_mode=args.operating_mode,
+            certificate_days=args.cert_days,
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("asyncua").setLevel(logging.WARNING)
+    return asyncio.run(_serve(config, args.count))
+
+
+async def _serve(config: SimulatorConfig, count: int) -> int:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, stopping.set)
+    started = time.monotonic()
+    async with run_devices(config, count) as devices:
+        for device in devices:
+            print(f"READY {device.url}", flush=True)
+        print(f"started {count} device(s) in {time.monotonic() - started:.2f}s", file=sys.stderr, flush=True)
+        await stopping.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Configuration of a simulated device: identity, users, security, push behaviour and injected failures."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asyncua import ua
+
+USER_ROLES = ("admin", "user")
+"""``admin`` may call the push certificate management methods (SecurityAdmin), ``user`` may only browse and read."""
+
+DEFAULT_USERS: Mapping[str, tuple[str, str]] = {
+    "admin": ("admin-pw", "admin"),
+    "operator": ("operator-pw", "user"),
+}
+
+DEFAULT_SECURITY_POLICIES = (
+    "NoSecurity",
+    "Basic256Sha256_Sign",
+    "Basic256Sha256_SignAndEncrypt",
+    "Aes128Sha256RsaOaep_Sign",
+    "Aes128Sha256RsaOaep_SignAndEncrypt",
+    "Aes256Sha256RsaPss_Sign",
+    "Aes256Sha256RsaPss_SignAndEncrypt",
+)
+"""Names of ``asyncua.ua.SecurityPolicyType``; the deprecated Basic128Rsa15_* and Basic256_* may be added."""
+
+FAILURE_STEPS = (
+    "create_signing_request",
+    "update_certificate",
+    "trust_list_write",
+    "apply_changes",
+    "get_rejected_list",
+)
+
+
+@dataclass(frozen=True)
+class FailurePoint:
+    """A push step that fails: with ``status``, or by the device going down (``drop``)."""
+
+    step: str
+    status: int = ua.StatusCodes.BadInternalError
+    drop: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> FailurePoint:
+        """``STEP``, ``STEP:BadSomeStatus`` or ``STEP:drop``, e.g. ``update_certificate:drop``."""
+        step, _, outcome = text.partition(":")
+        if step not in FAILURE_STEPS:
+            raise ValueError(f"unknown failure step {step!r}, expected one of {', '.join(FAILURE_STEPS)}")
+        if not outcome:
+            return cls(step)
+        if outcome == "drop":
+            return cls(step, drop=True)
+        status = getattr(ua.StatusCodes, outcome, None)
+        if not isinstance(status, int) or not outcome.startswith("Bad"):
+            raise ValueError(f"unknown Bad status code {outcome!r}")
+        return cls(step, status)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    """Everything a simulated device is told at start; ``run_devices`` derives one per port from it."""
+
+    state_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 48500
+    manufacturer: str = "certlm"
+    product: str = "Simulated PLC"
+    firmware: str = "1.0.0"
+    application_uri: str | None = None
+    """Defaults to ``urn:certlm:simulator:<product-slug>:<port>``."""
+    application_name: str | None = None
+    """Defaults to ``<product> <port>``."""
+    users: Mapping[str, tuple[str, str]] = field(default_factory=lambda: dict(DEFAULT_USERS))
+    """User name -> (password, role) with role ``admin`` or ``user``."""
+    admin_user_certificates: tuple[Path | bytes, ...] = ()
+    """X.509 user identity tokens (PEM/DER files or DER) that log in as a security admin."""
+    security_policies: tuple[str, ...] = DEFAULT_SECURITY_POLICIES
+    auto_accept: bool = False
+    """Factory state: accept every client certificate while the trust list is empty."""
+    trusted_client_certificates: tuple[Path | bytes, ...] = ()
+    """Client application certificates (PEM/DER files or DER) in the trust list of a device's first start."""
+    can_create_csr: bool = True
+    private_key_formats: tuple[str, ...] = ("PEM", "PFX")
+    max_trust_list_size: int = 0
+    """Bytes of an encoded TrustListDataType; 0 means no limit."""
+    fail_at: str | None = None
+    """``STEP``, ``STEP:BadSomeStatus`` or ``STEP:drop`` with STEP one of ``FAILURE_STEPS``."""
+    fail_count: int | None = None
+    """How many calls of the failing step fail; None means every call."""
+    down_s: float | None = None
+    """After a ``drop``, listen again after this many seconds; None means stay down until stopped."""
+    apply_delay_s: float = 0.5
+    """Time between answering ApplyChanges and dropping every channel to present the new certificate."""
+    operating_mode: str = "run"
+    program_name: str = "Main"
+    certificate_days: int = 365
+    """Validity of the self-signed certificate made at a device's first start."""
+    max_rejected: int = 32
+    """How many rejected client certificates GetRejectedList keeps (the oldest are dropped)."""
+
+    def __post_init__(self) -> None:
+        for name, (_, role) in self.users.items():
+            if role not in USER_ROLES:
+                raise ValueError(f"user {name!r}: role must be one of {', '.join(USER_ROLES)}, not {role!r}")
+        for policy in self.security_policies:
+            if policy not in ua.SecurityPolicyType.__members__:
+                raise ValueError(f"unknown security policy {policy!r}")
+        if self.operating_mode not in ("run", "stop"):
+            raise ValueError("operating_mode must be 'run' or 'stop'")
+        if self.fail_at is not None:
+            FailurePoint.parse(self.fail_at)
+        if self.max_rejected < 1:
+            raise ValueError("max_rejected must be at least 1")
+
+    @property
+    def failure(self) -> FailurePoint | None:
+        return FailurePoint.parse(self.fail_at) if self.fail_at else None
+
+    @property
+    def product_slug(self) -> str:
+        return slug(self.product)
+
+    @property
+    def effective_application_uri(self) -> str:
+        return self.application_uri or f"urn:certlm:simulator:{self.product_slug}:{self.port}"
+
+    @property
+    def effective_application_name(self) -> str:
+        return self.application_name or f"{self.product} {self.port}"
+
+    @property
+    def device_state_dir(self) -> Path:
+        return Path(self.state_dir) / str(self.port)
