@@ -211,7 +211,12 @@ async def test_untrusted_client_is_refused_and_listed_as_rejected(
         # Trusting certlm's certificate on the device (by hand, as an operator would) lets onboarding through.
         await strict.stop()
         trusting = SimulatedDevice(
-            replace(device_config, auto_accept=False, trusted_client_certificates=(await client_certificate(api),))
+            replace(
+                device_config,
+                state_dir=device_config.state_dir / "pre-trusted",
+                auto_accept=False,
+                trusted_client_certificates=((await client_certificate(api)).public_bytes(_der()),),
+            )
         )
         await trusting.start()
         try:
@@ -286,3 +291,23 @@ async def test_unreachable_device_answers_within_the_time_out(api: httpx.AsyncCl
     assert response.status_code == 500 and response.json()["result"]["steps"][-1]["ok"] is False
     monitored = await api.post("/gds/monitor/crt", json={"server": "127.0.0.1", "port": str(port)})
     assert monitored.status_code == 500 and "error" in monitored.json()
+
+
+async def test_pki_refusing_the_request_answers_422_and_leaves_the_device_alone(
+    api: httpx.AsyncClient, device_config: SimulatorConfig
+) -> None:
+    # An old device whose CSRs carry 1024-bit keys: the internal CA refuses them.
+    weak = SimulatedDevice(replace(device_config, csr_key_bits=1024))
+    await weak.start()
+    try:
+        before = weak.certificate
+        response = await api.post("/gds/push/onboarding", json=body_for(weak, **ADMIN))
+        assert response.status_code == 422, response.text
+        assert "2048" in response.json()["error"] or "key" in response.json()["error"]
+        failed = [step for step in response.json()["result"]["steps"] if not step["ok"]]
+        assert [step["step"] for step in failed] == ["enroll"]
+        assert weak.certificate == before
+        entry = (await api.get(f"/gds/inventory/{path_for(weak)}")).json()
+        assert entry["cert_base64"] is None
+    finally:
+        await weak.stop()

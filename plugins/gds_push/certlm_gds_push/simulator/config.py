@@ -89,6 +89,8 @@ class SimulatorConfig:
     trusted_client_certificates: tuple[Path | bytes, ...] = ()
     """Client application certificates (PEM/DER files or DER) in the trust list of a device's first start."""
     can_create_csr: bool = True
+    csr_key_bits: int = 2048
+    """RSA size of the key CreateSigningRequest makes; below 2048 models an old device a PKI must refuse."""
     private_key_formats: tuple[str, ...] = ("PEM", "PFX")
     max_trust_list_size: int = 0
     """Bytes of an encoded TrustListDataType; 0 means no limit."""

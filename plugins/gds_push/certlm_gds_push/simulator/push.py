@@ -271,7 +271,7 @@ class PushManagement:
             if len(nonce or b"") < 32:
                 raise uaerrors.BadInvalidArgument("regeneratePrivateKey needs a nonce of at least 32 bytes")
             self._refuse_foreign_transaction(caller)
-            key = await asyncio.to_thread(rsa.generate_private_key, 65537, 2048)
+            key = await asyncio.to_thread(rsa.generate_private_key, 65537, self._config.csr_key_bits)
             self._csr_key = key
         else:
             key = self._state.private_key

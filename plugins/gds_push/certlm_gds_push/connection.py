@@ -1,0 +1,417 @@
+"""Opening OPC UA sessions to a device: which endpoint within the entry's security masks, certlm's client application
+and the device user, the check of the certificate the device presents, time-outs, and OPC UA status names for failures.
+
+Security policy and mode bits are the spec's (``GET /gds/systeminfo``): policies 1 Basic128Rsa15, 2 Basic256,
+4 Aes128Sha256RsaOaep, 8 Basic256Sha256, 16 Aes256Sha256RsaPss; modes 1 Sign, 2 SignAndEncrypt; 0 means none.
+asyncua 2.1's client implements all five policies (Basic128Rsa15 and Basic256 are deprecated by OPC UA and asyncua
+logs a warning when they are used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from asyncua import Client, ua
+from asyncua.client.ua_client import StateSubscription, UaClientState
+from asyncua.common.methods import call_method_full
+from asyncua.crypto import security_policies, uacrypto
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import pkcs12
+
+from certlm.certs import to_der
+from certlm.config import Settings
+from certlm.errors import APIError, UpstreamUnavailable
+from certlm.registry import DeviceTarget
+from certlm_gds_push.identity import ClientIdentity
+
+log = logging.getLogger(__name__)
+
+
+class _WithoutRequestBodies(logging.Filter):
+    """asyncua logs every request it sends at DEBUG level, with the user's password (ActivateSession) and a private
+    key certlm made (UpdateCertificate) in it; those records never reach a log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Sending: %s"
+
+
+logging.getLogger("asyncua.client.ua_client.UASocketProtocol").addFilter(_WithoutRequestBodies())
+
+_T = TypeVar("_T")
+
+# Strongest first. The None policy has no bit: it is never "within" a policy mask (see ``Endpoint.allowed_by``).
+POLICIES_BY_STRENGTH: tuple[tuple[type[security_policies.SecurityPolicy], int], ...] = (
+    (security_policies.SecurityPolicyAes256Sha256RsaPss, 16),
+    (security_policies.SecurityPolicyBasic256Sha256, 8),
+    (security_policies.SecurityPolicyAes128Sha256RsaOaep, 4),
+    (security_policies.SecurityPolicyBasic256, 2),
+    (security_policies.SecurityPolicyBasic128Rsa15, 1),
+)
+POLICY_BITS: dict[str, int] = {policy.URI: bit for policy, bit in POLICIES_BY_STRENGTH}
+MODE_BITS: dict[ua.MessageSecurityMode, int] = {
+    ua.MessageSecurityMode.None_: 0,
+    ua.MessageSecurityMode.Sign: 1,
+    ua.MessageSecurityMode.SignAndEncrypt: 2,
+}
+_POLICY_RANKS = {policy: len(POLICIES_BY_STRENGTH) - rank for rank, (policy, _) in enumerate(POLICIES_BY_STRENGTH)}
+_POLICY_CLASSES: dict[str, type[security_policies.SecurityPolicy]] = {
+    policy.URI: policy for policy, _ in POLICIES_BY_STRENGTH
+} | {security_policies.SecurityPolicyNone.URI: security_policies.SecurityPolicyNone}
+
+
+@dataclass(frozen=True)
+class DeviceTimeouts:
+    """``connect_s`` bounds each connection set-up (GetEndpoints, channel and session); ``operation_s`` each request."""
+
+    connect_s: float
+    operation_s: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DeviceTimeouts:
+        return cls(connect_s=settings.device_connect_timeout_s, operation_s=settings.device_operation_timeout_s)
+
+
+class DeviceError(UpstreamUnavailable):
+    """A device operation that failed or that certlm refused; ``opcua_status`` names the OPC UA status
+    (``BadUserAccessDenied``, ``BadTimeout``, ...) the push steps report."""
+
+    def __init__(self, message: str, opcua_status: str) -> None:
+        super().__init__(message)
+        self.opcua_status = opcua_status
+
+
+def status_name(error: BaseException) -> str:
+    """The OPC UA status name that best describes ``error``."""
+    if isinstance(error, DeviceError):
+        return error.opcua_status
+    if isinstance(error, ua.UaStatusCodeError) and error.code is not None:
+        return ua.StatusCode(error.code).name
+    if isinstance(error, TimeoutError):
+        return "BadTimeout"
+    if isinstance(error, ConnectionRefusedError | socket.gaierror):
+        return "BadNotConnected"
+    if isinstance(error, OSError):  # ConnectionResetError, EOF, unreachable network
+        return "BadCommunicationError"
+    return "BadUnexpectedError"
+
+
+def explain(error: BaseException) -> str:
+    """``error`` in one line: an API error's message, else ``<status> (<detail>)``."""
+    if isinstance(error, APIError):
+        return error.message
+    if isinstance(error, ua.UaStatusCodeError) and error.code is not None:
+        detail = ua.StatusCode(error.code).doc
+    elif isinstance(error, TimeoutError):
+        detail = "no answer in time"
+    else:
+        detail = str(error) or type(error).__name__
+    return f"{status_name(error)} ({detail})"
+
+
+def failure(action: str, error: BaseException) -> APIError:
+    """``error`` as the API error a read answers with: ``"<action> failed: <status> (<detail>)"``."""
+    if isinstance(error, APIError):
+        return error
+    return DeviceError(f"{action} failed: {explain(error)}", status_name(error))
+
+
+class SessionSecurity(enum.Enum):
+    """What an operation needs from the channel. ``ANY`` prefers security but falls back to an endpoint without it
+    when the device rejects certlm's client certificate; push management requires ``ENCRYPTED``."""
+
+    ANY = 0
+    SIGNED = 1
+    ENCRYPTED = 2
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One endpoint the device offers, with its policy and mode as the spec's bits."""
+
+    description: ua.EndpointDescription
+    policy: type[security_policies.SecurityPolicy]
+    policy_bit: int
+    mode_bit: int
+
+    @classmethod
+    def from_description(cls, description: ua.EndpointDescription) -> Endpoint | None:
+        """None for endpoints asyncua cannot use (other transports, policies it does not implement)."""
+        policy = _POLICY_CLASSES.get(description.SecurityPolicyUri)
+        if policy is None or not description.EndpointUrl.startswith(ua.OPC_TCP_SCHEME):
+            return None
+        return cls(description, policy, POLICY_BITS.get(policy.URI, 0), MODE_BITS[description.SecurityMode])
+
+    @property
+    def secure(self) -> bool:
+        return self.mode_bit != 0
+
+    @property
+    def name(self) -> str:
+        """``Basic256Sha256/SignAndEncrypt``, in the spec's names."""
+        policy = self.policy.__name__.removeprefix("SecurityPolicy")
+        return f"{policy}/{self.description.SecurityMode.name.rstrip('_')}"
+
+    @property
+    def certificate(self) -> x509.Certificate | None:
+        """The device's application certificate as announced (the leaf when the device sends its chain)."""
+        return uacrypto.x509_from_der(self.description.ServerCertificate)
+
+    def strength(self) -> tuple[int, int]:
+        # The mode decides first: encryption protects the secrets a push carries whatever the policy.
+        return self.mode_bit, _POLICY_RANKS.get(self.policy, 0)
+
+    def allowed_by(self, policy_mask: int | None, mode_mask: int | None) -> bool:
+        """Whether the entry's masks allow this endpoint; a mask of 0 or None restricts nothing. An endpoint without
+        security has no bits, so it is allowed only while the mode mask is unrestricted."""
+        if not self.secure:
+            return not mode_mask
+        return (not policy_mask or bool(self.policy_bit & policy_mask)) and (
+            not mode_mask or bool(self.mode_bit & mode_mask)
+        )
+
+    def accepts_user(self, token_type: ua.UserTokenType) -> bool:
+        tokens = self.description.UserIdentityTokens or []
+        matching = [token for token in tokens if token.TokenType == token_type]
+        if tokens and not matching:
+            return False
+        if token_type == ua.UserTokenType.UserName and not self.secure:
+            # Without a channel to protect it, a password may only travel encrypted by its token policy.
+            return any(
+                token.SecurityPolicyUri and token.SecurityPolicyUri != security_policies.SecurityPolicyNone.URI
+                for token in matching
+            )
+        return True
+
+
+def user_token_type(target: DeviceTarget) -> ua.UserTokenType:
+    """Username and password when the entry has a username, else its X.509 user certificate, else anonymous."""
+    if target.username:
+        return ua.UserTokenType.UserName
+    if target.pkcs12:
+        return ua.UserTokenType.Certificate
+    return ua.UserTokenType.Anonymous
+
+
+def usable_endpoints(
+    descriptions: Sequence[ua.EndpointDescription], target: DeviceTarget, security: SessionSecurity
+) -> list[Endpoint]:
+    """The endpoints an operation may use, strongest first; a secure endpoint always ranks before one without."""
+    token_type = user_token_type(target)
+    endpoints = [endpoint for d in descriptions if (endpoint := Endpoint.from_description(d)) is not None]
+    usable = [
+        endpoint
+        for endpoint in endpoints
+        if endpoint.allowed_by(target.security_policy, target.security_mode)
+        and endpoint.mode_bit >= security.value
+        and endpoint.accepts_user(token_type)
+    ]
+    if not usable:
+        offered = ", ".join(sorted({endpoint.name for endpoint in endpoints})) or "none asyncua can use"
+        needed = {
+            SessionSecurity.ANY: "endpoint",
+            SessionSecurity.SIGNED: "Sign or SignAndEncrypt endpoint",
+            SessionSecurity.ENCRYPTED: "SignAndEncrypt endpoint",
+        }[security]
+        status = "BadSecurityModeInsufficient" if security is SessionSecurity.ENCRYPTED else "BadSecurityPolicyRejected"
+        raise DeviceError(
+            f"{status}: the device offers no {needed} within security_policy mask {target.security_policy or 0} "
+            f"and security_mode mask {target.security_mode or 0} that accepts a {token_type.name} user "
+            f"(it offers {offered})",
+            status,
+        )
+    return sorted(usable, key=Endpoint.strength, reverse=True)
+
+
+async def server_endpoints(url: str, timeouts: DeviceTimeouts) -> list[ua.EndpointDescription]:
+    """GetEndpoints over a channel without security, as every OPC UA client starts."""
+    client = Client(url, timeout=timeouts.connect_s)
+    return await asyncio.wait_for(client.connect_and_get_server_endpoints(), timeouts.connect_s)
+
+
+ServerCheck = Callable[[x509.Certificate], None]
+"""Called with the certificate the device announces, before anything but GetEndpoints was sent; raises
+``DeviceError`` to refuse the device."""
+
+
+class DeviceSession:
+    """An activated session with one device. Every request is bounded by the operation time-out."""
+
+    def __init__(self, client: Client, endpoint: Endpoint, timeouts: DeviceTimeouts) -> None:
+        self.client = client
+        self.endpoint = endpoint
+        self.timeouts = timeouts
+
+    @property
+    def server_certificate(self) -> x509.Certificate:
+        """The certificate the device presented for this session."""
+        presented = self.client.security_policy.peer_certificate or self.endpoint.description.ServerCertificate
+        return uacrypto.x509_from_der(presented)
+
+    @property
+    def security_policy(self) -> int:
+        return self.endpoint.policy_bit
+
+    @property
+    def security_mode(self) -> int:
+        return self.endpoint.mode_bit
+
+    async def request(self, operation: Awaitable[_T]) -> _T:
+        return await asyncio.wait_for(operation, self.timeouts.operation_s)
+
+    async def call(self, object_id: ua.NodeId, method_id: ua.NodeId, *arguments: ua.Variant) -> list[Any]:
+        """Call a method on an object; the output arguments as a list. A Bad result raises its UaStatusCodeError."""
+        result = await self.request(call_method_full(self.client.get_node(object_id), method_id, *arguments))
+        return result.OutputArguments
+
+    async def read_values(self, node_ids: Sequence[ua.NodeId]) -> list[Any]:
+        """The values of several variables in one Read; ``None`` for each the device answers with a Bad status."""
+        if not node_ids:
+            return []
+        data_values = await self.request(self.client.uaclient.read_attributes(list(node_ids), ua.AttributeIds.Value))
+        return [_good_value(data_value) for data_value in data_values]
+
+    async def translate(self, start: ua.NodeId, *paths: Sequence[str]) -> list[ua.NodeId | None]:
+        """The node at each browse path below ``start`` (``["0:CertificateGroups", "0:DefaultApplicationGroup"]``),
+        all in one TranslateBrowsePathsToNodeIds request; ``None`` where the device has no such node."""
+        if not paths:
+            return []
+        results = await self.request(self.client.translate_browsepaths(start, ["/" + "/".join(path) for path in paths]))
+        return [
+            result.Targets[0].TargetId if result.StatusCode.is_good() and result.Targets else None for result in results
+        ]
+
+    async def children(self, node_id: ua.NodeId) -> list[ua.ReferenceDescription]:
+        """The hierarchical children of a node (each once, however many references lead to it)."""
+        references = await self.request(
+            self.client.get_node(node_id).get_children_descriptions(refs=ua.ObjectIds.HierarchicalReferences)
+        )
+        unique: dict[ua.NodeId, ua.ReferenceDescription] = {}
+        for reference in references:
+            unique.setdefault(reference.NodeId, reference)
+        return list(unique.values())
+
+    async def close(self) -> None:
+        """Close the session; a device that is gone or restarting is not an error here."""
+        try:
+            await asyncio.wait_for(self.client.disconnect(), self.timeouts.connect_s)
+        except Exception as error:
+            log.debug("closing the session with %s: %s", self.client.server_url.geturl(), status_name(error))
+        finally:
+            self.client.disconnect_socket()
+
+
+@asynccontextmanager
+async def open_session(
+    target: DeviceTarget,
+    identity: ClientIdentity,
+    timeouts: DeviceTimeouts,
+    security: SessionSecurity = SessionSecurity.ANY,
+    check_server: ServerCheck | None = None,
+) -> AsyncIterator[DeviceSession]:
+    """A session on the strongest endpoint the entry's masks allow, as certlm's client application and the entry's
+    user. With ``SessionSecurity.ANY`` a device that rejects certlm's client certificate is read without security
+    instead, when the masks allow that."""
+    endpoints = usable_endpoints(await server_endpoints(target.url, timeouts), target, security)
+    attempts = endpoints[:1]
+    if security is SessionSecurity.ANY and endpoints[0].secure and not endpoints[-1].secure:
+        attempts.append(endpoints[-1])
+    session: DeviceSession | None = None
+    for attempt, endpoint in enumerate(attempts):
+        if check_server is not None and endpoint.certificate is not None:
+            check_server(endpoint.certificate)
+        try:
+            session = await _connect(target, identity, timeouts, endpoint)
+            break
+        except Exception as error:
+            if attempt + 1 == len(attempts) or not _client_rejected(error):
+                raise
+            log.info(
+                "%s rejects certlm's client certificate on %s: reading without security", target.url, endpoint.name
+            )
+    assert session is not None
+    try:
+        yield session
+    finally:
+        await session.close()
+
+
+def _client_rejected(error: BaseException) -> bool:
+    """Whether a secure session failed because the device does not trust certlm's client certificate (yet)."""
+    status = status_name(error)
+    return status in {"BadSecurityChecksFailed", "BadSecurityPolicyRejected"} or status.startswith("BadCertificate")
+
+
+def _good_value(data_value: ua.DataValue) -> Any:
+    if data_value.StatusCode is not None and not data_value.StatusCode.is_good():
+        return None
+    return data_value.Value.Value if data_value.Value is not None else None
+
+
+async def _connect(
+    target: DeviceTarget, identity: ClientIdentity, timeouts: DeviceTimeouts, endpoint: Endpoint
+) -> DeviceSession:
+    client = Client(target.url, timeout=timeouts.operation_s)
+    client.application_uri = identity.application_uri  # must equal the certificate's URI SAN
+    client.name = client.description = "certlm"
+    if endpoint.secure:
+        await client.set_security(
+            endpoint.policy,
+            identity.certificate_der,
+            identity.private_key_der,
+            server_certificate=to_der(endpoint.certificate),
+            mode=endpoint.description.SecurityMode,
+            certificate_chain=[to_der(issuer) for issuer in identity.chain],
+        )
+    _set_user(client, target)
+    async with client.uaclient.subscribe_state() as states:
+        try:
+            await asyncio.wait_for(client.connect(), timeouts.connect_s)
+        except ConnectionError as error:
+            client.disconnect_socket()
+            if endpoint.secure and UaClientState.CHANNEL_OPEN not in await _states_seen(states):
+                # A device that refuses certlm's certificate answers OpenSecureChannel with an error message; the
+                # one node-opcua sends asyncua cannot decode, so all that arrives is the closed connection.
+                raise DeviceError(
+                    f"the device closed the connection when certlm opened a {endpoint.name} secure channel: it does "
+                    "not accept certlm's client certificate (BadSecurityChecksFailed)",
+                    "BadSecurityChecksFailed",
+                ) from error
+            raise
+        except BaseException:
+            client.disconnect_socket()
+            raise
+    return DeviceSession(client, endpoint, timeouts)
+
+
+async def _states_seen(states: StateSubscription) -> list[UaClientState]:
+    seen = []
+    with contextlib.suppress(TimeoutError):
+        while True:  # the transitions are queued already; the short wait only ends the loop
+            seen.append(await states.next_change(timeout=0.01))
+    return seen
+
+
+def _set_user(client: Client, target: DeviceTarget) -> None:
+    token_type = user_token_type(target)
+    if token_type == ua.UserTokenType.UserName:
+        client.set_user(target.username or "")
+        client.set_password(target.password or "")
+    elif token_type == ua.UserTokenType.Certificate:
+        password = target.pkcs12_password.encode() if target.pkcs12_password else None
+        try:
+            key, certificate, chain = pkcs12.load_key_and_certificates(target.pkcs12 or b"", password)
+        except (ValueError, TypeError):
+            raise DeviceError(
+                "the entry's user PKCS#12 cannot be read with its stored password", "BadIdentityTokenInvalid"
+            ) from None
+        if key is None or certificate is None:
+            raise DeviceError("the entry's user PKCS#12 holds no certificate and key", "BadIdentityTokenInvalid")
+        client.user_certificate, client.user_private_key, client.user_certificate_chain = certificate, key, chain

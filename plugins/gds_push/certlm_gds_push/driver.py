@@ -1,0 +1,295 @@
+"""``GdsPushDriver``: the generic OPC UA push management driver (``gds-push-generic``) and the base class of
+device- and firmware-specific drivers.
+
+A specific driver subclasses ``GdsPushDriver``, sets ``service``, ``generic = False`` and ``supported_devices``, and
+overrides only what its device does differently: the class attributes under "What a specific driver may change" and
+the small ``read_*``/``after_apply_changes``/``csr_subject`` methods. ``drivers/simulated_plc.py`` is an example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+from asyncua import ua
+
+from certlm.registry import (
+    CertificateReading,
+    DeviceDescription,
+    DeviceDriver,
+    DeviceIdentity,
+    DeviceTarget,
+    FirmwareInfo,
+    PkiMaterial,
+    PushOutcome,
+    PushRequest,
+    TrustList,
+)
+from certlm_gds_push import identity
+from certlm_gds_push.connection import (
+    DeviceError,
+    DeviceSession,
+    DeviceTimeouts,
+    ServerCheck,
+    SessionSecurity,
+    failure,
+    open_session,
+    server_endpoints,
+    usable_endpoints,
+)
+from certlm_gds_push.push import (
+    RSA_SHA256_APPLICATION_CERTIFICATE_TYPE,
+    ServerConfiguration,
+    part12_subject,
+    push_certificate,
+    type_name,
+)
+from certlm_gds_push.trustlist import TrustListFile, from_data_type
+
+DI_NAMESPACE = "http://opcfoundation.org/UA/DI/"
+# The DI nameplate and identification properties read_plc_info reports for each device of a DeviceSet.
+DI_PROPERTIES = (
+    "Manufacturer",
+    "ManufacturerUri",
+    "Model",
+    "ProductCode",
+    "SerialNumber",
+    "HardwareRevision",
+    "SoftwareRevision",
+    "DeviceRevision",
+    "RevisionCounter",
+    "DeviceManual",
+    "DeviceClass",
+    "ProductInstanceUri",
+    "AssetId",
+    "ComponentName",
+)
+_BUILD_INFO = {
+    "manufacturer": ua.ObjectIds.Server_ServerStatus_BuildInfo_ManufacturerName,
+    "product": ua.ObjectIds.Server_ServerStatus_BuildInfo_ProductName,
+    "software_version": ua.ObjectIds.Server_ServerStatus_BuildInfo_SoftwareVersion,
+    "build_number": ua.ObjectIds.Server_ServerStatus_BuildInfo_BuildNumber,
+}
+
+
+class GdsPushDriver(DeviceDriver):
+    """Any OPC UA server with Part 12 push management: ServerConfiguration and DefaultApplicationGroup's TrustList.
+
+    Sessions go to the strongest endpoint the entry's security masks allow (see ``connection``); push management
+    requires SignAndEncrypt. Failures of the read operations raise ``DeviceError`` (502) naming the OPC UA status;
+    ``push`` raises ``PushFailed`` with its steps.
+    """
+
+    service = "gds-push-generic"
+    protocol = "gds"
+    generic = True
+
+    # What a specific driver may change.
+    certificate_types: ClassVar[tuple[ua.NodeId, ...]] = (RSA_SHA256_APPLICATION_CERTIFICATE_TYPE,)
+    """Certificate types this driver enrolls in DefaultApplicationGroup, preferred first. The first one the group
+    lists in its CertificateTypes is used; a group that lists none gets the first."""
+    device_makes_csr: ClassVar[bool] = True
+    """False for devices that cannot make a key pair: certlm makes an RSA 2048 key and sends it with the
+    certificate. Devices answering CreateSigningRequest with BadNotSupported/BadNotImplemented/BadMethodInvalid are
+    handled that way without this."""
+    private_key_formats: ClassVar[tuple[str, ...]] = ("PEM", "PFX")
+    """Formats for a key certlm made, preferred first; the first the device lists in SupportedPrivateKeyFormats is
+    used. PEM is PKCS#8, PFX a PKCS#12 without password."""
+    max_trust_list_size: ClassVar[int | None] = None
+    """The device's real trust list limit in bytes, for firmware whose MaxTrustListSize is missing or wrong; None
+    trusts MaxTrustListSize (0 there means unlimited)."""
+    apply_settle_s: ClassVar[float] = 0.0
+    """Seconds the device needs after ApplyChanges before it answers with the new certificate. Verification retries
+    until the operation time-out anyway; a device that drops connections half-way through a restart needs this."""
+    subject_separator: ClassVar[str] = "/"
+    """Separator of CreateSigningRequest's subjectName (Part 12: ``/``), for firmware that reads another one;
+    override ``csr_subject`` when a device wants the subject in yet another form."""
+
+    @property
+    def timeouts(self) -> DeviceTimeouts:
+        return DeviceTimeouts.from_settings(self.services.settings)
+
+    async def client_identity(self) -> identity.ClientIdentity:
+        """certlm's client application certificate and key, from the host's database (needs the app context)."""
+        return await identity.client_identity()
+
+    @asynccontextmanager
+    async def session(
+        self,
+        target: DeviceTarget,
+        security: SessionSecurity = SessionSecurity.ANY,
+        check_server: ServerCheck | None = None,
+    ) -> AsyncIterator[DeviceSession]:
+        """A session with the device as certlm's client application and the entry's user."""
+        async with open_session(target, await self.client_identity(), self.timeouts, security, check_server) as session:
+            yield session
+
+    @asynccontextmanager
+    async def _reading(
+        self, target: DeviceTarget, action: str, security: SessionSecurity = SessionSecurity.ANY
+    ) -> AsyncIterator[DeviceSession]:
+        try:
+            async with self.session(target, security) as session:
+                yield session
+        except Exception as error:
+            raise failure(action, error) from error
+
+    # The DeviceDriver operations.
+
+    async def describe(self, target: DeviceTarget) -> DeviceDescription:
+        async with self._reading(target, "identifying the device") as session:
+            return await self.read_description(session)
+
+    async def read_firmware(self, target: DeviceTarget) -> FirmwareInfo:
+        async with self._reading(target, "reading the firmware version") as session:
+            build_info = await self.read_build_info(session)
+        return FirmwareInfo(firmware_version=build_info["software_version"], device_name=build_info["product"])
+
+    async def read_status(self, target: DeviceTarget) -> str:
+        """ServerStatus.State by name (``Running``), followed by the operating state where the driver knows it."""
+        async with self._reading(target, "reading the device status") as session:
+            (state,) = await session.read_values([ua.NodeId(ua.ObjectIds.Server_ServerStatus_State)])
+            operating_state = await self.read_operating_state(session)
+        status = ua.ServerState(state).name if state in set(ua.ServerState) else f"Unknown ({state})"
+        return f"{status}, {operating_state}" if operating_state else status
+
+    async def read_plc_info(self, target: DeviceTarget) -> dict[str, Any]:
+        async with self._reading(target, "reading PLC information") as session:
+            return await self.read_plc_details(session)
+
+    async def read_certificate(self, target: DeviceTarget, *, secure_session: bool) -> CertificateReading:
+        """Without ``secure_session`` the certificate announced by the strongest allowed endpoint (GetEndpoints,
+        policy and mode 0); with it, the one the device presents on a Sign or SignAndEncrypt session."""
+        if secure_session:
+            async with self._reading(target, "reading the device certificate", SessionSecurity.SIGNED) as session:
+                return CertificateReading(session.server_certificate, session.security_policy, session.security_mode)
+        try:
+            endpoints = usable_endpoints(await server_endpoints(target.url, self.timeouts), target, SessionSecurity.ANY)
+        except Exception as error:
+            raise failure("reading the device certificate", error) from error
+        certificate = next((e.certificate for e in endpoints if e.certificate is not None), None)
+        if certificate is None:
+            raise DeviceError("the device announces no certificate in its endpoints", "BadCertificateInvalid")
+        return CertificateReading(certificate, 0, 0)
+
+    async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
+        """DefaultApplicationGroup's trust list (OpenWithMasks, Read, Close), the lists in ``mask``."""
+        async with self._reading(target, "reading the trust list", SessionSecurity.SIGNED) as session:
+            configuration = await ServerConfiguration.locate(session)
+            trust_file = await TrustListFile.locate(session, configuration.group_id)
+            return from_data_type(await trust_file.read(mask), mask)
+
+    async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
+        return await push_certificate(self, target, request, pki)
+
+    # Reading the device, in an open session. A specific driver overrides what its device offers differently.
+
+    async def read_build_info(self, session: DeviceSession) -> dict[str, str]:
+        """ServerStatus.BuildInfo: manufacturer, product, software_version, build_number."""
+        values = await session.read_values([ua.NodeId(node) for node in _BUILD_INFO.values()])
+        return {key: str(value or "") for key, value in zip(_BUILD_INFO, values, strict=True)}
+
+    async def read_description(self, session: DeviceSession) -> DeviceDescription:
+        """Identity from BuildInfo; capabilities from ServerConfiguration (see ``ServerConfiguration.capabilities``)
+        plus BuildNumber, the ApplicationUri and the endpoint used."""
+        build_info = await self.read_build_info(session)
+        configuration = await ServerConfiguration.locate(session)
+        capabilities = {
+            "build_number": build_info["build_number"],
+            "application_uri": session.endpoint.description.Server.ApplicationUri,
+            "endpoint": session.endpoint.name,
+            **await configuration.capabilities(),
+        }
+        return DeviceDescription(
+            DeviceIdentity(build_info["manufacturer"], build_info["product"], build_info["software_version"]),
+            capabilities,
+        )
+
+    async def read_operating_state(self, session: DeviceSession) -> str | None:
+        """The operating state ``read_status`` appends (``operating mode run``); None where unknown."""
+        return None
+
+    async def read_plc_details(self, session: DeviceSession) -> dict[str, Any]:
+        """What OPC UA DI offers: each device of the DeviceSet with its nameplate properties."""
+        namespaces = await session.request(session.client.get_namespace_array())
+        if DI_NAMESPACE not in namespaces:
+            return {"devices": [], "explanation": f"the server has no OPC UA DI DeviceSet ({DI_NAMESPACE} unknown)"}
+        di = namespaces.index(DI_NAMESPACE)
+        (device_set,) = await session.translate(ua.NodeId(ua.ObjectIds.ObjectsFolder), [f"{di}:DeviceSet"])
+        if device_set is None:
+            return {"devices": [], "explanation": "the server has no OPC UA DI DeviceSet object"}
+        devices = []
+        for device in await session.children(device_set):
+            if device.NodeClass != ua.NodeClass.Object:
+                continue
+            properties = [
+                child for child in await session.children(device.NodeId) if child.BrowseName.Name in DI_PROPERTIES
+            ]
+            values = await session.read_values([child.NodeId for child in properties])
+            devices.append(
+                {
+                    "name": device.BrowseName.Name,
+                    "node_id": device.NodeId.to_string(),
+                    **{
+                        child.BrowseName.Name: _json_value(value)
+                        for child, value in zip(properties, values, strict=True)
+                        if value is not None
+                    },
+                }
+            )
+        return {"devices": devices}
+
+    # Push quirks.
+
+    def certificate_type(self, description: DeviceDescription) -> ua.NodeId:
+        """The certificate type to enroll, from ``certificate_types`` and what DefaultApplicationGroup lists."""
+        groups = description.capabilities.get("certificate_groups", [])
+        offered = next((g["certificate_types"] for g in groups if g["name"] == "DefaultApplicationGroup"), [])
+        for certificate_type in self.certificate_types:
+            if not offered or type_name(certificate_type) in offered:
+                return certificate_type
+        raise DeviceError(
+            f"DefaultApplicationGroup accepts {', '.join(offered)}; {self.service} enrolls only "
+            f"{', '.join(type_name(t) for t in self.certificate_types)}",
+            "BadNotSupported",
+        )
+
+    def private_key_format(self, description: DeviceDescription) -> str:
+        """The format for a key certlm made: the first of ``private_key_formats`` the device supports."""
+        supported = description.capabilities.get("supported_private_key_formats", [])
+        for key_format in self.private_key_formats:
+            if key_format in supported:
+                return key_format
+        raise DeviceError(
+            f"the device cannot make a CSR and accepts no private key format certlm can send "
+            f"(it supports {supported or 'none'}, certlm sends {', '.join(self.private_key_formats)})",
+            "BadNotSupported",
+        )
+
+    def trust_list_limit(self, description: DeviceDescription) -> int:
+        """The trust list size limit in bytes, 0 for none."""
+        if self.max_trust_list_size is not None:
+            return self.max_trust_list_size
+        return int(description.capabilities.get("max_trust_list_size") or 0)
+
+    def csr_subject(self, subject: str | None) -> str:
+        """The REST ``subject`` (RFC 4514) as CreateSigningRequest's subjectName; ``""`` keeps the device's subject."""
+        return part12_subject(subject, self.subject_separator)
+
+    async def after_apply_changes(self, session: DeviceSession) -> None:
+        """Called after a successful ApplyChanges, in the same session: a device that needs a restart or another
+        vendor method to take the new certificate into use calls it here."""
+
+
+def _json_value(value: Any) -> Any:
+    """An OPC UA value as JSON data."""
+    if isinstance(value, ua.LocalizedText):
+        return value.Text
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list):
+        return [_json_value(item) for item in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)

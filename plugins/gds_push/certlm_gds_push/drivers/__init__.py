@@ -1,0 +1,1 @@
+"""Device- and firmware-specific GDS push drivers: subclasses of ``GdsPushDriver`` for devices that differ."""

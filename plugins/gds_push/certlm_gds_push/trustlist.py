@@ -1,0 +1,137 @@
+"""Reading and writing a certificate group's TrustList file object (OPC UA Part 12 TrustListType).
+
+The file holds one UA Binary encoded ``TrustListDataType``, not wrapped in an ExtensionObject. asyncua's ``UaFile``
+has neither OpenWithMasks nor CloseAndUpdate (and relies on the Size property, which a TrustList need not serve), so
+the file methods are called here directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from asyncua import ua
+from asyncua.common.utils import Buffer
+from asyncua.ua.ua_binary import struct_from_binary, struct_to_binary
+
+from certlm.registry import TrustList
+from certlm_gds_push.connection import DeviceError, DeviceSession
+
+# Well-known ns=0 NodeIds of DefaultApplicationGroup's TrustList and its methods, for a device whose address space
+# does not resolve the browse path to them.
+_DEFAULT_APPLICATION_GROUP = ua.NodeId(ua.ObjectIds.ServerConfiguration_CertificateGroups_DefaultApplicationGroup)
+_WELL_KNOWN_PREFIX = "ServerConfiguration_CertificateGroups_DefaultApplicationGroup_TrustList"
+_DEFAULT_APPLICATION_TRUST_LIST = ua.NodeId(getattr(ua.ObjectIds, _WELL_KNOWN_PREFIX))
+_DEFAULT_APPLICATION_TRUST_LIST_METHODS = {
+    name: ua.NodeId(getattr(ua.ObjectIds, f"{_WELL_KNOWN_PREFIX}_{name}"))
+    for name in ("Open", "OpenWithMasks", "Read", "Write", "Close", "CloseAndUpdate")
+}
+
+# Bytes per Read/Write call: small enough for devices with small message buffers, large enough to need few calls.
+CHUNK_BYTES = 32 * 1024
+WRITE_ERASE_EXISTING = ua.OpenFileMode.Write | ua.OpenFileMode.EraseExisting
+
+
+def to_data_type(trust_list: TrustList, specified_lists: int) -> ua.TrustListDataType:
+    """The file content for ``trust_list``; only the lists in ``specified_lists`` are set and replaced on the device."""
+    masks = TrustList.MASK_BITS
+    return ua.TrustListDataType(
+        SpecifiedLists=specified_lists,
+        TrustedCertificates=trust_list.trusted_certificates if specified_lists & masks["trusted_certificates"] else [],
+        TrustedCrls=trust_list.trusted_crls if specified_lists & masks["trusted_crls"] else [],
+        IssuerCertificates=trust_list.issuer_certificates if specified_lists & masks["issuer_certificates"] else [],
+        IssuerCrls=trust_list.issuer_crls if specified_lists & masks["issuer_crls"] else [],
+    )
+
+
+def from_data_type(data: ua.TrustListDataType, mask: int) -> TrustList:
+    """The lists selected by ``mask`` that the device marked as specified; the others empty."""
+    selected = data.SpecifiedLists & mask
+    masks = TrustList.MASK_BITS
+
+    def part(name: str, items: list[bytes] | None) -> list[bytes]:
+        return list(items or []) if selected & masks[name] else []
+
+    return TrustList(
+        trusted_certificates=part("trusted_certificates", data.TrustedCertificates),
+        trusted_crls=part("trusted_crls", data.TrustedCrls),
+        issuer_certificates=part("issuer_certificates", data.IssuerCertificates),
+        issuer_crls=part("issuer_crls", data.IssuerCrls),
+    )
+
+
+def encode(data: ua.TrustListDataType) -> bytes:
+    return struct_to_binary(data)
+
+
+def decode(content: bytes) -> ua.TrustListDataType:
+    return struct_from_binary(ua.TrustListDataType, Buffer(content))
+
+
+@dataclass(frozen=True)
+class TrustListFile:
+    """A certificate group's TrustList object and its file methods, as the device names them."""
+
+    session: DeviceSession
+    node_id: ua.NodeId
+    methods: dict[str, ua.NodeId]
+
+    @classmethod
+    async def locate(cls, session: DeviceSession, group_id: ua.NodeId = _DEFAULT_APPLICATION_GROUP) -> TrustListFile:
+        """Browse from the certificate group to its TrustList and methods; DefaultApplicationGroup falls back to the
+        well-known ns=0 NodeIds where the device does not resolve a path."""
+        names = tuple(_DEFAULT_APPLICATION_TRUST_LIST_METHODS)
+        found = await session.translate(group_id, ["0:TrustList"], *(["0:TrustList", f"0:{name}"] for name in names))
+        well_known = group_id == _DEFAULT_APPLICATION_GROUP
+        node_id = found[0] or (_DEFAULT_APPLICATION_TRUST_LIST if well_known else None)
+        if node_id is None:
+            raise DeviceError(f"certificate group {group_id.to_string()} has no TrustList", "BadNodeIdUnknown")
+        methods = {name: method_id for name, method_id in zip(names, found[1:], strict=True) if method_id}
+        if well_known:
+            methods = _DEFAULT_APPLICATION_TRUST_LIST_METHODS | methods
+        return cls(session, node_id, methods)
+
+    async def _call(self, method: str, *arguments: ua.Variant) -> list:
+        method_id = self.methods.get(method)
+        if method_id is None:
+            raise DeviceError(f"the device's TrustList has no {method} method", "BadMethodInvalid")
+        return await self.session.call(self.node_id, method_id, *arguments)
+
+    async def read(self, mask: int) -> ua.TrustListDataType:
+        """OpenWithMasks, Read until the file ends, Close."""
+        (handle,) = await self._call("OpenWithMasks", ua.Variant(mask, ua.VariantType.UInt32))
+        content = bytearray()
+        try:
+            while True:
+                (chunk,) = await self._call(
+                    "Read", ua.Variant(handle, ua.VariantType.UInt32), ua.Variant(CHUNK_BYTES, ua.VariantType.Int32)
+                )
+                content += chunk or b""
+                if not chunk or len(chunk) < CHUNK_BYTES:
+                    break
+        finally:
+            await self._call("Close", ua.Variant(handle, ua.VariantType.UInt32))
+        return decode(bytes(content))
+
+    async def write(self, data: ua.TrustListDataType) -> bool:
+        """Open for Write|EraseExisting, Write in chunks, CloseAndUpdate; whether the device needs ApplyChanges.
+        A failure before CloseAndUpdate closes the file with Close, which discards what was written."""
+        content = encode(data)
+        (handle,) = await self._call("Open", ua.Variant(WRITE_ERASE_EXISTING, ua.VariantType.Byte))
+        try:
+            for start in range(0, len(content), CHUNK_BYTES):
+                await self._call(
+                    "Write",
+                    ua.Variant(handle, ua.VariantType.UInt32),
+                    ua.Variant(content[start : start + CHUNK_BYTES], ua.VariantType.ByteString),
+                )
+        except BaseException:
+            await self._discard(handle)
+            raise
+        outputs = await self._call("CloseAndUpdate", ua.Variant(handle, ua.VariantType.UInt32))
+        return bool(outputs and outputs[0])
+
+    async def _discard(self, handle: int) -> None:
+        # The device may be gone; it discards an unclosed write with the session anyway.
+        with contextlib.suppress(Exception):
+            await self._call("Close", ua.Variant(handle, ua.VariantType.UInt32))

@@ -1,0 +1,301 @@
+"""Fixtures for the GDS push driver tests: the node-opcua peer server, a small test CA as the PKI, certlm's client
+identity without a database, and drivers that present it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from certlm_gds_push.driver import GdsPushDriver
+from certlm_gds_push.identity import ClientIdentity
+from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig
+from cryptography import x509
+from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from certlm.config import Settings
+from certlm.errors import CsrRejected
+from certlm.registry import DeviceTarget, Enrollment, HostServices, PkiMaterial
+from certlm.secretbox import SecretBox
+from tests.support import free_port
+
+PEER_DIR = Path("/work/shared/peers/node-opcua-gds")
+CLIENT_APPLICATION_URI = "urn:certlm-test:opcua-client"
+ADMIN = {"username": "admin", "password": "admin-pw"}
+# Short enough that failure tests stay fast, long enough for node-opcua's ~2 s restart after ApplyChanges.
+CONNECT_TIMEOUT_S = 3.0
+OPERATION_TIMEOUT_S = 15.0
+
+
+@dataclass
+class NodeOpcuaPeer:
+    """The node-opcua push management server of ``/work/shared/peers/node-opcua-gds`` in a subprocess."""
+
+    pki_dir: Path
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"opc.tcp://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 300.0) -> None:
+        """Start and wait for its READY line; the first start on a machine runs ``npm ci`` (a minute or two)."""
+        environment = {
+            **os.environ,
+            "PORT": str(self.port),
+            "PKI_DIR": str(self.pki_dir),
+            "AUTO_ACCEPT": "1",
+            "TRUSTLIST_SHIM": "1",
+            **self.env,
+        }
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [str(PEER_DIR / "start.sh")], env=environment, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "READY " in self.log_path.read_text(errors="replace")[offset:]:
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the node-opcua peer exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the node-opcua peer was not ready within {timeout}s:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self, **env: str) -> None:
+        """Restart on the same port and PKI directory with ``env`` (e.g. ``AUTO_ACCEPT="0"``) replacing the last."""
+        self.stop()
+        self.env = env
+        self.start()
+
+    def trust(self, certificate: x509.Certificate, crl: x509.CertificateRevocationList | None = None) -> None:
+        """Pre-trust a certificate (and its CRL) as an operator would: files in the peer's trusted folders, read
+        when it starts."""
+        certs, crls = self.pki_dir / "own_pki" / "trusted" / "certs", self.pki_dir / "own_pki" / "trusted" / "crl"
+        certs.mkdir(parents=True, exist_ok=True)
+        crls.mkdir(parents=True, exist_ok=True)
+        name = certificate.fingerprint(hashes.SHA1()).hex()
+        (certs / f"{name}.pem").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+        if crl is not None:
+            (crls / f"{name}.crl.pem").write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    @property
+    def rejected_dir(self) -> Path:
+        return self.pki_dir / "own_pki" / "rejected"
+
+
+@pytest.fixture(scope="session")
+def node_opcua_peer(tmp_path_factory: pytest.TempPathFactory, opcua_test_ca: OpcUaTestCa) -> Iterator[NodeOpcuaPeer]:
+    """The peer, trusting the test CA from the start: node-opcua (even with AUTO_ACCEPT=1) refuses a client
+    certificate whose issuer it does not know (BadCertificateChainIncomplete), and certlm's is CA-issued."""
+    directory = tmp_path_factory.mktemp("node-opcua-peer")
+    peer = NodeOpcuaPeer(pki_dir=directory / "pki", log_path=directory / "peer.log")
+    peer.trust(opcua_test_ca.certificate, opcua_test_ca.crl)
+    peer.start()
+    try:
+        yield peer
+    finally:
+        peer.stop()
+
+
+def build_certificate(
+    subject: x509.Name,
+    public_key: rsa.RSAPublicKey,
+    issuer: x509.Name,
+    signing_key: rsa.RSAPrivateKey,
+    *,
+    ca: bool = False,
+    san: x509.SubjectAlternativeName | None = None,
+    usage: tuple[x509.ObjectIdentifier, ...] = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
+) -> x509.Certificate:
+    """An OPC UA Part 6 style certificate, back-dated five minutes: node-opcua refuses one whose notBefore lies in
+    the future, and clocks differ."""
+    now = datetime.now(UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=365 if ca else 90))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=not ca,
+                key_encipherment=not ca,
+                data_encipherment=not ca,
+                key_agreement=False,
+                key_cert_sign=ca or issuer == subject,  # a self-signed certificate signs itself
+                crl_sign=ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()), critical=False)
+    )
+    if not ca:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(list(usage)), critical=False)
+    if san is not None:
+        builder = builder.add_extension(san, critical=False)
+    return builder.sign(signing_key, hashes.SHA256())
+
+
+class OpcUaTestCa:
+    """A one-level CA made in the test: it issues device (server) certificates for CSRs and has an empty CRL."""
+
+    def __init__(self, name: str = "certlm test CA") -> None:
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        self.certificate = build_certificate(subject, self.key.public_key(), subject, self.key, ca=True)
+        now = datetime.now(UTC)
+        self.crl = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(subject)
+            .last_update(now - timedelta(minutes=5))
+            .next_update(now + timedelta(days=30))
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
+            .add_extension(x509.CRLNumber(1), critical=False)
+            .sign(self.key, hashes.SHA256())
+        )
+
+    def issue(self, subject: x509.Name, public_key: rsa.RSAPublicKey, **options) -> x509.Certificate:
+        return build_certificate(subject, public_key, self.certificate.subject, self.key, **options)
+
+    async def enroll(self, csr: x509.CertificateSigningRequest) -> Enrollment:
+        """The server profile: the CSR's subject and SAN, the CA as chain."""
+        if not csr.is_signature_valid:
+            raise CsrRejected("CSR signature does not verify")
+        try:
+            san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            san = None
+        return Enrollment(certificate=self.issue(csr.subject, csr.public_key(), san=san), chain=(self.certificate,))
+
+    def material(self) -> PkiMaterial:
+        return PkiMaterial(enroll=self.enroll, ca_certificates=(self.certificate,), crls=(self.crl,))
+
+
+async def refusing_enroll(csr: x509.CertificateSigningRequest) -> Enrollment:
+    raise CsrRejected("the PKI refuses this request (test)")
+
+
+@pytest.fixture(scope="session")
+def opcua_test_ca() -> OpcUaTestCa:
+    return OpcUaTestCa()
+
+
+def make_client_identity(ca: OpcUaTestCa | None, application_uri: str = CLIENT_APPLICATION_URI) -> ClientIdentity:
+    """certlm's client application: issued by ``ca``, or self-signed without one."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, "certlm test client"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "certlm"),
+        ]
+    )
+    san = x509.SubjectAlternativeName(
+        [x509.UniformResourceIdentifier(application_uri), x509.DNSName(socket.gethostname())]
+    )
+    if ca is None:
+        certificate = build_certificate(subject, key.public_key(), subject, key, san=san)
+        return ClientIdentity(application_uri, certificate, key)
+    certificate = ca.issue(subject, key.public_key(), san=san, usage=(ExtendedKeyUsageOID.CLIENT_AUTH,))
+    return ClientIdentity(application_uri, certificate, key, chain=(ca.certificate,))
+
+
+@pytest.fixture(scope="session")
+def client_identity(opcua_test_ca: OpcUaTestCa) -> ClientIdentity:
+    return make_client_identity(opcua_test_ca)
+
+
+def host_services(data_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> HostServices:
+    settings = Settings.from_env(
+        env={},
+        data_dir=data_dir,
+        device_connect_timeout_s=connect_timeout_s,
+        device_operation_timeout_s=OPERATION_TIMEOUT_S,
+    )
+    return HostServices(settings=settings, secrets=SecretBox(Fernet.generate_key()))
+
+
+def driver_for(driver_class: type[GdsPushDriver], identity: ClientIdentity, services: HostServices) -> GdsPushDriver:
+    """A driver of ``driver_class`` that presents ``identity`` instead of loading it from the host's database."""
+
+    class WithTestIdentity(driver_class):  # type: ignore[valid-type, misc]
+        async def client_identity(self) -> ClientIdentity:
+            return identity
+
+    return WithTestIdentity(services)
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> HostServices:
+    return host_services(tmp_path_factory.mktemp("certlm-data"))
+
+
+@pytest.fixture(scope="session")
+def driver(services: HostServices, client_identity: ClientIdentity) -> GdsPushDriver:
+    return driver_for(GdsPushDriver, client_identity, services)
+
+
+def target_for(url: str, port: int, **extra) -> DeviceTarget:
+    return DeviceTarget(entry_id=None, server="127.0.0.1", port=port, url=url, **extra)
+
+
+StartDevice = Callable[..., Awaitable[SimulatedDevice]]
+
+
+@pytest.fixture
+async def simulated_device(tmp_path: Path) -> AsyncIterator[StartDevice]:
+    """Starts simulated devices in this process (``SimulatorConfig`` options as keywords); stops them afterwards.
+    They accept any client while their trust list is empty, and reopen their endpoints 0.1 s after ApplyChanges."""
+    started: list[SimulatedDevice] = []
+
+    async def start(**options: Any) -> SimulatedDevice:
+        options = {"auto_accept": True, "apply_delay_s": 0.1, **options}
+        device = SimulatedDevice(SimulatorConfig(state_dir=tmp_path / "devices", port=free_port(), **options))
+        await device.start()
+        started.append(device)
+        return device
+
+    try:
+        yield start
+    finally:
+        await asyncio.gather(*(device.stop() for device in started))
+
+
+def device_target(device: SimulatedDevice, **extra: Any) -> DeviceTarget:
+    return target_for(device.url, device.config.port, **extra)
