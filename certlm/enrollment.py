@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -113,8 +113,9 @@ def _can_enroll(backend: PkiBackend) -> bool:
     return type(backend).enroll is not PkiBackend.enroll
 
 
-async def pki_material(pki: PkiEntry) -> PkiMaterial:
-    """The enrollment callable and what the device must trust afterwards: the PKI's CA chain and current CRL."""
+async def pki_material(pki: PkiEntry, entry: InventoryEntry) -> PkiMaterial:
+    """The enrollment callable and what the device must trust afterwards: the PKI's CA chain and current CRL.
+    Certificates are requested under the server profile, naming the host certlm reaches the device at."""
     backend = current_host().pki_backends.get(pki.pki_type)
     ca_certificates = tuple(await backend.ca_certificates(pki))
     crls: tuple[x509.CertificateRevocationList, ...] = ()
@@ -125,8 +126,10 @@ async def pki_material(pki: PkiEntry) -> PkiMaterial:
         # the push result says why it is missing.
         log.warning("PKI entry %s: no CRL for the trust list: %s", pki.id, error.message)
 
+    profile = replace(SERVER_PROFILE, hosts=(entry.server,))
+
     async def enroll(csr: x509.CertificateSigningRequest):
-        return await backend.enroll(pki, csr, SERVER_PROFILE)
+        return await backend.enroll(pki, csr, profile)
 
     return PkiMaterial(enroll=enroll, ca_certificates=ca_certificates, crls=crls)
 
@@ -175,7 +178,7 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
     if order.password is not None:
         target.password = order.password
     pki = await enrollment_pki(entry)
-    material = await pki_material(pki)
+    material = await pki_material(pki, entry)
     steps: list[StepOutcome] = []
     try:
         if entry.device_description is None or order.onboarding:

@@ -244,9 +244,12 @@ class DeviceDriver:
 
 @dataclass(frozen=True)
 class CertificateProfile:
-    """Which kind of certificate an enrollment asks for."""
+    """Which kind of certificate an enrollment asks for. ``hosts`` are the names or addresses the device is reached
+    at: a server certificate should name them in its subject alternative names even when the device's CSR does not
+    (many devices put only their applicationUri there), so a PKI that completes the SAN adds them."""
 
     name: str  # "client" or "server"
+    hosts: tuple[str, ...] = ()
 
 
 CLIENT_PROFILE = CertificateProfile("client")

@@ -6,6 +6,7 @@ The leaf profile follows OPC UA Part 6 §6.2.2 (application instance certificate
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -151,11 +152,25 @@ def check_csr(csr: x509.CertificateSigningRequest, profile: CertificateProfile) 
     # OPC UA Part 6 §6.2.2: the applicationUri is a URI name; servers also name their host.
     if not san.get_values_for_type(x509.UniformResourceIdentifier):
         raise CsrRejected("CSR has no subject alternative name URI (the OPC UA applicationUri)")
-    if profile == SERVER_PROFILE and not (
+    san = _with_hosts(san, profile.hosts)
+    if profile.name == SERVER_PROFILE.name and not (
         san.get_values_for_type(x509.DNSName) or san.get_values_for_type(x509.IPAddress)
     ):
         raise CsrRejected("server CSR has no subject alternative name DNS name or IP address")
     return san
+
+
+def _with_hosts(san: x509.SubjectAlternativeName, hosts: tuple[str, ...]) -> x509.SubjectAlternativeName:
+    """``san`` plus the hosts the device is reached at that it does not name yet (DNS names or IP addresses)."""
+    names = list(san)
+    for host in hosts:
+        try:
+            name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+        except ValueError:
+            name = x509.DNSName(host)
+        if name not in names:
+            names.append(name)
+    return x509.SubjectAlternativeName(names)
 
 
 def issue(

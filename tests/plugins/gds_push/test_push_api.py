@@ -5,7 +5,7 @@ mid-push, device refusing CSR, trust list too large, PKI refusing the request)."
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote
@@ -17,6 +17,7 @@ from cryptography import x509
 
 from certlm.certs import sha1_fingerprint
 from tests.conftest import start_service
+from tests.plugins.gds_push.conftest import NodeOpcuaPeer
 from tests.support import LicenseKeys, RunningService, free_port
 
 ADMIN = {"username": "admin", "password": "admin-pw"}
@@ -311,3 +312,49 @@ async def test_pki_refusing_the_request_answers_422_and_leaves_the_device_alone(
         assert entry["cert_base64"] is None
     finally:
         await weak.stop()
+
+
+@pytest.fixture(scope="module")
+def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeOpcuaPeer]:
+    """A node-opcua push server of certlm's own for this module, in factory state (AUTO_ACCEPT=1)."""
+    directory = tmp_path_factory.mktemp("rest-peer")
+    server = NodeOpcuaPeer(pki_dir=directory / "pki", log_path=directory / "peer.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_whole_lifecycle_against_the_node_opcua_peer(api: httpx.AsyncClient, peer: NodeOpcuaPeer) -> None:
+    body = {"server": "127.0.0.1", "port": peer.port, **ADMIN}
+    onboarded = await api.post("/gds/push/onboarding", json={**body, "subject": "CN=filler-2,O=Plant Sued"})
+    assert onboarded.status_code == 200, onboarded.text
+    first = onboarded.json()["result"]["certificate"]
+    path = quote(peer.url, safe="")
+    entry = (await api.get(f"/gds/inventory/{path}")).json()
+    assert entry["service"] == "gds-push-generic", "no installed driver declares node-opcua's BuildInfo"
+    assert entry["cert_subjectdn"] == "CN=filler-2,O=Plant Sued"
+    live = await api.get(f"/gds/monitor/crt/{path}", params={"connection_security": "true", "fingerprint": "sha1"})
+    assert live.status_code == 200, live.text
+    assert live.json()["fingerprint"] == first["sha1_thumbprint"]
+    assert (live.json()["security_policy"], live.json()["security_mode"]) == (8, 2)
+    read = await api.post("/gds/monitor/trustlist", json={"server": "127.0.0.1", "port": peer.port})
+    assert read.status_code == 200, read.text
+    stored = (await api.get(f"/gds/monitor/trustlist/{path}")).json()
+    client = (await client_certificate(api)).public_bytes(_der())
+    assert client in {base64.b64decode(item) for item in stored["trustlist_trusted_ca"]}
+    assert len(stored["trustlist_trusted_crl"]) == 1
+    firmware = (await api.get(f"/gds/monitor/firmware/{path}")).json()
+    assert firmware["url"] == peer.url and firmware["firmware_version"]
+    assert "Running" in (await api.get(f"/gds/monitor/status/{path}")).json()["status"]
+    plc = (await api.get(f"/gds/monitor/plc/{path}")).json()["plc_info"]
+    assert plc["devices"] == [] and plc["explanation"]
+    renewed = await api.post("/gds/push/change", json={"server": "127.0.0.1", "port": peer.port})
+    assert renewed.status_code == 200, renewed.text
+    second = renewed.json()["result"]["certificate"]
+    assert second["serial_number"] != first["serial_number"] and second["subject_dn"] == first["subject_dn"]
+    detail = (await api.get(f"/gds/inventory/crt/{path}")).json()
+    assert detail["certificate"]["serial_number"] == second["serial_number"]
+    # node-opcua's CSR names only its applicationUri; the certificate also names the address certlm reaches it at.
+    assert detail["certificate"]["san"]["ip"] == ["127.0.0.1"] and detail["certificate"]["san"]["uri"]
