@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -41,11 +42,22 @@ STEPS = ("identify", "connect", "describe", "create_signing_request", "enroll", 
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_port_range(count: int) -> int:
+    """The first of ``count`` consecutive free ports below the ephemeral range, so no outgoing connection takes one."""
+    for first in range(20000, 32000 - count, count):
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -134,7 +146,7 @@ async def start_service(workdir: Path) -> tuple[subprocess.Popen, str, str]:
 
 async def run_size(count: int, concurrency: int, workdir: Path, baseline: float) -> None:
     service, base, api_key = await start_service(workdir / f"n{count}")
-    first_port = free_port()
+    first_port = free_port_range(count)
     simulators = subprocess.Popen(
         [str(BIN / "certlm-simulate"), "--count", str(count), "--port", str(first_port), "--state-dir",
          str(workdir / f"n{count}" / "devices"), "--auto-accept", "--apply-delay", "0.2"],
