@@ -4,6 +4,7 @@ mid-push, device refusing CSR, trust list too large, PKI refusing the request)."
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -358,3 +359,45 @@ async def test_whole_lifecycle_against_the_node_opcua_peer(api: httpx.AsyncClien
     assert detail["certificate"]["serial_number"] == second["serial_number"]
     # node-opcua's CSR names only its applicationUri; the certificate also names the address certlm reaches it at.
     assert detail["certificate"]["san"]["ip"] == ["127.0.0.1"] and detail["certificate"]["san"]["uri"]
+
+
+async def test_registration_in_the_inventory_picks_the_specific_driver(
+    api: httpx.AsyncClient, device: SimulatedDevice
+) -> None:
+    created = await api.post(
+        "/gds/inventory",
+        json={"server": "127.0.0.1", "port": device.config.port, "userinfo_name": "admin",
+              "userinfo_password": "admin-pw"},
+    )  # fmt: skip
+    assert created.status_code == 200 and created.json()["service"] == "gds-push-generic"
+    # The device is asked who it is after the answer; its BuildInfo matches the simulated-PLC driver.
+    for _ in range(100):
+        entry = (await api.get(f"/gds/inventory/{path_for(device)}")).json()
+        if entry["service"] != "gds-push-generic":
+            break
+        await asyncio.sleep(0.1)
+    assert entry["service"] == "gds-push-certlm-simulated-plc"
+    supported = (await api.get("/supported-devices")).json()
+    assert any(row["device_name"] == "Simulated PLC" and row["firmware_version"] == "1.*" for row in supported)
+
+
+async def test_monitoring_a_device_outside_the_inventory_stores_nothing(
+    api: httpx.AsyncClient, device: SimulatedDevice
+) -> None:
+    response = await api.post("/gds/monitor/crt", json={"server": "127.0.0.1", "port": str(device.config.port)})
+    assert response.status_code == 200, response.text
+    assert "url" not in response.json() or response.json()["url"] is None
+    assert (response.json()["security_policy"], response.json()["security_mode"]) == (0, 0)
+    assert (await api.get(f"/gds/inventory/{path_for(device)}")).status_code == 404
+
+
+async def test_deleting_all_stored_trust_lists_leaves_the_devices_alone(
+    api: httpx.AsyncClient, device: SimulatedDevice
+) -> None:
+    await onboard(api, device)
+    on_device = device.trust_list
+    deleted = await api.request("DELETE", "/gds/monitor/trustlist", json={})
+    assert deleted.status_code == 200 and deleted.json()["result"]["entries"] >= 1
+    stored = (await api.get(f"/gds/monitor/trustlist/{path_for(device)}")).json()
+    assert stored["trustlist_trusted_ca"] == [] and stored["trustlist_trusted_crl"] == []
+    assert device.trust_list == on_device
