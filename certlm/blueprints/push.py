@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_serializer
 from quart import Blueprint
 from quart_schema import validate_querystring, validate_request, validate_response
 
@@ -114,11 +114,17 @@ class MonitorCrtQuery(BaseModel):
 
 
 class MonitorCrtOut(BaseModel):
+    """``url`` only when the device is in the inventory, ``fingerprint`` and ``x509`` only when asked for."""
+
     url: str | None = None
     fingerprint: str | None = None
     x509: str | None = None
     security_policy: int
     security_mode: int
+
+    @model_serializer(mode="wrap")
+    def leave_out_what_is_absent(self, handler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class TrustListReadIn(EntryAddress):

@@ -386,7 +386,7 @@ async def test_monitoring_a_device_outside_the_inventory_stores_nothing(
 ) -> None:
     response = await api.post("/gds/monitor/crt", json={"server": "127.0.0.1", "port": str(device.config.port)})
     assert response.status_code == 200, response.text
-    assert "url" not in response.json() or response.json()["url"] is None
+    assert "url" not in response.json() and "fingerprint" not in response.json() and "x509" not in response.json()
     assert (response.json()["security_policy"], response.json()["security_mode"]) == (0, 0)
     assert (await api.get(f"/gds/inventory/{path_for(device)}")).status_code == 404
 
