@@ -71,6 +71,11 @@ def trustlist_record(trust_list: TrustList) -> dict[str, list[str]]:
     }
 
 
+def operation_record(operation: str, success: bool, **details: Any) -> dict[str, Any]:
+    """What ``InventoryEntry.last_result`` holds: the last device operation, when it ran, how it went."""
+    return {"operation": operation, "success": success, "at": datetime.now(UTC).isoformat(), **details}
+
+
 def description_record(description: DeviceDescription) -> dict[str, Any]:
     return {"identity": asdict(description.identity), "capabilities": description.capabilities}
 
@@ -259,20 +264,19 @@ async def _record_success(
         "security_mode": outcome.security_mode,
         "steps": _steps_view(steps, debug),
     }
-    entry.last_result = {"operation": "push", "success": True, "at": datetime.now(UTC).isoformat(), **result}
+    entry.last_result = operation_record("push", True, **result)
     await entry.save()
     return result
 
 
 async def _record_failure(entry: InventoryEntry, failure: PushFailed, steps: list[StepOutcome], debug: bool) -> None:
-    entry.last_result = {
-        "operation": "push",
-        "success": False,
-        "at": datetime.now(UTC).isoformat(),
-        "error": failure.message,
-        "device_changed": failure.changed_device,
-        "steps": _steps_view(steps, debug),
-    }
+    entry.last_result = operation_record(
+        "push",
+        False,
+        error=failure.message,
+        device_changed=failure.changed_device,
+        steps=_steps_view(steps, debug),
+    )
     await entry.save(update_fields=["last_result", "updated_at"])
 
 

@@ -13,7 +13,7 @@ from quart_schema import validate_querystring, validate_request, validate_respon
 from certlm.blueprints.inventory import GDS, EntryAddress, StrictBody, create_entry, gds_entry_at
 from certlm.blueprints.system import CRL_STATUSES
 from certlm.certs import certificate_detail, certificate_text, revocation_status, sha1_fingerprint, to_der
-from certlm.enrollment import PushOrder, push_certificate, trustlist_record
+from certlm.enrollment import PushOrder, operation_record, push_certificate, trustlist_record
 from certlm.errors import APIError, NotFound, UnsupportedOperation
 from certlm.host import current_host
 from certlm.hostspec import DEFAULT_OPCUA_PORT, opcua_url, parse_host_or_url
@@ -310,13 +310,12 @@ async def _read_certificate(
             entry.certificate_der = der
             entry.last_changed_certificate_date = datetime.now(UTC)
         entry.cert_revoked = None if options.disable_crl_check else await _revoked(entry, reading.certificate)
-        entry.last_result = {
-            "operation": "monitor_certificate",
-            "success": True,
-            "at": datetime.now(UTC).isoformat(),
-            "security_policy": reading.security_policy,
-            "security_mode": reading.security_mode,
-        }
+        entry.last_result = operation_record(
+            "monitor_certificate",
+            True,
+            security_policy=reading.security_policy,
+            security_mode=reading.security_mode,
+        )
         await entry.save()
     return out
 
