@@ -19,6 +19,10 @@ class Settings:
     public_url: str | None = None
     device_connect_timeout_s: float = 10.0
     device_operation_timeout_s: float = 60.0
+    # One HTTP exchange with a PKI (EST, CMP) or a CRL distribution point.
+    pki_request_timeout_s: float = 30.0
+    # How long an enrollment the PKI holds pending (EST 202 + Retry-After, CMP waiting + pollReq) is waited for.
+    pki_pending_wait_s: float = 300.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -44,6 +48,8 @@ class Settings:
             device_operation_timeout_s=_seconds(
                 env, "CERTLM_DEVICE_OPERATION_TIMEOUT_S", cls.device_operation_timeout_s
             ),
+            pki_request_timeout_s=_seconds(env, "CERTLM_PKI_REQUEST_TIMEOUT_S", cls.pki_request_timeout_s),
+            pki_pending_wait_s=_seconds(env, "CERTLM_PKI_PENDING_WAIT_S", cls.pki_pending_wait_s),
         )
         return replace(settings, **overrides)
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from certlm.certs import certificate_detail, to_der
 from certlm.errors import APIError, CsrRejected, NotFound, UnsupportedOperation, UpstreamUnavailable
@@ -23,6 +24,8 @@ from certlm.registry import (
     DeviceDriver,
     DeviceIdentity,
     DeviceTarget,
+    Enrollment,
+    KeyedEnrollment,
     PkiBackend,
     PkiMaterial,
     PushFailed,
@@ -115,14 +118,44 @@ async def enrollment_pki(entry: InventoryEntry) -> PkiEntry:
 
 
 def _can_enroll(backend: PkiBackend) -> bool:
-    return type(backend).enroll is not PkiBackend.enroll
+    return backend.offers("enroll")
+
+
+async def pki_ca_certificates(backend: PkiBackend, pki: PkiEntry) -> tuple[x509.Certificate, ...]:
+    """The PKI's CA chain for a device's trust list. A PKI reached over the network that was never validated
+    is validated now (which fetches and stores its CA certificates); a PKI that hands its chain out only with
+    an enrollment gives an empty tuple and the enrollment's chain is used."""
+    try:
+        return tuple(await backend.ca_certificates(pki))
+    except NotFound:
+        if not backend.offers("validate"):
+            return ()
+    await backend.validate(pki, strict=False)
+    return tuple(await backend.ca_certificates(pki))
+
+
+def renewed_certificate(
+    entry: InventoryEntry, ca_certificates: tuple[x509.Certificate, ...]
+) -> x509.Certificate | None:
+    """The device's current certificate when this PKI issued it (so the PKI can renew rather than enroll anew)."""
+    if not entry.certificate_der or not ca_certificates:
+        return None
+    current = x509.load_der_x509_certificate(entry.certificate_der)
+    for issuer in ca_certificates:
+        try:
+            current.verify_directly_issued_by(issuer)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return current
+    return None
 
 
 async def pki_material(pki: PkiEntry, entry: InventoryEntry) -> PkiMaterial:
-    """The enrollment callable and what the device must trust afterwards: the PKI's CA chain and current CRL.
-    Certificates are requested under the server profile, naming the host certlm reaches the device at."""
+    """The enrollment callables and what the device must trust afterwards: the PKI's CA chain and current CRL.
+    Certificates are requested under the server profile, naming the host certlm reaches the device at; a device
+    whose current certificate came from this PKI is renewed."""
     backend = current_host().pki_backends.get(pki.pki_type)
-    ca_certificates = tuple(await backend.ca_certificates(pki))
+    ca_certificates = await pki_ca_certificates(backend, pki)
     crls: tuple[x509.CertificateRevocationList, ...] = ()
     try:
         crls = (await backend.crl(pki),)
@@ -132,11 +165,20 @@ async def pki_material(pki: PkiEntry, entry: InventoryEntry) -> PkiMaterial:
         log.warning("PKI entry %s: no CRL for the trust list: %s", pki.id, error.message)
 
     profile = replace(SERVER_PROFILE, hosts=(entry.server,))
+    renewing = renewed_certificate(entry, ca_certificates)
 
-    async def enroll(csr: x509.CertificateSigningRequest):
-        return await backend.enroll(pki, csr, profile)
+    async def enroll(csr: x509.CertificateSigningRequest, private_key: Any = None) -> Enrollment:
+        return await backend.enroll(pki, csr, profile, renewing=renewing, private_key=private_key)
 
-    return PkiMaterial(enroll=enroll, ca_certificates=ca_certificates, crls=crls)
+    async def enroll_server_key(csr: x509.CertificateSigningRequest) -> KeyedEnrollment:
+        return await backend.enroll_server_key(pki, csr, profile, renewing=renewing)
+
+    return PkiMaterial(
+        enroll=enroll,
+        ca_certificates=ca_certificates,
+        crls=crls,
+        enroll_server_key=enroll_server_key if backend.offers("enroll_server_key") else None,
+    )
 
 
 async def choose_driver(entry: InventoryEntry, target: DeviceTarget) -> DeviceDriver:

@@ -16,6 +16,10 @@ from certlm.errors import APIError, UnsupportedOperation
 
 if TYPE_CHECKING:
     from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.types import (
+        CertificateIssuerPrivateKeyTypes,
+        PrivateKeyTypes,
+    )
 
     from certlm.config import Settings
     from certlm.secretbox import SecretBox
@@ -125,12 +129,18 @@ class TrustList:
 @dataclass(frozen=True)
 class PkiMaterial:
     """What the host hands a driver for one enrollment: the way to get a CSR signed and what the device must
-    trust afterwards. ``enroll`` raises ``certlm.errors.CsrRejected`` when the PKI refuses the request; a driver
+    trust afterwards. ``enroll(csr, private_key)`` takes the CSR's key when certlm made it, else None.
+    ``ca_certificates`` may be empty when the PKI hands its chain out only with an enrollment (CMP
+    ``caPubs``/``extraCerts``): the device then trusts the returned ``Enrollment.chain``. ``enroll`` raises
+    ``certlm.errors.CsrRejected`` when the PKI refuses the request; a driver
     lets that propagate (as the ``__cause__`` of its ``PushFailed``) so the host can answer 422."""
 
-    enroll: Callable[[x509.CertificateSigningRequest], Awaitable[Enrollment]]
+    enroll: Callable[[x509.CertificateSigningRequest, CertificateIssuerPrivateKeyTypes | None], Awaitable[Enrollment]]
     ca_certificates: tuple[x509.Certificate, ...]
     crls: tuple[x509.CertificateRevocationList, ...]
+    # For a device that cannot make keys: the PKI makes the key pair (``PkiBackend.enroll_server_key``).
+    # None when the backend does not offer it; raises ``UnsupportedOperation`` when its server does not.
+    enroll_server_key: Callable[[x509.CertificateSigningRequest], Awaitable[KeyedEnrollment]] | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +283,13 @@ class Enrollment:
     chain: tuple[x509.Certificate, ...]
 
 
+@dataclass(frozen=True)
+class KeyedEnrollment(Enrollment):
+    """An enrollment whose key pair the PKI made: ``private_key`` goes to the device and nowhere else."""
+
+    private_key: PrivateKeyTypes = field(repr=False, kw_only=True)
+
+
 class PkiBackend:
     """Base class of a PKI backend. Subclass it, set ``pki_type`` and ``name``, override what the PKI
     offers; an operation left alone answers 501. Methods raise ``certlm.errors.APIError`` subclasses
@@ -305,18 +322,59 @@ class PkiBackend:
         """The CA chain, issuing CA first. Raise ``NotFound`` when none is available yet."""
         raise self._unsupported("CA certificates")
 
+    @classmethod
+    def offers(cls, operation: str) -> bool:
+        """Whether this backend implements ``operation`` (a method name such as ``"enroll_server_key"``
+        or ``"revoke"``) rather than inheriting the 501 default. The host asks before optional work."""
+        return getattr(cls, operation) is not getattr(PkiBackend, operation)
+
     async def enroll(
-        self, entry: PkiEntry, csr: x509.CertificateSigningRequest, profile: CertificateProfile
+        self,
+        entry: PkiEntry,
+        csr: x509.CertificateSigningRequest,
+        profile: CertificateProfile,
+        *,
+        renewing: x509.Certificate | None = None,
+        private_key: CertificateIssuerPrivateKeyTypes | None = None,
     ) -> Enrollment:
-        """Have ``csr`` signed under ``profile``. Raise ``CsrRejected`` for a CSR the PKI refuses."""
+        """Have ``csr`` signed under ``profile`` and return the certificate with its chain.
+
+        ``renewing`` is the certificate this one replaces, when the device's current certificate was issued by
+        this PKI: a PKI with a renewal transaction uses it (EST ``simplereenroll``, CMP ``kur`` with its
+        ``oldCertId``); the CSR then keeps the old subject. ``private_key`` is the key of ``csr`` when certlm
+        made it (the device cannot make keys): a PKI that wants proof of possession beyond the CSR's own
+        signature (CMP ``ir``/``cr`` with a signature POPO) uses it. It is never stored or sent anywhere.
+
+        The issued certificate must carry the public key of ``csr``; a backend checks that and rejects (and
+        where the protocol has it, refuses to confirm) anything else. Raise ``CsrRejected`` (400) for a
+        request the PKI refuses, ``UpstreamUnavailable`` (502) when it cannot be reached, does not accept
+        the configured credentials or answers something that is not a valid response.
+        """
         raise self._unsupported("enrollment")
+
+    async def enroll_server_key(
+        self,
+        entry: PkiEntry,
+        csr: x509.CertificateSigningRequest,
+        profile: CertificateProfile,
+        *,
+        renewing: x509.Certificate | None = None,
+    ) -> KeyedEnrollment:
+        """Have the PKI make the key pair as well (EST ``serverkeygen``, RFC 7030 §4.4), for devices that
+        cannot make keys. ``csr`` carries the subject and extensions wanted; its public key is a placeholder
+        the PKI replaces. Returns the certificate, its chain and the private key, which the caller hands to
+        the device and then forgets. Raise ``UnsupportedOperation`` when the server turns the request down
+        as not offered (the host then makes the key itself); otherwise as ``enroll``."""
+        raise self._unsupported("server-side key generation")
 
     async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
         """The current CRL of the CA. Raise ``NotFound`` without one, ``UpstreamUnavailable`` if unreachable."""
         raise self._unsupported("CRLs")
 
     async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
-        """Revoke ``certificate``, issued by this PKI."""
+        """Revoke ``certificate``, issued by this PKI (CMP ``rr``, the internal CA's own CRL). The host calls it
+        when a device whose certificate came from this PKI is decommissioned. Raise ``APIError`` (400) for a
+        certificate this PKI did not issue, ``UpstreamUnavailable`` when the PKI cannot be reached."""
         raise self._unsupported("revocation")
 
 

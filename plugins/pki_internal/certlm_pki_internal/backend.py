@@ -9,6 +9,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
@@ -85,8 +86,16 @@ class InternalPki(PkiBackend):
         return [x509.load_pem_x509_certificate(authority.certificate_pem.encode())]
 
     async def enroll(
-        self, entry: PkiEntry, csr: x509.CertificateSigningRequest, profile: CertificateProfile
+        self,
+        entry: PkiEntry,
+        csr: x509.CertificateSigningRequest,
+        profile: CertificateProfile,
+        *,
+        renewing: x509.Certificate | None = None,
+        private_key: CertificateIssuerPrivateKeyTypes | None = None,
     ) -> Enrollment:
+        # A renewal is an enrollment like any other here: the CSR's own signature is the proof of possession
+        # and the CA's policy does not depend on the old certificate.
         authority = await self._authority(entry)
         ca_certificate, ca_key = self._signing_material(authority)
         certificate = ca.issue(csr, profile, ca_certificate, ca_key, self._policy(entry), datetime.now(UTC))

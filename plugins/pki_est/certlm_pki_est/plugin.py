@@ -1,0 +1,13 @@
+"""The hook that makes the EST client available as PKI type 2."""
+
+from __future__ import annotations
+
+from certlm import hookimpl
+from certlm.registry import PkiBackendRegistry
+
+
+@hookimpl
+def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:
+    from certlm_pki_est.backend import EstPki
+
+    register.add(EstPki)
