@@ -332,3 +332,36 @@ async def identify_in_background(entry_id: int) -> None:
         await choose_driver(entry, await device_target(entry))
     except APIError as error:
         log.info("could not identify %s:%s yet: %s", entry.server, entry.port, error.message)
+
+
+async def revoke_on_decommission(entry: InventoryEntry) -> bool:
+    """Revoke the certificate of a device that leaves the plant (reason cessationOfOperation), when the entry's PKI
+    issued it and can revoke. True when it was revoked. A PKI that fails to revoke raises, so the caller keeps the
+    entry: deleting it would forget the only record of a certificate that stays valid."""
+    if entry.pki_id is None or not entry.certificate_der or entry.cert_revoked:  # type: ignore[attr-defined]
+        return False
+    host = current_host()
+    pki = await PkiEntry.get_or_none(id=entry.pki_id)  # type: ignore[attr-defined]
+    if pki is None or not host.pki_backends.known(pki.pki_type):
+        return False
+    backend = host.pki_backends.get(pki.pki_type)
+    if not backend.offers("revoke"):
+        return False
+    try:
+        ca_certificates = tuple(await backend.ca_certificates(pki))
+    except (NotFound, UnsupportedOperation):
+        return False
+    certificate = renewed_certificate(entry, ca_certificates)
+    if certificate is None:
+        return False
+    try:
+        await backend.revoke(pki, certificate, x509.ReasonFlags.cessation_of_operation)
+    except APIError as error:
+        raise APIError(
+            f"the entry is kept: revoking its certificate (serial {certificate.serial_number:X}) at PKI entry {pki.id} "
+            f"failed: {error.message}. Retry, or PATCH the entry's pki to null to delete it without revoking",
+            error.status,
+        ) from error
+    entry.cert_revoked = True
+    log.info("revoked certificate %X of %s:%s on decommission", certificate.serial_number, entry.server, entry.port)
+    return True

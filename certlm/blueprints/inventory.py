@@ -22,7 +22,7 @@ from certlm.certs import (
     sha1_fingerprint,
     to_pem,
 )
-from certlm.enrollment import identify_in_background
+from certlm.enrollment import identify_in_background, revoke_on_decommission
 from certlm.errors import APIError, NotFound
 from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url, valid_server
 from certlm.inventory import (
@@ -310,8 +310,10 @@ async def get_gds_entry(host_or_url: str) -> InventoryEntryOut:
 @blueprint.delete("/gds/inventory/<path:host_or_url>")
 @validate_response(InventoryEntryOut)
 async def delete_gds_entry(host_or_url: str) -> InventoryEntryOut:
-    """Remove a GDS entry and its stored credentials; returns the entry as it was."""
+    """Remove a GDS entry and its stored credentials; returns the entry as it was. A certificate its PKI issued is
+    revoked first (``cert_revoked`` true in the answer); when the PKI cannot revoke it, nothing is deleted."""
     entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
+    await revoke_on_decommission(entry)
     deleted = await entry_out(entry)
     await entry.delete()  # the credential row goes with it (ON DELETE CASCADE)
     return deleted

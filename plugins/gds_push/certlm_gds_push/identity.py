@@ -112,9 +112,7 @@ async def _create(application_uri: str) -> OpcUaClientIdentity:
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "certlm"),
         ]
     )
-    san = x509.SubjectAlternativeName(
-        [x509.UniformResourceIdentifier(application_uri), x509.DNSName(hostname)]
-    )
+    san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(application_uri), x509.DNSName(hostname)])
     ca_entry = None
     if host.pki_backends.known(INTERNAL_CA_PKI_TYPE):
         ca_entry = await PkiEntry.filter(pki_type=INTERNAL_CA_PKI_TYPE).order_by("id").first()

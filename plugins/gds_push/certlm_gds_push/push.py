@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
 from certlm.certs import sha1_fingerprint, to_der
-from certlm.errors import APIError
+from certlm.errors import APIError, UnsupportedOperation
 from certlm.registry import (
     DeviceTarget,
     Enrollment,
@@ -123,8 +123,16 @@ async def push_certificate(
                     note.message = f"RSA {GENERATED_KEY_BITS} key pair made in certlm, sent as {key_format}"
 
             async with run.step("enroll") as note:
-                enrollment = await pki.enroll(csr)
-                note.message = f"issued {_name(enrollment.certificate)}"
+                enrollment, private_key = await enroll(pki, csr, private_key, note)
+                note.message = f"issued {_name(enrollment.certificate)}{note.message}"
+
+            # A PKI that hands out its chain only with a certificate (CMP caPubs) completes the plan now.
+            if not set(enrollment.chain) <= set(pki.ca_certificates):
+                trust_list = planned_trust_list(request, pki, identity, enrollment.chain)
+                try:
+                    check_trust_list(trust_list, driver.trust_list_limit(description))
+                except DeviceError as error:
+                    run.fail("write_trust_list", error)
 
             async with run.step("update_certificate") as note:
                 key_blob = private_key_blob(private_key, key_format, enrollment) if private_key else b""
@@ -363,13 +371,36 @@ def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
     return True
 
 
-def planned_trust_list(request: PushRequest, pki: PkiMaterial, identity: ClientIdentity) -> TrustList:
+async def enroll(
+    pki: PkiMaterial, csr: x509.CertificateSigningRequest, private_key: rsa.RSAPrivateKey | None, note: StepNote
+) -> tuple[Enrollment, rsa.RSAPrivateKey | None]:
+    """The issued certificate, and the key the device gets when certlm (not the device) holds it. For a device that
+    cannot make keys, a PKI that makes them (EST serverkeygen) is asked to; the key made here is the fallback."""
+    if private_key is None or pki.enroll_server_key is None:
+        return await pki.enroll(csr, private_key), private_key
+    try:
+        keyed = await pki.enroll_server_key(csr)
+    except UnsupportedOperation as error:
+        note.message = f"; the PKI did not make the key ({error.message}), certlm's is used"
+        return await pki.enroll(csr, private_key), private_key
+    if not isinstance(keyed.private_key, rsa.RSAPrivateKey):
+        raise DeviceError(
+            f"the PKI made a {type(keyed.private_key).__name__} key; the device's certificate type needs RSA",
+            "BadCertificateInvalid",
+        )
+    note.message = f"; key pair made by the PKI ({keyed.private_key.key_size}-bit RSA)"
+    return keyed, keyed.private_key
+
+
+def planned_trust_list(
+    request: PushRequest, pki: PkiMaterial, identity: ClientIdentity, chain: tuple[x509.Certificate, ...] = ()
+) -> TrustList:
     """The trusted lists certlm writes: the PKI's CA chain and CRLs, plus certlm's client certificate or its issuers
     as the request asks. The device must keep accepting certlm after ApplyChanges, or no later renewal could reach
     it: when neither the request nor the PKI's chain makes it trust certlm, certlm's own certificate is added (the
     narrowest trust that does; ``issuer`` widens it to certlm's CA so renewals of certlm's certificate keep working).
     """
-    trusted = [to_der(ca) for ca in pki.ca_certificates]
+    trusted = [to_der(ca) for ca in (*pki.ca_certificates, *chain)]
     if request.add_issuer or (request.onboarding and not identity.self_signed):
         trusted += [to_der(issuer) for issuer in identity.chain]
     if request.add_client_certificate or not _trusts(trusted, identity):

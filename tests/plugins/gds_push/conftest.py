@@ -194,7 +194,7 @@ class OpcUaTestCa:
     def issue(self, subject: x509.Name, public_key: rsa.RSAPublicKey, **options) -> x509.Certificate:
         return build_certificate(subject, public_key, self.certificate.subject, self.key, **options)
 
-    async def enroll(self, csr: x509.CertificateSigningRequest) -> Enrollment:
+    async def enroll(self, csr: x509.CertificateSigningRequest, private_key: object = None) -> Enrollment:
         """The server profile: the CSR's subject and SAN, the CA as chain."""
         if not csr.is_signature_valid:
             raise CsrRejected("CSR signature does not verify")
@@ -208,7 +208,7 @@ class OpcUaTestCa:
         return PkiMaterial(enroll=self.enroll, ca_certificates=(self.certificate,), crls=(self.crl,))
 
 
-async def refusing_enroll(csr: x509.CertificateSigningRequest) -> Enrollment:
+async def refusing_enroll(csr: x509.CertificateSigningRequest, private_key: object = None) -> Enrollment:
     raise CsrRejected("the PKI refuses this request (test)")
 
 

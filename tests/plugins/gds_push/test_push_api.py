@@ -155,6 +155,24 @@ async def test_renewal_replaces_the_certificate_and_survives_a_device_restart(
         await restarted.stop()
 
 
+async def test_decommissioning_revokes_the_certificate_the_pki_issued(
+    api: httpx.AsyncClient, device: SimulatedDevice
+) -> None:
+    outcome = await onboard(api, device)
+    pki_id = outcome["result"]["pki_endpoint"]
+    issued = device.certificate
+    deleted = await api.delete(f"/gds/inventory/{path_for(device)}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["cert_revoked"] is True
+    assert (await api.get(f"/gds/inventory/{path_for(device)}")).status_code == 404
+    crl = x509.load_der_x509_crl((await api.get(f"/pki/crl/{pki_id}", params={"format": "der"})).content)
+    revoked = crl.get_revoked_certificate_by_serial_number(issued.serial_number)
+    assert revoked is not None
+    assert revoked.extensions.get_extension_for_class(x509.CRLReason).value.reason == (
+        x509.ReasonFlags.cessation_of_operation
+    )
+
+
 async def test_monitoring_reads_live(api: httpx.AsyncClient, device: SimulatedDevice) -> None:
     await onboard(api, device)
     path = path_for(device)
