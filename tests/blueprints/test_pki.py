@@ -332,12 +332,16 @@ async def test_create_rejects_incomplete_or_non_object_bodies(api, body) -> None
     assert set(response.json()) == {"error"}
 
 
-async def test_create_rejects_unregistered_pki_types(api) -> None:
-    registered = {t["pki_type_id"] for t in (await api.get("/pki")).json()}
-    for pki_type in set(range(4)) - registered:
-        response = await api.post("/pki/inventory", json={"pki_type": pki_type, "pki_connection": "pki.example:443"})
-        assert response.status_code == 400
-        assert f"pki_type {pki_type} is not provided" in response.json()["error"]
+async def test_create_rejects_pki_types_no_installed_plugin_provides(make_service) -> None:
+    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_est,pki_cmp"})
+    async with service.client() as client:
+        assert {t["pki_type_id"] for t in (await client.get("/pki")).json()} == {0, 1}
+        for pki_type in (2, 3):
+            response = await client.post(
+                "/pki/inventory", json={"pki_type": pki_type, "pki_connection": "pki.example:443"}
+            )
+            assert response.status_code == 400
+            assert response.json()["error"].startswith(f"pki_type {pki_type} is not provided by any installed plugin")
 
 
 async def test_non_json_body_is_rejected(api) -> None:

@@ -42,7 +42,8 @@ RsaSha256ApplicationCertificateType (a null group or type NodeId means these):
   still open for writing BadInvalidState. CancelChanges, closing the session, or an injected drop discard it.
   After ApplyChanges the device answers, waits ``apply_delay_s``, drops every channel and listens again.
 - CreateSigningRequest: subject ``CN=a/O=b`` (Part 12) or ``CN=a,O=b`` (RFC 4514), empty keeps the current
-  one; regeneratePrivateKey needs a nonce of 32+ bytes; BadNotSupported when ``can_create_csr`` is False.
+  one; regeneratePrivateKey needs a nonce of 32+ bytes; BadNotSupported when ``can_create_csr`` is False;
+  ``fixed_key`` keeps the current key whatever regeneratePrivateKey says.
 - UpdateCertificate refuses: unreadable DER or a non-RSA key (BadCertificateInvalid), outside its validity
   (BadCertificateTimeInvalid), no URI SAN equal to the ApplicationUri (BadCertificateUriInvalid), an issuer
   chain that does not verify (BadCertificateInvalid), a CA-issued certificate whose issuer is neither given

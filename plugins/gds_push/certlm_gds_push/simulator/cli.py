@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
         "--trust-client-cert", type=Path, action="append", default=[], metavar="FILE", help="trusted at first start"
     )
     parser.add_argument("--no-csr", action="store_true", help="CreateSigningRequest answers BadNotSupported")
+    parser.add_argument(
+        "--fixed-key", action="store_true", help="CreateSigningRequest always uses the current key (secure element)"
+    )
     parser.add_argument("--csr-key-bits", type=int, default=2048, help="RSA size of keys made for CSRs")
     parser.add_argument(
         "--key-formats", type=_names, default=("PEM", "PFX"), metavar="FORMATS", help="SupportedPrivateKeyFormats"
@@ -137,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             auto_accept=args.auto_accept,
             trusted_client_certificates=tuple(args.trust_client_cert),
             can_create_csr=not args.no_csr,
+            fixed_key=args.fixed_key,
             csr_key_bits=args.csr_key_bits,
             private_key_formats=args.key_formats,
             max_trust_list_size=args.max_trust_list_size,

@@ -89,6 +89,9 @@ class SimulatorConfig:
     trusted_client_certificates: tuple[Path | bytes, ...] = ()
     """Client application certificates (PEM/DER files or DER) in the trust list of a device's first start."""
     can_create_csr: bool = True
+    fixed_key: bool = False
+    """The device cannot make new keys (its key lives in a secure element): CreateSigningRequest signs with the
+    current key even when asked to regenerate it."""
     csr_key_bits: int = 2048
     """RSA size of the key CreateSigningRequest makes; below 2048 models an old device a PKI must refuse."""
     private_key_formats: tuple[str, ...] = ("PEM", "PFX")

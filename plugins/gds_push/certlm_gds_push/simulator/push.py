@@ -267,7 +267,7 @@ class PushManagement:
             subject = parse_subject_name(subject_name) if subject_name else self._state.certificate.subject
         except ValueError as error:
             raise uaerrors.BadInvalidArgument(str(error)) from error
-        if regenerate_private_key:
+        if regenerate_private_key and not self._config.fixed_key:
             if len(nonce or b"") < 32:
                 raise uaerrors.BadInvalidArgument("regeneratePrivateKey needs a nonce of at least 32 bytes")
             self._refuse_foreign_transaction(caller)
