@@ -122,14 +122,21 @@ def _can_enroll(backend: PkiBackend) -> bool:
 
 
 async def pki_ca_certificates(backend: PkiBackend, pki: PkiEntry) -> tuple[x509.Certificate, ...]:
-    """The PKI's CA chain for a device's trust list. A PKI reached over the network that was never validated
-    is validated now (which fetches and stores its CA certificates); a PKI that hands its chain out only with
-    an enrollment gives an empty tuple and the enrollment's chain is used."""
+    """The PKI's CA chain for a device's trust list. A PKI that hands its chain out only with an enrollment gives an
+    empty tuple and the enrollment's chain is used. A PKI reached over the network that was never validated is
+    validated now only when its server can be verified (``tls_ca``): CA certificates fetched over an unverified
+    connection would become every device's trust anchors, so that first fetch is the operator's, who compares the
+    fingerprints validate shows."""
     try:
         return tuple(await backend.ca_certificates(pki))
     except NotFound:
         if not backend.offers("validate"):
             return ()
+        if not pki.tls_ca:
+            raise APIError(
+                f"PKI entry {pki.id} has no validated CA certificates: run GET /pki/exec/validate/{pki.id} and "
+                "compare its ca_fingerprints with the PKI's, or set tls_ca so that certlm can fetch them itself"
+            ) from None
     await backend.validate(pki, strict=False)
     return tuple(await backend.ca_certificates(pki))
 

@@ -61,14 +61,19 @@ def tls_trust_anchors(entry: PkiEntry) -> list[x509.Certificate]:
     return [certificate for pem in entry.tls_ca or () for certificate in load_certificates_pem(pem, "tls_ca")]
 
 
-def ssl_context(entry: PkiEntry, credential: ClientCredential | None = None) -> ssl.SSLContext:
+def ssl_context(
+    entry: PkiEntry, credential: ClientCredential | None = None, anchors: list[x509.Certificate] | None = None
+) -> ssl.SSLContext:
     """TLS to the PKI server: verified against the entry's ``tls_ca`` when it has one, else against the system's
-    trust store; the host name is always checked. ``credential`` adds TLS client authentication."""
+    trust store; the host name is always checked. ``anchors`` replaces ``tls_ca`` (EST: the CA certificates
+    validate stored). ``credential`` adds TLS client authentication."""
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    anchors = tls_trust_anchors(entry)
+    anchors = tls_trust_anchors(entry) if anchors is None else anchors
     if anchors:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # Any CA the operator configured is an anchor, an intermediate as much as a root.
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
         context.load_verify_locations(cadata="".join(to_pem(anchor) for anchor in anchors))
     if credential is not None:
         load_client_credential(context, credential)
@@ -142,7 +147,12 @@ async def fetch_crl(
                     if response.status != 200:
                         problems.append(f"{url}: HTTP {response.status}")
                         continue
-                    body = await response.content.read(MAX_CRL_BYTES + 1)
+                    buffer = bytearray()
+                    async for chunk in response.content.iter_chunked(64 * 1024):
+                        buffer += chunk
+                        if len(buffer) > MAX_CRL_BYTES:
+                            break
+                    body = bytes(buffer)
             except (aiohttp.ClientError, TimeoutError, ssl.SSLError, ValueError) as error:
                 problems.append(f"{url}: {type(error).__name__} {error}".rstrip())
                 continue

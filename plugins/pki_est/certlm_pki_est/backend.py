@@ -1,10 +1,329 @@
-"""PKI type 2 (placeholder until the client lands)."""
+"""PKI type 2, ``est``: certificates from a plant's EST server (RFC 7030), reached at the entry's ``pki_connection``
+with its ``additional_path_segment``, HTTP basic and/or TLS client authentication."""
 
 from __future__ import annotations
 
-from certlm.registry import PkiBackend
+import asyncio
+import logging
+import re
+import ssl
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes, PublicKeyTypes
+
+from certlm import pki_client
+from certlm.certs import load_crl, sha1_fingerprint
+from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
+from certlm.registry import CertificateProfile, Enrollment, KeyedEnrollment, PkiBackend, ServerValidation
+from certlm.storage.models import PkiEntry
+from certlm_pki_est import csrattrs
+from certlm_pki_est.client import EstClient, EstEndpoint, ServerNotTrusted
+
+log = logging.getLogger(__name__)
+
+# RFC 7030 §3.2.2: the additional path segment is one URI path segment (RFC 3986 segment-nz).
+_LABEL = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})+")
 
 
 class EstPki(PkiBackend):
+    """An EST client. The EST server's policy, chosen by the entry's path segment, decides the certificate
+    profile: EST requests carry no profile, so ``CertificateProfile`` is not sent and the CSR must name
+    everything the certificate should (the host names included)."""
+
     pki_type = 2
     name = "est"
+
+    def configuration_problems(self, entry: PkiEntry) -> list[str]:
+        problems = []
+        host, _, port = entry.pki_connection.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            problems.append(
+                "an EST entry (pki_type 2) needs pki_connection host:port of its EST server, port 1 to 65535"
+            )
+        segment = entry.additional_path_segment
+        if segment and (not _LABEL.fullmatch(segment.removeprefix("/")) or segment.strip("/") in (".", "..")):
+            problems.append(
+                f"additional_path_segment {segment!r} is not an EST label (RFC 7030 §3.2.2): one URI path segment "
+                "such as 'opcua-devices' or '/opcua-devices'"
+            )
+        if entry.username and ":" in entry.username:
+            problems.append("username must not contain ':' (HTTP basic authentication, RFC 7617)")
+        return problems
+
+    async def validate(self, entry: PkiEntry, *, strict: bool) -> ServerValidation:
+        """RFC 7030 §4.1.1 bootstrap: fetch ``/cacerts`` and store the CA certificates, issuing CA first. No
+        credentials are sent. Without ``tls_ca`` the server is not authenticated, which is why the endpoint
+        reports the fingerprints for the operator to compare out of band; with it (and always when strict) the
+        server's certificate must verify against it, and strict also checks it against the entry's TLS CRLs."""
+        endpoint = self._endpoint(entry)
+        anchors = pki_client.tls_trust_anchors(entry)
+        if strict and not anchors:
+            raise APIError(
+                f"validate-strict requires tls_ca: PKI entry {entry.id} has no TLS CA certificate to verify "
+                f"EST server {endpoint.where} against"
+            )
+        if anchors:
+            tls, trust = pki_client.ssl_context(entry), "the entry's tls_ca"
+        else:
+            tls, trust = _unverified_tls(), "nothing (not verified)"
+        if strict:
+            server_certificate = await self._tls_server_certificate(endpoint, tls)
+            await self._check_not_revoked(entry, endpoint, server_certificate, anchors)
+        try:
+            async with self._client(endpoint, tls, trust) as client:
+                certificates = await client.ca_certificates()
+        except ServerNotTrusted as error:
+            raise APIError(error.message) from None
+        ordered = ca_chain_order(certificates)
+        await pki_client.store_ca_certificates(entry, ordered)
+        log.info(
+            "PKI entry %s: stored %d CA certificate(s) from EST server %s (%s)",
+            entry.id,
+            len(ordered),
+            endpoint.where,
+            ", ".join(sha1_fingerprint(certificate) for certificate in ordered),
+        )
+        return ServerValidation(endpoint.host, endpoint.port, tuple(ordered))
+
+    async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+        certificates = pki_client.stored_ca_certificates(entry)
+        if not certificates:
+            raise NotFound(f"No CA available for PKI entry {entry.id}: run GET /pki/exec/validate/{entry.id} first")
+        return certificates
+
+    async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
+        """Fetched live from the CRL distribution points of the stored CA certificates (issuing CA first), then
+        from ``est_cdp_urls``; it must be signed by one of the stored CA certificates."""
+        stored = pki_client.stored_ca_certificates(entry)
+        urls = [url for certificate in stored for url in pki_client.cdp_urls(certificate)]
+        urls += list(entry.est_cdp_urls or ())
+        if urls and not stored:
+            raise NotFound(
+                f"No CA available for PKI entry {entry.id} to check its CRL against: run "
+                f"GET /pki/exec/validate/{entry.id} first"
+            )
+        return await pki_client.fetch_crl(list(dict.fromkeys(urls)), stored, self.services)
+
+    async def enroll(
+        self,
+        entry: PkiEntry,
+        csr: x509.CertificateSigningRequest,
+        profile: CertificateProfile,
+        *,
+        renewing: x509.Certificate | None = None,
+        private_key: CertificateIssuerPrivateKeyTypes | None = None,
+    ) -> Enrollment:
+        """``simpleenroll``, or ``simplereenroll`` when renewing a certificate with the CSR's subject (RFC 7030
+        §4.2.2 lets a re-enrollment change only the key; a new subject is a new enrollment). The server's
+        ``csrattrs`` are fetched first: when certlm made the key it re-signs the CSR as they ask."""
+        endpoint = self._endpoint(entry)
+        async with self._enrollment_client(entry, endpoint) as client:
+            attributes = await client.csr_attributes()
+            if attributes and private_key is not None:
+                csr = csrattrs.follow(attributes, csr, private_key)
+            renew = renewing is not None and renewing.subject == csr.subject
+            try:
+                certificates = await client.enroll(csr, renew=renew)
+            except CsrRejected as error:
+                lacking = csrattrs.unmet(attributes, csr)
+                if not lacking:
+                    raise
+                raise CsrRejected(
+                    f"{error.message}; the server's csrattrs ask for what the CSR lacks: {'; '.join(lacking)}"
+                ) from None
+        return self._enrollment(entry, endpoint, csr.public_key(), certificates, "the CSR's public key")
+
+    async def enroll_server_key(
+        self,
+        entry: PkiEntry,
+        csr: x509.CertificateSigningRequest,
+        profile: CertificateProfile,
+        *,
+        renewing: x509.Certificate | None = None,
+    ) -> KeyedEnrollment:
+        """``serverkeygen`` (RFC 7030 §4.4); EST has no re-enrollment form of it. The key comes back as an
+        unencrypted PKCS#8 protected by the TLS session, the only form certlm asks for."""
+        endpoint = self._endpoint(entry)
+        async with self._enrollment_client(entry, endpoint) as client:
+            key, certificates = await client.server_keygen(csr)
+        enrollment = self._enrollment(entry, endpoint, key.public_key(), certificates, "the key it generated")
+        return KeyedEnrollment(enrollment.certificate, enrollment.chain, private_key=key)
+
+    def _endpoint(self, entry: PkiEntry) -> EstEndpoint:
+        host, port = pki_client.require_connection(entry, "EST")
+        return EstEndpoint(host, port, entry.additional_path_segment)
+
+    def _client(self, endpoint: EstEndpoint, tls: ssl.SSLContext, trust: str, **credentials) -> EstClient:
+        settings = self.services.settings
+        return EstClient(
+            endpoint,
+            tls=tls,
+            trust=trust,
+            timeout=pki_client.request_timeout(self.services),
+            pending_wait_s=settings.pki_pending_wait_s,
+            **credentials,
+        )
+
+    def _enrollment_client(self, entry: PkiEntry, endpoint: EstEndpoint) -> EstClient:
+        credential = pki_client.client_credential(entry, self.services)
+        password = pki_client.password(entry, self.services)
+        named = []
+        basic_auth = None
+        if entry.username:
+            basic_auth = (entry.username, password or "")
+            named.append(f"HTTP basic authentication as {entry.username!r}")
+        if credential is not None:
+            named.append(f"TLS client certificate {credential.certificate.subject.rfc4514_string()!r}")
+        tls, trust = enrollment_tls(entry, credential)
+        return self._client(
+            endpoint, tls, trust, basic_auth=basic_auth, credentials=" and ".join(named) or "no credentials"
+        )
+
+    async def _tls_server_certificate(self, endpoint: EstEndpoint, tls: ssl.SSLContext) -> x509.Certificate:
+        """The certificate the server presents in a handshake verified by ``tls``; 400 when it does not verify."""
+        timeout = self.services.settings.pki_request_timeout_s
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(endpoint.host, endpoint.port, ssl=tls, server_hostname=endpoint.host),
+                timeout,
+            )
+        except ssl.SSLCertVerificationError as error:
+            raise APIError(
+                f"TLS certificate of EST server {endpoint.where} does not verify against the entry's tls_ca: "
+                f"{error.verify_message or error.reason}"
+            ) from None
+        except TimeoutError:
+            raise UpstreamUnavailable(f"EST server {endpoint.where} did not complete TLS within {timeout:g}s") from None
+        except OSError as error:
+            raise UpstreamUnavailable(
+                f"cannot connect to EST server {endpoint.where}: {type(error).__name__}: {error.strerror or error}"
+            ) from None
+        try:
+            der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        finally:
+            writer.close()
+        return x509.load_der_x509_certificate(der)
+
+    async def _check_not_revoked(
+        self,
+        entry: PkiEntry,
+        endpoint: EstEndpoint,
+        certificate: x509.Certificate,
+        anchors: list[x509.Certificate],
+    ) -> None:
+        """400 when a CRL of the TLS CA (stored in ``tls_crls`` or fetched from ``tls_cdp_urls``) revokes the
+        server's certificate. Only CRLs signed by a ``tls_ca`` certificate count."""
+        crls = [crl for crl in (load_crl(pem) for pem in entry.tls_crls or ()) if _signed_by_any(crl, anchors)]
+        if entry.tls_cdp_urls:
+            crls.append(await pki_client.fetch_crl(list(entry.tls_cdp_urls), anchors, self.services))
+        for crl in crls:
+            if crl.issuer != certificate.issuer:
+                continue
+            revoked = crl.get_revoked_certificate_by_serial_number(certificate.serial_number)
+            if revoked is not None:
+                raise APIError(
+                    f"TLS certificate of EST server {endpoint.where} (serial {certificate.serial_number:X}) is "
+                    f"revoked since {revoked.revocation_date_utc.isoformat()} by the CRL of "
+                    f"{crl.issuer.rfc4514_string()}"
+                )
+
+    def _enrollment(
+        self,
+        entry: PkiEntry,
+        endpoint: EstEndpoint,
+        public_key: PublicKeyTypes,
+        certificates: list[x509.Certificate],
+        key_name: str,
+    ) -> Enrollment:
+        """The certificate for ``public_key`` among those answered, with its issuer chain built from the others
+        and the stored CA certificates."""
+        wanted = _spki(public_key)
+        issued = next((certificate for certificate in certificates if _spki(certificate.public_key()) == wanted), None)
+        if issued is None:
+            raise UpstreamUnavailable(
+                f"EST server {endpoint.where} answered {len(certificates)} certificate(s), none of them for "
+                f"{key_name}: the answer is not used"
+            )
+        pool = [c for c in certificates if c is not issued] + pki_client.stored_ca_certificates(entry)
+        return Enrollment(certificate=issued, chain=tuple(issuer_chain(issued, pool)))
+
+
+def enrollment_tls(entry: PkiEntry, credential: pki_client.ClientCredential | None) -> tuple[ssl.SSLContext, str]:
+    """TLS for enrollment, always verified, since credentials and CSRs go over it, with the host name checked:
+
+    1. against ``tls_ca`` when the entry has one: the operator said who the server is;
+    2. else against the CA certificates validate stored: RFC 7030 §3.6.1's explicit trust anchors, learnt by the
+       §4.1.1 bootstrap whose fingerprints the operator confirmed; an EST CA often certifies its own server;
+    3. else against the system's trust store (§3.6.2's implicit trust anchors), for a publicly certified server.
+
+    Explicit anchors are never mixed with the system store: once the entry names its CAs, a certificate any
+    public CA issued for the server's name must not be enough. Returns the context and the anchors in words.
+    """
+    if entry.tls_ca:
+        return pki_client.ssl_context(entry, credential), "the entry's tls_ca"
+    stored = pki_client.stored_ca_certificates(entry)
+    if not stored:
+        return pki_client.ssl_context(entry, credential), "the system's trust store (the entry has no tls_ca)"
+    context = pki_client.ssl_context(entry, credential, anchors=stored)
+    return context, "the EST CA certificates stored by validate (the entry has no tls_ca)"
+
+
+def _unverified_tls() -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _spki(public_key: PublicKeyTypes) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
+    try:
+        certificate.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
+        return False
+    return True
+
+
+def _signed_by_any(crl: x509.CertificateRevocationList, issuers: list[x509.Certificate]) -> bool:
+    for issuer in issuers:
+        try:
+            if crl.issuer == issuer.subject and crl.is_signature_valid(issuer.public_key()):  # type: ignore[arg-type]
+                return True
+        except (TypeError, ValueError, UnsupportedAlgorithm):
+            continue
+    return False
+
+
+def issuer_chain(certificate: x509.Certificate, pool: list[x509.Certificate]) -> list[x509.Certificate]:
+    """The issuers of ``certificate`` found in ``pool`` by name and signature, issuing CA first, up to a
+    self-signed root or the last one the pool holds."""
+    candidates = list({c.fingerprint(hashes.SHA256()): c for c in pool}.values())
+    chain: list[x509.Certificate] = []
+    current = certificate
+    while not (current.issuer == current.subject and _issued_by(current, current)):
+        issuer = next(
+            (c for c in candidates if c.subject == current.issuer and c not in chain and _issued_by(current, c)),
+            None,
+        )
+        if issuer is None:
+            break
+        chain.append(issuer)
+        current = issuer
+    return chain
+
+
+def ca_chain_order(certificates: list[x509.Certificate]) -> list[x509.Certificate]:
+    """CA certificates from ``/cacerts`` (a bag) as a chain, issuing CA first: the certificate that issued none
+    of the others, then its issuers; anything else (root key rollover certificates) after them."""
+    unique = list({c.fingerprint(hashes.SHA256()): c for c in certificates}.values())
+    bottoms = [c for c in unique if not any(o is not c and _issued_by(o, c) and o.issuer != o.subject for o in unique)]
+    if not bottoms:
+        return unique
+    chain = [bottoms[0], *issuer_chain(bottoms[0], unique)]
+    return chain + [c for c in unique if c not in chain]

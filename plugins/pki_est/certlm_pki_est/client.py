@@ -1,0 +1,260 @@
+"""The EST (RFC 7030) wire protocol over HTTPS with aiohttp: one client per backend call, errors already in the
+terms the REST API answers with (``certlm.errors``), pending enrollments (202 + Retry-After) waited for."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from dataclasses import dataclass
+from types import TracebackType
+
+import aiohttp
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
+from multidict import CIMultiDictProxy
+
+from certlm.errors import CsrRejected, UnsupportedOperation, UpstreamUnavailable
+from certlm_pki_est import csrattrs, wire
+
+log = logging.getLogger(__name__)
+
+WELL_KNOWN = "/.well-known/est"
+# Certificate bags and CRL-less EST answers are kilobytes; anything this large is not an EST answer.
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+# Retry-After counts whole seconds; a server answering 0 again and again must not make certlm poll in a loop.
+MIN_PENDING_WAIT_S = 1.0
+# How much of a server's error text goes into an error message.
+MAX_SERVER_TEXT = 300
+
+
+class ServerNotTrusted(UpstreamUnavailable):
+    """The EST server's TLS certificate did not verify against the trust anchors certlm used."""
+
+
+@dataclass(frozen=True)
+class EstEndpoint:
+    """Where an EST server answers: host, port and the optional additional path segment (RFC 7030 §3.2.2)."""
+
+    host: str
+    port: int
+    path_segment: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def url(self, operation: str) -> str:
+        label = f"/{self.path_segment.strip('/')}" if self.path_segment and self.path_segment.strip("/") else ""
+        return f"https://{self.where}{WELL_KNOWN}{label}/{operation}"
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    headers: CIMultiDictProxy[str]
+    body: bytes
+
+    @property
+    def content_type(self) -> str | None:
+        return self.headers.get("Content-Type")
+
+
+class EstClient:
+    """One conversation with an EST server. ``tls`` decides what the server's certificate is verified against
+    (``trust`` says that in words, for error messages); ``basic_auth`` (user name and password) and the client
+    certificate in ``tls`` are the credentials (``credentials`` names them without revealing them)."""
+
+    def __init__(
+        self,
+        endpoint: EstEndpoint,
+        *,
+        tls: ssl.SSLContext,
+        trust: str,
+        timeout: aiohttp.ClientTimeout,
+        pending_wait_s: float,
+        basic_auth: tuple[str, str] | None = None,
+        credentials: str = "no credentials",
+    ) -> None:
+        self.endpoint = endpoint
+        self._tls = tls
+        self._trust = trust
+        self._timeout = timeout
+        self._pending_wait_s = pending_wait_s
+        self._authorization = aiohttp.encode_basic_auth(*basic_auth) if basic_auth else None
+        self._credentials = credentials
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> EstClient:
+        self._session = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(ssl=self._tls))
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def ca_certificates(self) -> list[x509.Certificate]:
+        """``/cacerts`` (RFC 7030 §4.1): the CA certificates, in the order the server sent them."""
+        answer = await self._exchange("cacerts")
+        self._require_success(answer, "cacerts")
+        return self._certificates(answer, "the cacerts answer")
+
+    async def csr_attributes(self) -> csrattrs.CsrAttributes:
+        """``/csrattrs`` (RFC 7030 §4.5): what the server wants in a CSR; empty when it says nothing."""
+        answer = await self._exchange("csrattrs")
+        # 204 and 404 are RFC 8951's "no attributes"; 501 is a server without the optional operation.
+        if answer.status in (204, 404, 501) or (answer.status == 200 and not answer.body.strip()):
+            return csrattrs.CsrAttributes()
+        self._require_success(answer, "csrattrs")
+        try:
+            if wire.media_type(answer.content_type) != wire.CSRATTRS:
+                raise wire.MalformedResponse(
+                    f"the csrattrs answer has Content-Type {answer.content_type or 'none'!r}, expected "
+                    f"{wire.CSRATTRS!r}"
+                )
+            return csrattrs.parse(wire.decode_base64(answer.body, "the csrattrs answer"))
+        except wire.MalformedResponse as error:
+            raise self._malformed(error) from None
+
+    async def enroll(self, csr: x509.CertificateSigningRequest, *, renew: bool) -> list[x509.Certificate]:
+        """``/simpleenroll`` or, renewing, ``/simplereenroll`` (RFC 7030 §4.2): the certificates answered."""
+        operation = "simplereenroll" if renew else "simpleenroll"
+        answer = await self._enrollment_exchange(operation, csr)
+        self._require_success(answer, operation, enrolling=True)
+        return self._certificates(answer, f"the {operation} answer")
+
+    async def server_keygen(
+        self, csr: x509.CertificateSigningRequest
+    ) -> tuple[PrivateKeyTypes, list[x509.Certificate]]:
+        """``/serverkeygen`` (RFC 7030 §4.4): the key the server made and the certificates answered.
+        ``UnsupportedOperation`` when the server does not offer it."""
+        answer = await self._enrollment_exchange("serverkeygen", csr)
+        if answer.status in (404, 501):
+            raise UnsupportedOperation(
+                f"EST server {self.endpoint.where} does not offer server-side key generation "
+                f"(serverkeygen answered HTTP {answer.status})"
+            )
+        self._require_success(answer, "serverkeygen", enrolling=True)
+        try:
+            return wire.server_generated_key(answer.content_type, answer.body, "the serverkeygen answer")
+        except wire.MalformedResponse as error:
+            raise self._malformed(error) from None
+
+    async def _enrollment_exchange(self, operation: str, csr: x509.CertificateSigningRequest) -> _Answer:
+        """POST the CSR; while the server answers 202 (RFC 7030 §4.2.3: pending, manual approval for example),
+        wait as its Retry-After says and send the same request again, for at most ``pending_wait_s``."""
+        started = time.monotonic()
+        deadline = started + self._pending_wait_s
+        while True:
+            answer = await self._exchange(operation, csr)
+            if answer.status != 202:
+                return answer
+            wait = wire.retry_after_seconds(answer.headers.get("Retry-After"))
+            if wait is None:
+                raise self._malformed(wire.MalformedResponse(f"{operation} answered 202 without a valid Retry-After"))
+            wait = max(wait, MIN_PENDING_WAIT_S)
+            if time.monotonic() + wait > deadline:
+                raise UpstreamUnavailable(
+                    f"the enrollment at EST server {self.endpoint.where} is still pending after "
+                    f"{time.monotonic() - started:.0f}s: the server asks to retry in {wait:.0f}s, beyond the "
+                    f"{self._pending_wait_s:g}s certlm waits (CERTLM_PKI_PENDING_WAIT_S); try again later"
+                )
+            log.info("EST server %s holds the %s pending; retrying in %.0fs", self.endpoint.where, operation, wait)
+            await asyncio.sleep(wait)
+
+    async def _exchange(self, operation: str, csr: x509.CertificateSigningRequest | None = None) -> _Answer:
+        assert self._session is not None, "use EstClient in 'async with'"
+        where = self.endpoint.where
+        headers = {"Authorization": self._authorization} if self._authorization else {}
+        body = None
+        if csr is not None:
+            headers |= {"Content-Type": wire.PKCS10, "Content-Transfer-Encoding": "base64"}
+            body = wire.encode_base64(csr.public_bytes(serialization.Encoding.DER))
+        try:
+            async with self._session.request(
+                "POST" if csr is not None else "GET",
+                self.endpoint.url(operation),
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+            ) as response:
+                return _Answer(response.status, response.headers, await self._read(response, operation))
+        except aiohttp.ClientConnectorCertificateError as error:
+            reason = getattr(error.certificate_error, "verify_message", None) or str(error.certificate_error)
+            raise ServerNotTrusted(
+                f"TLS certificate of EST server {where} does not verify against {self._trust}: {reason}"
+            ) from None
+        except (aiohttp.ClientSSLError, ssl.SSLError) as error:
+            raise UpstreamUnavailable(f"TLS with EST server {where} failed: {_cause(error)}") from None
+        except TimeoutError:
+            raise UpstreamUnavailable(
+                f"EST server {where} did not answer {operation} within {self._timeout.total:g}s "
+                "(CERTLM_PKI_REQUEST_TIMEOUT_S)"
+            ) from None
+        except aiohttp.ClientConnectorError as error:
+            raise UpstreamUnavailable(f"cannot connect to EST server {where}: {_cause(error)}") from None
+        except (aiohttp.ClientError, OSError) as error:
+            raise UpstreamUnavailable(
+                f"EST server {where} broke off the {operation} exchange: {_cause(error)} (a server that requires "
+                "a TLS client certificate it did not get does this too)"
+            ) from None
+
+    async def _read(self, response: aiohttp.ClientResponse, operation: str) -> bytes:
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            body += chunk
+            if len(body) > MAX_RESPONSE_BYTES:
+                raise self._malformed(
+                    wire.MalformedResponse(f"the {operation} answer is larger than {MAX_RESPONSE_BYTES} bytes")
+                )
+        return bytes(body)
+
+    def _require_success(self, answer: _Answer, operation: str, *, enrolling: bool = False) -> None:
+        status, where = answer.status, self.endpoint.where
+        if status == 200:
+            return
+        text = _server_text(answer.body)
+        said = f": {text}" if text else ""
+        if status in (401, 403):
+            raise UpstreamUnavailable(
+                f"EST server {where} rejected the credentials ({self._credentials}) for {operation}: "
+                f"HTTP {status}{said}"
+            )
+        if status == 404:
+            raise UpstreamUnavailable(
+                f"EST server {where} has no {self.endpoint.url(operation)} (HTTP 404): check the entry's "
+                f"pki_connection and additional_path_segment{said}"
+            )
+        if enrolling and 400 <= status < 500:
+            raise CsrRejected(f"EST server {where} refused the certificate request (HTTP {status}){said}")
+        if status >= 500:
+            raise UpstreamUnavailable(f"EST server {where} failed on {operation}: HTTP {status}{said}")
+        raise UpstreamUnavailable(f"EST server {where} answered {operation} with HTTP {status}{said}")
+
+    def _certificates(self, answer: _Answer, what: str) -> list[x509.Certificate]:
+        try:
+            return wire.certs_only(answer.content_type, answer.body, what)
+        except wire.MalformedResponse as error:
+            raise self._malformed(error) from None
+
+    def _malformed(self, error: wire.MalformedResponse) -> UpstreamUnavailable:
+        return UpstreamUnavailable(f"malformed response from EST server {self.endpoint.where}: {error}")
+
+
+def _server_text(body: bytes) -> str:
+    """An error body as one printable line, cut short: servers put anything there."""
+    text = body[: MAX_SERVER_TEXT * 4].decode("utf-8", errors="replace")
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return line if len(line) <= MAX_SERVER_TEXT else line[:MAX_SERVER_TEXT] + "…"
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost reason of a connection error, e.g. ``Connection refused``."""
+    inner = getattr(error, "os_error", None) or error.__cause__ or error
+    reason = getattr(inner, "strerror", None) or getattr(inner, "reason", None) or str(inner)
+    return f"{type(inner).__name__}: {reason}" if reason else type(inner).__name__

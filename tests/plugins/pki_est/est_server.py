@@ -1,0 +1,557 @@
+"""An EST (RFC 7030) server for tests and the benchmark: aiohttp over TLS on 127.0.0.1, certificates signed with
+the internal CA plugin's functions, and every misbehaviour certlm must survive switchable between requests.
+
+    server = EstTestServer(directory)
+    await server.start()
+    ... server.url, server.tls_ca_pem, server.username, server.password, server.client_pkcs12_base64 ...
+    await server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import ipaddress
+import secrets
+import ssl
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from aiohttp import web
+from certlm_pki_internal import ca
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.serialization import pkcs7, pkcs12
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pyasn1.codec.der import decoder, encoder
+from pyasn1.type import univ
+from pyasn1_alt_modules import rfc7030
+
+from certlm.errors import APIError
+from certlm.registry import CLIENT_PROFILE, SERVER_PROFILE
+
+CERTS_ONLY = "application/pkcs7-mime; smime-type=certs-only"
+ENROLL_OPERATIONS = ("simpleenroll", "simplereenroll", "serverkeygen")
+# Who must authenticate how, per operation: none, basic, certificate, either or both.
+DEFAULT_AUTH = {"cacerts": "none", "csrattrs": "none"} | dict.fromkeys(ENROLL_OPERATIONS, "either")
+SIGNATURE_ALGORITHMS = {
+    "1.2.840.10045.4.3.2", "1.2.840.10045.4.3.3", "1.2.840.10045.4.3.4",
+    "1.2.840.113549.1.1.11", "1.2.840.113549.1.1.12", "1.2.840.113549.1.1.13",
+}  # fmt: skip
+FAILURES = ("truncated", "content-type", "garbage", "slow", "500", "foreign-certificate")
+
+
+@dataclass
+class SeenRequest:
+    """What the server saw of one request, for tests to assert on."""
+
+    operation: str
+    basic_user: str | None
+    client_certificate: x509.Certificate | None
+    content_type: str | None
+
+
+@dataclass
+class _Authority:
+    certificate: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+    crl_name: str
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "EST Test"),
+        ]
+    )
+
+
+def _certificate(
+    subject: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: _Authority | None,
+    *,
+    is_ca: bool,
+    cdp: str | None = None,
+    hosts: tuple[str, ...] = (),
+) -> x509.Certificate:
+    """A CA or TLS server certificate; ``issuer`` None makes it self-signed."""
+    now = datetime.now(UTC)
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    signer_ski = (
+        ski
+        if issuer is None
+        else issuer.certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    )
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject if issuer is None else issuer.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=30 if is_ca else 20))
+        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
+        .add_extension(ski, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(signer_ski), critical=False)
+    )
+    if is_ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+    else:
+        names: list[x509.GeneralName] = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False).add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
+    if cdp:
+        point = x509.DistributionPoint([x509.UniformResourceIdentifier(cdp)], None, None, None)
+        builder = builder.add_extension(x509.CRLDistributionPoints([point]), critical=False)
+    return builder.sign(key if issuer is None else issuer.key, hashes.SHA256())
+
+
+def _pem(certificates: list[x509.Certificate]) -> str:
+    return "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in certificates)
+
+
+def csr_attributes_der(*oids: str, ec_curve: str | None = None, extensions: tuple[str, ...] = ()) -> bytes:
+    """A DER ``CsrAttrs``: bare OIDs (signature algorithms, attribute types), an ecPublicKey attribute naming
+    ``ec_curve`` and an extensionRequest attribute listing extension OIDs, as in RFC 7030 §4.5.2's example."""
+    attributes = rfc7030.CsrAttrs()
+    for oid in oids:
+        item = rfc7030.AttrOrOID()
+        item["oid"] = univ.ObjectIdentifier(oid)
+        attributes.append(item)
+    for attribute_type, values in (
+        ("1.2.840.10045.2.1", [ec_curve] if ec_curve else []),
+        ("1.2.840.113549.1.9.14", list(extensions)),
+    ):
+        if not values:
+            continue
+        item = rfc7030.AttrOrOID()
+        item["attribute"]["attrType"] = univ.ObjectIdentifier(attribute_type)
+        for value in values:
+            item["attribute"]["attrValues"].append(univ.Any(encoder.encode(univ.ObjectIdentifier(value))))
+        attributes.append(item)
+    return encoder.encode(attributes)
+
+
+class EstTestServer:
+    """An EST server with an EST CA (optionally root plus issuing intermediate), its own TLS CA for the HTTPS
+    certificate, a plain-HTTP CRL distribution point, HTTP basic and TLS client certificate authentication.
+
+    Attributes tests may change between requests: ``auth`` (per operation), ``serverkeygen`` and
+    ``serverkeygen_refusal``, ``csr_attributes`` (DER CsrAttrs or None) and ``enforce_csr_attributes``,
+    ``pending`` (how many 202 answers come first) and ``retry_after``, ``failure`` (one of ``FAILURES``, for
+    the enrollment operations) and ``slow_seconds``, ``single_line_base64``, ``shuffle`` (PKCS#7 order),
+    ``enroll_includes_chain``. ``requests`` lists what came in.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        path_segment: str | None = None,
+        intermediate: bool = False,
+        tls_issued_by_est_ca: bool = False,
+    ) -> None:
+        self.directory = Path(directory)
+        self.path_segment = path_segment.strip("/") if path_segment else None
+        self.intermediate = intermediate
+        self.tls_issued_by_est_ca = tls_issued_by_est_ca
+        self.username = "est-ra"
+        self.password = secrets.token_urlsafe(12)
+        self.client_pkcs12_password = secrets.token_urlsafe(12)
+        self.auth = dict(DEFAULT_AUTH)
+        self.serverkeygen = True
+        self.serverkeygen_refusal = 501
+        self.csr_attributes: bytes | None = None
+        self.enforce_csr_attributes = False
+        self.pending = 0
+        self.retry_after = "1"
+        self.failure: str | None = None
+        self.slow_seconds = 5.0
+        self.single_line_base64 = False
+        self.shuffle = False
+        self.enroll_includes_chain = True
+        self.tls_certificate_revoked = False
+        self.requests: list[SeenRequest] = []
+        self.issued: list[x509.Certificate] = []
+        self.port = 0
+        self.cdp_port = 0
+        self._runners: list[web.AppRunner] = []
+        self._cdp_runner: web.AppRunner | None = None
+
+    # ----- life cycle
+
+    async def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._cdp_runner = await self._serve(self._cdp_app(), None)
+        self.cdp_port = self._cdp_runner.addresses[0][1]
+        self._make_pki()
+        runner = await self._serve(self._est_app(), self._server_tls())
+        self.port = runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+
+    async def stop_cdp(self) -> None:
+        """Take the CRL distribution point off the network (its URLs stay in the certificates)."""
+        if self._cdp_runner is not None:
+            self._runners.remove(self._cdp_runner)
+            await self._cdp_runner.cleanup()
+            self._cdp_runner = None
+
+    async def _serve(self, app: web.Application, tls: ssl.SSLContext | None) -> web.AppRunner:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls).start()
+        self._runners.append(runner)
+        return runner
+
+    # ----- what clients need
+
+    @property
+    def pki_connection(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        label = f"/{self.path_segment}" if self.path_segment else ""
+        return f"https://127.0.0.1:{self.port}/.well-known/est{label}"
+
+    def crl_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.cdp_port}/{name}.crl"
+
+    @property
+    def tls_ca_pem(self) -> str:
+        return _pem([self.tls_ca.certificate])
+
+    @property
+    def ca_certificate(self) -> x509.Certificate:
+        """The EST root CA."""
+        return self.root.certificate
+
+    @property
+    def ca_certificates(self) -> list[x509.Certificate]:
+        """The EST CA chain, issuing CA first."""
+        return [self.issuing.certificate, self.root.certificate] if self.intermediate else [self.root.certificate]
+
+    @property
+    def client_certificate(self) -> x509.Certificate:
+        return self._client_certificate
+
+    @property
+    def client_pkcs12_base64(self) -> str:
+        """A TLS client credential the server accepts (issued by the EST CA), encrypted with
+        ``client_pkcs12_password``."""
+        blob = pkcs12.serialize_key_and_certificates(
+            b"est-ra",
+            self._client_key,
+            self._client_certificate,
+            None,
+            serialization.BestAvailableEncryption(self.client_pkcs12_password.encode()),
+        )
+        return base64.b64encode(blob).decode()
+
+    def tls_crl(self) -> x509.CertificateRevocationList:
+        """The TLS CA's CRL: it revokes the server's TLS certificate while ``tls_certificate_revoked``."""
+        return self._crl(self.tls_ca, self._tls_revocations())
+
+    # ----- PKI
+
+    def _make_pki(self) -> None:
+        root_key = ec.generate_private_key(ec.SECP256R1())
+        # The root names its own CRL: /pki/crl finds it from the CA certificate /cacerts delivers.
+        root = _certificate(_name("EST Test Root CA"), root_key, None, is_ca=True, cdp=self.crl_url("root"))
+        self.root = _Authority(root, root_key, "root")
+        self.issuing = self.root
+        if self.intermediate:
+            key = ec.generate_private_key(ec.SECP256R1())
+            certificate = _certificate(
+                _name("EST Test Issuing CA"), key, self.root, is_ca=True, cdp=self.crl_url("root")
+            )
+            self.issuing = _Authority(certificate, key, "issuing")
+        tls_ca_key = ec.generate_private_key(ec.SECP256R1())
+        self.tls_ca = _Authority(
+            _certificate(_name("EST Test TLS CA"), tls_ca_key, None, is_ca=True), tls_ca_key, "tls"
+        )
+        self._tls_key = ec.generate_private_key(ec.SECP256R1())
+        tls_issuer = self.issuing if self.tls_issued_by_est_ca else self.tls_ca
+        self.tls_certificate = _certificate(
+            _name("est.test"), self._tls_key, tls_issuer, is_ca=False, hosts=("127.0.0.1", "localhost"),
+            cdp=self.crl_url("tls"),
+        )  # fmt: skip
+        self._client_key = ec.generate_private_key(ec.SECP256R1())
+        client_csr = (
+            x509.CertificateSigningRequestBuilder()
+            .subject_name(_name("certlm EST RA"))
+            .add_extension(
+                x509.SubjectAlternativeName([x509.UniformResourceIdentifier("urn:certlm:test:est-ra")]), critical=False
+            )
+            .sign(self._client_key, hashes.SHA256())
+        )
+        self._client_certificate = self._issue(client_csr)
+        self.issued.clear()
+
+    def _issue(self, csr: x509.CertificateSigningRequest) -> x509.Certificate:
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value if csr.extensions else None
+        is_server = bool(san and (san.get_values_for_type(x509.DNSName) or san.get_values_for_type(x509.IPAddress)))
+        policy = ca.IssuancePolicy(validity=timedelta(days=10), crl_url=self.crl_url(self.issuing.crl_name))
+        certificate = ca.issue(
+            csr,
+            SERVER_PROFILE if is_server else CLIENT_PROFILE,
+            self.issuing.certificate,
+            self.issuing.key,  # type: ignore[arg-type]
+            policy,
+            datetime.now(UTC),
+        )
+        self.issued.append(certificate)
+        return certificate
+
+    def _crl(self, authority: _Authority, revocations: list[ca.Revocation]) -> x509.CertificateRevocationList:
+        return ca.build_crl(authority.certificate, authority.key, revocations, 1, datetime.now(UTC))  # type: ignore[arg-type]
+
+    def _tls_revocations(self) -> list[ca.Revocation]:
+        if not self.tls_certificate_revoked:
+            return []
+        return [ca.Revocation(self.tls_certificate.serial_number, datetime.now(UTC), x509.ReasonFlags.key_compromise)]
+
+    def _server_tls(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        chain = [
+            self.tls_certificate,
+            self.issuing.certificate if self.tls_issued_by_est_ca else self.tls_ca.certificate,
+        ]
+        certificate_file = self.directory / f"est-tls-{id(self)}.pem"
+        key_file = self.directory / f"est-tls-{id(self)}.key"
+        certificate_file.write_text(_pem(chain))
+        key_file.write_bytes(
+            self._tls_key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        key_file.chmod(0o600)
+        context.load_cert_chain(certificate_file, key_file)
+        # Client certificates are optional at the TLS layer; each operation's policy decides what it needs.
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(cadata=_pem(self.ca_certificates))
+        return context
+
+    # ----- HTTP
+
+    def _cdp_app(self) -> web.Application:
+        async def crl(request: web.Request) -> web.Response:
+            # The EST CAs revoke nothing; the TLS CA revokes the server's certificate when a test says so.
+            authorities = {"root": self.root, "issuing": self.issuing, "tls": self.tls_ca}
+            authority = authorities.get(request.match_info["name"])
+            if authority is None:
+                raise web.HTTPNotFound()
+            built = self._crl(authority, self._tls_revocations() if authority is self.tls_ca else [])
+            return web.Response(
+                body=built.public_bytes(serialization.Encoding.DER), content_type="application/pkix-crl"
+            )
+
+        app = web.Application()
+        app.router.add_get("/{name}.crl", crl)
+        return app
+
+    def _est_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024)
+        app.router.add_route("*", "/.well-known/est/{operation}", self._handle)
+        app.router.add_route("*", "/.well-known/est/{label}/{operation}", self._handle)
+        return app
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        operation = request.match_info["operation"]
+        if request.match_info.get("label") != self.path_segment:
+            raise web.HTTPNotFound(text="no such EST label")
+        handlers = {
+            "cacerts": ("GET", self._cacerts),
+            "csrattrs": ("GET", self._csrattrs),
+            "simpleenroll": ("POST", self._simpleenroll),
+            "simplereenroll": ("POST", self._simplereenroll),
+            "serverkeygen": ("POST", self._serverkeygen),
+        }
+        if operation not in handlers:
+            raise web.HTTPNotFound(text=f"no EST operation {operation}")
+        method, handler = handlers[operation]
+        if request.method != method:
+            raise web.HTTPMethodNotAllowed(request.method, [method])
+        basic_user = self._basic_user(request)
+        peer = self._peer_certificate(request)
+        self.requests.append(SeenRequest(operation, basic_user, peer, request.headers.get("Content-Type")))
+        policy = self.auth.get(operation, "none")
+        basic_ok, certificate_ok = basic_user == self.username, peer is not None
+        allowed = {
+            "none": True,
+            "basic": basic_ok,
+            "certificate": certificate_ok,
+            "either": basic_ok or certificate_ok,
+            "both": basic_ok and certificate_ok,
+        }[policy]
+        if not allowed:
+            return web.Response(
+                status=401, text="authentication required", headers={"WWW-Authenticate": 'Basic realm="estrealm"'}
+            )
+        return await handler(request, peer)
+
+    def _basic_user(self, request: web.Request) -> str | None:
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return user if hmac.compare_digest(password.encode(), self.password.encode()) else f"(wrong password) {user}"
+
+    @staticmethod
+    def _peer_certificate(request: web.Request) -> x509.Certificate | None:
+        ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
+        return x509.load_der_x509_certificate(der) if der else None
+
+    def _base64(self, der: bytes) -> bytes:
+        return base64.b64encode(der) if self.single_line_base64 else base64.encodebytes(der).replace(b"\n", b"\r\n")
+
+    def _certs_only(self, certificates: list[x509.Certificate]) -> web.Response:
+        der = pkcs7.serialize_certificates(certificates, serialization.Encoding.DER)
+        return web.Response(
+            body=self._base64(der), headers={"Content-Type": CERTS_ONLY, "Content-Transfer-Encoding": "base64"}
+        )
+
+    async def _cacerts(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
+        certificates = self.ca_certificates
+        return self._certs_only(certificates[::-1] if self.shuffle else certificates)
+
+    async def _csrattrs(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
+        if self.csr_attributes is None:
+            return web.Response(status=204)
+        return web.Response(
+            body=self._base64(self.csr_attributes),
+            headers={"Content-Type": "application/csrattrs", "Content-Transfer-Encoding": "base64"},
+        )
+
+    async def _read_csr(self, request: web.Request) -> x509.CertificateSigningRequest:
+        if request.content_type != "application/pkcs10":
+            raise web.HTTPUnsupportedMediaType(text=f"expected application/pkcs10, got {request.content_type}")
+        try:
+            csr = x509.load_der_x509_csr(base64.b64decode(b"".join((await request.read()).split()), validate=True))
+        except (binascii.Error, ValueError):
+            raise web.HTTPBadRequest(text="body is not a base64 DER PKCS#10 request") from None
+        if not csr.is_signature_valid:
+            raise web.HTTPBadRequest(text="CSR signature does not verify")
+        if self.enforce_csr_attributes and self.csr_attributes is not None:
+            asked = {str(oid) for oid in self._asked_signature_algorithms()}
+            if asked and csr.signature_algorithm_oid.dotted_string not in asked:
+                raise web.HTTPBadRequest(text=f"CSR signature algorithm must be one of {sorted(asked)}")
+        return csr
+
+    def _asked_signature_algorithms(self) -> list[str]:
+        items, _ = decoder.decode(self.csr_attributes, asn1Spec=rfc7030.CsrAttrs())
+        oids = [str(item["oid"]) for item in items if item.getName() == "oid"]
+        return [oid for oid in oids if oid in SIGNATURE_ALGORITHMS]
+
+    async def _before_enrolling(self) -> web.Response | None:
+        """The pending and failure behaviour every enrollment operation shares."""
+        if self.pending > 0:
+            self.pending -= 1
+            return web.Response(status=202, headers={"Retry-After": self.retry_after}, text="pending approval")
+        if self.failure == "slow":
+            await asyncio.sleep(self.slow_seconds)
+        if self.failure == "500":
+            return web.Response(status=500, text="internal EST failure")
+        return None
+
+    def _enrolled(self, certificate: x509.Certificate) -> web.Response:
+        chain = self.ca_certificates if self.enroll_includes_chain else []
+        certificates = [certificate, *chain]
+        if self.shuffle:  # the issued certificate neither first nor last where the chain allows it
+            certificates = [*chain[::-1][:1], certificate, *chain[::-1][1:]]
+        if self.failure == "foreign-certificate":
+            certificates = [self.tls_certificate, *chain]
+        der = pkcs7.serialize_certificates(certificates, serialization.Encoding.DER)
+        if self.failure == "truncated":
+            return web.Response(
+                body=self._base64(der[: len(der) // 2]),
+                headers={"Content-Type": CERTS_ONLY, "Content-Transfer-Encoding": "base64"},
+            )
+        if self.failure == "content-type":
+            return web.Response(body=self._base64(der), content_type="text/html")
+        if self.failure == "garbage":
+            return web.Response(body=b"<html>definitely not base64!</html>", headers={"Content-Type": CERTS_ONLY})
+        return self._certs_only(certificates)
+
+    async def _simpleenroll(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
+        csr = await self._read_csr(request)
+        if (early := await self._before_enrolling()) is not None:
+            return early
+        try:
+            return self._enrolled(self._issue(csr))
+        except APIError as error:
+            return web.Response(status=400, text=error.message)
+
+    async def _simplereenroll(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
+        csr = await self._read_csr(request)
+        # RFC 7030 §4.2.2: a re-enrollment keeps the subject of the certificate it renews, which is the TLS
+        # client certificate or (an RA renewing for a device) a certificate this server issued.
+        known = {certificate.subject for certificate in self.issued} | ({peer.subject} if peer else set())
+        if csr.subject not in known:
+            return web.Response(status=400, text=f"no certificate with subject {csr.subject.rfc4514_string()} to renew")
+        if (early := await self._before_enrolling()) is not None:
+            return early
+        try:
+            return self._enrolled(self._issue(csr))
+        except APIError as error:
+            return web.Response(status=400, text=error.message)
+
+    async def _serverkeygen(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
+        csr = await self._read_csr(request)
+        if not self.serverkeygen:
+            return web.Response(status=self.serverkeygen_refusal, text="server-side key generation is not offered")
+        if (early := await self._before_enrolling()) is not None:
+            return early
+        placeholder = csr.public_key()
+        if isinstance(placeholder, rsa.RSAPublicKey):
+            key = rsa.generate_private_key(65537, placeholder.key_size)
+        else:
+            key = ec.generate_private_key(ec.SECP256R1())
+        builder = x509.CertificateSigningRequestBuilder().subject_name(csr.subject)
+        for extension in csr.extensions:
+            builder = builder.add_extension(extension.value, extension.critical)
+        try:
+            certificate = self._issue(builder.sign(key, hashes.SHA256()))
+        except APIError as error:
+            return web.Response(status=400, text=error.message)
+        key_der = key.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        certificates_der = pkcs7.serialize_certificates(
+            [certificate, *(self.ca_certificates if self.enroll_includes_chain else [])], serialization.Encoding.DER
+        )
+        boundary = f"est-{secrets.token_hex(8)}"
+        parts = [
+            (
+                f"--{boundary}\r\nContent-Type: application/pkcs8\r\nContent-Transfer-Encoding: base64\r\n\r\n".encode()
+                + self._base64(key_der)
+            ),
+            (
+                f"\r\n--{boundary}\r\nContent-Type: {CERTS_ONLY}\r\nContent-Transfer-Encoding: base64\r\n\r\n".encode()
+                + self._base64(certificates_der)
+            ),
+            f"\r\n--{boundary}--\r\n".encode(),
+        ]
+        return web.Response(body=b"".join(parts), headers={"Content-Type": f"multipart/mixed; boundary={boundary}"})
