@@ -1,0 +1,285 @@
+"""A real CMP server for tests and the benchmark: OpenSSL's ``openssl cmp`` in mock-server mode, plus the test PKI
+it needs (CA, server and client certificates as files) and an HTTP relay to put TLS or faults in front of it.
+
+Usable from pytest and from a plain program::
+
+    pki = TestPki.create(directory)
+    with CmpMockServer(directory, "-srv_ref", "ca", "-srv_secret", "pass:s3cret",
+                       "-rsp_cert", str(pki.write("issued.pem", certificate))) as server:
+        ... connect to 127.0.0.1:server.port
+
+The mock answers every request with its fixed ``-rsp_cert``, handles one connection at a time, and its ``genm``
+answer echoes the request (no CA certificates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CMP_CONTENT_TYPE = "application/pkixcmp"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"the server for port {port} exited")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"nothing accepted connections on 127.0.0.1:{port} within {timeout} s")
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+@dataclass
+class TestPki:
+    """A CA and what a CMP exchange needs from it, written as PEM files into ``directory`` on demand."""
+
+    directory: Path
+    ca_key: ec.EllipticCurvePrivateKey
+    ca_certificate: x509.Certificate
+    crl_url: str | None = None
+    _serial: int = field(default=1000)
+
+    __test__ = False  # not a pytest test class
+
+    @classmethod
+    def create(cls, directory: Path, common_name: str = "Plant CMP Test CA", crl_url: str | None = None) -> TestPki:
+        directory.mkdir(parents=True, exist_ok=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.now(UTC)
+        ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name))
+            .issuer_name(_name(common_name))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+            .add_extension(ski, critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        return cls(directory, key, certificate, crl_url)
+
+    def issue(
+        self,
+        public_key,
+        common_name: str,
+        *,
+        ca: bool = False,
+        issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None = None,
+        hosts: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+        days: int = 10,
+    ) -> x509.Certificate:
+        """A certificate for ``public_key``, signed by this CA (or by ``issuer``: an intermediate)."""
+        issuer_certificate, issuer_key = issuer or (self.ca_certificate, self.ca_key)
+        self._serial += 1
+        now = datetime.now(UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name))
+            .issuer_name(issuer_certificate.subject)
+            .public_key(public_key)
+            .serial_number(self._serial)
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        )
+        if ca:
+            builder = builder.add_extension(
+                x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+            )
+        else:
+            builder = builder.add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+        names = [x509.DNSName(host) for host in hosts] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        if self.crl_url:
+            point = x509.DistributionPoint([x509.UniformResourceIdentifier(self.crl_url)], None, None, None)
+            builder = builder.add_extension(x509.CRLDistributionPoints([point]), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def tls_server_context(self) -> ssl.SSLContext:
+        """A TLS server context for 127.0.0.1 with a certificate from this CA."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        certificate = self.issue(key.public_key(), "cmp-tls-relay", ips=("127.0.0.1",))
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.write("tls-relay.crt.pem", certificate), self.write("tls-relay.key.pem", key))
+        return context
+
+    def write(self, filename: str, *items) -> Path:
+        """Certificates and keys as one PEM file (keys unencrypted: test material only)."""
+        path = self.directory / filename
+        chunks = []
+        for item in items:
+            if isinstance(item, x509.Certificate):
+                chunks.append(item.public_bytes(serialization.Encoding.PEM))
+            else:
+                chunks.append(
+                    item.private_bytes(
+                        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                    )
+                )
+        path.write_bytes(b"".join(chunks))
+        return path
+
+
+class CmpMockServer:
+    """``openssl cmp -port N <arguments>`` on 127.0.0.1; output to ``<directory>/cmp-mock-<port>.log``."""
+
+    def __init__(self, directory: Path, *arguments: str, verbosity: int = 7) -> None:
+        self.directory = directory
+        self.arguments = list(arguments)
+        self.verbosity = verbosity
+        self.port = 0
+        self.process: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> CmpMockServer:
+        self.port = free_port()
+        self.log_path = self.directory / f"cmp-mock-{self.port}.log"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                ["openssl", "cmp", "-config", "", "-port", str(self.port), "-verbosity", str(self.verbosity),
+                 *self.arguments],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.directory,
+            )  # fmt: skip
+        try:
+            wait_for_port(self.port, timeout, lambda: self.process is not None and self.process.poll() is None)
+        except RuntimeError as error:
+            self.stop()
+            raise RuntimeError(f"{error}:\n{self.log()}") from None
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def __enter__(self) -> CmpMockServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+Handler = Callable[[bytes], Awaitable[tuple[bytes, str]]]
+
+
+class HttpRelay:
+    """An aiohttp server on 127.0.0.1 whose ``handle(body) -> (body, content_type)`` answers every POST: to
+    forward to a mock (``forward_to``), terminate TLS in front of one, alter answers, or misbehave."""
+
+    def __init__(self, handle: Handler, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.handle = handle
+        self.ssl_context = ssl_context
+        self.port = 0
+        self.requests: list[bytes] = []
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.requests.append(body)
+        answer, content_type = await self.handle(body)
+        return web.Response(body=answer, headers={"Content-Type": content_type})
+
+    async def start(self) -> HttpRelay:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._answer)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.ssl_context).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> HttpRelay:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+def forward_to(server: CmpMockServer | HttpRelay, path: str = "/") -> Handler:
+    """A relay handler passing each request to ``server`` and its answer back unchanged."""
+
+    async def handle(body: bytes) -> tuple[bytes, str]:
+        # A new connection per request: the mock serves one connection at a time.
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.post(
+                f"http://{server.address}{path}", data=body, headers={"Content-Type": CMP_CONTENT_TYPE}
+            ) as response,
+        ):
+            return await response.read(), response.headers.get("Content-Type", "")
+
+    return handle
+
+
+def sleeping(seconds: float) -> Handler:
+    """A relay handler that answers only after ``seconds``."""
+
+    async def handle(body: bytes) -> tuple[bytes, str]:
+        await asyncio.sleep(seconds)
+        return b"", CMP_CONTENT_TYPE
+
+    return handle

@@ -1,0 +1,249 @@
+"""Message protection, the registration authority, and every way a CMP exchange can go wrong."""
+
+from __future__ import annotations
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from pyasn1.codec.der import encoder
+
+from certlm.errors import CsrRejected, UpstreamUnavailable
+from certlm.registry import SERVER_PROFILE
+from tests.crypto_factory import ec_key
+from tests.plugins.pki_cmp.cmp_server import CMP_CONTENT_TYPE, TestPki, forward_to, free_port, sleeping
+from tests.plugins.pki_cmp.conftest import REFERENCE, REQUEST_TIMEOUT_S, SECRET, make_party
+from tests.plugins.pki_cmp.test_enrollment import MAC_SERVER, decoded, device_csr, mac_entry, received
+
+
+def signed(body: bytes) -> bool:
+    """Whether a captured request is signature-protected (ECDSA with SHA-256: the test credentials are EC)."""
+    return str(decoded(body)["header"]["protectionAlg"]["algorithm"]) == "1.2.840.10045.4.3.2"
+
+
+def pem(certificate: x509.Certificate) -> str:
+    return certificate.public_bytes(serialization.Encoding.PEM).decode()
+
+
+async def test_signed_request_with_mac_protected_answer(
+    cmp_app, test_pki, start_mock, start_relay, ra_party, tmp_path
+) -> None:
+    key = ec_key()
+    issued = test_pki.issue(key.public_key(), "device-20")
+    server = start_mock(
+        *MAC_SERVER,
+        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
+        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
+    )  # fmt: skip
+    relay = await start_relay(forward_to(server))
+    # Both credentials: requests are signed, the password verifies the server's MAC.
+    entry = await mac_entry(cmp_app, relay, est_client_pkcs12_base64=ra_party.pkcs12_base64(),
+                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+
+    enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
+
+    assert enrollment.certificate == issued
+    assert received(server) == ["CR", "CERTCONF"]
+    assert all(signed(request) for request in relay.requests)
+
+    # The mock does check the signatures: a signer it does not trust is refused.
+    impostor = make_party(TestPki.create(tmp_path / "other-pki", "Other CA"), "impostor")
+    entry = await mac_entry(cmp_app, server, est_client_pkcs12_base64=impostor.pkcs12_base64(),
+                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+    with pytest.raises(CsrRejected, match="CMP server rejected the request: badRequest"):
+        await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
+    assert received(server) == ["CR", "CERTCONF", "CR"]
+
+
+async def test_signatures_both_ways_over_https(
+    cmp_app, test_pki, start_mock, start_relay, ra_party, cmp_server_party
+) -> None:
+    key = ec_key()
+    issued = test_pki.issue(key.public_key(), "device-21")
+    server = start_mock(
+        "-srv_cert", str(cmp_server_party.certificate_file), "-srv_key", str(cmp_server_party.key_file),
+        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
+        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
+    )  # fmt: skip
+    relay = await start_relay(forward_to(server), test_pki.tls_server_context())
+    entry = await cmp_app.create_entry(
+        pki_connection=relay.address,
+        est_client_pkcs12_base64=ra_party.pkcs12_base64(),
+        est_client_pkcs12_password="p12-pass",
+        tls_ca=[pem(test_pki.ca_certificate)],
+    )
+
+    enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+
+    assert enrollment.certificate == issued
+    assert received(server) == ["P10CR", "CERTCONF"]
+    assert all(signed(request) for request in relay.requests)
+    # RFC 9483 §3.3: the signer's certificate first in extraCerts.
+    first_extra_cert = encoder.encode(decoded(relay.requests[0])["extraCerts"][0])
+    assert first_extra_cert == ra_party.certificate.public_bytes(serialization.Encoding.DER)
+
+
+async def test_signed_answer_without_tls_ca_is_rejected(cmp_app, test_pki, start_mock, ra_party, cmp_server_party):
+    key = ec_key()
+    server = start_mock(
+        "-srv_cert", str(cmp_server_party.certificate_file), "-srv_key", str(cmp_server_party.key_file),
+        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
+        "-rsp_cert", str(test_pki.write("issued.pem", test_pki.issue(key.public_key(), "device-22"))),
+    )  # fmt: skip
+    entry = await cmp_app.create_entry(
+        pki_connection=server.address,
+        est_client_pkcs12_base64=ra_party.pkcs12_base64(),
+        est_client_pkcs12_password="p12-pass",
+    )
+    with pytest.raises(UpstreamUnavailable, match="has no tls_ca to verify the signer: set tls_ca"):
+        await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+    assert received(server) == ["P10CR"], "nothing confirmed"
+
+
+async def test_signed_answer_from_an_untrusted_signer_is_rejected(
+    cmp_app, test_pki, start_mock, start_relay, ra_party, tmp_path
+) -> None:
+    key = ec_key()
+    impostor = make_party(TestPki.create(tmp_path / "other-pki", "Other CA"), "impostor")
+    server = start_mock(
+        "-srv_cert", str(impostor.certificate_file), "-srv_key", str(impostor.key_file),
+        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
+        "-rsp_cert", str(test_pki.write("issued.pem", test_pki.issue(key.public_key(), "device-23"))),
+    )  # fmt: skip
+    relay = await start_relay(forward_to(server), test_pki.tls_server_context())
+    entry = await cmp_app.create_entry(
+        pki_connection=relay.address,
+        est_client_pkcs12_base64=ra_party.pkcs12_base64(),
+        est_client_pkcs12_password="p12-pass",
+        tls_ca=[pem(test_pki.ca_certificate)],
+    )
+    with pytest.raises(UpstreamUnavailable, match="CN=impostor does not chain to a configured trust anchor"):
+        await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+    assert received(server) == ["P10CR"]
+
+
+async def test_registration_authority_when_the_ca_refuses_p10cr(
+    cmp_app, test_pki, start_mock, start_relay, ra_party
+) -> None:
+    """A CA that takes no p10cr (here: a second mock refusing everything with badRequest gets the p10cr)."""
+    key = ec_key()
+    issued = test_pki.issue(key.public_key(), "device-24")
+    trusted = str(test_pki.write("trusted.pem", test_pki.ca_certificate))
+    refusing = start_mock(*MAC_SERVER, "-srv_trusted", trusted, "-rsp_cert", str(test_pki.write("i.pem", issued)),
+                          "-pkistatus", "2", "-failure", "2", "-statusstring", "p10cr not supported")  # fmt: skip
+    accepting = start_mock(*MAC_SERVER, "-srv_trusted", trusted, "-rsp_cert", str(test_pki.write("i.pem", issued)),
+                           "-accept_raverified")  # fmt: skip
+    to_refusing, to_accepting = forward_to(refusing), forward_to(accepting)
+
+    async def route(body: bytes) -> tuple[bytes, str]:
+        kind = decoded(body)["body"].getName()
+        return await (to_refusing if kind == "p10cr" else to_accepting)(body)
+
+    relay = await start_relay(route)
+    entry = await mac_entry(cmp_app, relay, est_client_pkcs12_base64=ra_party.pkcs12_base64(),
+                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+
+    enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+
+    assert enrollment.certificate == issued
+    assert received(refusing) == ["P10CR"]
+    assert received(accepting) == ["CR", "CERTCONF"]
+    assert all(signed(request) for request in relay.requests)
+    request = decoded(relay.requests[1])
+    (message,) = request["body"]["cr"]
+    assert message["popo"].getName() == "raVerified"
+    template = message["certReq"]["certTemplate"]
+    public_key = template["publicKey"]
+    assert public_key["subjectPublicKey"].asOctets() == key.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+    )
+    subject = x509.Name.from_rfc4514_string("CN=device-1")
+    # A Name in a CertTemplate is explicitly tagged (a CHOICE cannot be implicitly tagged).
+    assert encoder.encode(template["subject"])[2:] == subject.public_bytes()
+
+
+async def test_refused_p10cr_without_an_ra_certificate(cmp_app, test_pki, start_mock) -> None:
+    key = ec_key()
+    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
+                        "-pkistatus", "2", "-failure", "2", "-statusstring", "p10cr not supported")  # fmt: skip
+    entry = await mac_entry(cmp_app, server)
+    with pytest.raises(CsrRejected, match=r"refused p10cr: badRequest \(p10cr not supported\).*client PKCS#12"):
+        await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+
+
+async def test_wrong_secret(cmp_app, test_pki, start_mock) -> None:
+    key = ec_key()
+    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))))
+    entry = await cmp_app.create_entry(pki_connection=server.address, username=REFERENCE, password="not-the-secret")
+    with pytest.raises(UpstreamUnavailable, match="the server did not accept the credentials") as failed:
+        await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+    assert failed.value.status == 502
+    assert "not-the-secret" not in failed.value.message
+    assert received(server) == ["P10CR"]
+
+
+async def test_rejection_names_status_and_failure(cmp_app, test_pki, start_mock) -> None:
+    key = ec_key()
+    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
+                        "-pkistatus", "2", "-failure", "9", "-statusstring", "POP does not verify")  # fmt: skip
+    entry = await mac_entry(cmp_app, server)
+    with pytest.raises(CsrRejected) as rejected:
+        await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+    assert rejected.value.message == "CMP server rejected the request: badPOP (POP does not verify)"
+
+
+async def test_error_message_is_reported(cmp_app, test_pki, start_mock) -> None:
+    key = ec_key()
+    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
+                        "-send_error")  # fmt: skip
+    entry = await mac_entry(cmp_app, server)
+    with pytest.raises(CsrRejected, match=r"^CMP server rejected the request: badRequest \(error processing message"):
+        await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
+    assert received(server) == ["IR"]
+
+
+async def test_server_down(cmp_app) -> None:
+    entry = await cmp_app.create_entry(pki_connection=f"127.0.0.1:{free_port()}", username=REFERENCE, password=SECRET)
+    with pytest.raises(UpstreamUnavailable, match="unreachable"):
+        await cmp_app.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+
+
+async def test_slow_server(cmp_app, start_relay) -> None:
+    relay = await start_relay(sleeping(REQUEST_TIMEOUT_S + 1))
+    entry = await cmp_app.create_entry(pki_connection=relay.address, username=REFERENCE, password=SECRET)
+    with pytest.raises(UpstreamUnavailable, match=rf"no answer within {REQUEST_TIMEOUT_S:g} s"):
+        await cmp_app.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+
+
+@pytest.mark.parametrize(
+    "body, content_type, message",
+    [
+        (b"<html>maintenance</html>", "text/html", "answered HTTP 200 with text/html, not application/pkixcmp"),
+        (b"\x30\x03\x02\x01\x02", CMP_CONTENT_TYPE, "answered p10cr with something that is not a CMP message"),
+    ],
+)
+async def test_answers_that_are_not_cmp(cmp_app, start_relay, body, content_type, message) -> None:
+    async def answer(request: bytes) -> tuple[bytes, str]:
+        return body, content_type
+
+    relay = await start_relay(answer)
+    entry = await cmp_app.create_entry(pki_connection=relay.address, username=REFERENCE, password=SECRET)
+    with pytest.raises(UpstreamUnavailable, match=message):
+        await cmp_app.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+
+
+async def test_altered_answer_is_rejected(cmp_app, test_pki, start_mock, start_relay) -> None:
+    key = ec_key()
+    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))))
+    forward = forward_to(server)
+
+    async def alter(request: bytes) -> tuple[bytes, str]:
+        answer, content_type = await forward(request)
+        message = decoded(answer)
+        message["header"]["messageTime"] = "20200101000000Z"
+        return encoder.encode(message), content_type
+
+    relay = await start_relay(alter)
+    entry = await mac_entry(cmp_app, relay)
+    with pytest.raises(UpstreamUnavailable, match=r"does not verify with the password .* or the answer was altered"):
+        await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+    assert received(server) == ["P10CR"]

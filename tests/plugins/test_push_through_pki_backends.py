@@ -1,0 +1,215 @@
+"""The GDS push flow with each networked PKI backend: a simulated OPC UA device gets its certificate from a real EST
+server (RFC 7030) or a real CMP server (``openssl cmp``), through certlm's REST API, and is renewed and decommissioned
+the way that PKI does it. Swapping an entry's PKI is a PATCH of its ``pki`` and nothing else."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from tests.conftest import start_service
+from tests.plugins.pki_est.est_server import EstTestServer
+from tests.support import LicenseKeys, RunningService, free_port
+
+ADMIN = {"username": "admin", "password": "admin-pw"}
+TIMEOUTS = {
+    "CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3",
+    "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20",
+    "CERTLM_PKI_REQUEST_TIMEOUT_S": "10",
+}
+
+
+@pytest.fixture(scope="module")
+async def service(tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys) -> AsyncIterator[RunningService]:
+    running = await start_service(tmp_path_factory, license_keys, env=TIMEOUTS, name="pki-push")
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+async def api(service: RunningService) -> AsyncIterator[httpx.AsyncClient]:
+    async with service.client() as client:
+        yield client
+
+
+@pytest.fixture
+async def est_server(tmp_path: Path) -> AsyncIterator[EstTestServer]:
+    server = EstTestServer(tmp_path / "est", intermediate=True)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def start_device(tmp_path: Path, **options) -> SimulatedDevice:
+    config = SimulatorConfig(
+        state_dir=tmp_path / "device", port=free_port(), auto_accept=True, apply_delay_s=0.2, **options
+    )
+    device = SimulatedDevice(config)
+    await device.start()
+    return device
+
+
+@pytest.fixture
+async def device(tmp_path: Path) -> AsyncIterator[SimulatedDevice]:
+    simulated = await start_device(tmp_path)
+    try:
+        yield simulated
+    finally:
+        await simulated.stop()
+
+
+async def create_pki(api: httpx.AsyncClient, **fields) -> int:
+    response = await api.post("/pki/inventory", json=fields)
+    assert response.status_code == 200, response.text
+    return response.json()["pki_id"]
+
+
+async def est_pki(api: httpx.AsyncClient, server: EstTestServer) -> int:
+    return await create_pki(
+        api,
+        pki_type=2,
+        name="plant EST",
+        pki_connection=server.pki_connection,
+        tls_ca=[server.tls_ca_pem],
+        username=server.username,
+        password=server.password,
+    )
+
+
+async def register(api: httpx.AsyncClient, device: SimulatedDevice, pki_id: int) -> None:
+    response = await api.post("/gds/inventory", json={"server": "127.0.0.1", "port": device.config.port, "pki": pki_id})
+    assert response.status_code == 200, response.text
+
+
+async def push(api: httpx.AsyncClient, device: SimulatedDevice, route: str = "/gds/push/onboarding") -> dict:
+    credentials = ADMIN if route.endswith("onboarding") else {}
+    response = await api.post(route, json={"server": "127.0.0.1", "port": device.config.port, **credentials})
+    assert response.status_code == 200, response.text
+    return response.json()["result"]
+
+
+def trusted_on(device: SimulatedDevice) -> set[bytes]:
+    return set(device.trust_list.trusted_certificates)
+
+
+def der(certificate: x509.Certificate) -> bytes:
+    return certificate.public_bytes(serialization.Encoding.DER)
+
+
+def operations(server: EstTestServer) -> list[str]:
+    return [seen.operation for seen in server.requests]
+
+
+async def test_est_enrolls_renews_and_serves_its_chain(
+    api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice
+) -> None:
+    pki_id = await est_pki(api, est_server)
+    await register(api, device, pki_id)
+
+    # Never validated, but with tls_ca: certlm fetches the CA certificates itself over verified TLS.
+    await push(api, device)
+    issued = device.certificate
+    issued.verify_directly_issued_by(est_server.ca_certificates[0])
+    assert issued.issuer == est_server.ca_certificates[0].subject != est_server.ca_certificate.subject
+    assert {der(ca) for ca in est_server.ca_certificates} <= trusted_on(device), "the EST chain is in the trust list"
+    assert operations(est_server).count("simpleenroll") == 1
+    assert all(
+        seen.basic_user == est_server.username for seen in est_server.requests if seen.operation == "simpleenroll"
+    )
+    chain = x509.load_pem_x509_certificates((await api.get(f"/pki/ca/{pki_id}")).content)
+    assert chain == est_server.ca_certificates
+
+    # The certificate came from this PKI: the next push is a re-enrollment.
+    await push(api, device, "/gds/push/change")
+    renewed = device.certificate
+    assert renewed.serial_number != issued.serial_number and renewed.subject == issued.subject
+    renewed.verify_directly_issued_by(est_server.ca_certificates[0])
+    assert operations(est_server).count("simplereenroll") == 1
+
+    # EST cannot revoke: decommissioning deletes the entry and says the certificate is not revoked.
+    deleted = await api.delete(f"/gds/inventory/{quote(device.url, safe='')}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["cert_revoked"] is False
+
+
+async def test_est_makes_the_key_for_a_device_that_cannot(
+    api: httpx.AsyncClient, est_server: EstTestServer, tmp_path: Path
+) -> None:
+    device = await start_device(tmp_path, can_create_csr=False)
+    try:
+        await register(api, device, await est_pki(api, est_server))
+        result = await push(api, device)
+        enroll_step = next(step for step in result["steps"] if step["step"] == "enroll")
+        assert "key pair made by the PKI" in enroll_step["message"]
+        assert operations(est_server).count("serverkeygen") == 1
+        device.certificate.verify_directly_issued_by(est_server.ca_certificates[0])
+    finally:
+        await device.stop()
+
+
+async def test_est_server_without_key_generation_leaves_it_to_certlm(
+    api: httpx.AsyncClient, est_server: EstTestServer, tmp_path: Path
+) -> None:
+    est_server.serverkeygen = False
+    device = await start_device(tmp_path, can_create_csr=False)
+    try:
+        await register(api, device, await est_pki(api, est_server))
+        result = await push(api, device)
+        enroll_step = next(step for step in result["steps"] if step["step"] == "enroll")
+        assert "certlm's is used" in enroll_step["message"]
+        assert operations(est_server)[-1] == "simpleenroll"
+        device.certificate.verify_directly_issued_by(est_server.ca_certificates[0])
+    finally:
+        await device.stop()
+
+
+async def test_an_est_pki_never_validated_and_without_tls_ca_is_not_trusted_blindly(
+    api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice
+) -> None:
+    pki_id = await create_pki(
+        api,
+        pki_type=2,
+        pki_connection=est_server.pki_connection,
+        username=est_server.username,
+        password=est_server.password,
+    )
+    await register(api, device, pki_id)
+    factory = device.certificate
+    response = await api.post("/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN})
+    assert response.status_code == 400, response.text
+    assert f"run GET /pki/exec/validate/{pki_id}" in response.json()["error"]
+    assert device.certificate == factory
+    assert "cacerts" not in operations(est_server)
+
+
+async def test_swapping_the_pki_is_a_patch_of_the_entry(
+    api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice
+) -> None:
+    internal_id = await create_pki(api, pki_type=1, pki_connection="localhost:0", name="internal")
+    await register(api, device, internal_id)
+    await push(api, device)
+    internal_ca = x509.load_pem_x509_certificate((await api.get(f"/pki/ca/{internal_id}")).content)
+    device.certificate.verify_directly_issued_by(internal_ca)
+
+    est_id = await est_pki(api, est_server)
+    patched = await api.patch("/gds/inventory", json={"server": "127.0.0.1", "port": device.config.port, "pki": est_id})
+    assert patched.status_code == 200, patched.text
+    await push(api, device, "/gds/push/change")
+    device.certificate.verify_directly_issued_by(est_server.ca_certificates[0])
+    # The old certificate came from another PKI: a first enrollment, not a re-enrollment.
+    assert operations(est_server).count("simpleenroll") == 1 and "simplereenroll" not in operations(est_server)
+    entry = (await api.get(f"/gds/inventory/{quote(device.url, safe='')}")).json()
+    assert entry["pki_endpoint"] == str(est_id)
+    assert base64.b64decode(entry["cert_base64"]) == der(device.certificate)
