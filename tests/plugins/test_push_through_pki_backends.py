@@ -5,7 +5,9 @@ the way that PKI does it. Swapping an entry's PKI is a PATCH of its ``pki`` and 
 from __future__ import annotations
 
 import base64
+import ipaddress
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
@@ -13,13 +15,16 @@ import httpx
 import pytest
 from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from tests.conftest import start_service
+from tests.plugins.pki_cmp.cmp_server import CmpMockServer, TestPki
 from tests.plugins.pki_est.est_server import EstTestServer
 from tests.support import LicenseKeys, RunningService, free_port
 
 ADMIN = {"username": "admin", "password": "admin-pw"}
+CMP_REFERENCE, CMP_SECRET = "certlm-ra", "plant-cmp-secret"
 TIMEOUTS = {
     "CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3",
     "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20",
@@ -213,3 +218,132 @@ async def test_swapping_the_pki_is_a_patch_of_the_entry(
     entry = (await api.get(f"/gds/inventory/{quote(device.url, safe='')}")).json()
     assert entry["pki_endpoint"] == str(est_id)
     assert base64.b64decode(entry["cert_base64"]) == der(device.certificate)
+
+
+def cmp_certificate_for(device: SimulatedDevice, pki: TestPki) -> x509.Certificate:
+    """What the CMP CA issues to the device: its subject and key, its ApplicationUri and address in the SAN."""
+    now = datetime.now(UTC)
+    current = device.certificate
+    names = [x509.UniformResourceIdentifier(device.application_uri), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    return (
+        x509.CertificateBuilder()
+        .subject_name(current.subject)
+        .issuer_name(pki.ca_certificate.subject)
+        .public_key(current.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(True, True, True, True, False, False, False, False, False), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(pki.ca_key.public_key()), critical=False)
+        .sign(pki.ca_key, hashes.SHA256())
+    )
+
+
+def cmp_requests(server: CmpMockServer) -> list[str]:
+    """The CMP body types the mock logged, in order."""
+    return [line.split("received ", 1)[1].strip() for line in server.log().splitlines() if "DEBUG: received " in line]
+
+
+async def test_cmp_enrolls_renews_and_revokes_on_decommission(api: httpx.AsyncClient, tmp_path: Path) -> None:
+    # The mock answers every request with one fixed certificate, so the device keeps its key (a secure element)
+    # and the mock is given the certificate for that key.
+    device = await start_device(tmp_path, fixed_key=True)
+    pki = TestPki.create(tmp_path / "cmp")
+    issued = cmp_certificate_for(device, pki)
+    server = CmpMockServer(
+        tmp_path / "cmp",
+        "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}", "-accept_raverified",
+        "-rsp_cert", str(pki.write("issued.pem", issued)),
+        "-rsp_extracerts", str(pki.write("ca.pem", pki.ca_certificate)),
+    ).start()  # fmt: skip
+    try:
+        pki_id = await create_pki(
+            api,
+            pki_type=3,
+            name="plant CMP",
+            pki_connection=server.address,
+            username=CMP_REFERENCE,
+            password=CMP_SECRET,
+        )
+        await register(api, device, pki_id)
+        result = await push(api, device)
+        assert device.certificate == issued
+        assert der(pki.ca_certificate) in trusted_on(device), "the chain from extraCerts is in the trust list"
+        assert cmp_requests(server)[:3] == ["GENM", "P10CR", "CERTCONF"], "genm asks for the CA certificates first"
+        chain = x509.load_pem_x509_certificates((await api.get(f"/pki/ca/{pki_id}")).content)
+        assert chain == [pki.ca_certificate]
+        assert result["steps"][-1]["ok"] is True
+
+        await push(api, device, "/gds/push/change")
+        assert "KUR" in cmp_requests(server)
+        assert device.certificate == issued
+
+        deleted = await api.delete(f"/gds/inventory/{quote(device.url, safe='')}")
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json()["cert_revoked"] is True
+        assert cmp_requests(server)[-1] == "RR"
+    finally:
+        server.stop()
+        await device.stop()
+
+
+async def test_cmp_server_down_at_decommission_keeps_the_entry(api: httpx.AsyncClient, tmp_path: Path) -> None:
+    device = await start_device(tmp_path, fixed_key=True)
+    pki = TestPki.create(tmp_path / "cmp")
+    issued = cmp_certificate_for(device, pki)
+    server = CmpMockServer(
+        tmp_path / "cmp",
+        "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}",
+        "-rsp_cert", str(pki.write("issued.pem", issued)),
+        "-rsp_extracerts", str(pki.write("ca.pem", pki.ca_certificate)),
+    ).start()  # fmt: skip
+    try:
+        pki_id = await create_pki(
+            api, pki_type=3, pki_connection=server.address, username=CMP_REFERENCE, password=CMP_SECRET
+        )
+        await register(api, device, pki_id)
+        await push(api, device)
+        server.stop()
+        path = f"/gds/inventory/{quote(device.url, safe='')}"
+        refused = await api.delete(path)
+        assert refused.status_code == 502, refused.text
+        assert refused.json()["error"].startswith("the entry is kept: revoking its certificate")
+        kept = await api.get(path)
+        assert kept.status_code == 200 and kept.json()["cert_revoked"] is False
+    finally:
+        server.stop()
+        await device.stop()
+
+
+async def test_a_certificate_without_its_chain_never_reaches_the_device(api: httpx.AsyncClient, tmp_path: Path) -> None:
+    # openssl's mock puts -rsp_capubs only into ip answers: a p10cr gets the certificate alone.
+    device = await start_device(tmp_path, fixed_key=True)
+    pki = TestPki.create(tmp_path / "cmp")
+    server = CmpMockServer(
+        tmp_path / "cmp",
+        "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}",
+        "-rsp_cert", str(pki.write("issued.pem", cmp_certificate_for(device, pki))),
+        "-rsp_capubs", str(pki.write("ca.pem", pki.ca_certificate)),
+    ).start()  # fmt: skip
+    try:
+        pki_id = await create_pki(
+            api, pki_type=3, pki_connection=server.address, username=CMP_REFERENCE, password=CMP_SECRET
+        )
+        await register(api, device, pki_id)
+        factory = device.certificate
+        response = await api.post(
+            "/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN}
+        )
+        assert response.status_code == 500, response.text
+        assert "sent no certificate of its issuer" in response.json()["error"]
+        assert response.json()["result"]["device_changed"] is False
+        assert response.json()["result"]["steps"][-1]["step"] == "enroll"
+        assert device.certificate == factory
+    finally:
+        server.stop()
+        await device.stop()

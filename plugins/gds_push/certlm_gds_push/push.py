@@ -126,6 +126,15 @@ async def push_certificate(
                 enrollment, private_key = await enroll(pki, csr, private_key, note)
                 note.message = f"issued {_name(enrollment.certificate)}{note.message}"
 
+            if not issuer_known(enrollment.certificate, (*enrollment.chain, *pki.ca_certificates)):
+                run.fail(
+                    "enroll",
+                    APIError(
+                        f"the PKI issued {_name(enrollment.certificate)} but sent no certificate of its issuer "
+                        f"{enrollment.certificate.issuer.rfc4514_string()}, and none is known: the device could not "
+                        "verify it"
+                    ),
+                )
             # A PKI that hands out its chain only with a certificate (CMP caPubs) completes the plan now.
             if not set(enrollment.chain) <= set(pki.ca_certificates):
                 trust_list = planned_trust_list(request, pki, identity, enrollment.chain)
@@ -390,6 +399,11 @@ async def enroll(
         )
     note.message = f"; key pair made by the PKI ({keyed.private_key.key_size}-bit RSA)"
     return keyed, keyed.private_key
+
+
+def issuer_known(certificate: x509.Certificate, candidates: Iterable[x509.Certificate]) -> bool:
+    """Whether ``certificate`` is self-signed or one of ``candidates`` issued it (signature checked)."""
+    return any(_issued_by(certificate, issuer) for issuer in (certificate, *candidates))
 
 
 def planned_trust_list(
