@@ -106,8 +106,7 @@ async def enroll_all(
 
 def report(name: str, concurrency: int, count: int, seconds: float, floor: float) -> None:
     print(
-        f"{name:<10}{concurrency:>12}{count / seconds:>12.1f}{1000 * seconds / count:>12.2f}"
-        f"{seconds / floor:>10.1f}x",
+        f"{name:<10}{concurrency:>12}{count / seconds:>12.1f}{1000 * seconds / count:>12.2f}{seconds / floor:>10.1f}x",
         flush=True,
     )
 
@@ -124,7 +123,8 @@ async def main() -> None:
     key, csrs = make_csrs(args.csrs)
     floor = floor_seconds(csrs)
     print(f"{args.csrs} CSRs (RSA-2048, one key, distinct subjects)")
-    print(f"floor: cryptography checks and signs them at {args.csrs / floor:.1f} CSR/s ({1000 * floor / args.csrs:.2f} ms)")
+    per_csr_ms = 1000 * floor / args.csrs
+    print(f"floor: cryptography checks and signs them at {args.csrs / floor:.1f} CSR/s ({per_csr_ms:.2f} ms each)")
     print(f"{'backend':<10}{'concurrency':>12}{'CSR/s':>12}{'ms/CSR':>12}{'vs floor':>11}")
 
     with tempfile.TemporaryDirectory(prefix="certlm-bench-enroll-") as workdir:
@@ -136,7 +136,9 @@ async def main() -> None:
                 entry = await SETUPS[name](Path(workdir), host, key, servers)
                 backend = host.pki_backends.get(entry.pki_type)
 
-                async def enroll(csr: x509.CertificateSigningRequest, entry: PkiEntry = entry) -> x509.Certificate:
+                async def enroll(
+                    csr: x509.CertificateSigningRequest, entry: PkiEntry = entry, backend=backend
+                ) -> x509.Certificate:
                     return (await backend.enroll(entry, csr, SERVER_PROFILE)).certificate
 
                 await enroll(csrs[0])  # warm-up: CA creation, TLS session, first connection
@@ -148,7 +150,69 @@ async def setup_internal(workdir: Path, host, key: rsa.RSAPrivateKey, servers: A
     return await PkiEntry.create(pki_type=1, pki_connection="localhost:0", name="bench internal CA")
 
 
-SETUPS = {"internal": setup_internal}
+def run_est_server(directory: str, ready: multiprocessing.Queue, stop: multiprocessing.Event) -> None:
+    """The EST test server in its own process until ``stop`` is set; its address and credentials go to ``ready``."""
+    from tests.plugins.pki_est.est_server import EstTestServer
+
+    async def serve() -> None:
+        server = EstTestServer(Path(directory))
+        await server.start()
+        ready.put((server.pki_connection, server.tls_ca_pem, server.username, server.password))
+        while not stop.is_set():
+            await asyncio.sleep(0.2)
+        await server.stop()
+
+    asyncio.run(serve())
+
+
+async def setup_est(workdir: Path, host, key: rsa.RSAPrivateKey, servers: AsyncExitStack) -> PkiEntry:
+    ready: multiprocessing.Queue = multiprocessing.Queue()
+    stop = multiprocessing.Event()
+    process = multiprocessing.Process(target=run_est_server, args=(str(workdir / "est"), ready, stop))
+    process.start()
+
+    def stop_server() -> None:
+        stop.set()
+        process.join(10)
+
+    servers.callback(stop_server)
+    connection, tls_ca, username, password = await asyncio.to_thread(ready.get, True, 30)
+    entry = await PkiEntry.create(
+        pki_type=2,
+        pki_connection=connection,
+        name="bench EST",
+        tls_ca=[tls_ca],
+        username=username,
+        password_enc=host.secrets.encrypt(password),
+    )
+    await host.pki_backends.get(2).validate(entry, strict=False)  # stores the CA chain, as an operator would
+    return entry
+
+
+async def setup_cmp(workdir: Path, host, key: rsa.RSAPrivateKey, servers: AsyncExitStack) -> PkiEntry:
+    from tests.plugins.pki_cmp.cmp_server import CmpMockServer, TestPki
+
+    directory = workdir / "cmp"
+    pki = TestPki.create(directory)
+    reference, secret = "bench-ra", "bench-cmp-secret"
+    server = CmpMockServer(
+        directory,
+        "-srv_ref", reference, "-srv_secret", f"pass:{secret}",
+        "-rsp_cert", str(pki.write("issued.pem", pki.issue(key.public_key(), "bench"))),
+        "-rsp_extracerts", str(pki.write("ca.pem", pki.ca_certificate)),
+        verbosity=3,
+    ).start()  # fmt: skip
+    servers.callback(server.stop)
+    return await PkiEntry.create(
+        pki_type=3,
+        pki_connection=server.address,
+        name="bench CMP",
+        username=reference,
+        password_enc=host.secrets.encrypt(secret),
+    )
+
+
+SETUPS = {"internal": setup_internal, "est": setup_est, "cmp": setup_cmp}
 PARALLEL_BACKENDS = {"internal", "est"}
 
 

@@ -67,9 +67,10 @@ def ssl_context(
     """TLS to the PKI server: verified against the entry's ``tls_ca`` when it has one, else against the system's
     trust store; the host name is always checked. ``anchors`` replaces ``tls_ca`` (EST: the CA certificates
     validate stored). ``credential`` adds TLS client authentication."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     anchors = tls_trust_anchors(entry) if anchors is None else anchors
-    if anchors:
+    if not anchors:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)  # reads the system store: only when needed
+    else:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         # Any CA the operator configured is an anchor, an intermediate as much as a root.
