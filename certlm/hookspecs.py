@@ -48,8 +48,10 @@ def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:
     ``certlm.registry.PkiBackend`` and declares ``pki_type`` (0 none, 1 internal, 2 EST, 3 CMP, or a
     vendor number above 99) and ``name`` (``"none"``, ``"internal"``, ``"est"``, ``"cmp"``, ...). The host
     instantiates it with a ``certlm.registry.HostServices`` and routes every PKI operation for a PKI entry
-    of that type to it: CA chain, CSR enrollment (client and server profiles), CRL, configuration
-    validation, revocation. Registering a ``pki_type`` twice raises ``DuplicateRegistration`` at start-up.
+    of that type to it: CA chain, CSR enrollment (client and server profiles) and renewal, server-side key
+    generation, CRL, configuration validation, revocation. Shared plumbing for PKIs reached over HTTP(S) (the
+    entry's TLS trust and client PKCS#12, CRLs from distribution points) is in ``certlm.pki_client``.
+    Registering a ``pki_type`` twice raises ``DuplicateRegistration`` at start-up.
     Returns nothing.
     """
 
