@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
@@ -249,101 +250,92 @@ def cmp_requests(server: CmpMockServer) -> list[str]:
     return [line.split("received ", 1)[1].strip() for line in server.log().splitlines() if "DEBUG: received " in line]
 
 
-async def test_cmp_enrolls_renews_and_revokes_on_decommission(api: httpx.AsyncClient, tmp_path: Path) -> None:
-    # The mock answers every request with one fixed certificate, so the device keeps its key (a secure element)
-    # and the mock is given the certificate for that key.
-    device = await start_device(tmp_path, fixed_key=True)
-    pki = TestPki.create(tmp_path / "cmp")
-    issued = cmp_certificate_for(device, pki)
-    server = CmpMockServer(
-        tmp_path / "cmp",
-        "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}", "-accept_raverified",
-        "-rsp_cert", str(pki.write("issued.pem", issued)),
-        "-rsp_extracerts", str(pki.write("ca.pem", pki.ca_certificate)),
-    ).start()  # fmt: skip
-    try:
+@dataclass
+class CmpPlant:
+    """A device that keeps its key, a CMP CA whose mock server answers with the device's certificate, and the
+    device registered in certlm with that CMP PKI."""
+
+    device: SimulatedDevice
+    pki: TestPki
+    server: CmpMockServer
+    issued: x509.Certificate
+    pki_id: int
+
+
+@pytest.fixture
+async def cmp_plant(api: httpx.AsyncClient, tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[CmpPlant]]]:
+    """Set up a ``CmpPlant``; the arguments choose how the mock hands out the CA certificate (``-rsp_extracerts``
+    or ``-rsp_capubs``) and anything else it should do. The mock answers every request with one fixed certificate,
+    so the device keeps its key (a secure element) and the mock is given the certificate for that key."""
+    started: list[CmpPlant] = []
+
+    async def start(chain_option: str = "-rsp_extracerts", *options: str) -> CmpPlant:
+        device = await start_device(tmp_path, fixed_key=True)
+        pki = TestPki.create(tmp_path / "cmp")
+        issued = cmp_certificate_for(device, pki)
+        server = CmpMockServer(
+            tmp_path / "cmp",
+            "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}",
+            "-rsp_cert", str(pki.write("issued.pem", issued)),
+            chain_option, str(pki.write("ca.pem", pki.ca_certificate)),
+            *options,
+        ).start()  # fmt: skip
         pki_id = await create_pki(
-            api,
-            pki_type=3,
-            name="plant CMP",
-            pki_connection=server.address,
-            username=CMP_REFERENCE,
+            api, pki_type=3, name="plant CMP", pki_connection=server.address, username=CMP_REFERENCE,
             password=CMP_SECRET,
-        )
+        )  # fmt: skip
         await register(api, device, pki_id)
-        result = await push(api, device)
-        assert device.certificate == issued
-        assert der(pki.ca_certificate) in trusted_on(device), "the chain from extraCerts is in the trust list"
-        assert cmp_requests(server)[:3] == ["GENM", "P10CR", "CERTCONF"], "genm asks for the CA certificates first"
-        chain = x509.load_pem_x509_certificates((await api.get(f"/pki/ca/{pki_id}")).content)
-        assert chain == [pki.ca_certificate]
-        assert result["steps"][-1]["ok"] is True
+        plant = CmpPlant(device, pki, server, issued, pki_id)
+        started.append(plant)
+        return plant
 
-        await push(api, device, "/gds/push/change")
-        assert "KUR" in cmp_requests(server)
-        assert device.certificate == issued
-
-        deleted = await api.delete(f"/gds/inventory/{quote(device.url, safe='')}")
-        assert deleted.status_code == 200, deleted.text
-        assert deleted.json()["cert_revoked"] is True
-        assert cmp_requests(server)[-1] == "RR"
-    finally:
-        server.stop()
-        await device.stop()
+    yield start
+    for plant in started:
+        plant.server.stop()
+        await plant.device.stop()
 
 
-async def test_cmp_server_down_at_decommission_keeps_the_entry(api: httpx.AsyncClient, tmp_path: Path) -> None:
-    device = await start_device(tmp_path, fixed_key=True)
-    pki = TestPki.create(tmp_path / "cmp")
-    issued = cmp_certificate_for(device, pki)
-    server = CmpMockServer(
-        tmp_path / "cmp",
-        "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}",
-        "-rsp_cert", str(pki.write("issued.pem", issued)),
-        "-rsp_extracerts", str(pki.write("ca.pem", pki.ca_certificate)),
-    ).start()  # fmt: skip
-    try:
-        pki_id = await create_pki(
-            api, pki_type=3, pki_connection=server.address, username=CMP_REFERENCE, password=CMP_SECRET
-        )
-        await register(api, device, pki_id)
-        await push(api, device)
-        server.stop()
-        path = f"/gds/inventory/{quote(device.url, safe='')}"
-        refused = await api.delete(path)
-        assert refused.status_code == 502, refused.text
-        assert refused.json()["error"].startswith("the entry is kept: revoking its certificate")
-        kept = await api.get(path)
-        assert kept.status_code == 200 and kept.json()["cert_revoked"] is False
-    finally:
-        server.stop()
-        await device.stop()
+async def test_cmp_enrolls_renews_and_revokes_on_decommission(api: httpx.AsyncClient, cmp_plant) -> None:
+    plant = await cmp_plant("-rsp_extracerts", "-accept_raverified")
+    device, server = plant.device, plant.server
+    result = await push(api, device)
+    assert device.certificate == plant.issued
+    assert der(plant.pki.ca_certificate) in trusted_on(device), "the chain from extraCerts is in the trust list"
+    assert cmp_requests(server)[:3] == ["GENM", "P10CR", "CERTCONF"], "genm asks for the CA certificates first"
+    chain = x509.load_pem_x509_certificates((await api.get(f"/pki/ca/{plant.pki_id}")).content)
+    assert chain == [plant.pki.ca_certificate]
+    assert result["steps"][-1]["ok"] is True
+
+    await push(api, device, "/gds/push/change")
+    assert "KUR" in cmp_requests(server)
+    assert device.certificate == plant.issued
+
+    deleted = await api.delete(f"/gds/inventory/{quote(device.url, safe='')}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["cert_revoked"] is True
+    assert cmp_requests(server)[-1] == "RR"
 
 
-async def test_a_certificate_without_its_chain_never_reaches_the_device(api: httpx.AsyncClient, tmp_path: Path) -> None:
+async def test_cmp_server_down_at_decommission_keeps_the_entry(api: httpx.AsyncClient, cmp_plant) -> None:
+    plant = await cmp_plant()
+    await push(api, plant.device)
+    plant.server.stop()
+    path = f"/gds/inventory/{quote(plant.device.url, safe='')}"
+    refused = await api.delete(path)
+    assert refused.status_code == 502, refused.text
+    assert refused.json()["error"].startswith("the entry is kept: revoking its certificate")
+    kept = await api.get(path)
+    assert kept.status_code == 200 and kept.json()["cert_revoked"] is False
+
+
+async def test_a_certificate_without_its_chain_never_reaches_the_device(api: httpx.AsyncClient, cmp_plant) -> None:
     # openssl's mock puts -rsp_capubs only into ip answers: a p10cr gets the certificate alone.
-    device = await start_device(tmp_path, fixed_key=True)
-    pki = TestPki.create(tmp_path / "cmp")
-    server = CmpMockServer(
-        tmp_path / "cmp",
-        "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}",
-        "-rsp_cert", str(pki.write("issued.pem", cmp_certificate_for(device, pki))),
-        "-rsp_capubs", str(pki.write("ca.pem", pki.ca_certificate)),
-    ).start()  # fmt: skip
-    try:
-        pki_id = await create_pki(
-            api, pki_type=3, pki_connection=server.address, username=CMP_REFERENCE, password=CMP_SECRET
-        )
-        await register(api, device, pki_id)
-        factory = device.certificate
-        response = await api.post(
-            "/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN}
-        )
-        assert response.status_code == 500, response.text
-        assert "sent no certificate of its issuer" in response.json()["error"]
-        assert response.json()["result"]["device_changed"] is False
-        assert response.json()["result"]["steps"][-1]["step"] == "enroll"
-        assert device.certificate == factory
-    finally:
-        server.stop()
-        await device.stop()
+    plant = await cmp_plant("-rsp_capubs")
+    device = plant.device
+    factory = device.certificate
+    response = await api.post("/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN})
+    assert response.status_code == 500, response.text
+    assert "sent no certificate of its issuer" in response.json()["error"]
+    assert response.json()["result"]["device_changed"] is False
+    assert response.json()["result"]["steps"][-1]["step"] == "enroll"
+    assert device.certificate == factory
