@@ -12,12 +12,16 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
 
 import httpx
 
+from certlm.app import create_app
+from certlm.config import Settings
 from certlm.licensing import generate_key_pair, issue_license, load_private_key
 
 REPO = Path(__file__).resolve().parent.parent
@@ -204,3 +208,18 @@ def _create_other(cls=LicenseKeys) -> LicenseKeys:
 
 
 LicenseKeys.create_other = staticmethod(_create_other)  # a key pair the server does not trust
+
+
+@asynccontextmanager
+async def licensed_app_in_process(settings: Settings, license_keys: LicenseKeys) -> AsyncIterator[tuple]:
+    """certlm's app in this process with its database and a license: the Quart test client, the API key header and
+    the host (whose backends tests call directly). SQLite only: tortoise caches SQL per model, so one process cannot
+    switch engines."""
+    app = create_app(settings)
+    host = app.extensions["certlm"]
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        headers = {"X-API-Key": host.api_key}
+        response = await client.post("/systeminfo/lic", json={"license_b64": license_keys.issue()}, headers=headers)
+        assert response.status_code == 201
+        yield client, headers, host

@@ -16,12 +16,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-from certlm.app import create_app
 from certlm.config import Settings
 from certlm.errors import APIError
 from certlm.secretbox import SecretBox
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import csr_pem, ec_key, rsa_key, self_signed, tampered_csr_pem
+from tests.support import licensed_app_in_process
 
 DEVICE_URI = "urn:plant-7:press-line:opcua-server"
 DEVICE_DNS = ("press-7.plant.local", "press-7")
@@ -319,13 +319,7 @@ async def local_app(tmp_path: Path, license_keys):
         license_public_key_file=license_keys.public_key_file,
         extra={VALIDITY_SETTING: 30},
     )
-    app = create_app(settings)
-    host = app.extensions["certlm"]
-    async with app.test_app() as test_app:
-        client = test_app.test_client()
-        headers = {"X-API-Key": host.api_key}
-        response = await client.post("/systeminfo/lic", json={"license_b64": license_keys.issue()}, headers=headers)
-        assert response.status_code == 201
+    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
         yield client, headers, host.pki_backends.get(1)
 
 

@@ -13,12 +13,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.app import create_app
 from certlm.config import Settings
 from certlm.registry import PkiBackend
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import ec_key
 from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, TestPki
+from tests.support import licensed_app_in_process
 
 SECRET = "plant-shared-secret-7"
 REFERENCE = "certlm-ra-7"
@@ -50,13 +50,7 @@ async def cmp_app(tmp_path: Path, license_keys) -> AsyncIterator[CmpHarness]:
         pki_request_timeout_s=REQUEST_TIMEOUT_S,
         pki_pending_wait_s=PENDING_WAIT_S,
     )
-    app = create_app(settings)
-    host = app.extensions["certlm"]
-    async with app.test_app() as test_app:
-        client = test_app.test_client()
-        headers = {"X-API-Key": host.api_key}
-        response = await client.post("/systeminfo/lic", json={"license_b64": license_keys.issue()}, headers=headers)
-        assert response.status_code == 201
+    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
         yield CmpHarness(client, headers, host.pki_backends.get(3))
 
 

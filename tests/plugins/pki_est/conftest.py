@@ -11,11 +11,11 @@ import pytest
 from certlm_pki_est.backend import EstPki
 from cryptography import x509
 
-from certlm.app import create_app
 from certlm.config import Settings
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import csr_pem
 from tests.plugins.pki_est.est_server import EstTestServer
+from tests.support import licensed_app_in_process
 
 # Small, so that the time-out and pending tests are quick; loopback enrollments take milliseconds.
 REQUEST_TIMEOUT_S = 3.0
@@ -64,13 +64,7 @@ async def certlm(tmp_path_factory: pytest.TempPathFactory, license_keys) -> Asyn
         pki_request_timeout_s=REQUEST_TIMEOUT_S,
         pki_pending_wait_s=PENDING_WAIT_S,
     )
-    app = create_app(settings)
-    host = app.extensions["certlm"]
-    async with app.test_app() as test_app:
-        client = test_app.test_client()
-        headers = {"X-API-Key": host.api_key}
-        response = await client.post("/systeminfo/lic", json={"license_b64": license_keys.issue()}, headers=headers)
-        assert response.status_code == 201
+    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
         yield LocalCertlm(client, headers, host.pki_backends.get(2), settings)
 
 
