@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -138,8 +139,10 @@ def mac(secret: bytes, identifier: rfc5280.AlgorithmIdentifier, data: bytes) -> 
         mac_hash = _known(_HMACS, parameters["mac"], "PasswordBasedMac MAC")
         # RFC 4210 §5.1.3.1: the salted secret hashed, then the result hashed again, iterationCount times in all.
         key = secret + bytes(parameters["salt"])
+        # The named constructor (hashlib.sha256) rather than hashlib.new: a third of the cost of 10 000 rounds.
+        one_way = getattr(hashlib, owf, None) or functools.partial(hashlib.new, owf)
         for _ in range(_iterations(parameters["iterationCount"])):
-            key = hashlib.new(owf, key).digest()
+            key = one_way(key).digest()
         return hmac.new(key, data, mac_hash).digest()
     if identifier["algorithm"] == rfc8018.id_PBMAC1:
         parameters = _parameters(identifier, rfc8018.PBMAC1_params())
