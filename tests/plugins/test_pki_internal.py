@@ -299,7 +299,7 @@ async def test_ca_survives_restart_on_both_engines(make_service, database_url: s
 async def test_sign_answers_501_without_the_internal_ca_plugin(make_service) -> None:
     service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_internal"})
     async with service.client() as client:
-        assert 1 not in {t["pki_type_id"] for t in (await client.get("/pki")).json()}
+        assert [t["pki_type"] for t in (await client.get("/pki")).json()] == ["none", "est", "cmp"]
         response = await client.post("/pki/sign-server-csr", json={"csr_pem": device_csr()})
         assert response.status_code == 501
         assert response.json() == {"error": "no installed plugin provides pki type 1"}
