@@ -5,12 +5,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -144,14 +147,51 @@ def common_name(name: x509.Name) -> str | None:
     return str(attributes[0].value) if attributes else None
 
 
-def is_self_signed(certificate: x509.Certificate) -> bool:
-    if certificate.issuer != certificate.subject:
-        return False
+def issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """Whether ``issuer`` directly issued ``certificate``: names match and its key verifies the signature."""
     try:
-        certificate.verify_directly_issued_by(certificate)
-    except (ValueError, TypeError, Exception):
+        certificate.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
         return False
     return True
+
+
+def is_self_signed(certificate: x509.Certificate) -> bool:
+    return issued_by(certificate, certificate)
+
+
+def issuer_chain(certificate: x509.Certificate, pool: Iterable[x509.Certificate]) -> list[x509.Certificate]:
+    """The issuers of ``certificate`` found in ``pool`` by name and signature, issuing CA first, up to a
+    self-signed root or the last one the pool holds."""
+    candidates = list({c.fingerprint(hashes.SHA256()): c for c in pool}.values())
+    chain: list[x509.Certificate] = []
+    current = certificate
+    while not is_self_signed(current):
+        issuer = next(
+            (c for c in candidates if c.subject == current.issuer and c not in chain and issued_by(current, c)),
+            None,
+        )
+        if issuer is None:
+            break
+        chain.append(issuer)
+        current = issuer
+    return chain
+
+
+def crl_signed_by(crl: x509.CertificateRevocationList, issuers: Iterable[x509.Certificate]) -> bool:
+    """Whether one of ``issuers`` issued ``crl``: names match and its key verifies the signature."""
+    for issuer in issuers:
+        try:
+            if crl.issuer == issuer.subject and crl.is_signature_valid(issuer.public_key()):  # type: ignore[arg-type]
+                return True
+        except (TypeError, ValueError, UnsupportedAlgorithm):
+            continue
+    return False
+
+
+def spki_der(public_key: PublicKeyTypes) -> bytes:
+    """A public key as DER SubjectPublicKeyInfo: two keys are the same key when these bytes are equal."""
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def key_description(certificate: x509.Certificate) -> tuple[str | None, int | None]:

@@ -12,9 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 
-from certlm.certs import certificate_detail, to_der
+from certlm.certs import certificate_detail, issued_by, to_der
 from certlm.errors import APIError, CsrRejected, NotFound, UnsupportedOperation, UpstreamUnavailable
 from certlm.host import current_host
 from certlm.inventory import device_target, save_credentials
@@ -148,13 +147,7 @@ def renewed_certificate(
     if not entry.certificate_der or not ca_certificates:
         return None
     current = x509.load_der_x509_certificate(entry.certificate_der)
-    for issuer in ca_certificates:
-        try:
-            current.verify_directly_issued_by(issuer)
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-        return current
-    return None
+    return current if any(issued_by(current, issuer) for issuer in ca_certificates) else None
 
 
 async def pki_material(pki: PkiEntry, entry: InventoryEntry) -> PkiMaterial:

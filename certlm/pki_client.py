@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-from certlm.certs import load_certificates_pem, load_pkcs12_base64, to_pem
+from certlm.certs import crl_signed_by, load_certificates_pem, load_pkcs12_base64, to_pem
 from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.registry import HostServices
 from certlm.storage.models import PkiEntry
@@ -130,6 +130,13 @@ def cdp_urls(certificate: x509.Certificate) -> list[str]:
     ]
 
 
+def crl_urls(entry: PkiEntry, ca_certificates: list[x509.Certificate]) -> list[str]:
+    """Where the CA's CRL is published: the distribution points of its certificates (issuing CA first), then the
+    entry's ``est_cdp_urls``; each once."""
+    urls = [url for certificate in ca_certificates for url in cdp_urls(certificate)]
+    return list(dict.fromkeys([*urls, *(entry.est_cdp_urls or ())]))
+
+
 async def fetch_crl(
     urls: list[str], issuers: list[x509.Certificate], services: HostServices
 ) -> x509.CertificateRevocationList:
@@ -166,18 +173,11 @@ async def fetch_crl(
             except ValueError:
                 problems.append(f"{url}: not a CRL")
                 continue
-            if issuers and not any(_signed_by(crl, issuer) for issuer in issuers):
+            if issuers and not crl_signed_by(crl, issuers):
                 problems.append(f"{url}: CRL not signed by the PKI's CA")
                 continue
             return crl
     raise UpstreamUnavailable("no CRL distribution point delivered a CRL: " + "; ".join(problems))
-
-
-def _signed_by(crl: x509.CertificateRevocationList, issuer: x509.Certificate) -> bool:
-    try:
-        return crl.issuer == issuer.subject and crl.is_signature_valid(issuer.public_key())  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
 
 
 def require_connection(entry: PkiEntry, protocol: str) -> tuple[str, int]:

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
-from certlm.certs import sha1_fingerprint, to_der
+from certlm.certs import issued_by, sha1_fingerprint, to_der
 from certlm.errors import APIError, UnsupportedOperation
 from certlm.registry import (
     DeviceTarget,
@@ -361,7 +361,7 @@ def known_device_check(request: PushRequest) -> ServerCheck | None:
     def check(certificate: x509.Certificate) -> None:
         if request.pinned_certificate is not None and to_der(certificate) == request.pinned_certificate:
             return
-        if any(_issued_by(certificate, ca) for ca in request.trusted_cas):
+        if any(issued_by(certificate, ca) for ca in request.trusted_cas):
             return
         raise DeviceError(
             f"the device presents {_name(certificate)}, which is neither its stored certificate nor issued by the "
@@ -370,14 +370,6 @@ def known_device_check(request: PushRequest) -> ServerCheck | None:
         )
 
     return check
-
-
-def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        certificate.verify_directly_issued_by(issuer)
-    except Exception:  # ValueError, TypeError or InvalidSignature: not this issuer
-        return False
-    return True
 
 
 async def enroll(
@@ -403,7 +395,7 @@ async def enroll(
 
 def issuer_known(certificate: x509.Certificate, candidates: Iterable[x509.Certificate]) -> bool:
     """Whether ``certificate`` is self-signed or one of ``candidates`` issued it (signature checked)."""
-    return any(_issued_by(certificate, issuer) for issuer in (certificate, *candidates))
+    return any(issued_by(certificate, issuer) for issuer in (certificate, *candidates))
 
 
 def planned_trust_list(

@@ -32,12 +32,11 @@ import logging
 from dataclasses import dataclass
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes, PublicKeyTypes
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from pyasn1_alt_modules import rfc9480
 
 from certlm import pki_client
+from certlm.certs import issued_by, issuer_chain, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
 from certlm.registry import CertificateProfile, Enrollment, PkiBackend
 from certlm.storage.models import PkiEntry
@@ -59,38 +58,6 @@ class _Request:
     body: rfc9480.PKIBody
     public_key: bytes  # SubjectPublicKeyInfo DER
     recipient: x509.Name | None
-
-
-def _spki(public_key: PublicKeyTypes) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-
-
-def issuer_chain(certificate: x509.Certificate, candidates: list[x509.Certificate]) -> list[x509.Certificate]:
-    """The CA certificates among ``candidates`` that issued ``certificate`` and each other, issuing CA first."""
-    chain: list[x509.Certificate] = []
-    current = certificate
-    while current.issuer != current.subject:
-        issuer = next(
-            (
-                candidate
-                for candidate in candidates
-                if candidate.subject == current.issuer and candidate not in chain and _issued_by(current, candidate)
-            ),
-            None,
-        )
-        if issuer is None:
-            break
-        chain.append(issuer)
-        current = issuer
-    return chain
-
-
-def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        certificate.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
 
 
 class CmpPki(PkiBackend):
@@ -135,7 +102,7 @@ class CmpPki(PkiBackend):
         # certlm vouches for the CSR whenever it sends raVerified, and a CA would refuse it anyway.
         if not csr.is_signature_valid:
             raise CsrRejected("CSR signature does not verify")
-        if private_key is not None and _spki(private_key.public_key()) != _spki(csr.public_key()):
+        if private_key is not None and spki_der(private_key.public_key()) != spki_der(csr.public_key()):
             raise CsrRejected("the private key given for the CSR is not the CSR's key")
         credentials = self._credentials(entry)
         async with CmpTransport(entry, self.services) as transport:
@@ -172,7 +139,7 @@ class CmpPki(PkiBackend):
         private_key: CertificateIssuerPrivateKeyTypes | None = None,
         registration_authority: bool = False,
     ) -> _Request:
-        public_key = _spki(csr.public_key())
+        public_key = spki_der(csr.public_key())
         if renewing is None and private_key is None and not registration_authority:
             return _Request("p10cr", messages.p10cr_body(csr), public_key, None)
         # ir authenticates with the shared secret (RFC 9483 §4.1.1), cr with a certificate (§4.1.2).
@@ -205,7 +172,7 @@ class CmpPki(PkiBackend):
             raise self._invalid(credentials, f"answered certReqId {answer.cert_req_id} to {request.kind}")
         implicit = messages.grants_implicit_confirm(final)
         certificate = answer.certificate
-        if _spki(certificate.public_key()) != request.public_key:
+        if spki_der(certificate.public_key()) != request.public_key:
             if not implicit:
                 rejection = ("badCertTemplate", "public key of the certificate differs from the requested one")
                 await self._confirm(transaction, certificate, answer.cert_req_id, rejection)
@@ -279,7 +246,7 @@ class CmpPki(PkiBackend):
 
     async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
         known = pki_client.stored_ca_certificates(entry)
-        if known and not any(_issued_by(certificate, ca) for ca in known):
+        if known and not any(issued_by(certificate, ca) for ca in known):
             raise APIError(
                 f"certificate {certificate.subject.rfc4514_string()} was not issued by the CA of PKI entry {entry.id}"
             )
@@ -334,5 +301,4 @@ class CmpPki(PkiBackend):
                 f"No CRL available for PKI entry {entry.id}: no CA certificate known yet; the CMP server sends them "
                 "with the first enrollment"
             )
-        urls = list(dict.fromkeys([*(url for ca in stored for url in pki_client.cdp_urls(ca)), *entry.est_cdp_urls]))
-        return await pki_client.fetch_crl(urls, stored, self.services)
+        return await pki_client.fetch_crl(pki_client.crl_urls(entry, stored), stored, self.services)

@@ -19,6 +19,8 @@ from pyasn1.error import PyAsn1Error
 from pyasn1.type import univ
 from pyasn1_alt_modules import rfc4210, rfc5280, rfc8018
 
+from certlm.certs import issued_by
+
 # Sent: RFC 9481 §6.1 names SHA-256 and HMAC-SHA256; OpenSSL's server accepts up to 100000 PBM iterations.
 MAC_ITERATIONS = 10_000
 SALT_BYTES = 16
@@ -237,7 +239,7 @@ def verified_signer_chain(
             (
                 candidate
                 for candidate in [*anchors, *candidates]
-                if candidate.subject == current.issuer and candidate != current and _issued(current, candidate)
+                if candidate.subject == current.issuer and candidate != current and issued_by(current, candidate)
             ),
             None,
         )
@@ -251,14 +253,6 @@ def verified_signer_chain(
         chain.append(issuer)
         current = issuer
     raise ProtectionFailure(f"the signer {signer.subject.rfc4514_string()} does not chain to a configured trust anchor")
-
-
-def _issued(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        certificate.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
 
 
 def _is_ca(certificate: x509.Certificate) -> bool:

@@ -9,12 +9,11 @@ import re
 import ssl
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes, PublicKeyTypes
 
 from certlm import pki_client
-from certlm.certs import load_crl, sha1_fingerprint
+from certlm.certs import crl_signed_by, issued_by, issuer_chain, load_crl, sha1_fingerprint, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
 from certlm.registry import CertificateProfile, Enrollment, KeyedEnrollment, PkiBackend, ServerValidation
 from certlm.storage.models import PkiEntry
@@ -97,14 +96,13 @@ class EstPki(PkiBackend):
         """Fetched live from the CRL distribution points of the stored CA certificates (issuing CA first), then
         from ``est_cdp_urls``; it must be signed by one of the stored CA certificates."""
         stored = pki_client.stored_ca_certificates(entry)
-        urls = [url for certificate in stored for url in pki_client.cdp_urls(certificate)]
-        urls += list(entry.est_cdp_urls or ())
+        urls = pki_client.crl_urls(entry, stored)
         if urls and not stored:
             raise NotFound(
                 f"No CA available for PKI entry {entry.id} to check its CRL against: run "
                 f"GET /pki/exec/validate/{entry.id} first"
             )
-        return await pki_client.fetch_crl(list(dict.fromkeys(urls)), stored, self.services)
+        return await pki_client.fetch_crl(urls, stored, self.services)
 
     async def enroll(
         self,
@@ -215,7 +213,7 @@ class EstPki(PkiBackend):
     ) -> None:
         """400 when a CRL of the TLS CA (stored in ``tls_crls`` or fetched from ``tls_cdp_urls``) revokes the
         server's certificate. Only CRLs signed by a ``tls_ca`` certificate count."""
-        crls = [crl for crl in (load_crl(pem) for pem in entry.tls_crls or ()) if _signed_by_any(crl, anchors)]
+        crls = [crl for crl in (load_crl(pem) for pem in entry.tls_crls or ()) if crl_signed_by(crl, anchors)]
         if entry.tls_cdp_urls:
             crls.append(await pki_client.fetch_crl(list(entry.tls_cdp_urls), anchors, self.services))
         for crl in crls:
@@ -239,8 +237,8 @@ class EstPki(PkiBackend):
     ) -> Enrollment:
         """The certificate for ``public_key`` among those answered, with its issuer chain built from the others
         and the stored CA certificates."""
-        wanted = _spki(public_key)
-        issued = next((certificate for certificate in certificates if _spki(certificate.public_key()) == wanted), None)
+        wanted = spki_der(public_key)
+        issued = next((c for c in certificates if spki_der(c.public_key()) == wanted), None)
         if issued is None:
             raise UpstreamUnavailable(
                 f"EST server {endpoint.where} answered {len(certificates)} certificate(s), none of them for "
@@ -278,51 +276,11 @@ def _unverified_tls() -> ssl.SSLContext:
     return context
 
 
-def _spki(public_key: PublicKeyTypes) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-
-
-def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        certificate.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
-        return False
-    return True
-
-
-def _signed_by_any(crl: x509.CertificateRevocationList, issuers: list[x509.Certificate]) -> bool:
-    for issuer in issuers:
-        try:
-            if crl.issuer == issuer.subject and crl.is_signature_valid(issuer.public_key()):  # type: ignore[arg-type]
-                return True
-        except (TypeError, ValueError, UnsupportedAlgorithm):
-            continue
-    return False
-
-
-def issuer_chain(certificate: x509.Certificate, pool: list[x509.Certificate]) -> list[x509.Certificate]:
-    """The issuers of ``certificate`` found in ``pool`` by name and signature, issuing CA first, up to a
-    self-signed root or the last one the pool holds."""
-    candidates = list({c.fingerprint(hashes.SHA256()): c for c in pool}.values())
-    chain: list[x509.Certificate] = []
-    current = certificate
-    while not (current.issuer == current.subject and _issued_by(current, current)):
-        issuer = next(
-            (c for c in candidates if c.subject == current.issuer and c not in chain and _issued_by(current, c)),
-            None,
-        )
-        if issuer is None:
-            break
-        chain.append(issuer)
-        current = issuer
-    return chain
-
-
 def ca_chain_order(certificates: list[x509.Certificate]) -> list[x509.Certificate]:
     """CA certificates from ``/cacerts`` (a bag) as a chain, issuing CA first: the certificate that issued none
     of the others, then its issuers; anything else (root key rollover certificates) after them."""
     unique = list({c.fingerprint(hashes.SHA256()): c for c in certificates}.values())
-    bottoms = [c for c in unique if not any(o is not c and _issued_by(o, c) and o.issuer != o.subject for o in unique)]
+    bottoms = [c for c in unique if not any(o is not c and issued_by(o, c) and o.issuer != o.subject for o in unique)]
     if not bottoms:
         return unique
     chain = [bottoms[0], *issuer_chain(bottoms[0], unique)]
