@@ -140,10 +140,10 @@ async def pki_ca_certificates(backend: PkiBackend, pki: PkiEntry) -> tuple[x509.
     return tuple(await backend.ca_certificates(pki))
 
 
-def renewed_certificate(
+def current_certificate_from(
     entry: InventoryEntry, ca_certificates: tuple[x509.Certificate, ...]
 ) -> x509.Certificate | None:
-    """The device's current certificate when this PKI issued it (so the PKI can renew rather than enroll anew)."""
+    """The device's current certificate when one of ``ca_certificates`` issued it: what the PKI renews, or revokes."""
     if not entry.certificate_der or not ca_certificates:
         return None
     current = x509.load_der_x509_certificate(entry.certificate_der)
@@ -165,7 +165,7 @@ async def pki_material(pki: PkiEntry, entry: InventoryEntry) -> PkiMaterial:
         log.warning("PKI entry %s: no CRL for the trust list: %s", pki.id, error.message)
 
     profile = replace(SERVER_PROFILE, hosts=(entry.server,))
-    renewing = renewed_certificate(entry, ca_certificates)
+    renewing = current_certificate_from(entry, ca_certificates)
 
     async def enroll(csr: x509.CertificateSigningRequest, private_key: Any = None) -> Enrollment:
         return await backend.enroll(pki, csr, profile, renewing=renewing, private_key=private_key)
@@ -351,7 +351,7 @@ async def revoke_on_decommission(entry: InventoryEntry) -> bool:
         ca_certificates = tuple(await backend.ca_certificates(pki))
     except (NotFound, UnsupportedOperation):
         return False
-    certificate = renewed_certificate(entry, ca_certificates)
+    certificate = current_certificate_from(entry, ca_certificates)
     if certificate is None:
         return False
     try:
