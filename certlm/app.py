@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.config["QUART_SCHEMA_CONVERT_CASING"] = False
-    # Background work (identifying a newly registered device) is retried later; shutdown need not wait long.
+    # Background work (the demo onboarding its devices) is best effort; shutdown need not wait long for it.
     app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = 1
     host = Host(
         settings=settings,
@@ -69,10 +69,11 @@ def create_app(settings: Settings | None = None) -> Quart:
     )
     app.extensions["certlm"] = host
 
+    # /docs is certlm's own page (blueprints/docs.py): quart-schema's would load Swagger UI from the internet.
     QuartSchema(
         app,
         openapi_path="/openapi.json",
-        swagger_ui_path="/docs",
+        swagger_ui_path=None,
         redoc_ui_path=None,
         scalar_ui_path=None,
         info={"title": "certlm", "version": __version__},

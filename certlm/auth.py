@@ -19,10 +19,11 @@ from certlm.secretbox import write_private_file
 
 log = logging.getLogger(__name__)
 
-# (method, url rule) pairs reachable without an API key: the spec's list, nothing more.
+# (method, url rule) pairs reachable without an API key: the spec's list, and the files the /docs page loads.
 OPEN_ROUTES: frozenset[tuple[str, str]] = frozenset(
     {
         ("GET", "/docs"),
+        ("GET", "/docs/assets/<path:filename>"),
         ("GET", "/openapi.json"),
         ("GET", "/pki/ca/<pki_id>"),
         ("GET", "/pki/crl/<pki_id>"),

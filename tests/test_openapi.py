@@ -13,8 +13,8 @@ NON_JSON_RULES = {
     "/docs", "/openapi.json", "/swagger", "/swagger-ui", "/api/docs",
     "/pki/ca/<pki_id>", "/pki/crl/<pki_id>", "/pki/crt/<pki_id>", "/opcua_gds_dashboard.html", "/gds/crt",
 }  # fmt: skip
-# quart-schema's own documentation routes are not part of the API description.
-SELF_DESCRIBING = {"/docs", "/openapi.json"}
+# The documentation's own routes (the page, its assets, the description itself) are not part of the API description.
+SELF_DESCRIBING = {"/docs", "/docs/assets/<path:filename>", "/openapi.json"}
 
 
 def openapi_path(rule: str) -> str:
