@@ -19,8 +19,10 @@ from asyncua import Client, ua
 from asyncua.common.utils import Buffer
 from asyncua.crypto import security_policies
 from asyncua.ua import uaerrors
-from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig, run_devices
+from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig, TrustList, run_devices
+from certlm_gds_push.simulator.cli import parse_arguments
 from certlm_gds_push.simulator.config import DEFAULT_SECURITY_POLICIES
+from certlm_gds_push.simulator.store import StateFolder
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -152,6 +154,17 @@ def trust_list(
     )
 
 
+def trusting(admin: Identity, *cas: Identity) -> ua.TrustListDataType:
+    """The trust list a push client writes before a certificate issued by ``cas``: itself, the CAs and their CRLs."""
+    return trust_list(trusted=(admin.der, *(ca.der for ca in cas)), trusted_crls=tuple(make_crl(ca) for ca in cas))
+
+
+def pkcs8_pem(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
 # Talking to a device
 
 
@@ -275,6 +288,28 @@ async def presented_certificate(device: SimulatedDevice) -> bytes:
     endpoints = await Client(device.url, timeout=5).connect_and_get_server_endpoints()
     assert len({endpoint.ServerCertificate for endpoint in endpoints}) == 1
     return endpoints[0].ServerCertificate
+
+
+async def eventually_presented(device: SimulatedDevice, certificate: x509.Certificate, within_s: float = 10) -> None:
+    """Until the endpoints present ``certificate``, asking every 20 ms for at most ``within_s`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    wanted, presented = certificate.public_bytes(DER), None
+    while loop.time() < deadline:
+        with suppress(OSError, uaerrors.UaError):  # refused or cut while the endpoints reopen
+            presented = await presented_certificate(device)
+            if presented == wanted:
+                return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{device.url} still presents {presented!r} after {within_s} s, not the new certificate")
+
+
+async def trust_at_first(device: SimulatedDevice, admin: Identity, *cas: Identity) -> None:
+    """Write and apply a trust list holding ``cas`` with their CRLs, and wait for the endpoints to reopen."""
+    async with connect(device, admin) as client:
+        assert await write_trust_list(client, trusting(admin, *cas)) is True
+        await apply_changes(client)
+    await device.settle()
 
 
 # Fixtures
@@ -550,12 +585,15 @@ async def test_full_push_cycle_survives_a_restart(config: SimulatorConfig, admin
             assert names.get_values_for_type(x509.DNSName) == ["localhost"]
             assert request.public_key() != old.public_key()
             new = sign_request(ca, request.public_bytes(DER))
-            assert await update_certificate(client, new.public_bytes(DER), (ca.der,)) is True
+            # Part 12 7.7: the trust list goes first, so that the device holds the CA and its CRL.
             new_trust_list = trust_list(trusted=(admin.der, ca.der), trusted_crls=(make_crl(ca),))
             assert await write_trust_list(client, new_trust_list, chunk=100) is True
-            # Nothing changes before ApplyChanges, and readers still see the applied list.
+            # Readers still see the applied list.
             assert (await read_trust_list(client)).TrustedCertificates == [admin.der]
+            assert await update_certificate(client, new.public_bytes(DER), (ca.der,)) is True
+            # Nothing changes before ApplyChanges.
             assert await presented_certificate(device) == old.public_bytes(DER)
+            assert device.trust_list.trusted_certificates == (admin.der,)
             await apply_changes(client)
         await device.settle()
         assert device.certificate == new
@@ -586,11 +624,10 @@ async def test_device_without_csr_takes_a_key_made_by_certlm(
         key = rsa_key()
         certificate = issue(ca, key, "plc-without-csr", uri=device.application_uri)
         if key_format == "PEM":
-            blob = key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
+            blob = pkcs8_pem(key)
         else:
             blob = pkcs12.serialize_key_and_certificates(b"plc", key, certificate, None, serialization.NoEncryption())
+        assert await write_trust_list(client, trusting(admin, ca)) is True
         assert await update_certificate(client, certificate.public_bytes(DER), (ca.der,), key_format, blob) is True
         await apply_changes(client)
         await device.settle()
@@ -602,17 +639,18 @@ async def test_update_certificate_checks_like_a_real_device(
     config: SimulatorConfig, admin: Identity, ca: Identity
 ) -> None:
     other_ca = make_ca("Other CA")
-    async with (
-        SimulatedDevice(replace(config, private_key_formats=("PEM",))) as device,
-        connect(device, admin) as client,
-    ):
+    async with SimulatedDevice(replace(config, private_key_formats=("PEM",))) as device:
+        # The device holds the CA and its CRL already, so that only the checks below refuse.
+        await trust_at_first(device, admin, ca)
         uri = device.application_uri
         key = rsa_key()
-        pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        pem = pkcs8_pem(key)
         good = issue(ca, key, "plc", uri=uri).public_bytes(DER)
         tomorrow = datetime.now(UTC) + timedelta(days=1)
+        expired = issue(ca, key, "plc", uri=uri, not_before=datetime.now(UTC) - timedelta(days=3), days=1)
+        pkcs1 = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
         cases = {
             "not DER": (b"certificate", (ca.der,), "PEM", pem),
             "not yet valid": (
@@ -621,70 +659,48 @@ async def test_update_certificate_checks_like_a_real_device(
                 "PEM",
                 pem,
             ),
-            "expired": (
-                issue(ca, key, "plc", uri=uri, not_before=datetime.now(UTC) - timedelta(days=3), days=1).public_bytes(
-                    DER
-                ),
-                (ca.der,),
-                "PEM",
-                pem,
-            ),
+            "expired": (expired.public_bytes(DER), (ca.der,), "PEM", pem),
             "other URI": (issue(ca, key, "plc", uri="urn:other:device").public_bytes(DER), (ca.der,), "PEM", pem),
             "key of neither CSR nor device": (good, (ca.der,), "", b""),
-            "key not matching": (
-                good,
-                (ca.der,),
-                "PEM",
-                rsa_key().private_bytes(
-                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-                ),
-            ),
-            "PKCS #1 instead of PKCS #8": (
-                good,
-                (ca.der,),
-                "PEM",
-                key.private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.TraditionalOpenSSL,
-                    serialization.NoEncryption(),
-                ),
-            ),
+            "key not matching": (good, (ca.der,), "PEM", pkcs8_pem(rsa_key())),
+            "PKCS #1 instead of PKCS #8": (good, (ca.der,), "PEM", pkcs1),
             "format not supported": (good, (ca.der,), "PFX", b"pfx"),
             "wrong issuer": (good, (other_ca.der,), "PEM", pem),
-            "issuer unknown": (good, (), "PEM", pem),
+            "issuer unknown": (issue(other_ca, key, "plc", uri=uri).public_bytes(DER), (), "PEM", pem),
             "EC key": (issue(ca, ec_key(), "plc", uri=uri).public_bytes(DER), (ca.der,), "", b""),
         }
         outcomes = {}
-        for case, (certificate, issuers, key_format, blob) in cases.items():
-            with pytest.raises(uaerrors.UaStatusCodeError) as refused:
-                await update_certificate(client, certificate, issuers, key_format, blob)
-            outcomes[case] = type(refused.value).__name__
-        for case, arguments in {
-            "certificate type": {"certificate_type": ua.ObjectIds.EccNistP256ApplicationCertificateType},
-            "certificate group": {
-                "group": ua.NodeId(ua.ObjectIds.ServerConfiguration_CertificateGroups_DefaultHttpsGroup)
-            },
-        }.items():
-            with pytest.raises(uaerrors.UaStatusCodeError) as refused:
-                await update_certificate(client, good, (ca.der,), "PEM", pem, **arguments)
-            outcomes[case] = type(refused.value).__name__
-        assert outcomes == {
-            "not DER": "BadCertificateInvalid",
-            "not yet valid": "BadCertificateTimeInvalid",
-            "expired": "BadCertificateTimeInvalid",
-            "other URI": "BadCertificateUriInvalid",
-            "key of neither CSR nor device": "BadSecurityChecksFailed",
-            "key not matching": "BadSecurityChecksFailed",
-            "PKCS #1 instead of PKCS #8": "BadNotSupported",
-            "format not supported": "BadNotSupported",
-            "wrong issuer": "BadCertificateInvalid",
-            "issuer unknown": "BadCertificateChainIncomplete",
-            "EC key": "BadCertificateInvalid",
-            "certificate type": "BadInvalidArgument",
-            "certificate group": "BadInvalidArgument",
-        }
-        with pytest.raises(uaerrors.BadNothingToDo):
-            await apply_changes(client)
+        async with connect(device, admin) as client:
+            for case, (certificate, issuers, key_format, blob) in cases.items():
+                with pytest.raises(uaerrors.UaStatusCodeError) as refused:
+                    await update_certificate(client, certificate, issuers, key_format, blob)
+                outcomes[case] = type(refused.value).__name__
+            for case, arguments in {
+                "certificate type": {"certificate_type": ua.ObjectIds.EccNistP256ApplicationCertificateType},
+                "certificate group": {
+                    "group": ua.NodeId(ua.ObjectIds.ServerConfiguration_CertificateGroups_DefaultHttpsGroup)
+                },
+            }.items():
+                with pytest.raises(uaerrors.UaStatusCodeError) as refused:
+                    await update_certificate(client, good, (ca.der,), "PEM", pem, **arguments)
+                outcomes[case] = type(refused.value).__name__
+            with pytest.raises(uaerrors.BadNothingToDo):
+                await apply_changes(client)
+    assert outcomes == {
+        "not DER": "BadCertificateInvalid",
+        "not yet valid": "BadCertificateTimeInvalid",
+        "expired": "BadCertificateTimeInvalid",
+        "other URI": "BadCertificateUriInvalid",
+        "key of neither CSR nor device": "BadSecurityChecksFailed",
+        "key not matching": "BadSecurityChecksFailed",
+        "PKCS #1 instead of PKCS #8": "BadNotSupported",
+        "format not supported": "BadNotSupported",
+        "wrong issuer": "BadCertificateInvalid",
+        "issuer unknown": "BadCertificateChainIncomplete",
+        "EC key": "BadCertificateInvalid",
+        "certificate type": "BadInvalidArgument",
+        "certificate group": "BadInvalidArgument",
+    }
 
 
 async def test_signing_request_subjects_and_nonce(shared_device: SimulatedDevice, admin: Identity) -> None:
@@ -820,8 +836,8 @@ async def test_pending_changes_belong_to_their_session(device: SimulatedDevice, 
     async with connect(device, admin) as first:
         request = await create_signing_request(first)
         renewed = sign_request(ca, request).public_bytes(DER)
+        assert await write_trust_list(first, trusting(admin, ca))
         assert await update_certificate(first, renewed, (ca.der,)) is True
-        assert await write_trust_list(first, trust_list(trusted=(admin.der, ca.der)))
         async with connect(device, admin) as second:
             with pytest.raises(uaerrors.BadTransactionPending):
                 await update_certificate(second, renewed, (ca.der,))
@@ -835,12 +851,191 @@ async def test_pending_changes_belong_to_their_session(device: SimulatedDevice, 
     async with connect(device, admin) as client:
         with pytest.raises(uaerrors.BadNothingToDo):
             await apply_changes(client)
+        assert await write_trust_list(client, trusting(admin, ca))
         assert await update_certificate(client, renewed, (ca.der,)) is True
         await cancel_changes(client)
         with pytest.raises(uaerrors.BadNothingToDo):
             await cancel_changes(client)
     assert device.certificate == original
     assert device.trust_list.trusted_certificates == (admin.der,)
+
+
+# The order of a push, and devices that apply at once
+
+
+async def test_trust_list_does_not_open_while_a_certificate_update_is_pending(
+    device: SimulatedDevice, admin: Identity, ca: Identity
+) -> None:
+    async with connect(device, admin) as client, connect(device, admin) as other:
+        renewed = sign_request(ca, await create_signing_request(client)).public_bytes(DER)
+        assert await write_trust_list(client, trusting(admin, ca)) is True
+        # With only the trust list pending, readers still open it.
+        assert (await read_trust_list(other)).TrustedCertificates == [admin.der]
+        assert await update_certificate(client, renewed, (ca.der,)) is True
+        for session in (client, other):
+            with pytest.raises(uaerrors.BadTransactionPending):
+                await call_trust_list(session, "Open", ua.Variant(READ, ua.VariantType.Byte))
+            with pytest.raises(uaerrors.BadTransactionPending):
+                await call_trust_list(session, "OpenWithMasks", handle(ua.TrustListMasks.All))
+            with pytest.raises(uaerrors.BadTransactionPending):
+                await call_trust_list(session, "Open", ua.Variant(WRITE_ERASING, ua.VariantType.Byte))
+        await cancel_changes(client)
+        assert (await read_trust_list(other)).TrustedCertificates == [admin.der]
+
+
+async def test_update_certificate_wants_its_ca_and_crl_in_the_trust_list(
+    device: SimulatedDevice, admin: Identity, ca: Identity
+) -> None:
+    root = make_ca("Plant Root CA")
+    line_ca = make_ca("Line 4 CA", issuer=root)
+    key = rsa_key()
+    pem = pkcs8_pem(key)
+    uri = device.application_uri
+    by_ca = issue(ca, key, "plc", uri=uri)
+    by_line_ca = issue(line_ca, key, "plc", uri=uri)
+    self_signed = issue(None, key, "plc", uri=uri)
+    both_cas = trust_list(
+        trusted=(admin.der, root.der),
+        trusted_crls=(make_crl(root),),
+        issuers=(line_ca.der,),
+        issuer_crls=(make_crl(line_ca),),
+    )
+    # Case: (trust list written first, new certificate, issuer certificates given with it).
+    cases = {
+        "CA given, not in the trust list": (trust_list(trusted=(admin.der,)), by_ca, (ca,)),
+        "root given, not in the trust list": (trusting(admin, ca), by_line_ca, (line_ca, root)),
+        "CA without its CRL": (trust_list(trusted=(admin.der, ca.der)), by_ca, (ca,)),
+        "CRL revoking the certificate": (
+            trust_list(trusted=(admin.der, ca.der), trusted_crls=(make_crl(ca, (by_ca,)),)),
+            by_ca,
+            (ca,),
+        ),
+        "issuing CA given, its CRL missing": (trusting(admin, root), by_line_ca, (line_ca,)),
+        "root without its CRL": (
+            trust_list(trusted=(admin.der, root.der), issuers=(line_ca.der,), issuer_crls=(make_crl(line_ca),)),
+            by_line_ca,
+            (),
+        ),
+        "issuing CA revoked by the root": (
+            trust_list(
+                trusted=(admin.der, root.der),
+                trusted_crls=(make_crl(root, (line_ca.certificate,)),),
+                issuers=(line_ca.der,),
+                issuer_crls=(make_crl(line_ca),),
+            ),
+            by_line_ca,
+            (),
+        ),
+    }
+    outcomes = {}
+    async with connect(device, admin) as client:
+        for case, (first, certificate, issuers) in cases.items():
+            assert await write_trust_list(client, first) is True
+            with pytest.raises(uaerrors.UaStatusCodeError) as refused:
+                await update_certificate(
+                    client, certificate.public_bytes(DER), tuple(ca.der for ca in issuers), "PEM", pem
+                )
+            outcomes[case] = type(refused.value).__name__
+            await cancel_changes(client)
+        # A self-signed certificate needs no CA, and the same chains pass once the trust list holds them.
+        assert await update_certificate(client, self_signed.public_bytes(DER), (), "PEM", pem) is True
+        await cancel_changes(client)
+        assert await write_trust_list(client, trusting(admin, ca)) is True
+        assert await update_certificate(client, by_ca.public_bytes(DER), (ca.der,), "PEM", pem) is True
+        await cancel_changes(client)
+        assert await write_trust_list(client, both_cas) is True
+        assert await update_certificate(client, by_line_ca.public_bytes(DER), (line_ca.der,), "PEM", pem) is True
+        await apply_changes(client)
+    assert outcomes == {
+        "CA given, not in the trust list": "BadCertificateChainIncomplete",
+        "root given, not in the trust list": "BadCertificateChainIncomplete",
+        "CA without its CRL": "BadCertificateRevocationUnknown",
+        "CRL revoking the certificate": "BadCertificateRevoked",
+        "issuing CA given, its CRL missing": "BadCertificateRevocationUnknown",
+        "root without its CRL": "BadCertificateIssuerRevocationUnknown",
+        "issuing CA revoked by the root": "BadCertificateIssuerRevoked",
+    }
+    await eventually_presented(device, by_line_ca)
+    assert device.trust_list == TrustList().updated(both_cas)
+
+
+async def test_lenient_device_takes_the_certificate_before_the_trust_list(
+    config: SimulatorConfig, admin: Identity, ca: Identity
+) -> None:
+    async with SimulatedDevice(replace(config, lenient=True)) as device:
+        async with connect(device, admin) as client:
+            new = sign_request(ca, await create_signing_request(client))
+            # The CA is given but not in the trust list, and no CRL anywhere.
+            assert await update_certificate(client, new.public_bytes(DER), (ca.der,)) is True
+            assert (await read_trust_list(client)).TrustedCertificates == [admin.der]
+            assert await write_trust_list(client, trust_list(trusted=(admin.der, ca.der))) is True
+            await apply_changes(client)
+        await eventually_presented(device, new)
+        assert device.trust_list.trusted_certificates == (admin.der, ca.der)
+
+
+async def test_trust_list_applied_at_once_needs_no_apply_changes(
+    config: SimulatorConfig, admin: Identity, ca: Identity
+) -> None:
+    at_once = replace(config, trust_list_applies_at_once=True)
+    new_trust_list = trusting(admin, ca)
+    async with SimulatedDevice(at_once) as device, connect(device, admin) as client:
+        assert await write_trust_list(client, new_trust_list) is False
+        async with connect(device, admin) as other:
+            assert await read_trust_list(other) == new_trust_list
+        size = client.get_node(ua.NodeId(getattr(ua.ObjectIds, f"{TRUST_LIST_IDS}_Size")))
+        assert await size.read_value() == len(ua.ua_binary.struct_to_binary(new_trust_list))
+        with pytest.raises(uaerrors.BadNothingToDo):  # no transaction was left for it
+            await apply_changes(client)
+    async with SimulatedDevice(at_once) as restarted, connect(restarted, admin) as client:
+        assert await read_trust_list(client) == new_trust_list
+
+
+async def test_certificate_applied_at_once_is_presented_without_apply_changes(
+    config: SimulatorConfig, admin: Identity, ca: Identity
+) -> None:
+    at_once = replace(config, certificate_applies_at_once=True)
+    async with SimulatedDevice(at_once) as device:
+        await trust_at_first(device, admin, ca)
+        async with connect(device, admin) as client:
+            new = sign_request(ca, await create_signing_request(client))
+            assert await update_certificate(client, new.public_bytes(DER), (ca.der,)) is False
+        await eventually_presented(device, new)
+        async with connect(device, admin) as client:
+            with pytest.raises(uaerrors.BadNothingToDo):
+                await apply_changes(client)
+    async with SimulatedDevice(at_once) as restarted:
+        assert await presented_certificate(restarted) == new.public_bytes(DER)
+
+
+@pytest.mark.parametrize(
+    ("trust_list_at_once", "certificate_at_once"),
+    [(True, False), (False, True), (True, True)],
+    ids=["trust list at once", "certificate at once", "both at once"],
+)
+async def test_apply_changes_applies_what_did_not_apply_at_once(
+    config: SimulatorConfig, admin: Identity, ca: Identity, trust_list_at_once: bool, certificate_at_once: bool
+) -> None:
+    mixed = replace(
+        config, trust_list_applies_at_once=trust_list_at_once, certificate_applies_at_once=certificate_at_once
+    )
+    async with SimulatedDevice(mixed) as device:
+        old = device.certificate.public_bytes(DER)
+        async with connect(device, admin) as client:
+            new = sign_request(ca, await create_signing_request(client))
+            assert await write_trust_list(client, trusting(admin, ca)) is not trust_list_at_once
+            assert await update_certificate(client, new.public_bytes(DER), (ca.der,)) is not certificate_at_once
+            if not (trust_list_at_once and certificate_at_once):
+                # Once the device is done with what it does by itself, it still presents the old certificate, and
+                # the session lives on to apply what is pending.
+                await asyncio.wait_for(device.settle(), 10)
+                assert await presented_certificate(device) == old
+                await apply_changes(client)
+        await eventually_presented(device, new)
+        assert device.trust_list.trusted_certificates == (admin.der, ca.der)
+        async with connect(device, admin) as client:
+            with pytest.raises(uaerrors.BadNothingToDo):
+                await apply_changes(client)
 
 
 # Injected failures
@@ -885,7 +1080,7 @@ async def test_fail_at_drop_takes_the_device_down_mid_push(
         original = device.certificate
         async with connect(device, admin) as client:
             renewed = sign_request(ca, await create_signing_request(client)).public_bytes(DER)
-            assert await write_trust_list(client, trust_list(trusted=(admin.der, ca.der)))
+            assert await write_trust_list(client, trusting(admin, ca))
             with pytest.raises(ConnectionError):  # no answer: the connection just closes
                 await update_certificate(client, renewed, (ca.der,))
         assert not device.listening
@@ -897,6 +1092,7 @@ async def test_fail_at_drop_takes_the_device_down_mid_push(
         async with connect(device, admin) as client:
             with pytest.raises(uaerrors.BadNothingToDo):  # the transaction died with the device
                 await apply_changes(client)
+            assert await write_trust_list(client, trusting(admin, ca))
             with pytest.raises(uaerrors.BadSecurityChecksFailed):  # and so did the CSR key
                 await update_certificate(client, renewed, (ca.der,))
         assert device.trust_list.trusted_certificates == (admin.der,)
@@ -967,3 +1163,57 @@ async def test_command_line_refuses_remote_hosts_unless_allowed(tmp_path: Path) 
     _, errors = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 2
     assert b"--allow-remote" in errors
+
+
+def test_command_line_switches_reach_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def switches(*argv: str) -> tuple[bool, bool, bool]:
+        config, count = parse_arguments(["--state-dir", str(tmp_path), *argv])
+        assert count == 1
+        return config.lenient, config.trust_list_applies_at_once, config.certificate_applies_at_once
+
+    assert switches() == (False, False, False)
+    assert switches("--lenient") == (True, False, False)
+    assert switches("--trust-list-applies-at-once", "--certificate-applies-at-once") == (False, True, True)
+    with pytest.raises(SystemExit):
+        parse_arguments(["--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    for documented in (
+        "--lenient",
+        "--trust-list-applies-at-once",
+        "--certificate-applies-at-once",
+        "BadTransactionPending",
+        "BadCertificateRevocationUnknown",
+    ):
+        assert documented in usage
+
+
+async def test_command_line_says_when_trust_client_cert_is_ignored(tmp_path: Path, admin: Identity) -> None:
+    certificate_file = tmp_path / "certlm.pem"
+    certificate_file.write_bytes(admin.certificate.public_bytes(serialization.Encoding.PEM))
+    port = free_port()
+    state_dir = tmp_path / "sims"
+
+    async def run_until_ready() -> str:
+        process = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).with_name("certlm-simulate")),
+            "--port", str(port), "--state-dir", str(state_dir), "--trust-client-cert", str(certificate_file),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert process.stdout is not None
+            ready = await asyncio.wait_for(process.stdout.readline(), 30)
+            assert ready.decode().strip() == f"READY opc.tcp://127.0.0.1:{port}"
+        finally:
+            process.send_signal(signal.SIGTERM)
+            _, errors = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 0, errors.decode()
+        return errors.decode()
+
+    assert "ignored" not in await run_until_ready()
+    state = StateFolder(state_dir / str(port)).load()
+    assert state is not None and state.trust_list.trusted_certificates == (admin.der,)
+    assert (
+        f"--trust-client-cert ignored for 127.0.0.1:{port}: its state folder {state_dir / str(port)} already "
+        "exists (delete it to start in factory state)"
+    ) in await run_until_ready()

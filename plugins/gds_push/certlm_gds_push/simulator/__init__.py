@@ -8,16 +8,17 @@ Python API, inside a running event loop::
     async with SimulatedDevice(config) as device:  # or: await device.start() ... await device.stop()
         device.url              # "opc.tcp://127.0.0.1:48500"
         device.application_uri  # "urn:certlm:simulator:simulated-plc:48500"
-        device.certificate      # the x509.Certificate presented now
+        device.certificate      # the x509.Certificate applied last (presented once the endpoints reopened)
         device.trust_list       # TrustList: trusted_certificates, trusted_crls, issuer_certificates, issuer_crls
         device.rejected         # refused client certificates (DER), as GetRejectedList returns them
         device.listening        # False while down after an injected drop
-        await device.settle()   # until the endpoints reopened after ApplyChanges or a drop with down_s
+        await device.settle()   # until the endpoints reopened after applied changes or a drop with down_s
     async with run_devices(config, count=3) as devices:  # ports 48500..48502, started concurrently
         ...
 
 Command line: ``certlm-simulate --count N --port P --state-dir DIR [...]`` (see ``--help``) prints
-``READY opc.tcp://127.0.0.1:PORT`` per device once all listen, and stops cleanly on SIGTERM or SIGINT.
+``READY opc.tcp://127.0.0.1:PORT`` per device once all listen, and stops cleanly on SIGTERM or SIGINT. A device
+whose state folder exists starts from it, so ``--trust-client-cert`` is then ignored, which stderr says.
 
 Nodes a device driver can read, by BrowseName (namespaces by URI, not index):
 
@@ -37,19 +38,38 @@ RsaSha256ApplicationCertificateType (a null group or type NodeId means these):
   BadSecurityModeInsufficient) and an ``admin`` user (else BadUserAccessDenied). Arguments of the wrong
   number or type give BadArgumentsMissing, BadTooManyArguments or BadInvalidArgument.
 - UpdateCertificate and opening the TrustList for writing start a transaction of the calling session
-  (applyChangesRequired is always True); other sessions get BadTransactionPending, and BadSessionIdInvalid
-  for ApplyChanges/CancelChanges. ApplyChanges without a transaction gives BadNothingToDo, with the TrustList
-  still open for writing BadInvalidState. CancelChanges, closing the session, or an injected drop discard it.
-  After ApplyChanges the device answers, waits ``apply_delay_s``, drops every channel and listens again.
+  (applyChangesRequired True, unless a switch below applies them at once); other sessions get
+  BadTransactionPending, and BadSessionIdInvalid for ApplyChanges/CancelChanges. ApplyChanges without a
+  transaction gives BadNothingToDo, with the TrustList still open for writing BadInvalidState. CancelChanges,
+  closing the session, or an injected drop discard it. After ApplyChanges the device answers, waits
+  ``apply_delay_s``, drops every channel and listens again.
+- Order: by default the device is as strict as real ones get, so a push client must update the trust list
+  before the certificate (Part 12 7.7). While a certificate update is pending (in any session's transaction),
+  Open and OpenWithMasks answer BadTransactionPending, for reading too. UpdateCertificate refuses a CA-issued
+  certificate whose chain does not end, through the given issuer certificates and those of the trust list the
+  caller would have after ApplyChanges (its pending one, else the applied one), in a trusted certificate or a
+  self-signed root held as trusted or issuer certificate (BadCertificateChainIncomplete); that trust list must
+  hold a CRL of each CA of the chain (else BadCertificateRevocationUnknown for the issuing CA,
+  BadCertificateIssuerRevocationUnknown for one above it), not revoking the certificate below it
+  (BadCertificateRevoked, BadCertificateIssuerRevoked); its CAs must be valid now
+  (BadCertificateIssuerTimeInvalid). A self-signed certificate needs none of this. ``lenient=True`` accepts
+  either order and needs no CRL.
+- ``trust_list_applies_at_once=True``: opening the TrustList for writing starts no transaction, and
+  CloseAndUpdate applies (persists, publishes) the list at once and answers applyChangesRequired False.
+  ``certificate_applies_at_once=True``: UpdateCertificate applies the certificate at once, answers False, and
+  the endpoints reopen with it ``apply_delay_s`` later; when the caller's transaction still holds a trust list,
+  they reopen when that transaction ends (ApplyChanges, CancelChanges, the session closing), so that the
+  session lives to apply it. With both, ApplyChanges has nothing to do (BadNothingToDo).
 - CreateSigningRequest: subject ``CN=a/O=b`` (Part 12) or ``CN=a,O=b`` (RFC 4514), empty keeps the current
   one; regeneratePrivateKey needs a nonce of 32+ bytes; BadNotSupported when ``can_create_csr`` is False;
   ``fixed_key`` keeps the current key whatever regeneratePrivateKey says.
-- UpdateCertificate refuses: unreadable DER or a non-RSA key (BadCertificateInvalid), outside its validity
-  (BadCertificateTimeInvalid), no URI SAN equal to the ApplicationUri (BadCertificateUriInvalid), an issuer
-  chain that does not verify (BadCertificateInvalid), a CA-issued certificate whose issuer is neither given
-  nor in the trust list (BadCertificateChainIncomplete), a key format outside SupportedPrivateKeyFormats or a
-  key that is not PKCS #8 PEM / unencrypted PFX (BadNotSupported), a public key matching neither the given
-  key, the CSR key nor the current key (BadSecurityChecksFailed).
+- UpdateCertificate also refuses, whatever ``lenient`` says: unreadable DER or a non-RSA key
+  (BadCertificateInvalid), outside its validity (BadCertificateTimeInvalid), no URI SAN equal to the
+  ApplicationUri (BadCertificateUriInvalid), an issuer chain that does not verify (BadCertificateInvalid), a
+  CA-issued certificate whose issuer is neither given nor in the trust list (BadCertificateChainIncomplete), a
+  key format outside SupportedPrivateKeyFormats or a key that is not PKCS #8 PEM / unencrypted PFX
+  (BadNotSupported), a public key matching neither the given key, the CSR key nor the current key
+  (BadSecurityChecksFailed).
 - TrustList: the file is a bare UA Binary TrustListDataType (BadDecodingError otherwise). Open takes Read
   (1) or Write + EraseExisting (6); other OpenFileModes give BadNotSupported, 0 or unknown bits
   BadInvalidArgument. Readers see the applied list; handles belong to their session. Write past

@@ -10,10 +10,12 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from .config import DEFAULT_SECURITY_POLICIES, DEFAULT_USERS, FAILURE_STEPS, USER_ROLES, FailurePoint, SimulatorConfig
 from .device import run_devices
+from .store import StateFolder
 
 
 def _user(text: str) -> tuple[str, tuple[str, str]]:
@@ -41,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="certlm-simulate",
         description="Simulated OPC UA devices with Part 12 push certificate management. Prints "
         "'READY <url>' per device once all listen, and runs until SIGTERM or SIGINT.",
+        epilog="By default a device is as strict as real ones get: the trust list goes first, then the certificate. "
+        "While an UpdateCertificate is pending, the TrustList does not open (BadTransactionPending), and "
+        "UpdateCertificate refuses a CA-issued certificate unless the trust list the caller would have after "
+        "ApplyChanges holds its CA chain (else BadCertificateChainIncomplete) and a CRL of each of its CAs (else "
+        "BadCertificateRevocationUnknown, or BadCertificateIssuerRevocationUnknown for a CA above the issuing one); "
+        "a revoked certificate gives BadCertificateRevoked. Both changes wait for ApplyChanges. --lenient, "
+        "--trust-list-applies-at-once and --certificate-applies-at-once model the devices that differ.",
     )
     parser.add_argument("--count", type=int, default=1, help="number of devices (default 1)")
     parser.add_argument("--port", type=int, default=48500, help="port of the first device (default 48500)")
@@ -75,7 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--auto-accept", action="store_true", help="accept any client while the trust list is empty")
     parser.add_argument(
-        "--trust-client-cert", type=Path, action="append", default=[], metavar="FILE", help="trusted at first start"
+        "--trust-client-cert",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a client certificate in the trust list of a device's first start (ignored, with a notice on stderr, "
+        "when the device's state folder already exists)",
     )
     parser.add_argument("--no-csr", action="store_true", help="CreateSigningRequest answers BadNotSupported")
     parser.add_argument(
@@ -86,6 +101,23 @@ def _parser() -> argparse.ArgumentParser:
         "--key-formats", type=_names, default=("PEM", "PFX"), metavar="FORMATS", help="SupportedPrivateKeyFormats"
     )
     parser.add_argument("--max-trust-list-size", type=int, default=0, metavar="BYTES", help="0 means no limit")
+    parser.add_argument(
+        "--lenient",
+        action="store_true",
+        help="accept the certificate and the trust list in either order: the TrustList opens while an update is "
+        "pending, and a CA-issued certificate needs its issuer (given or in the trust list) but no CRL",
+    )
+    parser.add_argument(
+        "--trust-list-applies-at-once",
+        action="store_true",
+        help="CloseAndUpdate applies the trust list at once and answers applyChangesRequired False",
+    )
+    parser.add_argument(
+        "--certificate-applies-at-once",
+        action="store_true",
+        help="UpdateCertificate applies the certificate at once and answers applyChangesRequired False; the "
+        "endpoints reopen with it after --apply-delay (or when the caller's pending trust list is applied or dropped)",
+    )
     parser.add_argument(
         "--fail-at",
         type=_failure,
@@ -101,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.5,
         metavar="S",
-        help="seconds between answering ApplyChanges and dropping every channel (default 0.5)",
+        help="seconds between answering ApplyChanges (or an UpdateCertificate applied at once) and dropping every "
+        "channel (default 0.5)",
     )
     parser.add_argument("--operating-mode", choices=("run", "stop"), default="run")
     parser.add_argument(
@@ -119,7 +152,8 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_arguments(argv: Sequence[str] | None = None) -> tuple[SimulatorConfig, int]:
+    """The configuration of the first device and the number of devices; exits with a usage error on bad input."""
     parser = _parser()
     args = parser.parse_args(argv)
     if not _is_loopback(args.host) and not args.allow_remote:
@@ -144,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             csr_key_bits=args.csr_key_bits,
             private_key_formats=args.key_formats,
             max_trust_list_size=args.max_trust_list_size,
+            lenient=args.lenient,
+            trust_list_applies_at_once=args.trust_list_applies_at_once,
+            certificate_applies_at_once=args.certificate_applies_at_once,
             fail_at=args.fail_at,
             fail_count=args.fail_count,
             down_s=args.down_s,
@@ -153,9 +190,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as error:
         parser.error(str(error))
+    return config, args.count
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, count = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("asyncua").setLevel(logging.WARNING)
-    return asyncio.run(_serve(config, args.count))
+    if config.trusted_client_certificates:
+        _tell_ignored_client_certificates(config, count)
+    return asyncio.run(_serve(config, count))
+
+
+def _tell_ignored_client_certificates(config: SimulatorConfig, count: int) -> None:
+    # A device that has state starts from it: a certificate meant for its factory trust list would be lost silently.
+    for port in range(config.port, config.port + count):
+        folder = replace(config, port=port).device_state_dir
+        if StateFolder(folder).exists():
+            print(
+                f"--trust-client-cert ignored for {config.host}:{port}: its state folder {folder} already exists "
+                "(delete it to start in factory state)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 async def _serve(config: SimulatorConfig, count: int) -> int:

@@ -97,6 +97,15 @@ class SimulatorConfig:
     private_key_formats: tuple[str, ...] = ("PEM", "PFX")
     max_trust_list_size: int = 0
     """Bytes of an encoded TrustListDataType; 0 means no limit."""
+    lenient: bool = False
+    """False models the strictest device: the TrustList does not open while a certificate update is pending, and
+    UpdateCertificate wants a CA-issued certificate's chain and the CRL of each of its CAs in the trust list the
+    caller would have after ApplyChanges. True accepts the certificate and the trust list in either order."""
+    trust_list_applies_at_once: bool = False
+    """CloseAndUpdate applies the trust list at once and answers applyChangesRequired False, leaving no transaction."""
+    certificate_applies_at_once: bool = False
+    """UpdateCertificate applies the certificate at once and answers applyChangesRequired False; the endpoints
+    reopen with it ``apply_delay_s`` later (or, while the caller's transaction holds a trust list, once it ends)."""
     fail_at: str | None = None
     """``STEP``, ``STEP:BadSomeStatus`` or ``STEP:drop`` with STEP one of ``FAILURE_STEPS``."""
     fail_count: int | None = None
@@ -104,7 +113,8 @@ class SimulatorConfig:
     down_s: float | None = None
     """After a ``drop``, listen again after this many seconds; None means stay down until stopped."""
     apply_delay_s: float = 0.5
-    """Time between answering ApplyChanges and dropping every channel to present the new certificate."""
+    """Time between answering ApplyChanges (or an UpdateCertificate applied at once) and dropping every channel to
+    present the new certificate."""
     operating_mode: str = "run"
     program_name: str = "Main"
     certificate_days: int = 365

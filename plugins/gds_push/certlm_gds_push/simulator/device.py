@@ -142,7 +142,7 @@ class SimulatedDevice:
 
     @property
     def certificate(self) -> x509.Certificate:
-        """The certificate the device presents now (the last applied one)."""
+        """The certificate applied last, which the endpoints present once they reopened after applying it."""
         return self._started_state().certificate
 
     @property
@@ -265,7 +265,8 @@ class SimulatedDevice:
             await asyncio.shield(bserver.stop())
 
     def _present_new_state(self) -> None:
-        """After ApplyChanges: drop every channel and listen again, presenting the new certificate."""
+        """After changes were applied (ApplyChanges, or a certificate applied at once): drop every channel and
+        listen again, presenting the new certificate."""
 
         async def reopen() -> None:
             await asyncio.sleep(self.config.apply_delay_s)
@@ -298,7 +299,7 @@ class SimulatedDevice:
         self._replace_endpoint_task(stay_down())
 
     async def settle(self) -> None:
-        """Wait until the endpoints are done reopening after ApplyChanges or after a drop with ``down_s``."""
+        """Wait until the endpoints are done reopening after applied changes or after a drop with ``down_s``."""
         while (task := self._endpoint_task) is not None and not task.done():
             await asyncio.wait([task])
         if task is not None and not task.cancelled():

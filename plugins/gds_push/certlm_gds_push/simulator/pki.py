@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 
 from asyncua import ua
@@ -186,6 +187,68 @@ def verify_client_certificate(certificate: x509.Certificate, trust_list: TrustLi
             break
         current = issuer
     return ua.StatusCodes.BadCertificateUntrusted
+
+
+def verify_own_certificate_chain(
+    certificate: x509.Certificate, issuers: Sequence[x509.Certificate], trust_list: TrustList
+) -> int | None:
+    """The status a device with strict revocation checking refuses its new CA-issued ``certificate`` with, or None.
+
+    The chain, built through ``issuers`` (given with the certificate) and the certificates of ``trust_list``, must
+    end in a trusted certificate of the list or in a self-signed root the list holds as trusted or issuer
+    certificate; the list must hold a CRL of each CA of the chain, not revoking the certificate below it.
+    """
+    # The status codes are those of UA-.NETStandard's CertificateValidator (GetIssuerNoException, with
+    # RejectUnknownRevocationStatus) and node-opcua-pki's CertificateManager (isCertificateRevoked,
+    # verifyCertificate, addTrustedCertificateFromChain): RevocationUnknown when the issuer's CRL is missing,
+    # IssuerRevocationUnknown when the certificate checked against it is itself a CA, Revoked and IssuerRevoked
+    # likewise, ChainIncomplete for an issuer the trust list does not hold. Those two servers check only the given
+    # chain of their own new certificate (ConfigurationNodeManager.UpdateCertificateAsync, update_certificate.ts);
+    # devices with strict revocation checking validate it against their trust list as they would a peer's.
+    trusted = [x509.load_der_x509_certificate(der) for der in trust_list.trusted_certificates]
+    held = trusted + [x509.load_der_x509_certificate(der) for der in trust_list.issuer_certificates]
+    chain = _anchored_chain(certificate, [*issuers, *held], trusted, held)
+    if chain is None:
+        return ua.StatusCodes.BadCertificateChainIncomplete
+    if not all(valid_now(ca) for ca in chain):
+        return ua.StatusCodes.BadCertificateIssuerTimeInvalid
+    crls = trust_list.crls()
+    for child, ca in pairwise([certificate, *chain]):
+        own = child is certificate
+        issued = [crl for crl in crls if crl.issuer == ca.subject and crl.is_signature_valid(ca.public_key())]
+        if not issued:
+            return (
+                ua.StatusCodes.BadCertificateRevocationUnknown
+                if own
+                else ua.StatusCodes.BadCertificateIssuerRevocationUnknown
+            )
+        if any(crl.get_revoked_certificate_by_serial_number(child.serial_number) is not None for crl in issued):
+            return ua.StatusCodes.BadCertificateRevoked if own else ua.StatusCodes.BadCertificateIssuerRevoked
+    return None
+
+
+def _anchored_chain(
+    certificate: x509.Certificate,
+    candidates: Sequence[x509.Certificate],
+    trusted: Sequence[x509.Certificate],
+    held: Sequence[x509.Certificate],
+) -> list[x509.Certificate] | None:
+    """The CAs above ``certificate`` up to a trusted one or a held self-signed root, or None when there is none."""
+    chain: list[x509.Certificate] = []
+    current = certificate
+    while True:
+        ca = next(
+            (ca for ca in candidates if ca.subject == current.issuer and ca not in chain and issued_by(current, ca)),
+            None,
+        )
+        if ca is None:
+            return None
+        chain.append(ca)
+        if ca in trusted or (is_self_signed(ca) and ca in held):
+            return chain
+        if is_self_signed(ca):
+            return None
+        current = ca
 
 
 def parse_subject_name(text: str) -> x509.Name:

@@ -36,6 +36,7 @@ from .pki import (
     thumbprint,
     valid_now,
     verify_client_certificate,
+    verify_own_certificate_chain,
 )
 from .store import DeviceState, StateFolder
 
@@ -75,6 +76,9 @@ class _Transaction:
     owner: Any
     certificate: _PendingCertificate | None = None
     trust_list: TrustList | None = None
+    present_certificate: bool = False
+    """A certificate applied at once during the transaction: the endpoints present it when the transaction ends,
+    so that dropping the channels does not discard the trust list still pending in it."""
 
 
 @dataclass
@@ -305,11 +309,23 @@ class PushManagement:
         if self._config.effective_application_uri not in application_uris(new):
             raise uaerrors.BadCertificateUriInvalid()
         self._check_issuers(caller, new, issuers)
+        if not self._config.lenient and not is_self_signed(new):
+            status = verify_own_certificate_chain(new, issuers, self._trust_list_for(caller))
+            if status is not None:
+                raise uaerrors.UaStatusCodeError(status)
         key = load_pushed_private_key(private_key_format or "", private_key) if private_key else self._key_matching(new)
         if not same_public_key(new, key):
             raise uaerrors.BadSecurityChecksFailed("the private key does not match the certificate")
+        pending = _PendingCertificate(new, key, tuple(der_of(issuer) for issuer in issuers))
+        if self._config.certificate_applies_at_once:
+            self._install_certificate(pending)
+            if self._transaction is not None:  # the caller's own: another session's was refused above
+                self._transaction.present_certificate = True
+            else:
+                self._on_applied()
+            return [ua.Variant(False, ua.VariantType.Boolean)]
         transaction = self._join_transaction(caller)
-        transaction.certificate = _PendingCertificate(new, key, tuple(der_of(issuer) for issuer in issuers))
+        transaction.certificate = pending
         return [ua.Variant(True, ua.VariantType.Boolean)]
 
     def _check_issuers(self, caller: Caller, certificate: x509.Certificate, issuers: list[x509.Certificate]) -> None:
@@ -332,26 +348,29 @@ class PushManagement:
                 return key
         raise uaerrors.BadSecurityChecksFailed("the certificate matches neither the CSR key nor the current key")
 
+    def _install_certificate(self, pending: _PendingCertificate) -> None:
+        self._state.certificate = pending.certificate
+        self._state.private_key = pending.private_key
+        self._state.issuers = pending.issuers
+        self._csr_key = None
+        self._store.save_certificate(self._state)
+
     async def apply_changes(self, caller: Caller) -> list[ua.Variant]:
         transaction = self._own_transaction(caller)
         if any(file.writing for file in self._files.values()):
             raise uaerrors.BadInvalidState("the TrustList is still open for writing")
         self._transaction = None
         if transaction.certificate is not None:
-            self._state.certificate = transaction.certificate.certificate
-            self._state.private_key = transaction.certificate.private_key
-            self._state.issuers = transaction.certificate.issuers
-            self._csr_key = None
-            self._store.save_certificate(self._state)
+            self._install_certificate(transaction.certificate)
         if transaction.trust_list is not None:
             await self._set_trust_list(transaction.trust_list)
-        if transaction.certificate is not None or transaction.trust_list is not None:
+        if transaction.certificate is not None or transaction.trust_list is not None or transaction.present_certificate:
             self._on_applied()
         return []
 
     async def cancel_changes(self, caller: Caller) -> list[ua.Variant]:
-        self._own_transaction(caller)
-        self._transaction = None
+        transaction = self._own_transaction(caller)
+        self._end_transaction(transaction)
         # A TrustList still open for writing belonged to the transaction.
         self._files = {
             handle: file for handle, file in self._files.items() if not file.writing or file.owner is not caller.user
@@ -389,11 +408,17 @@ class PushManagement:
         return self._open(caller, writing=False, masks=masks)
 
     def _open(self, caller: Caller, *, writing: bool, masks: int = 0) -> list[ua.Variant]:
+        if not self._config.lenient and self._transaction is not None and self._transaction.certificate is not None:
+            # open62541 (src/server/ua_server_ns0_gds.c, openTrustList and openTrustListWithMask) answers every Open,
+            # for reading too, with BadTransactionPending while any session's transaction is pending; here while it
+            # holds a certificate, which is what forces a client to write the trust list first.
+            raise uaerrors.BadTransactionPending("a certificate update is pending: the TrustList does not open")
         if writing:
             self._refuse_foreign_transaction(caller)
             if self._files:
                 raise uaerrors.BadInvalidState("the TrustList is open")
-            self._join_transaction(caller)
+            if not self._config.trust_list_applies_at_once:
+                self._join_transaction(caller)
             file = _OpenFile(caller.user, writing=True)
         else:
             if any(file.writing for file in self._files.values()):
@@ -447,6 +472,15 @@ class PushManagement:
         # Part 12: the file is closed and its data discarded even when it cannot be applied.
         del self._files[handle]
         update = _decode_trust_list_file(bytes(file.data))
+        if self._config.trust_list_applies_at_once:
+            # Like UA-.NETStandard (Opc.Ua.Server/Configuration/TrustList.cs) and node-opcua
+            # (node-opcua-server-configuration, trust_list_server.ts): the stores are written at once.
+            self._refuse_foreign_transaction(caller)
+            applied = self._state.trust_list.updated(update)
+            _validate_trust_list(applied)
+            self._check_size(applied)
+            await self._set_trust_list(applied)
+            return [ua.Variant(False, ua.VariantType.Boolean)]
         transaction = self._join_transaction(caller)
         new = (transaction.trust_list or self._state.trust_list).updated(update)
         _validate_trust_list(new)
@@ -541,11 +575,17 @@ class PushManagement:
             raise uaerrors.BadSessionIdInvalid("the transaction belongs to another session")
         return self._transaction
 
+    def _end_transaction(self, transaction: _Transaction) -> None:
+        """Discard ``transaction``, presenting a certificate applied at once during it."""
+        self._transaction = None
+        if transaction.present_certificate:
+            self._on_applied()
+
     def session_closed(self, user: Any) -> None:
         """Part 12: a closed session's transaction is discarded, and so are its open files."""
         if self._transaction is not None and self._transaction.owner is user:
             _logger.info("%s session of %s closed: pending changes discarded", self._label, getattr(user, "name", None))
-            self._transaction = None
+            self._end_transaction(self._transaction)
         self._files = {handle: file for handle, file in self._files.items() if file.owner is not user}
 
     def discard_pending(self) -> None:

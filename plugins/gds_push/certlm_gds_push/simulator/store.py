@@ -35,10 +35,14 @@ class StateFolder:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def exists(self) -> bool:
+        """Whether the folder holds a device, which then starts from it instead of its factory state."""
+        return (self.path / "certificate.pem").exists()
+
     def load(self) -> DeviceState | None:
-        certificate_file = self.path / "certificate.pem"
-        if not certificate_file.exists():
+        if not self.exists():
             return None
+        certificate_file = self.path / "certificate.pem"
         # The key is the device's own, written by save_certificate: checking its math again only costs time.
         key = serialization.load_pem_private_key(
             (self.path / "private-key.pem").read_bytes(), password=None, unsafe_skip_rsa_key_validation=True
