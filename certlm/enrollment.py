@@ -7,18 +7,30 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from itertools import pairwise
 from typing import Any
 
 from cryptography import x509
 
-from certlm.certs import certificate_detail, issued_by, to_der
-from certlm.errors import APIError, CsrRejected, NotFound, UnsupportedOperation, UpstreamUnavailable
+from certlm.certs import certificate_detail, crl_signed_by, issued_by, issuer_chain, sha1_fingerprint, to_der
+from certlm.errors import (
+    APIError,
+    CsrRejected,
+    DeviceFailure,
+    NotFound,
+    UnsupportedOperation,
+    UpstreamUnavailable,
+)
 from certlm.host import current_host
+from certlm.hostspec import opcua_url
 from certlm.inventory import device_target, save_credentials
+from certlm.pki_client import cdp_urls, fetch_crl
 from certlm.registry import (
     SERVER_PROFILE,
+    ChainCrls,
     DeviceDescription,
     DeviceDriver,
     DeviceIdentity,
@@ -53,6 +65,20 @@ class PushOrder:
     debug: bool = False
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    trigger: str = "operator"
+    """What asked for it, as the recorded result names it: the REST call (``POST /gds/push``) or a scheduler."""
+    automated: bool = False
+    """Set by the schedulers. An automated push never trusts a device on first contact: an entry without a pinned
+    certificate waits for an operator."""
+
+    @property
+    def operation(self) -> str:
+        """The record it is filed under: the last push and the last onboarding are answered separately."""
+        return ONBOARDING if self.onboarding else PUSH
+
+
+PUSH = "push"
+ONBOARDING = "onboarding"
 
 
 class PushError(APIError):
@@ -73,9 +99,17 @@ def trustlist_record(trust_list: TrustList) -> dict[str, list[str]]:
     }
 
 
-def operation_record(operation: str, success: bool, **details: Any) -> dict[str, Any]:
-    """What ``InventoryEntry.last_result`` holds: the last device operation, when it ran, how it went."""
-    return {"operation": operation, "success": success, "at": datetime.now(UTC).isoformat(), **details}
+def record_operation(entry: InventoryEntry, operation: str, record: dict[str, Any]) -> None:
+    """File ``record`` as the last outcome of ``operation`` in ``entry.last_result``; the caller saves the entry."""
+    records = dict(entry.last_result) if isinstance(entry.last_result, dict) else {}
+    records[operation] = record
+    entry.last_result = records
+
+
+def last_recorded(entry: InventoryEntry, operation: str) -> dict[str, Any] | None:
+    """The last outcome of ``operation`` recorded for ``entry``, or None."""
+    records = entry.last_result if isinstance(entry.last_result, dict) else {}
+    return records.get(operation)
 
 
 def description_record(description: DeviceDescription) -> dict[str, Any]:
@@ -173,20 +207,46 @@ async def pki_material(pki: PkiEntry, entry: InventoryEntry) -> PkiMaterial:
     async def enroll_server_key(csr: x509.CertificateSigningRequest) -> KeyedEnrollment:
         return await backend.enroll_server_key(pki, csr, profile, renewing=renewing)
 
+    async def chain_crls(enrollment: Enrollment) -> ChainCrls:
+        return await crls_of_chain(enrollment, (*enrollment.chain, *ca_certificates), crls)
+
     return PkiMaterial(
         enroll=enroll,
         ca_certificates=ca_certificates,
         crls=crls,
         enroll_server_key=enroll_server_key if backend.offers("enroll_server_key") else None,
+        chain_crls=chain_crls,
     )
 
 
-async def choose_driver(entry: InventoryEntry, target: DeviceTarget) -> DeviceDriver:
+async def crls_of_chain(
+    enrollment: Enrollment,
+    ca_pool: tuple[x509.Certificate, ...],
+    known: tuple[x509.CertificateRevocationList, ...],
+) -> ChainCrls:
+    """A CRL of each CA from the issued certificate's issuer up to the root. Devices that check revocation (as
+    Part 12 servers with strict validation do) refuse a certificate while any CA on its path has no CRL in their
+    trust list. Each certificate names where its issuer publishes the CRL that covers it (its distribution points),
+    so the path is walked certificate by certificate; a CRL counts only when its CA's key signed it."""
+    crls = list(known)
+    missing = []
+    path = [enrollment.certificate, *issuer_chain(enrollment.certificate, ca_pool)]
+    for certificate, issuer in pairwise(path):
+        if any(crl_signed_by(crl, [issuer]) for crl in crls):
+            continue
+        try:
+            crls.append(await fetch_crl(cdp_urls(certificate), [issuer], current_host().services))
+        except APIError as error:
+            missing.append(f"no CRL of {issuer.subject.rfc4514_string()}: {error.message}")
+    return ChainCrls(tuple(crls), tuple(missing))
+
+
+async def choose_driver(entry: InventoryEntry, target: DeviceTarget) -> tuple[DeviceDriver, DeviceDescription]:
     """Ask the device who it is and store the most specific installed driver that declares support for it."""
     drivers = current_host().drivers
     description = await drivers.get(entry.service).describe(target)
     await adopt_description(entry, description)
-    return drivers.get(entry.service)
+    return drivers.get(entry.service), description
 
 
 async def adopt_description(entry: InventoryEntry, description: DeviceDescription) -> None:
@@ -209,13 +269,42 @@ def _lock_for(entry: InventoryEntry) -> asyncio.Lock:
     return _device_locks.setdefault(entry.id, asyncio.Lock())
 
 
-async def push_certificate(entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
-    """Enroll a new certificate for ``entry`` and store the outcome; the ``result`` of the operation result.
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
 
-    Raises ``PushError`` (422 when the PKI refused the certificate request, 500 otherwise) with the steps done.
+
+async def push_certificate(entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
+    """Enroll a new certificate for ``entry``, store the outcome and record it as the entry's last push (or
+    onboarding); the operation result.
+
+    Raises ``PushError`` (422 when the PKI refused the certificate request, 500 otherwise) with the steps done, or
+    another ``APIError`` when the push could not start (no PKI, no pinned certificate for an automated push).
     """
     async with _lock_for(entry):
-        return await _push_locked(entry, order)
+        what = "onboarding" if order.onboarding else "certificate push"
+        url = opcua_url(entry.server, entry.port)
+        started = _now()
+        try:
+            result = await _push_locked(entry, order)
+        except APIError as error:
+            result = {"url": url, "steps": [], **error.details.get("result", {})}
+            result |= {"at": started, "trigger": order.trigger}
+            record_operation(
+                entry,
+                order.operation,
+                {"success": False, "execution": f"{what} of {url} failed", "error": error.message, "result": result},
+            )
+            await entry.save(update_fields=["last_result", "updated_at"])
+            raise
+        outcome = {
+            "success": True,
+            "execution": f"{what} of {url} completed",
+            "error": "",
+            "result": {**result, "at": started, "trigger": order.trigger},
+        }
+        record_operation(entry, order.operation, outcome)
+        await entry.save(update_fields=["last_result", "updated_at"])
+        return outcome
 
 
 async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
@@ -224,25 +313,23 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
         target.username, target.pkcs12, target.pkcs12_password = order.username, None, None
     if order.password is not None:
         target.password = order.password
+    if order.automated and entry.pinned_certificate_der is None:
+        raise APIError(
+            f"{target.url} has no pinned device certificate, and automated operations never trust a device on first "
+            "contact: an operator pushes to it or onboards it once (POST /gds/push/onboarding)",
+            409,
+        )
+    # An operator's first contact, or re-onboarding after a device swap, accepts what the device presents.
+    first_contact = not order.automated and (order.onboarding or entry.pinned_certificate_der is None)
     pki = await enrollment_pki(entry)
     material = await pki_material(pki, entry)
     steps: list[StepOutcome] = []
+    contact_note: str | None = None
     try:
-        if entry.device_description is None or order.onboarding:
-            started = asyncio.get_running_loop().time()
-            try:
-                driver = await choose_driver(entry, target)
-            except APIError as error:
-                steps.append(
-                    StepOutcome("identify", False, asyncio.get_running_loop().time() - started, message=error.message)
-                )
-                raise PushFailed(f"identifying the device failed: {error.message}", steps) from error
-            steps.append(
-                StepOutcome(
-                    "identify", True, asyncio.get_running_loop().time() - started, message=f"driver {entry.service}"
-                )
-            )
+        if first_contact:
+            driver = await _identify(entry, target, steps)
         else:
+            # A pinned device is identified by the push itself, whose connection checks the pin.
             driver = current_host().drivers.get(entry.service)
         if order.onboarding:
             # The device accepted these credentials; later renewals run unattended with them.
@@ -252,29 +339,73 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
             add_issuer=order.add_issuer,
             add_client_certificate=order.add_client_certificate,
             onboarding=order.onboarding,
-            pinned_certificate=None if order.onboarding else entry.certificate_der,
+            pinned_certificate=None if first_contact else entry.pinned_certificate_der,
             trusted_cas=material.ca_certificates,
+            trust_on_first_use=first_contact,
         )
         outcome = await driver.push(target, request, material)
     except PushFailed as failure:
         steps = steps + [s for s in failure.steps if s not in steps]
+        if first_contact:
+            contact_note = await pin_first_contact(entry, failure.presented_certificate)
         if any(s.step == "connect" and s.ok for s in steps):
             await _store_tried_credentials(entry, order)
-        await _record_failure(entry, failure, steps, order.debug)
+        log.info("push to %s failed: %s", target.url, failure.message)
         status = 422 if isinstance(failure.__cause__, CsrRejected) else 500
-        raise PushError(
-            failure.message,
-            status,
-            details={
-                "result": {
-                    "url": target.url,
-                    "device_changed": failure.changed_device,
-                    "steps": _steps_view(steps, order.debug),
-                }
-            },
-        ) from failure
+        result: dict[str, Any] = {
+            "url": target.url,
+            "device_changed": failure.changed_device,
+            "steps": _steps_view(steps, order.debug),
+        }
+        if contact_note:
+            result["first_contact"] = contact_note
+        raise PushError(failure.message, status, details={"result": result}) from failure
+    if first_contact:
+        contact_note = await pin_first_contact(entry, outcome.presented_certificate)
     await _store_tried_credentials(entry, order)
-    return await _record_success(entry, target, pki, outcome, steps + outcome.steps, order.debug)
+    return await _record_success(entry, target, pki, outcome, steps + outcome.steps, order.debug, contact_note)
+
+
+async def _identify(entry: InventoryEntry, target: DeviceTarget, steps: list[StepOutcome]) -> DeviceDriver:
+    """The ``identify`` step: choose the entry's driver from what the device says about itself."""
+    started = time.monotonic()
+    try:
+        driver, _ = await choose_driver(entry, target)
+    except APIError as error:
+        status = error.device_status if isinstance(error, DeviceFailure) else ""
+        message = prefixed("identifying the device failed: ", error.message)
+        steps.append(StepOutcome("identify", False, time.monotonic() - started, status, message))
+        raise PushFailed(message, steps) from error
+    steps.append(StepOutcome("identify", True, time.monotonic() - started, message=f"driver {entry.service}"))
+    return driver
+
+
+def prefixed(prefix: str, message: str) -> str:
+    """``message`` behind ``prefix``, unless it starts with it already: an error never repeats its own prefix."""
+    return message if message.startswith(prefix) else prefix + message
+
+
+async def pin_first_contact(entry: InventoryEntry, presented: x509.Certificate | None) -> str | None:
+    """Pin the certificate a device presented at an operator's first contact (or re-onboarding); what was accepted,
+    for the operator to compare with the device's display. None when the device was not reached."""
+    if presented is None:
+        return None
+    der = to_der(presented)
+    note = (
+        f"first contact: device presented {presented.subject.rfc4514_string()}, SHA-1 {sha1_fingerprint(presented)}"
+    )
+    previous = entry.pinned_certificate_der
+    if previous is not None and previous != der:
+        pinned_before = x509.load_der_x509_certificate(previous)
+        note += f", replacing the pinned SHA-1 {sha1_fingerprint(pinned_before)}"
+    entry.pinned_certificate_der = der
+    update_fields = ["pinned_certificate_der", "updated_at"]
+    if entry.certificate_der is None:
+        entry.certificate_der = der
+        update_fields.append("certificate_der")
+    await entry.save(update_fields=update_fields)
+    log.info("%s:%s %s; pinned on the operator's request", entry.server, entry.port, note)
+    return f"{note}; pinned"
 
 
 async def _store_tried_credentials(entry: InventoryEntry, order: PushOrder) -> None:
@@ -289,10 +420,13 @@ async def _record_success(
     outcome: PushOutcome,
     steps: list[StepOutcome],
     debug: bool,
+    contact_note: str | None,
 ) -> dict[str, Any]:
     if outcome.description is not None:
         await adopt_description(entry, outcome.description)
     entry.certificate_der = to_der(outcome.certificate)
+    # The device presents the certificate certlm just installed: from now on that is the one it must present.
+    entry.pinned_certificate_der = entry.certificate_der
     entry.cert_revoked = False
     entry.last_changed_certificate_date = datetime.now(UTC)
     entry.trustlist = trustlist_record(outcome.trust_list)
@@ -306,32 +440,32 @@ async def _record_success(
         "security_mode": outcome.security_mode,
         "steps": _steps_view(steps, debug),
     }
-    entry.last_result = operation_record("push", True, **result)
+    if contact_note:
+        result["first_contact"] = contact_note
     await entry.save()
     return result
 
 
-async def _record_failure(entry: InventoryEntry, failure: PushFailed, steps: list[StepOutcome], debug: bool) -> None:
-    entry.last_result = operation_record(
-        "push",
-        False,
-        error=failure.message,
-        device_changed=failure.changed_device,
-        steps=_steps_view(steps, debug),
-    )
-    await entry.save(update_fields=["last_result", "updated_at"])
-
-
-async def identify_in_background(entry_id: int) -> None:
-    """Pick the driver of a newly registered entry from what the device says about itself. An unreachable device
-    keeps the generic driver until a push identifies it."""
-    entry = await InventoryEntry.get_or_none(id=entry_id)
-    if entry is None or entry.device_description is not None:
-        return
+async def identify_registered(entry: InventoryEntry) -> None:
+    """Identify a device as it is registered: store the driver its description selects and pin the certificate
+    it presents (registration is an operator's first contact). A device that cannot be reached within the connect
+    time-out keeps the generic driver and no pin; its first push identifies it. The outcome is recorded as
+    ``identify``."""
+    settings = current_host().settings
+    # GetEndpoints, the session and a few reads: a registration answers within a few connect time-outs.
+    budget = 3 * settings.device_connect_timeout_s
     try:
-        await choose_driver(entry, await device_target(entry))
-    except APIError as error:
-        log.info("could not identify %s:%s yet: %s", entry.server, entry.port, error.message)
+        _, description = await asyncio.wait_for(choose_driver(entry, await device_target(entry)), budget)
+    except (APIError, TimeoutError) as error:
+        message = error.message if isinstance(error, APIError) else f"no answer within {budget:g} s"
+        record_operation(entry, "identify", {"success": False, "error": message, "at": _now()})
+        await entry.save(update_fields=["last_result", "updated_at"])
+        log.info("could not identify %s:%s yet: %s", entry.server, entry.port, message)
+        return
+    note = await pin_first_contact(entry, description.certificate)
+    record = {"success": True, "service": entry.service, "first_contact": note, "at": _now()}
+    record_operation(entry, "identify", record)
+    await entry.save(update_fields=["last_result", "updated_at"])
 
 
 async def revoke_on_decommission(entry: InventoryEntry) -> bool:

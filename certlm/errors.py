@@ -49,6 +49,15 @@ class UpstreamUnavailable(APIError):
     status = 502
 
 
+class DeviceFailure(UpstreamUnavailable):
+    """A device operation that failed, or that certlm refused for the device's sake. ``device_status`` names the
+    device protocol's status (OPC UA ``BadUserAccessDenied``), which every failed step reports."""
+
+    def __init__(self, message: str, device_status: str) -> None:
+        super().__init__(message)
+        self.device_status = device_status
+
+
 class UnsupportedOperation(APIError):
     """The driver or backend of an entry does not offer this operation."""
 

@@ -95,6 +95,8 @@ class DeviceDescription:
 
     identity: DeviceIdentity
     capabilities: dict[str, Any] = field(default_factory=dict)
+    certificate: x509.Certificate | None = None
+    """The certificate the device presented while it was described; the host pins it on first contact."""
 
 
 @dataclass(frozen=True)
@@ -141,16 +143,30 @@ class PkiMaterial:
     # For a device that cannot make keys: the PKI makes the key pair (``PkiBackend.enroll_server_key``).
     # None when the backend does not offer it; raises ``UnsupportedOperation`` when its server does not.
     enroll_server_key: Callable[[x509.CertificateSigningRequest], Awaitable[KeyedEnrollment]] | None = None
+    # The CRL of every CA above an issued certificate, for devices that check revocation along the whole chain:
+    # ``crls`` plus what the distribution points of the chain's certificates deliver, and one line per CA whose CRL
+    # could not be had. None when nothing beyond ``crls`` can be found.
+    chain_crls: Callable[[Enrollment], Awaitable[ChainCrls]] | None = None
+
+
+@dataclass(frozen=True)
+class ChainCrls:
+    """The CRLs of an enrollment's chain, issuing CA first, and why any CA's CRL is missing."""
+
+    crls: tuple[x509.CertificateRevocationList, ...]
+    missing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class PushRequest:
     """One enrollment as the REST call or the scheduler asked for it.
 
-    ``pinned_certificate`` is the certificate last stored for the entry (DER) and ``trusted_cas`` the PKI's CA
-    chain: outside onboarding a driver accepts only a device that presents the pinned certificate or one issued
-    by those CAs. ``onboarding`` is first contact: the driver accepts the device's current (often self-signed)
-    certificate and makes the device trust the service before enrolling."""
+    ``pinned_certificate`` is the device certificate certlm trusts for the entry (DER) and ``trusted_cas`` the
+    PKI's CA chain: a driver sends nothing (not even the user's credentials) to a device that presents neither the
+    pinned certificate nor one issued by those CAs. ``trust_on_first_use`` lifts that check for an operator's first
+    contact or re-onboarding: the driver accepts what the device presents and reports it as
+    ``PushOutcome.presented_certificate`` (or ``PushFailed.presented_certificate``) for the host to pin. Automated
+    operations never set it. ``onboarding`` also makes the device trust certlm's CA, not only its certificate."""
 
     subject: str | None = None
     add_issuer: bool = False
@@ -158,6 +174,7 @@ class PushRequest:
     onboarding: bool = False
     pinned_certificate: bytes | None = field(default=None, repr=False)
     trusted_cas: tuple[x509.Certificate, ...] = ()
+    trust_on_first_use: bool = False
 
 
 @dataclass
@@ -173,7 +190,8 @@ class StepOutcome:
 
 @dataclass
 class PushOutcome:
-    """What a completed push left on the device, as verified after the device applied it."""
+    """What a completed push left on the device, as verified after the device applied it; ``presented_certificate``
+    is what the device presented when the push connected, before it changed."""
 
     certificate: x509.Certificate
     chain: tuple[x509.Certificate, ...]
@@ -182,17 +200,27 @@ class PushOutcome:
     security_mode: int
     steps: list[StepOutcome]
     description: DeviceDescription | None = None
+    presented_certificate: x509.Certificate | None = None
 
 
 class PushFailed(Exception):
     """A push that stopped at ``steps[-1]``. ``changed_device`` is False when it failed before the device was
-    told to apply anything, so the device still runs on what it had. Raise it ``from`` the original error."""
+    told to apply anything, so the device still runs on what it had. ``presented_certificate`` is what the device
+    presented, when the push got that far. Raise it ``from`` the original error."""
 
-    def __init__(self, message: str, steps: list[StepOutcome], *, changed_device: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        steps: list[StepOutcome],
+        *,
+        changed_device: bool = False,
+        presented_certificate: x509.Certificate | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.steps = steps
         self.changed_device = changed_device
+        self.presented_certificate = presented_certificate
 
 
 class DeviceDriver:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from quart import Blueprint, current_app
+from quart import Blueprint
 from quart_schema import validate_request, validate_response
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
@@ -22,7 +22,7 @@ from certlm.certs import (
     sha1_fingerprint,
     to_pem,
 )
-from certlm.enrollment import identify_in_background, revoke_on_decommission
+from certlm.enrollment import identify_registered, revoke_on_decommission
 from certlm.errors import APIError, NotFound
 from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url, valid_server
 from certlm.inventory import (
@@ -246,7 +246,10 @@ async def list_trustlists() -> list[TrustListOut]:
 @validate_request(GdsEntryIn)
 async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Add a GDS entry. 409 when the server and port are already in the GDS inventory, 403 when the
-    license endpoint limit is reached. A PKCS#12 must open with its password; secrets are stored encrypted."""
+    license endpoint limit is reached. A PKCS#12 must open with its password; secrets are stored encrypted.
+    certlm then connects to identify the device: ``service`` names the driver its BuildInfo selects, and the
+    certificate it presents is pinned (``cert_*``). A device not reachable within a few connect time-outs keeps
+    the generic driver; its first push identifies it."""
     columns = data.entry_columns()
     await _ensure_pki_exists(columns.get("pki_id"), "pki")
     credentials = data.verified_credentials()
@@ -254,8 +257,7 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
         entry = await create_entry(GDS, data.server, data.port, columns)
         if credentials:
             await save_credentials(entry, **credentials)
-    # Choosing the device's driver needs a live connection; the answer does not wait for it.
-    current_app.add_background_task(identify_in_background, entry.id)
+    await identify_registered(entry)
     return await entry_out(entry)
 
 

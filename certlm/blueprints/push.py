@@ -13,7 +13,15 @@ from quart_schema import validate_querystring, validate_request, validate_respon
 from certlm.blueprints.inventory import GDS, EntryAddress, StrictBody, create_entry, gds_entry_at
 from certlm.blueprints.system import CRL_STATUSES
 from certlm.certs import certificate_detail, certificate_text, revocation_status, sha1_fingerprint, to_der
-from certlm.enrollment import PushOrder, operation_record, push_certificate, trustlist_record
+from certlm.enrollment import (
+    ONBOARDING,
+    PUSH,
+    PushOrder,
+    last_recorded,
+    push_certificate,
+    record_operation,
+    trustlist_record,
+)
 from certlm.errors import APIError, NotFound, UnsupportedOperation
 from certlm.host import current_host
 from certlm.hostspec import DEFAULT_OPCUA_PORT, opcua_url, parse_host_or_url
@@ -25,7 +33,6 @@ from certlm.inventory import (
     entry_certificate,
     find_entry,
     find_entry_at,
-    trustlist_view,
 )
 from certlm.registry import DeviceDriver, DeviceTarget, TrustList
 from certlm.responses import OperationResult, operation_result
@@ -67,6 +74,12 @@ class PushIn(EntryAddress):
         if not list(name):
             raise ValueError("must name at least one attribute, such as CN=plc-1")
         return value
+
+
+class RenewalIn(EntryAddress):
+    """``POST /gds/push/change``: the entry's address; ``debug`` as on the other push endpoints."""
+
+    debug: bool = Field(default=False, description="Add each step's duration to the result")
 
 
 class FirmwareIn(EntryAddress):
@@ -187,7 +200,7 @@ async def _entry_for_push(data: PushIn) -> InventoryEntry:
     return entry
 
 
-def _order(data: PushIn, onboarding: bool) -> PushOrder:
+def _order(data: PushIn, onboarding: bool, trigger: str) -> PushOrder:
     return PushOrder(
         subject=data.subject,
         add_issuer=data.issuer,
@@ -196,12 +209,16 @@ def _order(data: PushIn, onboarding: bool) -> PushOrder:
         debug=data.debug,
         username=data.username,
         password=data.password,
+        trigger=trigger,
     )
 
 
-async def _push(entry: InventoryEntry, order: PushOrder, what: str) -> dict[str, Any]:
-    result = await push_certificate(entry, order)
-    return operation_result(f"{what} of {result['url']} completed", result)
+async def _last_recorded(host_or_url: str, operation: str) -> dict[str, Any]:
+    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
+    record = last_recorded(entry, operation)
+    if record is None:
+        raise NotFound(f"no {operation} recorded for {opcua_url(entry.server, entry.port)}")
+    return record
 
 
 @blueprint.post("/gds/push")
@@ -209,43 +226,45 @@ async def _push(entry: InventoryEntry, order: PushOrder, what: str) -> dict[str,
 @validate_request(PushIn)
 async def push(data: PushIn) -> dict[str, Any]:
     """Enroll a new certificate into the device and provision its trust list, in one session. Registers a device
-    that is not yet in the inventory; credentials given are stored (encrypted) once the device accepted them.
-    422 when the PKI refuses the certificate request, 500 ``{error, result: {steps}}`` for any other failure."""
-    return await _push(await _entry_for_push(data), _order(data, onboarding=False), "certificate push")
+    that is not yet in the inventory; credentials given are stored (encrypted) once the device accepted them. At
+    first contact the certificate the device presents is accepted and pinned; later pushes require it (or one the
+    entry's PKI issued). 422 when the PKI refuses the certificate request, 500 ``{error, result: {steps}}`` for
+    any other failure."""
+    return await push_certificate(await _entry_for_push(data), _order(data, False, "POST /gds/push"))
 
 
 @blueprint.post("/gds/push/onboarding")
 @validate_response(OperationResult)
 @validate_request(PushIn)
 async def onboard(data: PushIn) -> dict[str, Any]:
-    """First contact with a device that does not trust certlm yet: accept its current certificate, verify the
-    connection, store the credentials, make it trust certlm, then enroll."""
-    return await _push(await _entry_for_push(data), _order(data, onboarding=True), "onboarding")
+    """First contact with a device, or again after it was replaced or reset: accept and pin the certificate it
+    presents, verify the connection, store the credentials, make it trust certlm's CA, then enroll."""
+    return await push_certificate(await _entry_for_push(data), _order(data, True, "POST /gds/push/onboarding"))
 
 
 @blueprint.post("/gds/push/change")
 @validate_response(OperationResult)
-@validate_request(EntryAddress)
-async def force_renewal(data: EntryAddress) -> dict[str, Any]:
+@validate_request(RenewalIn)
+async def force_renewal(data: RenewalIn) -> dict[str, Any]:
     """Renew the certificate of an inventory entry now, outside the scheduler's cycle, with its stored settings."""
     entry = await gds_entry_at(data.server, data.port)
-    return await _push(entry, PushOrder(), "certificate renewal")
+    return await push_certificate(entry, PushOrder(debug=data.debug, trigger="POST /gds/push/change"))
 
 
 @blueprint.get("/gds/push/<path:host_or_url>")
 @validate_response(OperationResult)
-async def push_stored(host_or_url: str) -> dict[str, Any]:
-    """Push with the inventory entry's stored credentials and settings; 404 if it is not in the inventory."""
-    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
-    return await _push(entry, PushOrder(), "certificate push")
+async def last_push(host_or_url: str) -> dict[str, Any]:
+    """The last push recorded for the entry (``POST /gds/push``, ``/gds/push/change`` or the scheduler), with its
+    steps, when it ran (``result.at``) and what triggered it (``result.trigger``). Never contacts the device: 404
+    for an unknown entry or when no push was recorded."""
+    return await _last_recorded(host_or_url, PUSH)
 
 
 @blueprint.get("/gds/push/onboarding/<path:host_or_url>")
 @validate_response(OperationResult)
-async def onboard_stored(host_or_url: str) -> dict[str, Any]:
-    """Onboarding with the inventory entry's stored credentials; 404 if it is not in the inventory."""
-    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
-    return await _push(entry, PushOrder(onboarding=True), "onboarding")
+async def last_onboarding(host_or_url: str) -> dict[str, Any]:
+    """The last onboarding recorded for the entry, like ``GET /gds/push/{host_or_url}``; never contacts the device."""
+    return await _last_recorded(host_or_url, ONBOARDING)
 
 
 # ---- live reads -------------------------------------------------------------------------------------------------
@@ -310,11 +329,15 @@ async def _read_certificate(
             entry.certificate_der = der
             entry.last_changed_certificate_date = datetime.now(UTC)
         entry.cert_revoked = None if options.disable_crl_check else await _revoked(entry, reading.certificate)
-        entry.last_result = operation_record(
+        record_operation(
+            entry,
             "monitor_certificate",
-            True,
-            security_policy=reading.security_policy,
-            security_mode=reading.security_mode,
+            {
+                "success": True,
+                "security_policy": reading.security_policy,
+                "security_mode": reading.security_mode,
+                "at": datetime.now(UTC).isoformat(),
+            },
         )
         await entry.save()
     return out
@@ -420,6 +443,17 @@ def _keys_in(mask: int) -> list[str]:
     return [key for key, bit in zip(TRUSTLIST_KEYS, TrustList.MASK_BITS.values(), strict=True) if mask & bit]
 
 
+async def _read_and_store_trust_list(entry: InventoryEntry, target: DeviceTarget, mask: int) -> dict[str, list[str]]:
+    """Read the device's trust list (the parts ``mask`` selects) live and store those parts in its entry."""
+    trust_list = await current_host().drivers.get(entry.service).read_trust_list(target, mask)
+    read = trustlist_record(trust_list)
+    stored = dict(entry.trustlist or {})
+    stored.update({key: read[key] for key in _keys_in(mask)})
+    entry.trustlist = stored
+    await entry.save(update_fields=["trustlist", "updated_at"])
+    return read
+
+
 @blueprint.post("/gds/monitor/trustlist")
 @validate_response(OperationResult)
 @validate_request(TrustListReadIn)
@@ -430,21 +464,21 @@ async def read_trust_list(data: TrustListReadIn) -> dict[str, Any]:
     for name in ("username", "password", "security_policy", "security_mode"):
         if getattr(data, name) is not None:
             setattr(target, name, getattr(data, name))
-    trust_list = await current_host().drivers.get(entry.service).read_trust_list(target, data.trustlist)
-    read = trustlist_record(trust_list)
-    stored = dict(entry.trustlist or {})
-    stored.update({key: read[key] for key in _keys_in(data.trustlist)})
-    entry.trustlist = stored
-    await entry.save(update_fields=["trustlist", "updated_at"])
+    read = await _read_and_store_trust_list(entry, target, data.trustlist)
     counts = {key: len(read[key]) for key in _keys_in(data.trustlist)}
     return operation_result(f"trust list of {target.url} read and stored", {"url": target.url, "counts": counts})
 
 
 @blueprint.get("/gds/monitor/trustlist/<path:host_or_url>")
 @validate_response(TrustListOut)
-async def stored_trust_list(host_or_url: str) -> TrustListOut:
-    """The trust list last read from or written to the device."""
-    return trustlist_view(await find_entry(parse_host_or_url(host_or_url), (GDS,)))
+async def live_trust_list(host_or_url: str) -> TrustListOut:
+    """The device's whole trust list, read live with the entry's stored credentials and stored as the POST does.
+    A device that cannot be read answers ``{error}`` (502), never stale data; the stored copy is
+    ``GET /gds/inventory/trustlist``."""
+    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
+    target = await device_target(entry)
+    read = await _read_and_store_trust_list(entry, target, TrustList.ALL)
+    return TrustListOut(url=target.url, **read)
 
 
 def _forget(entry: InventoryEntry, mask: int) -> bool:
@@ -474,9 +508,11 @@ async def forget_all_trust_lists(data: TrustListDeleteIn) -> dict[str, Any]:
 @validate_response(OperationResult)
 @validate_request(TrustListDeleteIn)
 async def forget_trust_list(host_or_url: str, data: TrustListDeleteIn) -> dict[str, Any]:
-    """Delete the stored trust list (parts per bitmask) of one entry; 404 when it has none stored."""
+    """Delete the stored trust list (parts per bitmask) of one entry; the device is untouched. Nothing stored is
+    nothing to delete, not an error; 404 only for an unknown entry."""
     entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
+    url = opcua_url(entry.server, entry.port)
     if not _forget(entry, data.trustlist):
-        raise NotFound(f"no stored trust list for {opcua_url(entry.server, entry.port)}")
+        return operation_result(f"no stored trust list of {url}: nothing to delete", {"deleted": False})
     await entry.save(update_fields=["trustlist", "updated_at"])
-    return operation_result(f"stored trust list of {opcua_url(entry.server, entry.port)} deleted")
+    return operation_result(f"stored trust list of {url} deleted", {"deleted": True})

@@ -7,6 +7,7 @@ change to a model therefore comes with a new ``MigrationStep`` here; ``tests/sto
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,9 +38,37 @@ async def _add_device_description_column(connection: BaseDBAsyncClient, dialect:
         await connection.execute_script(f"ALTER TABLE inventory_entry ADD COLUMN device_description {sql_type} NULL")
 
 
+async def _add_pinned_certificate_column(connection: BaseDBAsyncClient, dialect: str) -> None:
+    if not await _column_exists(connection, dialect, "inventory_entry", "pinned_certificate_der"):
+        sql_type = "BLOB" if dialect == "sqlite" else "BYTEA"
+        await connection.execute_script(
+            f"ALTER TABLE inventory_entry ADD COLUMN pinned_certificate_der {sql_type} NULL"
+        )
+    # Until version 4 the certificate certlm last stored was the one a push required: it becomes the pin.
+    await connection.execute_script(
+        "UPDATE inventory_entry SET pinned_certificate_der = certificate_der "
+        "WHERE pinned_certificate_der IS NULL AND certificate_der IS NOT NULL"
+    )
+    # last_result held one record of the last operation; it now holds the last record of each operation.
+    placeholder = ("?", "?") if dialect == "sqlite" else ("$1", "$2")
+    _, rows = await connection.execute_query(
+        "SELECT id, last_result FROM inventory_entry WHERE last_result IS NOT NULL"
+    )
+    for row in rows:
+        record = json.loads(row["last_result"]) if isinstance(row["last_result"], str) else row["last_result"]
+        if isinstance(record, dict) and isinstance(record.get("operation"), str):
+            await connection.execute_query(
+                f"UPDATE inventory_entry SET last_result = {placeholder[0]} WHERE id = {placeholder[1]}",
+                [json.dumps({record["operation"]: record}), row["id"]],
+            )
+
+
 STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(2, "maintenance rules: cron expression and occurrence duration", _add_rule_cron_columns),
     MigrationStep(3, "inventory: the device description its driver was chosen by", _add_device_description_column),
+    MigrationStep(
+        4, "inventory: the pinned device certificate; the last result of each operation", _add_pinned_certificate_column
+    ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 

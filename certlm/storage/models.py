@@ -107,11 +107,16 @@ class InventoryEntry(Model):
     security_mode = fields.IntField(null=True)
     renewal_days = fields.IntField(null=True)
     certificate_der = fields.BinaryField(null=True)
+    # The device certificate certlm trusts for this entry: pinned at an operator's first contact, replaced by each
+    # certificate a push installs or an explicit re-onboarding. Unlike ``certificate_der`` (what monitoring last
+    # read) it never follows what a device merely presents.
+    pinned_certificate_der = fields.BinaryField(null=True)
     cert_revoked = fields.BooleanField(null=True)
     last_changed_certificate_date = fields.DatetimeField(null=True)
     trustlist = fields.JSONField(null=True)
     firmware_version = fields.CharField(max_length=255, null=True)
     device_name = fields.CharField(max_length=255, null=True)
+    # The last outcome of each device operation, by operation ("push", "onboarding", "monitor_certificate", ...).
     last_result = fields.JSONField(null=True)
     # What the device said about itself when its driver was chosen: {"identity": {...}, "capabilities": {...}}.
     device_description = fields.JSONField(null=True)

@@ -35,7 +35,9 @@ def unique_host(prefix: str = "dev") -> str:
 
 
 def unique_ipv6() -> str:
-    return f"fd00::{uuid.uuid4().hex[:4]}:{uuid.uuid4().hex[:4]}"
+    """A random address already in the compressed form the service answers with: groups without leading zeros."""
+    groups = (uuid.uuid4().int % 0xF000 + 0x1000 for _ in range(2))
+    return "fd00::" + ":".join(f"{group:x}" for group in groups)
 
 
 @pytest.fixture(scope="module")

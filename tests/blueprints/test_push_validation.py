@@ -51,7 +51,14 @@ async def test_push_bodies_with_bad_values_are_refused_naming_the_field(
 
 @pytest.mark.parametrize(
     ("body", "field"),
-    [({}, "server"), ({"server": "plc.local", "port": 0}, "port"), ({"server": "plc.local", "extra": 1}, "extra")],
+    [
+        ({}, "server"),
+        ({"server": "plc.local", "port": 0}, "port"),
+        ({"server": "plc.local", "extra": 1}, "extra"),
+        ({"server": "plc.local", "debug": "true"}, "debug"),
+        ({"server": "plc.local", "debug": 1}, "debug"),
+        ({"server": "plc.local", "debug": None}, "debug"),
+    ],
 )
 async def test_change_body_with_bad_values_is_refused(api: httpx.AsyncClient, body: dict, field: str) -> None:
     response = await api.post("/gds/push/change", json=body)
@@ -125,10 +132,13 @@ async def test_trust_list_delete_body_with_bad_values_is_refused(api: httpx.Asyn
         assert next(iter(body)) in response.json()["error"]
 
 
-async def test_trust_list_delete_of_an_entry_without_one_is_404(api: httpx.AsyncClient) -> None:
+async def test_trust_list_delete_of_an_entry_without_one_is_nothing_to_delete(api: httpx.AsyncClient) -> None:
     entry = await create_gds(api)
     response = await api.request("DELETE", f"/gds/monitor/trustlist/{entry['server']}", json={})
-    assert response.status_code == 404 and "no stored trust list" in response.json()["error"]
+    assert response.status_code == 200, response.text
+    assert response.json()["success"] is True and "nothing to delete" in response.json()["execution"]
+    unknown = await api.request("DELETE", "/gds/monitor/trustlist/unknown-plc.plant.local", json={})
+    assert unknown.status_code == 404 and "no inventory entry" in unknown.json()["error"]
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 from certlm.storage.migrations import CURRENT_VERSION
+
+LEGACY_LAST_RESULT = '{"operation": "push", "success": true, "at": "2025-01-01T00:00:00+00:00"}'
 
 
 async def test_data_survives_restart_on_both_engines(make_service, database_url) -> None:
@@ -22,9 +25,15 @@ async def test_data_survives_restart_on_both_engines(make_service, database_url)
 
 def _downgrade_sqlite_to_version_1(path) -> None:
     """Turn a current database back into what version 1 looked like: rules without cron columns, inventory
-    entries without a device description."""
+    entries without a device description or pinned certificate, one last_result record per entry."""
     with sqlite3.connect(path) as db:
         db.execute("ALTER TABLE inventory_entry DROP COLUMN device_description")
+        db.execute("ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der")
+        db.execute(
+            "INSERT INTO inventory_entry (protocol, service, server, port, device_status, certificate_der, last_result,"
+            " created_at, updated_at) VALUES ('gds', 'gds-push-generic', 'plc-1', 4840, 1, X'30820102', "
+            f"'{LEGACY_LAST_RESULT}', '2025-01-01', '2025-01-01')"
+        )
         db.execute("ALTER TABLE maintenance_rule DROP COLUMN cron")
         db.execute("ALTER TABLE maintenance_rule DROP COLUMN duration_minutes")
         db.execute("UPDATE certlm_schema SET version = 1")
@@ -53,6 +62,12 @@ async def test_version_1_sqlite_database_is_upgraded_in_place(make_service) -> N
     assert {"cron", "duration_minutes"} <= _rule_columns_sqlite(database)
     with sqlite3.connect(database) as db:
         assert "device_description" in {row[1] for row in db.execute("PRAGMA table_info(inventory_entry)")}
+        # The certificate a push used to require is now the entry's pin; its last result is filed by operation.
+        pinned, last_result = db.execute(
+            "SELECT pinned_certificate_der, last_result FROM inventory_entry WHERE server = 'plc-1'"
+        ).fetchone()
+        assert pinned == bytes.fromhex("30820102")
+        assert json.loads(last_result) == {"push": json.loads(LEGACY_LAST_RESULT)}
         assert db.execute("SELECT version FROM certlm_schema").fetchone()[0] == CURRENT_VERSION
         assert db.execute("SELECT recurrence_type, start_time FROM maintenance_rule").fetchall() == [("daily", "01:00")]
     async with service.client() as client:
@@ -69,6 +84,10 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
         url,
         "ALTER TABLE maintenance_rule DROP COLUMN cron; ALTER TABLE maintenance_rule DROP COLUMN duration_minutes;"
         "ALTER TABLE inventory_entry DROP COLUMN device_description;"
+        "ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der;"
+        "INSERT INTO inventory_entry (protocol, service, server, port, device_status, certificate_der, last_result,"
+        " created_at, updated_at) VALUES ('gds', 'gds-push-generic', 'plc-1', 4840, 1, '\\x30820102', "
+        f"'{LEGACY_LAST_RESULT}', now(), now());"
         "UPDATE certlm_schema SET version = 1;"
         "INSERT INTO maintenance_window (name, status, window_type, timezone, created_at, updated_at) "
         "VALUES ('legacy', 'active', 'recurring', 'UTC', now(), now());"
@@ -84,6 +103,10 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
         url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'inventory_entry'"
     ).split()
     assert "device_description" in inventory_columns
+    pinned = postgres.query(url, "SELECT encode(pinned_certificate_der, 'hex') FROM inventory_entry").strip()
+    assert pinned == "30820102"
+    last_result = postgres.query(url, "SELECT last_result FROM inventory_entry").strip()
+    assert json.loads(last_result) == {"push": json.loads(LEGACY_LAST_RESULT)}
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
     assert postgres.query(url, "SELECT recurrence_type FROM maintenance_rule").strip() == "daily"
 

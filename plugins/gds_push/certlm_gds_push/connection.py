@@ -26,9 +26,9 @@ from asyncua.crypto import security_policies, uacrypto
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.certs import to_der
+from certlm.certs import sha1_fingerprint, to_der
 from certlm.config import Settings
-from certlm.errors import APIError, UpstreamUnavailable
+from certlm.errors import APIError, CsrRejected, DeviceFailure, UnsupportedOperation, UpstreamUnavailable
 from certlm.registry import DeviceTarget
 from certlm_gds_push.identity import ClientIdentity
 
@@ -46,6 +46,7 @@ class _WithoutRequestBodies(logging.Filter):
 logging.getLogger("asyncua.client.ua_client.UASocketProtocol").addFilter(_WithoutRequestBodies())
 
 _T = TypeVar("_T")
+SESSION_TIMEOUT_MS = 600_000
 
 # Strongest first. The None policy has no bit: it is never "within" a policy mask (see ``Endpoint.allowed_by``).
 POLICIES_BY_STRENGTH: tuple[tuple[type[security_policies.SecurityPolicy], int], ...] = (
@@ -79,19 +80,24 @@ class DeviceTimeouts:
         return cls(connect_s=settings.device_connect_timeout_s, operation_s=settings.device_operation_timeout_s)
 
 
-class DeviceError(UpstreamUnavailable):
-    """A device operation that failed or that certlm refused; ``opcua_status`` names the OPC UA status
+class DeviceError(DeviceFailure):
+    """A device operation that failed or that certlm refused; its ``device_status`` is the OPC UA status name
     (``BadUserAccessDenied``, ``BadTimeout``, ...) the push steps report."""
-
-    def __init__(self, message: str, opcua_status: str) -> None:
-        super().__init__(message)
-        self.opcua_status = opcua_status
 
 
 def status_name(error: BaseException) -> str:
-    """The OPC UA status name that best describes ``error``."""
-    if isinstance(error, DeviceError):
-        return error.opcua_status
+    """The OPC UA status name that best describes ``error``. A PKI's answers get the statuses Part 12's
+    certificate manager gives for them (a refused request is BadRequestNotAllowed)."""
+    if isinstance(error, DeviceFailure):
+        return error.device_status
+    if isinstance(error, CsrRejected):
+        return "BadRequestNotAllowed"
+    if isinstance(error, UpstreamUnavailable):
+        return "BadCommunicationError"
+    if isinstance(error, UnsupportedOperation):
+        return "BadNotSupported"
+    if isinstance(error, APIError):
+        return "BadConfigurationError"
     if isinstance(error, ua.UaStatusCodeError) and error.code is not None:
         return ua.StatusCode(error.code).name
     if isinstance(error, TimeoutError):
@@ -331,8 +337,10 @@ async def open_session(
             session = await _connect(target, identity, timeouts, endpoint)
             break
         except Exception as error:
-            if attempt + 1 == len(attempts) or not _client_rejected(error):
+            if not _client_rejected(error):
                 raise
+            if attempt + 1 == len(attempts):
+                raise client_not_trusted(identity, error) from error
             log.info(
                 "%s rejects certlm's client certificate on %s: reading without security", target.url, endpoint.name
             )
@@ -341,6 +349,18 @@ async def open_session(
         yield session
     finally:
         await session.close()
+
+
+def client_not_trusted(identity: ClientIdentity, error: BaseException) -> DeviceError:
+    """What to do about a device that refuses certlm's client certificate, with the status it answered."""
+    certificate = identity.certificate
+    return DeviceError(
+        f"the device refuses certlm's client certificate ({status_name(error)}): it must trust "
+        f"{certificate.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(certificate)}). Download it with "
+        "GET /gds/crt, add it to the device's trusted certificates (or put the device in its factory state that "
+        "accepts the first client), then retry",
+        status_name(error),
+    )
 
 
 def _client_rejected(error: BaseException) -> bool:
@@ -359,6 +379,9 @@ async def _connect(
     target: DeviceTarget, identity: ClientIdentity, timeouts: DeviceTimeouts, endpoint: Endpoint
 ) -> DeviceSession:
     client = Client(target.url, timeout=timeouts.operation_s)
+    # A certlm session lasts seconds; servers grant at most what they allow (asyncua's 10 minutes), and asking
+    # for more only makes asyncua warn on every connection.
+    client.session_timeout = SESSION_TIMEOUT_MS
     client.application_uri = identity.application_uri  # must equal the certificate's URI SAN
     client.name = client.description = "certlm"
     if endpoint.secure:

@@ -204,6 +204,7 @@ class GdsPushDriver(DeviceDriver):
         return DeviceDescription(
             DeviceIdentity(build_info["manufacturer"], build_info["product"], build_info["software_version"]),
             capabilities,
+            certificate=session.server_certificate,
         )
 
     async def read_operating_state(self, session: DeviceSession) -> str | None:

@@ -1,8 +1,13 @@
 """The GDS push flow: one enrollment in one session with the device, through OPC UA Part 12 push management.
 
-connect → describe → create_signing_request (or generate_key) → enroll → update_certificate → write_trust_list →
-apply_changes → verify. Until ApplyChanges the device keeps running on what it had: a failure before that point
-cancels the pending changes and closes the session, and its ``PushFailed`` says the device was not changed.
+connect → describe → create_signing_request (or generate_key) → enroll → fetch_crls → write_trust_list →
+update_certificate → apply_changes → verify. The trust list goes first, as Part 12 (v1.05, 7.7) and the OPC
+Foundation's push client do: servers refuse to open it while a certificate update is pending, and servers that
+check revocation refuse a certificate whose CA and CRL they do not hold yet. Every list certlm writes keeps certlm
+trusted, so a failure after it was written still leaves a device certlm can reach. A device that needs
+ApplyChanges keeps running on what it had until then: a failure before that point cancels the pending changes,
+and its ``PushFailed`` says whether the device was changed (a device that applies a trust list or certificate at
+once is).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
 from certlm.certs import issued_by, sha1_fingerprint, to_der
-from certlm.errors import APIError, UnsupportedOperation
+from certlm.errors import UnsupportedOperation
 from certlm.registry import (
     DeviceTarget,
     Enrollment,
@@ -74,6 +79,7 @@ async def push_certificate(
             session = await connection.enter_async_context(
                 driver.session(target, SessionSecurity.ENCRYPTED, known_device_check(request))
             )
+            run.presented_certificate = session.server_certificate
             note.message = f"{session.endpoint.name}, the device presents {_name(session.server_certificate)}"
         configuration = ServerConfiguration(session)  # the well-known NodeIds, should describe fail
         try:
@@ -129,37 +135,49 @@ async def push_certificate(
             if not issuer_known(enrollment.certificate, (*enrollment.chain, *pki.ca_certificates)):
                 run.fail(
                     "enroll",
-                    APIError(
+                    DeviceError(
                         f"the PKI issued {_name(enrollment.certificate)} but sent no certificate of its issuer "
                         f"{enrollment.certificate.issuer.rfc4514_string()}, and none is known: the device could not "
-                        "verify it"
+                        "verify it",
+                        "BadCertificateChainIncomplete",
                     ),
                 )
-            # A PKI that hands out its chain only with a certificate (CMP caPubs) completes the plan now.
-            if not set(enrollment.chain) <= set(pki.ca_certificates):
-                trust_list = planned_trust_list(request, pki, identity, enrollment.chain)
+            # Now that the chain is known (a PKI may hand it out only with a certificate, as CMP caPubs), the plan
+            # gets it and the CRL of every CA on it: a device that checks revocation needs them all.
+            crls = pki.crls
+            if pki.chain_crls is not None:
+                async with run.step("fetch_crls") as note:
+                    chain_crls = await pki.chain_crls(enrollment)
+                    crls = chain_crls.crls
+                    note.message = f"{len(crls)} CRLs for the chain" + "".join(
+                        f"; {missing} (devices that check revocation will refuse the certificate)"
+                        for missing in chain_crls.missing
+                    )
+            if not set(enrollment.chain) <= set(pki.ca_certificates) or crls != pki.crls:
+                trust_list = planned_trust_list(request, pki, identity, enrollment.chain, crls)
                 try:
                     check_trust_list(trust_list, driver.trust_list_limit(description))
                 except DeviceError as error:
                     run.fail("write_trust_list", error)
 
-            async with run.step("update_certificate") as note:
-                key_blob = private_key_blob(private_key, key_format, enrollment) if private_key else b""
-                apply_required = await configuration.update_certificate(
-                    certificate_type, enrollment, key_format, key_blob
-                )
-                # A device without transactions switched at once: from here on it is changed.
-                run.changed_device |= not apply_required
-                note.message = "pending until ApplyChanges" if apply_required else "applied by the device at once"
-
             async with run.step("write_trust_list") as note:
                 trust_file = await TrustListFile.locate(session, configuration.group_id)
-                trust_list_pending = await trust_file.write(to_data_type(trust_list, WRITTEN_LISTS))
-                run.changed_device |= not trust_list_pending
-                apply_required |= trust_list_pending
+                apply_required = await trust_file.write(to_data_type(trust_list, WRITTEN_LISTS))
+                # A device that applies CloseAndUpdate at once is changed from here on (and still trusts certlm).
+                run.changed_device |= not apply_required
                 note.message = (
-                    f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} CRLs"
+                    f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} "
+                    f"CRLs, {_pending_or_applied(apply_required)}"
                 )
+
+            async with run.step("update_certificate") as note:
+                key_blob = private_key_blob(private_key, key_format, enrollment) if private_key else b""
+                certificate_pending = await configuration.update_certificate(
+                    certificate_type, enrollment, key_format, key_blob
+                )
+                run.changed_device |= not certificate_pending
+                apply_required |= certificate_pending
+                note.message = _pending_or_applied(certificate_pending)
 
             async with run.step("apply_changes") as note:
                 if apply_required:
@@ -178,6 +196,7 @@ async def push_certificate(
         trust_list_read_back = await confirm_trust_list(driver, target, configuration.group_id, trust_list)
         note.message = f"the device presents the issued certificate on {endpoint.name}; {trust_list_read_back}"
     return PushOutcome(
+        presented_certificate=run.presented_certificate,
         certificate=enrollment.certificate,
         chain=enrollment.chain,
         trust_list=trust_list,
@@ -186,6 +205,10 @@ async def push_certificate(
         steps=run.steps,
         description=description,
     )
+
+
+def _pending_or_applied(pending: bool) -> str:
+    return "pending until ApplyChanges" if pending else "applied by the device at once"
 
 
 @dataclass
@@ -203,6 +226,7 @@ class StepLog:
 
     steps: list[StepOutcome] = field(default_factory=list)
     changed_device: bool = False
+    presented_certificate: x509.Certificate | None = None
 
     @asynccontextmanager
     async def step(self, name: str) -> AsyncIterator[StepNote]:
@@ -217,11 +241,14 @@ class StepLog:
 
     def fail(self, name: str, error: Exception, started: float | None = None) -> NoReturn:
         seconds = time.monotonic() - started if started is not None else 0.0
-        # A PKI refusal (CsrRejected) or another certlm API error has no OPC UA status.
-        status = "" if isinstance(error, APIError) and not isinstance(error, DeviceError) else status_name(error)
-        message = f"{name} failed: {explain(error)}"
-        self.steps.append(StepOutcome(name, False, seconds, status, message))
-        raise PushFailed(message, list(self.steps), changed_device=self.changed_device) from error
+        message = failed_step_message(name, error)
+        self.steps.append(StepOutcome(name, False, seconds, status_name(error), message))
+        raise PushFailed(
+            message,
+            list(self.steps),
+            changed_device=self.changed_device,
+            presented_certificate=self.presented_certificate,
+        ) from error
 
 
 class ServerConfiguration:
@@ -352,10 +379,16 @@ def type_name(node_id: ua.NodeId) -> str:
     return node_id.to_string()
 
 
+def failed_step_message(step: str, error: BaseException) -> str:
+    """``"<step> failed: <why>"``, without repeating a prefix the error's own message already has."""
+    prefix = f"{step} failed: "
+    return explain(error) if explain(error).startswith(prefix) else prefix + explain(error)
+
+
 def known_device_check(request: PushRequest) -> ServerCheck | None:
-    """Outside onboarding the device must present the pinned certificate or one issued by the PKI's CAs; with
-    neither known, the first certificate is accepted."""
-    if request.onboarding or (request.pinned_certificate is None and not request.trusted_cas):
+    """Unless the request trusts the device on first contact, it must present the pinned certificate or one issued
+    by the PKI's CAs; a device that presents anything else gets nothing, not even the user's password."""
+    if request.trust_on_first_use:
         return None
 
     def check(certificate: x509.Certificate) -> None:
@@ -363,9 +396,17 @@ def known_device_check(request: PushRequest) -> ServerCheck | None:
             return
         if any(issued_by(certificate, ca) for ca in request.trusted_cas):
             return
+        expected = []
+        if request.pinned_certificate is not None:
+            pinned = x509.load_der_x509_certificate(request.pinned_certificate)
+            expected.append(f"its pinned certificate {_name(pinned)}")
+        if request.trusted_cas:
+            cas = "; ".join(_name(ca) for ca in request.trusted_cas)
+            expected.append(f"a certificate issued by the PKI's CA {cas}")
         raise DeviceError(
-            f"the device presents {_name(certificate)}, which is neither its stored certificate nor issued by the "
-            "PKI's CAs: nothing was sent to it. If the device was replaced or reset, onboard it again",
+            f"the device presents {_name(certificate)}, but certlm expects {' or '.join(expected) or 'a pinned one'}"
+            ": nothing was sent to it. If the device was replaced or reset, re-onboard it (POST /gds/push/onboarding)"
+            " to accept the certificate it presents now",
             "BadCertificateUntrusted",
         )
 
@@ -399,7 +440,11 @@ def issuer_known(certificate: x509.Certificate, candidates: Iterable[x509.Certif
 
 
 def planned_trust_list(
-    request: PushRequest, pki: PkiMaterial, identity: ClientIdentity, chain: tuple[x509.Certificate, ...] = ()
+    request: PushRequest,
+    pki: PkiMaterial,
+    identity: ClientIdentity,
+    chain: tuple[x509.Certificate, ...] = (),
+    crls: tuple[x509.CertificateRevocationList, ...] | None = None,
 ) -> TrustList:
     """The trusted lists certlm writes: the PKI's CA chain and CRLs, plus certlm's client certificate or its issuers
     as the request asks. The device must keep accepting certlm after ApplyChanges, or no later renewal could reach
@@ -411,8 +456,8 @@ def planned_trust_list(
         trusted += [to_der(issuer) for issuer in identity.chain]
     if request.add_client_certificate or not _trusts(trusted, identity):
         trusted.append(identity.certificate_der)
-    crls = [crl.public_bytes(serialization.Encoding.DER) for crl in pki.crls]
-    return TrustList(trusted_certificates=_unique(trusted), trusted_crls=_unique(crls))
+    crl_ders = [crl.public_bytes(serialization.Encoding.DER) for crl in (pki.crls if crls is None else crls)]
+    return TrustList(trusted_certificates=_unique(trusted), trusted_crls=_unique(crl_ders))
 
 
 def _trusts(trusted: list[bytes], identity: ClientIdentity) -> bool:

@@ -16,7 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
-from certlm.certs import to_der
+from certlm.certs import sha1_fingerprint, to_der
 from certlm.errors import CsrRejected
 from certlm.registry import DeviceTarget, HostServices, PkiMaterial, PushFailed, PushRequest, TrustList
 from tests.plugins.gds_push.conftest import (
@@ -36,8 +36,8 @@ PUSH_STEPS = [
     "describe",
     "create_signing_request",
     "enroll",
-    "update_certificate",
     "write_trust_list",
+    "update_certificate",
     "apply_changes",
     "verify",
 ]
@@ -110,7 +110,7 @@ async def test_read_certificate_from_the_endpoints_and_from_a_secure_session(
     sign_only = target_for(admin.url, admin.port, **ADMIN, security_mode=1)
     with pytest.raises(DeviceError) as refused:
         await driver.read_certificate(sign_only, secure_session=True)
-    assert refused.value.opcua_status == "BadSecurityPolicyRejected"
+    assert refused.value.device_status == "BadSecurityPolicyRejected"
     assert "it offers Basic256Sha256/SignAndEncrypt, None/None" in refused.value.message
 
 
@@ -247,7 +247,7 @@ async def test_untrusted_client_is_refused_and_lands_in_the_rejected_folder(
     driver = driver_for(GdsPushDriver, stranger, services)
     admin = target_for(strict_peer.url, strict_peer.port, **ADMIN)
     with pytest.raises(PushFailed) as failed:
-        await driver.push(admin, PushRequest(onboarding=True), opcua_test_ca.material())
+        await driver.push(admin, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
     assert failed.value.steps[-1].step == "connect"
     assert failed.value.steps[-1].status == "BadSecurityChecksFailed"
     rejected = [x509.load_pem_x509_certificate(path.read_bytes()) for path in strict_peer.rejected_dir.glob("*.pem")]
@@ -307,7 +307,8 @@ async def test_device_presenting_another_certificate_is_refused_before_anything_
         await driver.push(wrong, request, opcua_test_ca.material())
     assert len(failed.value.steps) == 1
     assert (failed.value.steps[0].step, failed.value.steps[0].status) == ("connect", "BadCertificateUntrusted")
-    assert "onboard it again" in failed.value.message
+    message = failed.value.message
+    assert f"SHA-1 {sha1_fingerprint(stranger)}" in message and "re-onboard it (POST /gds/push/onboarding)" in message
 
 
 async def test_pki_refusing_the_csr_leaves_the_device_unchanged(
@@ -319,7 +320,8 @@ async def test_pki_refusing_the_csr_leaves_the_device_unchanged(
         await driver.push(admin, await renewal(driver, admin, opcua_test_ca), refusing)
     assert isinstance(failed.value.__cause__, CsrRejected)
     step = failed.value.steps[-1]
-    assert (step.step, step.ok, step.status) == ("enroll", False, "")
+    # Part 12's certificate manager answers a request its CA rejects with BadRequestNotAllowed.
+    assert (step.step, step.ok, step.status) == ("enroll", False, "BadRequestNotAllowed")
     assert "the PKI refuses this request" in step.message
     assert failed.value.changed_device is False
     assert await presented(driver, admin) == before
@@ -333,7 +335,7 @@ async def test_device_down_fails_within_the_connect_time_out(driver: GdsPushDriv
     assert (failed.value.steps[0].step, failed.value.steps[0].status) == ("connect", "BadNotConnected")
     with pytest.raises(DeviceError) as refused:
         await driver.read_status(nobody)
-    assert refused.value.opcua_status == "BadNotConnected" and refused.value.status == 502
+    assert refused.value.device_status == "BadNotConnected" and refused.value.status == 502
 
 
 @pytest.fixture

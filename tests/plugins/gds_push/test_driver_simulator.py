@@ -99,7 +99,9 @@ async def test_endpoint_choice_follows_the_security_masks(simulated_device: Star
     # Push management needs SignAndEncrypt: an entry restricted to Sign cannot push.
     with pytest.raises(PushFailed) as failed:
         await driver.push(
-            device_target(device, **ADMIN, security_mode=1), PushRequest(onboarding=True), OpcUaTestCa().material()
+            device_target(device, **ADMIN, security_mode=1),
+            PushRequest(onboarding=True, trust_on_first_use=True),
+            OpcUaTestCa().material(),
         )
     assert (failed.value.steps[-1].step, failed.value.steps[-1].status) == ("connect", "BadSecurityModeInsufficient")
 
@@ -111,7 +113,9 @@ async def test_onboarding_and_renewal(
     admin = device_target(device, **ADMIN)
     factory = device.certificate
     onboarded = await plc_driver.push(
-        admin, PushRequest(subject="CN=press-7,O=Plant Nord", onboarding=True), opcua_test_ca.material()
+        admin,
+        PushRequest(subject="CN=press-7,O=Plant Nord", onboarding=True, trust_on_first_use=True),
+        opcua_test_ca.material(),
     )
     assert all(step.ok for step in onboarded.steps)
     assert [step.step for step in onboarded.steps][-2:] == ["apply_changes", "verify"]
@@ -127,12 +131,76 @@ async def test_onboarding_and_renewal(
     assert renewed.certificate.subject == onboarded.certificate.subject  # no subject given: the device keeps its own
 
 
+DEVICE_MODES = {
+    "strict, ApplyChanges": {},
+    "lenient, ApplyChanges": {"lenient": True},
+    "trust list at once": {"trust_list_applies_at_once": True},
+    "certificate at once": {"certificate_applies_at_once": True},
+    "both at once": {"trust_list_applies_at_once": True, "certificate_applies_at_once": True},
+}
+
+
+@pytest.mark.parametrize("mode", DEVICE_MODES)
+async def test_push_ends_verified_on_every_kind_of_part_12_server(
+    simulated_device: StartDevice, driver: GdsPushDriver, opcua_test_ca: OpcUaTestCa, mode: str
+) -> None:
+    """Trust list first, then the certificate, then ApplyChanges only when an answer asked for it: a strict device
+    (no trust list access while a certificate is pending, no certificate without its CA and CRL), a lenient one,
+    and devices that apply at once all end presenting the issued certificate with the trust list as written."""
+    options = DEVICE_MODES[mode]
+    device = await simulated_device(**options)
+    admin = device_target(device, **ADMIN)
+    factory = device.certificate
+    for request in (PushRequest(onboarding=True, trust_on_first_use=True), None):
+        outcome = await driver.push(admin, request or renewal(device, opcua_test_ca), opcua_test_ca.material())
+        steps = {step.step: step for step in outcome.steps}
+        assert all(step.ok for step in outcome.steps), outcome.steps
+        order = [step.step for step in outcome.steps]
+        assert order.index("write_trust_list") < order.index("update_certificate") < order.index("apply_changes")
+        trust_list_at_once = options.get("trust_list_applies_at_once", False)
+        certificate_at_once = options.get("certificate_applies_at_once", False)
+        assert steps["write_trust_list"].message.endswith(
+            "applied by the device at once" if trust_list_at_once else "pending until ApplyChanges"
+        )
+        assert steps["update_certificate"].message == (
+            "applied by the device at once" if certificate_at_once else "pending until ApplyChanges"
+        )
+        needed = not (trust_list_at_once and certificate_at_once)
+        assert (steps["apply_changes"].message == "not needed: the device applied the changes at once") != needed
+        assert "reads back as written" in steps["verify"].message
+        await device.settle()
+        assert device.certificate == outcome.certificate != factory
+        assert set(device.trust_list.trusted_certificates) == set(outcome.trust_list.trusted_certificates)
+        assert opcua_test_ca.crl.public_bytes(serialization.Encoding.DER) in device.trust_list.trusted_crls
+
+
+async def test_a_failure_after_an_applied_trust_list_leaves_a_device_certlm_can_reach(
+    simulated_device: StartDevice, driver: GdsPushDriver, opcua_test_ca: OpcUaTestCa
+) -> None:
+    device = await simulated_device(
+        trust_list_applies_at_once=True, fail_at="update_certificate:BadInternalError", fail_count=1
+    )
+    admin = device_target(device, **ADMIN)
+    before = device.certificate
+    with pytest.raises(PushFailed) as failed:
+        await driver.push(admin, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
+    assert (failed.value.steps[-1].step, failed.value.steps[-1].status) == ("update_certificate", "BadInternalError")
+    # The trust list took effect at once: the device was changed, keeps its certificate and trusts certlm's CA.
+    assert failed.value.changed_device is True and device.certificate == before
+    assert opcua_test_ca.certificate.public_bytes(serialization.Encoding.DER) in device.trust_list.trusted_certificates
+    # So the next push, pinned to the certificate the device still presents, reaches it and completes.
+    outcome = await driver.push(admin, renewal(device, opcua_test_ca), opcua_test_ca.material())
+    assert device.certificate == outcome.certificate != before
+
+
 @pytest.mark.parametrize("key_format", ["PEM", "PFX"])
 async def test_device_without_csr_support_gets_a_key_made_by_certlm(
     simulated_device: StartDevice, driver: GdsPushDriver, opcua_test_ca: OpcUaTestCa, key_format: str
 ) -> None:
     device = await simulated_device(can_create_csr=False, private_key_formats=(key_format,))
-    outcome = await driver.push(device_target(device, **ADMIN), PushRequest(onboarding=True), opcua_test_ca.material())
+    outcome = await driver.push(
+        device_target(device, **ADMIN), PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material()
+    )
     steps = {step.step: step for step in outcome.steps}
     assert steps["create_signing_request"].status == "BadNotSupported" and steps["create_signing_request"].ok
     assert f"sent as {key_format}" in steps["generate_key"].message
@@ -149,7 +217,11 @@ async def test_device_without_csr_support_and_no_usable_key_format_is_refused(
     device = await simulated_device(can_create_csr=False, private_key_formats=())
     before = device.certificate
     with pytest.raises(PushFailed) as failed:
-        await driver.push(device_target(device, **ADMIN), PushRequest(onboarding=True), opcua_test_ca.material())
+        await driver.push(
+            device_target(device, **ADMIN),
+            PushRequest(onboarding=True, trust_on_first_use=True),
+            opcua_test_ca.material(),
+        )
     assert (failed.value.steps[-1].step, failed.value.steps[-1].status) == ("generate_key", "BadNotSupported")
     assert "accepts no private key format" in failed.value.message
     assert failed.value.changed_device is False and device.certificate == before
@@ -163,7 +235,7 @@ async def test_trust_list_over_max_trust_list_size_is_refused_before_the_device_
     assert (await driver.describe(admin)).capabilities["max_trust_list_size"] == 512
     before = device.certificate
     with pytest.raises(PushFailed) as failed:
-        await driver.push(admin, PushRequest(onboarding=True), opcua_test_ca.material())
+        await driver.push(admin, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
     assert [step.step for step in failed.value.steps] == ["connect", "describe", "write_trust_list"]
     assert failed.value.steps[-1].status == "BadRequestTooLarge"
     assert "trust list too large:" in failed.value.message and "the device accepts at most 512" in failed.value.message
@@ -187,12 +259,12 @@ async def test_failure_at_each_step_leaves_the_device_unchanged(
     admin = device_target(device, **ADMIN)
     before, trusted_before = device.certificate, device.trust_list
     with pytest.raises(PushFailed) as failed:
-        await driver.push(admin, PushRequest(onboarding=True), opcua_test_ca.material())
+        await driver.push(admin, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
     assert (failed.value.steps[-1].step, failed.value.steps[-1].status) == (step, "BadInternalError")
     assert failed.value.changed_device is False
     assert device.certificate == before and device.trust_list == trusted_before
     # Nothing is left pending on the device: the next push goes through.
-    await driver.push(admin, PushRequest(onboarding=True), opcua_test_ca.material())
+    await driver.push(admin, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
     assert device.certificate != before
 
 
@@ -204,7 +276,7 @@ async def test_device_going_down_mid_push_keeps_its_old_certificate(
     before = device.certificate
     started = time.monotonic()
     with pytest.raises(PushFailed) as failed:
-        await driver.push(admin, PushRequest(onboarding=True), opcua_test_ca.material())
+        await driver.push(admin, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
     assert time.monotonic() - started < 5
     assert failed.value.steps[-1].step == "update_certificate"
     assert failed.value.steps[-1].status in ("BadCommunicationError", "BadConnectionClosed", "BadNotConnected")
@@ -212,7 +284,9 @@ async def test_device_going_down_mid_push_keeps_its_old_certificate(
     while not device.listening:
         await asyncio.sleep(0.1)
     assert (await driver.read_certificate(admin, secure_session=True)).certificate == before
-    outcome = await driver.push(admin, renewal(device, opcua_test_ca, onboarding=True), opcua_test_ca.material())
+    outcome = await driver.push(
+        admin, renewal(device, opcua_test_ca, onboarding=True, trust_on_first_use=True), opcua_test_ca.material()
+    )
     assert device.certificate == outcome.certificate != before
 
 
@@ -223,11 +297,11 @@ async def test_refused_users_and_clients(
     before = device.certificate
     wrong = device_target(device, username="admin", password="wrong")
     with pytest.raises(PushFailed) as failed:
-        await driver.push(wrong, PushRequest(onboarding=True), opcua_test_ca.material())
+        await driver.push(wrong, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
     assert failed.value.steps[-1].status in ("BadUserAccessDenied", "BadIdentityTokenRejected")
     operator = device_target(device, username="operator", password="operator-pw")
     with pytest.raises(PushFailed) as failed:
-        await driver.push(operator, PushRequest(onboarding=True), opcua_test_ca.material())
+        await driver.push(operator, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
     assert (failed.value.steps[-1].step, failed.value.steps[-1].status) == (
         "create_signing_request",
         "BadUserAccessDenied",
@@ -240,7 +314,7 @@ async def test_refused_users_and_clients(
         await driver_for(GdsPushDriver, stranger, services).read_certificate(
             device_target(strict, **ADMIN), secure_session=True
         )
-    assert refused.value.opcua_status in ("BadCertificateUntrusted", "BadSecurityChecksFailed")
+    assert refused.value.device_status in ("BadCertificateUntrusted", "BadSecurityChecksFailed")
     assert stranger.certificate_der in strict.rejected
 
 
@@ -258,8 +332,8 @@ async def test_x509_user_identity_from_the_entry_pkcs12(
     )
     device = await simulated_device(admin_user_certificates=(to_der(user),))
     target = device_target(device, pkcs12=pkcs12_blob, pkcs12_password="p12-pw")
-    outcome = await driver.push(target, PushRequest(onboarding=True), opcua_test_ca.material())
+    outcome = await driver.push(target, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material())
     assert device.certificate == outcome.certificate
     with pytest.raises(DeviceError) as refused:
         await driver.describe(device_target(device, pkcs12=pkcs12_blob, pkcs12_password="wrong"))
-    assert refused.value.opcua_status == "BadIdentityTokenInvalid"
+    assert refused.value.device_status == "BadIdentityTokenInvalid"

@@ -4,7 +4,6 @@ mid-push, device refusing CSR, trust list too large, PKI refusing the request)."
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -91,6 +90,12 @@ async def test_onboarding_enrolls_from_the_internal_ca_and_records_everything(
                      "write_trust_list", "apply_changes", "verify"):  # fmt: skip
         assert expected in steps
     assert all(step["ok"] and step["seconds"] >= 0 for step in result["steps"])
+    # Part 12's order: the trust list first, then the certificate, then ApplyChanges.
+    assert steps.index("write_trust_list") < steps.index("update_certificate") < steps.index("apply_changes")
+    assert result["first_contact"].startswith(
+        f"first contact: device presented {factory_certificate.subject.rfc4514_string()}, "
+        f"SHA-1 {sha1_fingerprint(factory_certificate)}"
+    )
     # The device now presents a certificate of the internal CA with the requested subject.
     presented = device.certificate
     assert presented != factory_certificate
@@ -135,7 +140,17 @@ async def test_renewal_replaces_the_certificate_and_survives_a_device_restart(
     assert "seconds" not in renewed.json()["result"]["steps"][0], "step timings only with debug"
     second = device.certificate
     assert second.serial_number != first.serial_number and second.subject == first.subject
-    again = await api.get(f"/gds/push/{path_for(device)}")
+    # The status GET answers the renewal just recorded and leaves the device alone.
+    status = await api.get(f"/gds/push/{path_for(device)}")
+    assert status.status_code == 200, status.text
+    assert status.json()["success"] is True and status.json()["error"] == ""
+    assert status.json()["result"]["trigger"] == "POST /gds/push/change"
+    assert status.json()["result"]["certificate"]["sha1_thumbprint"] == sha1_fingerprint(second)
+    assert [step["step"] for step in status.json()["result"]["steps"]] == [
+        step["step"] for step in renewed.json()["result"]["steps"]
+    ]
+    assert device.certificate == second
+    again = await api.post("/gds/push/change", json={"server": "127.0.0.1", "port": device_config.port})
     assert again.status_code == 200, again.text
     third = device.certificate
     assert third.serial_number not in (first.serial_number, second.serial_number)
@@ -192,9 +207,85 @@ async def test_monitoring_reads_live(api: httpx.AsyncClient, device: SimulatedDe
     assert read.status_code == 200 and read.json()["success"] is True, read.text
     assert read.json()["result"]["counts"] == {"trustlist_trusted_ca": len(device.trust_list.trusted_certificates)}
     forget = await api.request("DELETE", f"/gds/monitor/trustlist/{path}", json={"trustlist": 2})
-    assert forget.status_code == 200
-    stored = (await api.get(f"/gds/monitor/trustlist/{path}")).json()
+    assert forget.status_code == 200 and forget.json()["result"] == {"deleted": True}
+    stored = await stored_trust_list(api, device)
     assert stored["trustlist_trusted_ca"] and stored["trustlist_trusted_crl"] == []
+
+
+async def test_first_push_trusts_the_device_on_first_contact_and_pins_it(
+    api: httpx.AsyncClient, device: SimulatedDevice, device_config: SimulatorConfig
+) -> None:
+    factory_certificate = device.certificate
+    first = await api.post("/gds/push", json=body_for(device, **ADMIN))
+    assert first.status_code == 200, first.text
+    assert first.json()["result"]["first_contact"] == (
+        f"first contact: device presented {factory_certificate.subject.rfc4514_string()}, "
+        f"SHA-1 {sha1_fingerprint(factory_certificate)}; pinned"
+    )
+    issued = device.certificate
+    # A renewal needs no first contact: the device presents what certlm installed.
+    renewed = await api.post("/gds/push/change", json=body_for(device))
+    assert renewed.status_code == 200 and "first_contact" not in renewed.json()["result"], renewed.text
+    pinned = device.certificate
+    assert pinned != issued
+
+    # The device is swapped for a new one in factory state on the same address.
+    await device.stop()
+    swapped = SimulatedDevice(replace(device_config, state_dir=device_config.state_dir / "swapped"))
+    await swapped.start()
+    try:
+        stranger = swapped.certificate
+        for method, path, body in (("POST", "/gds/push/change", body_for(swapped)),
+                                   ("POST", "/gds/push", body_for(swapped, **ADMIN))):  # fmt: skip
+            refused = await api.request(method, path, json=body)
+            assert refused.status_code == 500, refused.text
+            error = refused.json()["error"]
+            assert f"SHA-1 {sha1_fingerprint(stranger)}" in error and f"SHA-1 {sha1_fingerprint(pinned)}" in error
+            assert "re-onboard" in error and "POST /gds/push/onboarding" in error
+            assert refused.json()["result"]["device_changed"] is False
+            connect = refused.json()["result"]["steps"][-1]
+            assert connect["step"] == "connect" and connect["status"] == "BadCertificateUntrusted"
+        # Nothing reached the stranger: no session, no trust list, its certificate untouched.
+        assert swapped.certificate == stranger and swapped.trust_list.is_empty()
+        # Re-onboarding is the operator accepting the new device.
+        onboarded = await api.post("/gds/push/onboarding", json=body_for(swapped, **ADMIN))
+        assert onboarded.status_code == 200, onboarded.text
+        assert onboarded.json()["result"]["first_contact"] == (
+            f"first contact: device presented {stranger.subject.rfc4514_string()}, SHA-1 "
+            f"{sha1_fingerprint(stranger)}, replacing the pinned SHA-1 {sha1_fingerprint(pinned)}; pinned"
+        )
+        assert swapped.certificate != stranger
+        onboarding = (await api.get(f"/gds/push/onboarding/{path_for(swapped)}")).json()
+        assert onboarding["success"] is True and onboarding["result"]["trigger"] == "POST /gds/push/onboarding"
+        assert (await api.post("/gds/push/change", json=body_for(swapped))).status_code == 200
+    finally:
+        await swapped.stop()
+
+
+async def test_push_status_of_unknown_entries_is_404(api: httpx.AsyncClient) -> None:
+    for path in (f"/gds/push/127.0.0.1:{free_port()}", f"/gds/push/onboarding/127.0.0.1:{free_port()}"):
+        response = await api.get(path)
+        assert response.status_code == 404 and "no inventory entry" in response.json()["error"]
+
+
+async def test_live_trust_list_reads_the_device_and_never_answers_stale_data(
+    api: httpx.AsyncClient, device: SimulatedDevice
+) -> None:
+    await onboard(api, device)
+    assert (await api.request("DELETE", f"/gds/monitor/trustlist/{path_for(device)}", json={})).status_code == 200
+    live = await api.get(f"/gds/monitor/trustlist/{path_for(device)}")
+    assert live.status_code == 200, live.text
+    on_device = device.trust_list
+    assert {base64.b64decode(item) for item in live.json()["trustlist_trusted_ca"]} == set(
+        on_device.trusted_certificates
+    )
+    assert len(live.json()["trustlist_trusted_crl"]) == len(on_device.trusted_crls) == 1
+    # What was read is stored again, as POST /gds/monitor/trustlist does.
+    assert (await stored_trust_list(api, device))["trustlist_trusted_ca"] == live.json()["trustlist_trusted_ca"]
+    await device.stop()
+    down = await api.get(f"/gds/monitor/trustlist/{path_for(device)}")
+    assert down.status_code == 502 and "reading the trust list failed" in down.json()["error"], down.text
+    assert "trustlist_trusted_ca" not in down.json()
 
 
 async def test_wrong_password_fails_and_keeps_the_stored_one(api: httpx.AsyncClient, device: SimulatedDevice) -> None:
@@ -206,8 +297,13 @@ async def test_wrong_password_fails_and_keeps_the_stored_one(api: httpx.AsyncCli
     assert "BadUserAccessDenied" in body["error"] or "BadIdentityTokenRejected" in body["error"]
     assert body["result"]["device_changed"] is False
     assert device.certificate == before
+    # The failure is what the status GET answers now.
+    status = (await api.get(f"/gds/push/{path_for(device)}")).json()
+    assert status["success"] is False and status["error"] == body["error"]
+    assert status["result"]["trigger"] == "POST /gds/push" and status["result"]["steps"][-1]["ok"] is False
     # The stored password is still the one that works.
-    assert (await api.get(f"/gds/push/{path_for(device)}")).status_code == 200
+    renewal = await api.post("/gds/push/change", json=body_for(device))
+    assert renewal.status_code == 200, renewal.text
 
 
 async def test_operator_without_security_admin_role_is_refused(api: httpx.AsyncClient, device: SimulatedDevice) -> None:
@@ -226,8 +322,16 @@ async def test_untrusted_client_is_refused_and_listed_as_rejected(
     try:
         response = await api.post("/gds/push/onboarding", json=body_for(strict, **ADMIN))
         assert response.status_code == 500
-        assert "Bad" in response.json()["error"]
-        assert (await client_certificate(api)).public_bytes(_der()) in strict.rejected
+        # The answer says what to do: which certificate the device must trust and where to get it.
+        certlm = await client_certificate(api)
+        error = response.json()["error"]
+        assert f"SHA-1 {sha1_fingerprint(certlm)}" in error and "GET /gds/crt" in error and "factory" in error
+        assert error.startswith("connect failed: the device refuses certlm's client certificate (Bad")
+        assert error.count("failed:") == 1, "an error never repeats its prefix"
+        failed = response.json()["result"]["steps"][-1]
+        assert failed["status"] in ("BadCertificateUntrusted", "BadSecurityChecksFailed")
+        assert all(step["status"] for step in response.json()["result"]["steps"] if not step["ok"])
+        assert certlm.public_bytes(_der()) in strict.rejected
         # Trusting certlm's certificate on the device (by hand, as an operator would) lets onboarding through.
         await strict.stop()
         trusting = SimulatedDevice(
@@ -326,9 +430,14 @@ async def test_pki_refusing_the_request_answers_422_and_leaves_the_device_alone(
         assert "2048" in response.json()["error"] or "key" in response.json()["error"]
         failed = [step for step in response.json()["result"]["steps"] if not step["ok"]]
         assert [step["step"] for step in failed] == ["enroll"]
+        assert failed[0]["status"] == "BadRequestNotAllowed"
         assert weak.certificate == before
+        # First contact pinned the certificate the device presents; it is the entry's current certificate.
         entry = (await api.get(f"/gds/inventory/{path_for(weak)}")).json()
-        assert entry["cert_base64"] is None
+        assert base64.b64decode(entry["cert_base64"]) == before.public_bytes(_der())
+        assert response.json()["result"]["first_contact"].startswith(
+            f"first contact: device presented {before.subject.rfc4514_string()}, SHA-1 {sha1_fingerprint(before)}"
+        )
     finally:
         await weak.stop()
 
@@ -382,21 +491,25 @@ async def test_whole_lifecycle_against_the_node_opcua_peer(api: httpx.AsyncClien
 async def test_registration_in_the_inventory_picks_the_specific_driver(
     api: httpx.AsyncClient, device: SimulatedDevice
 ) -> None:
+    factory_certificate = device.certificate
     created = await api.post(
         "/gds/inventory",
         json={"server": "127.0.0.1", "port": device.config.port, "userinfo_name": "admin",
               "userinfo_password": "admin-pw"},
     )  # fmt: skip
-    assert created.status_code == 200 and created.json()["service"] == "gds-push-generic"
-    # The device is asked who it is after the answer; its BuildInfo matches the simulated-PLC driver.
-    for _ in range(100):
-        entry = (await api.get(f"/gds/inventory/{path_for(device)}")).json()
-        if entry["service"] != "gds-push-generic":
-            break
-        await asyncio.sleep(0.1)
-    assert entry["service"] == "gds-push-certlm-simulated-plc"
+    # Registration asks the device who it is: its BuildInfo matches the simulated-PLC driver, and the certificate
+    # it presents is pinned and shown.
+    assert created.status_code == 200, created.text
+    assert created.json()["service"] == "gds-push-certlm-simulated-plc"
+    assert base64.b64decode(created.json()["cert_base64"]) == factory_certificate.public_bytes(_der())
     supported = (await api.get("/supported-devices")).json()
     assert any(row["device_name"] == "Simulated PLC" and row["firmware_version"] == "1.*" for row in supported)
+    # The first push to the registered device enrolls it: the pinned certificate is the one it presents.
+    pushed = await api.post("/gds/push", json=body_for(device))
+    assert pushed.status_code == 200, pushed.text
+    assert "first_contact" not in pushed.json()["result"]
+    assert device.certificate != factory_certificate
+    assert (await api.get(f"/gds/push/onboarding/{path_for(device)}")).status_code == 404
 
 
 async def test_monitoring_a_device_outside_the_inventory_stores_nothing(
@@ -409,6 +522,12 @@ async def test_monitoring_a_device_outside_the_inventory_stores_nothing(
     assert (await api.get(f"/gds/inventory/{path_for(device)}")).status_code == 404
 
 
+async def stored_trust_list(api: httpx.AsyncClient, device: SimulatedDevice) -> dict:
+    """The trust list certlm has stored for the device (the cached view), not read live."""
+    stored = (await api.get("/gds/inventory/trustlist")).json()
+    return next(item for item in stored if item["url"] == device.url)
+
+
 async def test_deleting_all_stored_trust_lists_leaves_the_devices_alone(
     api: httpx.AsyncClient, device: SimulatedDevice
 ) -> None:
@@ -416,6 +535,12 @@ async def test_deleting_all_stored_trust_lists_leaves_the_devices_alone(
     on_device = device.trust_list
     deleted = await api.request("DELETE", "/gds/monitor/trustlist", json={})
     assert deleted.status_code == 200 and deleted.json()["result"]["entries"] >= 1
-    stored = (await api.get(f"/gds/monitor/trustlist/{path_for(device)}")).json()
+    stored = await stored_trust_list(api, device)
     assert stored["trustlist_trusted_ca"] == [] and stored["trustlist_trusted_crl"] == []
     assert device.trust_list == on_device
+    # Deleting again finds nothing stored: that is not an error.
+    again = await api.request("DELETE", f"/gds/monitor/trustlist/{path_for(device)}", json={})
+    assert again.status_code == 200 and again.json()["success"] is True, again.text
+    assert again.json()["result"] == {"deleted": False}
+    unknown = await api.request("DELETE", f"/gds/monitor/trustlist/127.0.0.1:{free_port()}", json={})
+    assert unknown.status_code == 404 and "error" in unknown.json()
