@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from datetime import date
 from pathlib import Path
 
 from certlm import __version__
+from certlm.logs import LEVELS, configure_logging, console_level
+
+
+def _configure_logging(args: argparse.Namespace, data_dir: Path) -> None:
+    try:
+        level = console_level(args.log_level)
+    except ValueError as error:
+        raise SystemExit(f"certlm: {error}") from None
+    configure_logging(level, data_dir)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -19,6 +27,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     settings = Settings.from_env(**overrides)
+    _configure_logging(args, settings.data_dir)
     asyncio.run(serve(settings, host=args.host, port=args.port))
     return 0
 
@@ -58,8 +67,10 @@ def _license_issue(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from certlm.demo import run_demo
 
+    data_dir = Path(args.data_dir).resolve()
+    _configure_logging(args, data_dir)
     return run_demo(
-        Path(args.data_dir),
+        data_dir,
         host=args.host,
         port=args.port,
         device_urls=args.device,
@@ -69,17 +80,27 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    log_level_help = f"console verbosity, one of {', '.join(LEVELS)} (default: $CERTLM_LOG_LEVEL or info)"
     parser = argparse.ArgumentParser(prog="certlm", description="certlm " + __version__)
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=str.lower, choices=LEVELS, default=None, help=log_level_help)
+    # Given after the command as well; SUPPRESS keeps a value given before it.
+    log_level = argparse.ArgumentParser(add_help=False)
+    log_level.add_argument(
+        "--log-level", type=str.lower, choices=LEVELS, default=argparse.SUPPRESS, help=log_level_help
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="serve the REST API (HTTPS once a TLS certificate is installed)")
+    serve = commands.add_parser(
+        "serve", parents=[log_level], help="serve the REST API (HTTPS once a TLS certificate is installed)"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=5000)
     serve.add_argument("--data-dir", default=None, help="default: $CERTLM_DATA_DIR or ./certlm-data")
     serve.set_defaults(func=_serve)
 
-    demo = commands.add_parser("demo", help="set up a demo instance (license, PKI, data) and serve it")
+    demo = commands.add_parser(
+        "demo", parents=[log_level], help="set up a demo instance (license, PKI, data) and serve it"
+    )
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=5000)
     demo.add_argument("--data-dir", default="certlm-demo")
@@ -107,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Everything certlm writes (database, keys, logs, TLS files) holds or reveals secrets: private to its user.
+    os.umask(0o077)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return args.func(args)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 
@@ -30,12 +31,33 @@ class CertlmConfig(Config):
         return server_ssl_context(self.certfile, self.keyfile, self.keyfile_password, self.alpn_protocols)
 
 
-def hypercorn_config(settings: Settings, host: str, port: int, tls: ServerTls | None = None) -> Config:
-    """Listen on ``host:port``, with TLS when ``tls`` is given."""
+def listening_socket(host: str, port: int, backlog: int = Config.backlog) -> socket.socket:
+    """A TCP socket listening on ``host:port``, made before the app starts: a port in use stops start-up at once with
+    a message instead of a traceback after it, and "Running on" is true from the moment it is said."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        listener.bind((host, port))
+        listener.listen(backlog)
+    except OSError as error:
+        listener.close()
+        raise SystemExit(f"certlm: cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return listener
+
+
+def hypercorn_config(listener: socket.socket, tls: ServerTls | None = None) -> Config:
+    """Serve on ``listener`` (hypercorn takes the socket over), with TLS when ``tls`` is given.
+
+    hypercorn logs to the ``hypercorn.error`` logger and certlm's handlers, not to a stream of its own, and without
+    its INFO lines: they only repeat the address certlm announces once the app has started.
+    """
     config = CertlmConfig()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.bind = [f"fd://{listener.detach()}"]
     config.accesslog = None
-    config.errorlog = "-"
+    errors = logging.getLogger("hypercorn.error")
+    errors.setLevel(logging.WARNING)
+    config.errorlog = errors
     if tls is not None:
         config.certfile = str(tls.files.cert_file)
         config.keyfile = str(tls.files.key_file)
@@ -57,22 +79,25 @@ async def activate_server_tls(settings: Settings, secret_box: SecretBox) -> Serv
 
 
 async def serve(
-    settings: Settings, host: str, port: int, after_start: Callable[[], Awaitable[None]] | None = None
+    settings: Settings, host: str, port: int, after_start: Callable[[str], Awaitable[None]] | None = None
 ) -> None:
-    """Serve until SIGINT or SIGTERM; ``after_start`` runs as a background task once the app has started."""
+    """Serve until SIGINT or SIGTERM. Once the app has started, "Running on" is logged and ``after_start`` runs as a
+    background task, given the service's base URL."""
+    listener = listening_socket(host, port)
     app = create_app(settings)
-    if after_start is not None:
-
-        @app.before_serving
-        async def start_after_start() -> None:
-            app.add_background_task(after_start)
-
     certlm_host: Host = app.extensions["certlm"]
-    config = hypercorn_config(settings, host, port, await activate_server_tls(settings, certlm_host.secrets))
+    config = hypercorn_config(listener, await activate_server_tls(settings, certlm_host.secrets))
+    scheme = "https" if config.ssl_enabled else "http"
+    url = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+    @app.before_serving
+    async def announce() -> None:
+        log.info("Running on %s (data in %s; Ctrl-C stops it)", url, settings.data_dir)
+        if after_start is not None:
+            app.add_background_task(after_start, url)
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    scheme = "https" if config.ssl_enabled else "http"
-    print(f"certlm listening on {scheme}://{host}:{port} (data in {settings.data_dir})", flush=True)
     await hypercorn_serve(app, config, shutdown_trigger=stop.wait)

@@ -138,8 +138,14 @@ class RunningService:
         await self.stop()
         await self.start()
 
-    def log(self) -> str:
+    def console(self) -> str:
+        """What the service printed on its console."""
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def log(self) -> str:
+        """Everything the service said: its console, then its log file (``<data>/logs``), where details go."""
+        files = sorted((self.data_dir / "logs").glob("certlm.log*"))
+        return self.console() + "".join(path.read_text(errors="replace") for path in files)
 
     def client(self, api_key: str | bool | None = True, **kwargs) -> httpx.AsyncClient:
         """An HTTP client; ``api_key=True`` sends this service's key, a string sends that, None none."""

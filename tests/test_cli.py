@@ -1,7 +1,12 @@
-"""The ``certlm license`` commands, used as a licensing desk would use them, and the license they make."""
+"""The ``certlm`` command: the license commands as a licensing desk uses them and the license they make, and what
+``certlm serve`` writes to the console and to its log file."""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import socket
 import stat
 import subprocess
 import sys
@@ -9,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from certlm.cli import build_parser
 from certlm.licensing import validate_license
+from certlm.logs import PrivateRotatingFileHandler
+from tests.support import LicenseKeys, RunningService, free_port
+from tests.test_demo import MAX_CONSOLE_LINE
 
 
 def certlm(*args: str) -> subprocess.CompletedProcess:
@@ -65,3 +74,88 @@ def test_issue_with_a_missing_key_file_fails_clearly(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode != 0
     assert "absent.pem" in result.stderr
+
+
+def test_log_level_is_given_before_or_after_the_command() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["--log-level", "WARNING", "serve"]).log_level == "warning"
+    assert parser.parse_args(["serve", "--log-level", "debug"]).log_level == "debug"
+    assert parser.parse_args(["demo"]).log_level is None
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["serve", "--log-level", "loud"], {}, "argument --log-level: invalid choice: 'loud'"),
+        (["serve"], {"CERTLM_LOG_LEVEL": "loud"}, "CERTLM_LOG_LEVEL must be one of debug, info, warning, error"),
+    ],
+)
+def test_serve_refuses_an_unknown_log_level(tmp_path: Path, args: list[str], env: dict, message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "certlm", *args, "--data-dir", str(tmp_path), "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_serve_on_a_port_in_use_says_so(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = certlm("serve", "--data-dir", str(tmp_path), "--port", str(port))
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(f"certlm: cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert "Traceback" not in result.stderr
+
+
+async def test_serve_logs_certlm_to_the_console_and_every_detail_to_a_private_file(tmp_path: Path) -> None:
+    service = RunningService(data_dir=tmp_path / "data", license_keys=LicenseKeys.create(tmp_path / "keys"))
+    service.data_dir.mkdir()
+    await service.start()  # "Running on" is logged before the first request is answered
+    await service.stop()
+    console = service.console()
+    assert [line for line in console.splitlines() if len(line) > MAX_CONSOLE_LINE] == []
+    assert console.count("Running on") == 1, console
+    assert f"INFO certlm.server: Running on {service.url} (data in {service.data_dir}; Ctrl-C stops it)" in console
+    assert "INFO tortoise" not in console  # the libraries' INFO lines stay off the console ...
+
+    log_file = service.data_dir / "logs" / "certlm.log"
+    assert stat.S_IMODE(log_file.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+    details = log_file.read_text()
+    assert "INFO tortoise: " in details  # ... and go to the file
+    assert details.count("Running on") == 1
+    assert f"details (INFO and up, every library) go to {log_file}" in console
+
+
+async def test_debug_shows_the_libraries_info_never_their_debug_and_the_file_stays_at_info(tmp_path: Path) -> None:
+    service = RunningService(
+        data_dir=tmp_path / "data",
+        license_keys=LicenseKeys.create(tmp_path / "keys"),
+        env_extra={"CERTLM_LOG_LEVEL": "debug"},
+    )
+    service.data_dir.mkdir()
+    await service.start()
+    await service.stop()
+    console = service.console()
+    assert "INFO tortoise: " in console
+    assert not re.search(r" DEBUG (?!certlm)", console), "the libraries never log below INFO, not even here"
+    assert " DEBUG " not in (service.data_dir / "logs" / "certlm.log").read_text()
+
+
+def test_rotated_log_files_are_private_too(tmp_path: Path) -> None:
+    previous = os.umask(0o022)
+    try:
+        handler = PrivateRotatingFileHandler(tmp_path / "certlm.log", maxBytes=200, backupCount=2, encoding="utf-8")
+        try:
+            for number in range(20):
+                handler.emit(logging.makeLogRecord({"msg": f"record {number} " + "x" * 50, "levelno": logging.INFO}))
+        finally:
+            handler.close()
+    finally:
+        os.umask(previous)
+    files = sorted(path.name for path in tmp_path.iterdir())
+    assert files == ["certlm.log", "certlm.log.1", "certlm.log.2"]
+    assert {stat.S_IMODE((tmp_path / name).stat().st_mode) for name in files} == {0o600}

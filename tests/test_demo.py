@@ -1,38 +1,168 @@
-"""``certlm demo``: a newcomer's first request works against a fresh demo instance."""
+"""``certlm demo`` as ``scripts/demo`` runs it: a newcomer's first requests work, the console stays readable and ends
+with one summary, and the details go to a private log file."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
+import socket
+import stat
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from tests.support import free_port
 
+VENV_BIN = Path(sys.executable).parent
+DEMO_DIR = "certlm-demo"  # scripts/demo's default, relative to where it runs
+SUMMARY_HEADER = "certlm demo ready at "
+MAX_CONSOLE_LINE = 300
+# A console line written by a logger: "2026-01-01 12:00:00,000 LEVEL logger.name: message".
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<logger>[\w.]+): ")
 
-async def test_demo_starts_licensed_with_an_internal_ca(tmp_path: Path) -> None:
-    port = free_port()
-    data_dir = tmp_path / "demo"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "certlm", "demo", "--data-dir", str(data_dir), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+T = TypeVar("T")
+
+
+def consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports that are free on 127.0.0.1 now."""
+    for _ in range(100):
+        first = free_port()
+        with ExitStack() as sockets:
+            try:
+                for port in range(first, first + count):
+                    sockets.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+async def wait_for(
+    condition: Callable[[], T], what: str, timeout: float, *, alive: subprocess.Popen | None = None
+) -> T:
+    """Poll ``condition`` until it returns something true, failing after ``timeout`` seconds or once ``alive`` ends."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"exited with {alive.returncode} before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout}s")
+        await asyncio.sleep(0.1)
+
+
+def summary_block(console: str, next_steps: int) -> list[str] | None:
+    """The console from the demo's summary header to its end, once the summary has been written whole: its ``next
+    steps`` list has ``next_steps`` lines and ends the line. None before."""
+    start = console.rfind(SUMMARY_HEADER)
+    if start < 0 or not console.endswith("\n"):
+        return None
+    block = console[start:].splitlines()
+    if "  next steps:" not in block:
+        return None
+    return block if len(block) - block.index("  next steps:") - 1 >= next_steps else None
+
+
+@dataclass
+class RunningDemo:
+    """``scripts/demo`` without its set-up step, run in ``directory``: ``certlm-simulate --auto-accept`` devices in
+    factory state on consecutive free ports, and ``certlm demo --data-dir certlm-demo`` onboarding them on a free
+    port. Each process's console goes to a file (a pipe nobody reads while it runs could fill and stall it)."""
+
+    directory: Path
+    device_count: int = 3
+    port: int = 0
+    device_port: int = 0
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / DEMO_DIR
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def device_urls(self) -> list[str]:
+        return [f"opc.tcp://127.0.0.1:{self.device_port + offset}" for offset in range(self.device_count)]
+
+    @property
+    def console_file(self) -> Path:
+        return self.directory / "demo-console.txt"
+
+    @property
+    def api_key(self) -> str:
+        return (self.data_dir / "secrets" / "certlm_api_key.txt").read_text().strip()
+
+    def console(self) -> str:
+        return self.console_file.read_text(errors="replace") if self.console_file.exists() else ""
+
+    def start(self) -> None:
+        self.port = free_port()
+        env = {name: value for name, value in os.environ.items() if not name.startswith("CERTLM_")}
+        (self.data_dir / "logs").mkdir(parents=True)
+        command = [str(VENV_BIN / "certlm"), "demo", "--data-dir", DEMO_DIR]
+        if self.device_count:
+            self.device_port = consecutive_free_ports(self.device_count)
+            simulate = [
+                str(VENV_BIN / "certlm-simulate"), "--count", str(self.device_count), "--port", str(self.device_port),
+                "--state-dir", f"{DEMO_DIR}/simulators", "--auto-accept",
+            ]  # fmt: skip
+            with open(self.data_dir / "logs" / "simulators.log", "wb") as log:
+                self.processes.append(
+                    subprocess.Popen(simulate, cwd=self.directory, env=env, stdout=log, stderr=subprocess.STDOUT)
+                )
+            for url in self.device_urls:
+                command += ["--device", url]
+            command += ["--device-username", "admin"]
+            env["CERTLM_DEMO_DEVICE_PASSWORD"] = "admin-pw"
+        command += ["--port", str(self.port)]
+        with open(self.console_file, "wb") as console:
+            self.processes.append(
+                subprocess.Popen(command, cwd=self.directory, env=env, stdout=console, stderr=subprocess.STDOUT)
+            )
+
+    async def wait_for_summary(self, timeout: float = 180) -> list[str]:
+        """The summary the demo prints once its devices are onboarded (or failed), the last block on its console."""
+        next_steps = 4 if self.device_count else 3
+        try:
+            return await wait_for(
+                lambda: summary_block(self.console(), next_steps), "demo summary", timeout, alive=self.processes[-1]
+            )
+        except AssertionError as error:
+            raise AssertionError(f"{error}; the demo's console:\n{self.console()[-4000:]}") from None
+
+    async def stop(self) -> None:
+        """Stop the demo, then the simulators, as Ctrl-C and scripts/demo's exit trap do."""
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(process.wait, 20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                await asyncio.to_thread(process.wait)
+        self.processes.clear()
+
+
+async def test_demo_without_devices_is_licensed_with_an_internal_ca(tmp_path: Path) -> None:
+    demo = RunningDemo(tmp_path, device_count=0)
+    demo.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            for _ in range(300):
-                try:
-                    if (await client.get("/systeminfo")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    await asyncio.sleep(0.1)
-            api_key = (data_dir / "secrets" / "certlm_api_key.txt").read_text().strip()
-            client.headers["X-API-Key"] = api_key
+        summary = await demo.wait_for_summary()
+        async with httpx.AsyncClient(base_url=demo.url, timeout=10, headers={"X-API-Key": demo.api_key}) as client:
             license_status = (await client.get("/systeminfo/lic")).json()
             assert license_status["validation_success"] is True
             assert license_status["license_type"] == "trial"
@@ -42,53 +172,72 @@ async def test_demo_starts_licensed_with_an_internal_ca(tmp_path: Path) -> None:
             ca = await client.get(f"/pki/ca/{pki[0]['pki_id']}")
             assert ca.text.startswith("-----BEGIN CERTIFICATE-----")
     finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=20)
-    assert f"API key {api_key}" in output
+        await demo.stop()
+    assert summary == [
+        f"certlm demo ready at {demo.url} (Ctrl-C stops it)",
+        f"  API key:  {demo.api_key}",
+        f"  API docs: {demo.url}/docs",
+        "  devices:  none given (certlm demo --device opc.tcp://HOST:PORT onboards one)",
+        f"  log:      {demo.data_dir / 'logs' / 'certlm.log'}",
+        "  next steps:",
+        f"    KEY=$(cat {demo.data_dir / 'secrets' / 'certlm_api_key.txt'})",
+        f'    curl -H "X-API-Key: $KEY" {demo.url}/gds/inventory   # the enrolled devices',
+        f'    curl -H "X-API-Key: $KEY" {demo.url}/systeminfo/lic   # the demo license',
+    ]
 
 
-async def test_demo_onboards_simulated_devices_from_its_internal_ca(tmp_path: Path) -> None:
-    """What ``scripts/demo`` runs: three simulated devices in factory state and a demo that onboards them."""
-    device_port, port = free_port(), free_port()
-    simulators = subprocess.Popen(
-        [str(Path(sys.executable).parent / "certlm-simulate"), "--count", "2", "--port", str(device_port),
-         "--state-dir", str(tmp_path / "simulators"), "--auto-accept", "--apply-delay", "0.2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    data_dir = tmp_path / "demo"
-    devices = [f"opc.tcp://127.0.0.1:{device_port + offset}" for offset in range(2)]
-    command = [sys.executable, "-m", "certlm", "demo", "--data-dir", str(data_dir), "--port", str(port)]
-    for url in devices:
-        command += ["--device", url]
-    # A file, not a pipe: nobody reads the demo's log while it runs, and a full pipe would stall it.
-    log_path = tmp_path / "demo.log"
-    with open(log_path, "wb") as log:
-        demo = subprocess.Popen(
-            [*command, "--device-username", "admin"],
-            env={**os.environ, "CERTLM_DEMO_DEVICE_PASSWORD": "admin-pw"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+async def test_demo_onboards_its_devices_then_ends_with_a_summary(tmp_path: Path) -> None:
+    """What ``scripts/demo`` runs: three simulated devices in factory state and a demo that onboards them from its
+    internal CA. The console shows certlm's own lines and the libraries' warnings, none of asyncua's INFO lines (whole
+    certificates), "Running on" once, and the summary last; every detail is in the private log file."""
+    demo = RunningDemo(tmp_path)
+    demo.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            enrolled: list[dict] = []
-            for _ in range(600):
-                try:
-                    api_key = (data_dir / "secrets" / "certlm_api_key.txt").read_text().strip()
-                    listed = await client.get("/gds/inventory", headers={"X-API-Key": api_key})
-                    enrolled = [e for e in listed.json() if e["cert_base64"]] if listed.status_code == 200 else []
-                except (httpx.HTTPError, FileNotFoundError):
-                    pass
-                if len(enrolled) == len(devices):
-                    break
-                await asyncio.sleep(0.1)
-            assert sorted(entry["url"] for entry in enrolled) == devices
-            assert all("CN=certlm Internal CA" in entry["cert_issuerdn"] for entry in enrolled), enrolled
-            assert {entry["service"] for entry in enrolled} == {"gds-push-certlm-simulated-plc"}
+        summary = await demo.wait_for_summary()
+        async with httpx.AsyncClient(base_url=demo.url, timeout=10) as client:
+            assert (await client.get("/docs")).status_code == 200
+            listed = await client.get("/gds/inventory", headers={"X-API-Key": demo.api_key})
+        assert listed.status_code == 200, listed.text
+        enrolled = [entry for entry in listed.json() if entry["cert_base64"]]
+        assert sorted(entry["url"] for entry in enrolled) == demo.device_urls
+        assert all("CN=certlm Internal CA" in entry["cert_issuerdn"] for entry in enrolled), enrolled
+        assert {entry["service"] for entry in enrolled} == {"gds-push-certlm-simulated-plc"}
     finally:
-        for process in (demo, simulators):
-            process.send_signal(signal.SIGTERM)
-        demo.wait(timeout=20)
-        simulators.wait(timeout=20)
-    output = log_path.read_text()
-    assert output.count("certlm demo: onboarded opc.tcp://127.0.0.1:") == len(devices), output
+        await demo.stop()
+    console = demo.console()
+
+    key_file = demo.data_dir / "secrets" / "certlm_api_key.txt"
+    assert summary == [
+        f"certlm demo ready at {demo.url} (Ctrl-C stops it)",
+        f"  API key:  {demo.api_key}",
+        f"  API docs: {demo.url}/docs",
+        "  devices:  3 of 3 enrolled from PKI 'Demo internal CA'",
+        f"  log:      {demo.data_dir / 'logs' / 'certlm.log'}",
+        "  next steps:",
+        f"    KEY=$(cat {key_file})",
+        f'    curl -H "X-API-Key: $KEY" {demo.url}/gds/inventory   # the enrolled devices',
+        """    curl -H "X-API-Key: $KEY" -X POST -H 'Content-Type: application/json' \\""",
+        f"""         -d '{{"server": "127.0.0.1", "port": {demo.device_port}, "debug": true}}' """
+        f"{demo.url}/gds/push/change   # renew now",
+    ], console
+    # Still the last thing on the console after the demo stopped.
+    assert summary_block(console, 4) == summary, console
+
+    lines = console.splitlines()
+    assert [line for line in lines if len(line) > MAX_CONSOLE_LINE] == []
+    assert sum("Running on" in line for line in lines) == 1, console
+    assert f"Running on {demo.url}" in console
+    assert "listening on" not in console
+    for line in lines:
+        if match := LOG_LINE.match(line):
+            assert match["level"] not in ("DEBUG", "INFO") or match["logger"].startswith("certlm"), line
+    for url in demo.device_urls:
+        assert f"certlm demo: onboarded {url}: " in console
+
+    log_file = demo.data_dir / "logs" / "certlm.log"
+    assert stat.S_IMODE(log_file.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+    details = log_file.read_text()
+    assert re.search(r"^\S+ \S+ INFO asyncua\.", details, re.M), details[-2000:]
+    assert f"INFO certlm.server: Running on {demo.url}" in details
+    assert " DEBUG " not in details

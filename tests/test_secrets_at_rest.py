@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import stat
 
 from tests.crypto_factory import pkcs12_base64
 
@@ -67,6 +68,11 @@ async def test_secrets_are_encrypted_never_returned_never_logged(make_service) -
         assert blob not in database
     # No private key of any kind lies in the database in the clear.
     assert b"PRIVATE KEY" not in database
+    # Every file certlm wrote is private to its user.
+    written = [path for path in service.data_dir.rglob("*") if path.is_file()]
+    assert any(path.name == "certlm.sqlite3" for path in written) and any(path.suffix == ".log" for path in written)
+    for path in written:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, f"{path} is readable by others"
 
 
 def _csr() -> str:
