@@ -351,7 +351,7 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
         if any(s.step == "connect" and s.ok for s in steps):
             await _store_tried_credentials(entry, order)
         log.info("push to %s failed: %s", target.url, failure.message)
-        status = 422 if isinstance(failure.__cause__, CsrRejected) else 500
+        status = _push_failure_status(failure.__cause__)
         result: dict[str, Any] = {
             "url": target.url,
             "device_changed": failure.changed_device,
@@ -364,6 +364,16 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
         contact_note = await pin_first_contact(entry, outcome.presented_certificate)
     await _store_tried_credentials(entry, order)
     return await _record_success(entry, target, pki, outcome, steps + outcome.steps, order.debug, contact_note)
+
+
+def _push_failure_status(cause: BaseException | None) -> int:
+    """422 for a request the PKI refused; the 4xx of a PKI entry that cannot be used as configured (a missing
+    credential names its field); 500 for anything that went wrong on the way."""
+    if isinstance(cause, CsrRejected):
+        return 422
+    if isinstance(cause, APIError) and 400 <= cause.status < 500:
+        return cause.status
+    return 500
 
 
 async def _identify(entry: InventoryEntry, target: DeviceTarget, steps: list[StepOutcome]) -> DeviceDriver:
@@ -391,9 +401,8 @@ async def pin_first_contact(entry: InventoryEntry, presented: x509.Certificate |
     if presented is None:
         return None
     der = to_der(presented)
-    note = (
-        f"first contact: device presented {presented.subject.rfc4514_string()}, SHA-1 {sha1_fingerprint(presented)}"
-    )
+    subject = presented.subject.rfc4514_string()
+    note = f"first contact: device presented {subject}, SHA-1 {sha1_fingerprint(presented)}"
     previous = entry.pinned_certificate_der
     if previous is not None and previous != der:
         pinned_before = x509.load_der_x509_certificate(previous)

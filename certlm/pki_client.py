@@ -1,17 +1,22 @@
-"""What PKI backends that reach their server over HTTP share: the entry's TLS settings and client credential,
-the CA certificates a PKI entry stores, and CRLs fetched from CRL distribution points.
+"""What PKI backends that reach their server over HTTP share: where ``pki_connection`` points, what a transport
+failure is called, the entry's TLS settings and client credential, the CA certificates a PKI entry stores, and CRLs
+fetched from CRL distribution points.
 
-EST (RFC 7030) and CMP over HTTP(S) (RFC 6712) both use these, so a PKI entry's ``tls_ca``, ``tls_crls`` and
-client PKCS#12 mean the same thing whichever protocol the entry speaks.
+EST (RFC 7030) and CMP over HTTP(S) (RFC 6712) both use these, so a PKI entry's ``pki_connection``, ``tls_ca``,
+``tls_crls`` and client PKCS#12 mean the same thing whichever protocol the entry speaks, and a server that cannot
+be reached is reported the same way.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets as random_secrets
+import socket
 import ssl
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -26,6 +31,157 @@ from certlm.storage.models import PkiEntry
 
 # A CRL is a few kB to a few MB; anything larger is not a CRL a device could hold either.
 MAX_CRL_BYTES = 16 * 1024 * 1024
+_SCHEMES = ("http", "https")
+# host:port; host a DNS name or IPv4 address, or an IPv6 address in brackets. Port 0 marks a PKI that is not
+# reached over the network (none, internal); backends that connect somewhere refuse it themselves.
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
+_CONNECTION_FORMS = "host:port, https://host:port or http://host:port"
+# OpenSSL's reasons when the peer answers a TLS handshake with something that is not TLS (plain HTTP).
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST", "PACKET_LENGTH_TOO_LONG"})
+
+
+@dataclass(frozen=True)
+class Connection:
+    """``pki_connection`` taken apart: the scheme when one is written (else the protocol chooses), host, port."""
+
+    scheme: str | None
+    host: str  # an IPv6 address without its brackets
+    port: int
+
+
+def parse_connection(value: str) -> Connection:
+    """``host:port``, or ``https://host:port`` / ``http://host:port`` choosing the scheme. ValueError saying what
+    is wrong with anything else: another scheme, a path, query or user info, a missing or too large port."""
+    scheme: str | None
+    scheme, separator, rest = value.partition("://")
+    if not separator:
+        scheme, rest = None, value
+    elif scheme.lower() not in _SCHEMES:
+        # Named only when it looks like a scheme: what precedes "://" could be a password.
+        named = f" {scheme!r}" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,15}", scheme) else ""
+        raise ValueError(f"scheme{named} is not http or https: must be {_CONNECTION_FORMS}")
+    else:
+        scheme = scheme.lower()
+    if any(character in rest for character in "/?#"):
+        raise ValueError(
+            f"must be {_CONNECTION_FORMS} without a path, query or fragment: an EST label or CMP path goes in "
+            "additional_path_segment"
+        )
+    if "@" in rest:
+        raise ValueError(f"must be {_CONNECTION_FORMS} without user info: credentials go in username and password")
+    match = _HOST_PORT.fullmatch(rest)
+    if match is None or int(match["port"]) > 65535:
+        raise ValueError(f"must be {_CONNECTION_FORMS} with a port from 0 to 65535")
+    return Connection(scheme, match["host"].strip("[]"), int(match["port"]))
+
+
+@dataclass(frozen=True)
+class PkiServer:
+    """Where a PKI server answers: the scheme (written in ``pki_connection``, else the protocol's), host, port."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def where(self) -> str:
+        """``host:port``, an IPv6 address in brackets."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def origin(self) -> str:
+        return f"{self.scheme}://{self.where}"
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.scheme == "https"
+
+
+def network_connection(value: str) -> Connection | None:
+    """``pki_connection`` taken apart when it names a server on the network; None for port 0 (a PKI that is not
+    reached over the network) or a value stored before the REST API checked it."""
+    try:
+        connection = parse_connection(value)
+    except ValueError:
+        return None
+    return connection if connection.port != 0 else None
+
+
+def pki_server(entry: PkiEntry, protocol: str, default_scheme: str) -> PkiServer:
+    """The server the entry's ``pki_connection`` names, ``default_scheme`` unless it writes one; 400 when it names
+    none a client could connect to."""
+    connection = network_connection(entry.pki_connection)
+    if connection is None:
+        raise APIError(f"PKI entry {entry.id} has no {protocol} server connection (pki_connection host:port)")
+    return PkiServer(connection.scheme or default_scheme, connection.host, connection.port)
+
+
+class ServerNotTrusted(UpstreamUnavailable):
+    """The PKI server's TLS certificate did not verify against the trust anchors certlm used."""
+
+
+def transport_cause(error: BaseException) -> str:
+    """The innermost reason of a transport failure in words, e.g. ``Connection refused``."""
+    inner = getattr(error, "certificate_error", None) or getattr(error, "os_error", None) or error
+    if isinstance(inner, ssl.SSLCertVerificationError):
+        return inner.verify_message or inner.reason or str(inner)
+    if isinstance(inner, ssl.SSLError):
+        # "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)": the source location says nothing.
+        return re.sub(r" \(_ssl\.c:\d+\)$", "", inner.strerror or str(inner))
+    if isinstance(inner, socket.gaierror):
+        return inner.strerror or str(inner)
+    if isinstance(inner, OSError) and inner.errno:
+        # asyncio's "Connect call failed ('127.0.0.1', 1)" hides that the connection was refused.
+        return os.strerror(inner.errno)
+    return str(inner) or type(inner).__name__
+
+
+@contextmanager
+def reported_transport_failures(
+    peer: str, server: PkiServer, exchange: str, timeout: aiohttp.ClientTimeout, trust: str
+) -> Iterator[None]:
+    """Turn what aiohttp, ssl and the OS raise while ``exchange`` runs with ``peer`` (e.g. ``EST server
+    host:port``) at ``server`` into ``UpstreamUnavailable`` (502) naming the cause: the TLS certificate not
+    trusted (``ServerNotTrusted``, verified against ``trust``, in words), another TLS failure, a failed DNS
+    lookup, a refused connection, a time-out, or a connection broken off."""
+    try:
+        yield
+    except ssl.SSLCertVerificationError as error:  # aiohttp's ClientConnectorCertificateError is one too
+        raise ServerNotTrusted(
+            f"TLS certificate of {peer} does not verify against {trust}: {transport_cause(error)}"
+        ) from None
+    except (aiohttp.ClientSSLError, ssl.SSLError) as error:
+        inner = getattr(error, "os_error", None) or error
+        hint = ""
+        if getattr(inner, "reason", None) in _NOT_TLS_REASONS:
+            hint = f"; it does not speak TLS there: pki_connection http://{server.where} chooses plain HTTP"
+        raise UpstreamUnavailable(f"TLS with {peer} failed: {transport_cause(error)}{hint}") from None
+    except TimeoutError as error:
+        if isinstance(error, aiohttp.ConnectionTimeoutError):
+            seconds = timeout.sock_connect or timeout.total
+            raise UpstreamUnavailable(f"{peer} did not accept a connection within {seconds:g}s") from None
+        raise UpstreamUnavailable(
+            f"{peer} did not answer {exchange} within {timeout.total:g}s (CERTLM_PKI_REQUEST_TIMEOUT_S)"
+        ) from None
+    except OSError as error:  # aiohttp's ClientConnectorError and ClientOSError too
+        inner = getattr(error, "os_error", None) or error
+        if isinstance(inner, socket.gaierror):
+            raise UpstreamUnavailable(
+                f"cannot connect to {peer}: DNS lookup of {server.host!r} failed: {transport_cause(error)}"
+            ) from None
+        if isinstance(error, aiohttp.ClientConnectorError) or isinstance(inner, ConnectionRefusedError):
+            raise UpstreamUnavailable(f"cannot connect to {peer}: {transport_cause(error)}") from None
+        raise _broken_off(peer, server, exchange, error) from None
+    except aiohttp.ClientError as error:
+        raise _broken_off(peer, server, exchange, error) from None
+
+
+def _broken_off(peer: str, server: PkiServer, exchange: str, error: BaseException) -> UpstreamUnavailable:
+    if server.uses_tls:
+        hint = " (a server that requires a TLS client certificate it did not get does this too)"
+    else:
+        hint = f" (a server that speaks TLS does this too: pki_connection https://{server.where} chooses HTTPS)"
+    return UpstreamUnavailable(f"{peer} broke off {exchange}: {transport_cause(error)}{hint}")
 
 
 @dataclass(frozen=True)
@@ -140,13 +296,14 @@ def crl_urls(entry: PkiEntry, ca_certificates: list[x509.Certificate]) -> list[s
 async def fetch_crl(
     urls: list[str], issuers: list[x509.Certificate], services: HostServices
 ) -> x509.CertificateRevocationList:
-    """The first CRL one of ``urls`` delivers (DER or PEM) that is signed by one of ``issuers``.
+    """The first CRL one of ``urls`` delivers (DER or PEM) that is signed by one of ``issuers``; with no
+    ``issuers`` (the CA is not known yet) the first CRL delivered, as it is: it carries its own signature.
 
     NotFound (404) without URLs; UpstreamUnavailable (502) naming every URL's problem when none delivers.
     A CRL whose signature does not verify is a problem like an unreachable URL: relying parties would drop it.
     """
     if not urls:
-        raise NotFound("no CRL distribution point available: the CA certificate names none and none is configured")
+        raise NotFound("no CRL distribution point available")
     problems = []
     async with aiohttp.ClientSession(timeout=request_timeout(services)) as session:
         for url in urls:
@@ -161,8 +318,11 @@ async def fetch_crl(
                         if len(buffer) > MAX_CRL_BYTES:
                             break
                     body = bytes(buffer)
-            except (aiohttp.ClientError, TimeoutError, ssl.SSLError, ValueError) as error:
-                problems.append(f"{url}: {type(error).__name__} {error}".rstrip())
+            except TimeoutError:
+                problems.append(f"{url}: no answer within {services.settings.pki_request_timeout_s:g}s")
+                continue
+            except (aiohttp.ClientError, OSError, ValueError) as error:
+                problems.append(f"{url}: {transport_cause(error)}")
                 continue
             if len(body) > MAX_CRL_BYTES:
                 problems.append(f"{url}: larger than {MAX_CRL_BYTES} bytes")
@@ -174,15 +334,10 @@ async def fetch_crl(
                 problems.append(f"{url}: not a CRL")
                 continue
             if issuers and not crl_signed_by(crl, issuers):
-                problems.append(f"{url}: CRL not signed by the PKI's CA")
+                signers = "; ".join(issuer.subject.rfc4514_string() for issuer in issuers)
+                problems.append(
+                    f"{url}: refused a CRL of {crl.issuer.rfc4514_string()} that is not signed by the CA ({signers})"
+                )
                 continue
             return crl
     raise UpstreamUnavailable("no CRL distribution point delivered a CRL: " + "; ".join(problems))
-
-
-def require_connection(entry: PkiEntry, protocol: str) -> tuple[str, int]:
-    """Host and port of ``pki_connection``; 400 when the entry has none a client could connect to."""
-    host, _, port = entry.pki_connection.rpartition(":")
-    if not host or not port.isdigit() or int(port) == 0:
-        raise APIError(f"PKI entry {entry.id} has no {protocol} server connection (pki_connection host:port)")
-    return host.strip("[]"), int(port)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
 from quart import Blueprint, Response
 from quart_schema import validate_querystring, validate_request, validate_response
 
+from certlm import pki_client
 from certlm.certs import (
     PKCS12_MAX_PASSWORD_CHARS,
     PKCS12_MIN_BASE64_CHARS,
@@ -44,9 +44,10 @@ PKI_TYPE_RANGE = (0, 3)
 INTERNAL_PKI_TYPE = 1
 DEFAULT_INTERNAL_CA = {"name": "Internal CA", "pki_connection": "localhost:0", "creator_id": "system"}
 
-# host:port; host a DNS name or IPv4 address, or an IPv6 address in brackets. Port 0 marks a PKI that is
-# not reached over the network (none, internal); backends that connect somewhere reject it themselves.
-_CONNECTION = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
+_CONNECTION_DESCRIPTION = (
+    "host:port (EST over HTTPS, CMP over HTTP), or https://host:port or http://host:port choosing the scheme; "
+    "port 0 for a PKI not reached over the network"
+)
 _MAX_LIST_ITEMS = 64
 _MAX_URL_CHARS = 2048
 _MAX_CREATOR_ID_CHARS = 255
@@ -117,7 +118,7 @@ class PkiFields(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     pki_type: int | None = Field(default=None, ge=PKI_TYPE_RANGE[0], le=PKI_TYPE_RANGE[1])
-    pki_connection: str | None = Field(default=None, max_length=512, description="host:port")
+    pki_connection: str | None = Field(default=None, max_length=512, description=_CONNECTION_DESCRIPTION)
     name: str | None = Field(default=None, max_length=255)
     username: str | None = Field(default=None, max_length=255)
     password: str | None = Field(default=None, min_length=1, max_length=_MAX_PASSWORD_CHARS)
@@ -136,9 +137,8 @@ class PkiFields(BaseModel):
     @field_validator("pki_connection")
     @classmethod
     def _connection_is_host_port(cls, value: str | None) -> str | None:
-        match = _CONNECTION.match(value) if value is not None else None
-        if value is not None and (match is None or int(match["port"]) > 65535):
-            raise ValueError("must be host:port with a port from 0 to 65535")
+        if value is not None:
+            pki_client.parse_connection(value)
         return value
 
     @field_validator("est_cdp_urls", "tls_cdp_urls")
@@ -151,7 +151,7 @@ class PkiCreate(PkiFields):
     """The POST body: like PATCH, with the type and connection required."""
 
     pki_type: int = Field(ge=PKI_TYPE_RANGE[0], le=PKI_TYPE_RANGE[1])
-    pki_connection: str = Field(max_length=512, description="host:port")
+    pki_connection: str = Field(max_length=512, description=_CONNECTION_DESCRIPTION)
 
 
 class CsrIn(BaseModel):

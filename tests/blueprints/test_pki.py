@@ -245,6 +245,17 @@ BAD_FIELDS = [
     pytest.param({"pki_connection": "pki example:443"}, id="connection-space"),
     pytest.param({"pki_connection": "https://pki.example:443/"}, id="connection-url"),
     pytest.param({"pki_connection": "2001:db8::1:443"}, id="connection-ipv6-unbracketed"),
+    pytest.param({"pki_connection": "https://pki.example:443/.well-known/est"}, id="connection-path"),
+    pytest.param({"pki_connection": "pki.example:443/pkix"}, id="connection-path-without-scheme"),
+    pytest.param({"pki_connection": "http://pki.example:80?profile=opcua"}, id="connection-query"),
+    pytest.param({"pki_connection": "https://pki.example:443#x"}, id="connection-fragment"),
+    pytest.param({"pki_connection": "https://ra:secret@pki.example:443"}, id="connection-userinfo"),
+    pytest.param({"pki_connection": "ftp://pki.example:21"}, id="connection-ftp"),
+    pytest.param({"pki_connection": "opc.tcp://pki.example:4840"}, id="connection-opc-tcp"),
+    pytest.param({"pki_connection": "https://pki.example"}, id="connection-scheme-without-port"),
+    pytest.param({"pki_connection": "https://:443"}, id="connection-scheme-without-host"),
+    pytest.param({"pki_connection": "https://pki.example:65536"}, id="connection-scheme-port-too-big"),
+    pytest.param({"pki_connection": "://pki.example:443"}, id="connection-empty-scheme"),
     pytest.param({"name": 5}, id="name-int"),
     pytest.param({"name": "n" * 256}, id="name-too-long"),
     pytest.param({"username": ["ra"]}, id="username-list"),
@@ -315,6 +326,76 @@ async def test_update_rejects_bad_fields(api, fields: dict) -> None:
     assert response.status_code == 400, response.text
     assert set(response.json()) == {"error"}
     assert (await api.get(f"/pki/inventory/{entry['pki_id']}")).json() == entry
+
+
+CONNECTION_FORMS = "host:port, https://host:port or http://host:port"
+
+
+@pytest.mark.parametrize(
+    ("connection", "error"),
+    [
+        ("ftp://pki.example:21", f"pki_connection: scheme 'ftp' is not http or https: must be {CONNECTION_FORMS}"),
+        (
+            "https://pki.example:443/.well-known/est",
+            f"pki_connection: must be {CONNECTION_FORMS} without a path, query or fragment: an EST label or CMP path "
+            "goes in additional_path_segment",
+        ),
+        (
+            "https://ra:secret@pki.example:443",
+            f"pki_connection: must be {CONNECTION_FORMS} without user info: credentials go in username and password",
+        ),
+        ("https://pki.example", f"pki_connection: must be {CONNECTION_FORMS} with a port from 0 to 65535"),
+        ("ra:secret@pki.example://x:1", f"pki_connection: scheme is not http or https: must be {CONNECTION_FORMS}"),
+    ],
+)
+async def test_bad_connection_is_explained(api, connection: str, error: str) -> None:
+    response = await api.post("/pki/inventory", json={"pki_type": 2, "pki_connection": connection})
+    assert response.status_code == 400
+    assert response.json() == {"error": error}
+    assert "secret" not in response.text
+
+
+@pytest.mark.parametrize(
+    "connection",
+    [
+        "est.plant.example:8443",
+        "https://est.plant.example:8443",
+        "http://est.plant.example:8080",
+        "HTTPS://est.plant.example:8443",
+        "https://[2001:db8::1]:8443",
+        "http://192.0.2.7:8080",
+    ],
+)
+@pytest.mark.parametrize("pki_type", [2, 3])
+async def test_connection_forms_for_est_and_cmp(api, pki_type: int, connection: str) -> None:
+    entry = await create(api, pki_type=pki_type, pki_connection=connection)
+    assert entry["pki_connection"] == connection
+    patched = await api.patch(f"/pki/inventory/{entry['pki_id']}", json={"pki_connection": "pki.plant.example:443"})
+    assert patched.json()["pki_connection"] == "pki.plant.example:443"
+
+
+@pytest.mark.parametrize("pki_type", [2, 3])
+async def test_networked_entries_need_only_type_and_connection(api, pki_type: int) -> None:
+    entry = await create(api, pki_type=pki_type, pki_connection="pki.plant.example:8443")
+    assert (entry["pki_type_id"], entry["username"], entry["password_encrypted"]) == (pki_type, None, 0)
+    assert entry["est_client_certificate_sha1"] is None
+
+
+async def test_a_cmp_entry_without_credentials_says_so_when_used(service, api) -> None:
+    entry = await create(api, pki_type=3, pki_connection="cmp.plant.example:8080", username="ra-operator")
+    async with service.client(api_key=None) as anonymous:
+        response = await anonymous.get(f"/pki/ca/{entry['pki_id']}")
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": f"PKI entry {entry['pki_id']} (CMP) has no password: set password (the MAC secret, with username "
+        "as senderKID) or est_client_pkcs12_base64 (a client certificate for signature protection)"
+    }
+
+
+async def test_est_entries_still_refuse_port_0(api) -> None:
+    response = await api.post("/pki/inventory", json={"pki_type": 2, "pki_connection": "https://est.example:0"})
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("an EST entry (pki_type 2) needs pki_connection host:port")
 
 
 @pytest.mark.parametrize(

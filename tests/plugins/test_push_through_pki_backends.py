@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from tests.conftest import start_service
-from tests.plugins.pki_cmp.cmp_server import CmpMockServer, TestPki
+from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, TestPki
 from tests.plugins.pki_est.est_server import EstTestServer
 from tests.support import LicenseKeys, RunningService, free_port
 
@@ -221,11 +221,13 @@ async def test_swapping_the_pki_is_a_patch_of_the_entry(
     assert base64.b64decode(entry["cert_base64"]) == der(device.certificate)
 
 
-def cmp_certificate_for(device: SimulatedDevice, pki: TestPki) -> x509.Certificate:
-    """What the CMP CA issues to the device: its subject and key, its ApplicationUri and address in the SAN."""
+def cmp_certificate_for(device: SimulatedDevice, pki: TestPki, crl_url: str) -> x509.Certificate:
+    """What the CMP CA issues to the device: its subject and key, its ApplicationUri and address in the SAN, and
+    where the CA publishes its CRL (a device that checks revocation wants that CRL in its trust list)."""
     now = datetime.now(UTC)
     current = device.certificate
     names = [x509.UniformResourceIdentifier(device.application_uri), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    distribution_point = x509.DistributionPoint([x509.UniformResourceIdentifier(crl_url)], None, None, None)
     return (
         x509.CertificateBuilder()
         .subject_name(current.subject)
@@ -241,8 +243,22 @@ def cmp_certificate_for(device: SimulatedDevice, pki: TestPki) -> x509.Certifica
         )
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(pki.ca_key.public_key()), critical=False)
+        .add_extension(x509.CRLDistributionPoints([distribution_point]), critical=False)
         .sign(pki.ca_key, hashes.SHA256())
     )
+
+
+def empty_crl(pki: TestPki) -> bytes:
+    """The CA's current CRL, revoking nothing, DER."""
+    now = datetime.now(UTC)
+    crl = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(pki.ca_certificate.subject)
+        .last_update(now - timedelta(minutes=5))
+        .next_update(now + timedelta(days=7))
+        .sign(pki.ca_key, hashes.SHA256())
+    )
+    return crl.public_bytes(serialization.Encoding.DER)
 
 
 def cmp_requests(server: CmpMockServer) -> list[str]:
@@ -258,6 +274,7 @@ class CmpPlant:
     device: SimulatedDevice
     pki: TestPki
     server: CmpMockServer
+    crl_distribution_point: HttpRelay
     issued: x509.Certificate
     pki_id: int
 
@@ -272,7 +289,13 @@ async def cmp_plant(api: httpx.AsyncClient, tmp_path: Path) -> AsyncIterator[Cal
     async def start(chain_option: str = "-rsp_extracerts", *options: str) -> CmpPlant:
         device = await start_device(tmp_path, fixed_key=True)
         pki = TestPki.create(tmp_path / "cmp")
-        issued = cmp_certificate_for(device, pki)
+        crl = empty_crl(pki)
+
+        async def serve_crl(body: bytes) -> tuple[bytes, str]:
+            return crl, "application/pkix-crl"
+
+        crl_distribution_point = await HttpRelay(serve_crl).start()
+        issued = cmp_certificate_for(device, pki, f"http://{crl_distribution_point.address}/ca.crl")
         server = CmpMockServer(
             tmp_path / "cmp",
             "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}",
@@ -285,13 +308,14 @@ async def cmp_plant(api: httpx.AsyncClient, tmp_path: Path) -> AsyncIterator[Cal
             password=CMP_SECRET,
         )  # fmt: skip
         await register(api, device, pki_id)
-        plant = CmpPlant(device, pki, server, issued, pki_id)
+        plant = CmpPlant(device, pki, server, crl_distribution_point, issued, pki_id)
         started.append(plant)
         return plant
 
     yield start
     for plant in started:
         plant.server.stop()
+        await plant.crl_distribution_point.stop()
         await plant.device.stop()
 
 
@@ -339,3 +363,42 @@ async def test_a_certificate_without_its_chain_never_reaches_the_device(api: htt
     assert response.json()["result"]["device_changed"] is False
     assert response.json()["result"]["steps"][-1]["step"] == "enroll"
     assert device.certificate == factory
+
+
+async def test_a_cmp_pki_without_credentials_is_named_before_the_device_is_touched(
+    api: httpx.AsyncClient, cmp_plant
+) -> None:
+    plant = await cmp_plant()
+    # Stored without its MAC secret (what an operator may do first and complete later).
+    cleared = await api.patch(f"/pki/inventory/{plant.pki_id}", json={"password": None})
+    assert cleared.status_code == 200, cleared.text
+    factory = plant.device.certificate
+
+    response = await api.post(
+        "/gds/push/onboarding", json={"server": "127.0.0.1", "port": plant.device.config.port, **ADMIN}
+    )
+
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith(
+        f"PKI entry {plant.pki_id} (CMP) has no password: set password (the MAC secret"
+    )
+    assert plant.device.certificate == factory
+    assert cmp_requests(plant.server) == []
+
+
+async def test_an_est_pki_without_credentials_is_named_when_the_push_enrolls(
+    api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice
+) -> None:
+    # Its CA certificates need no credentials (RFC 7030 4.1.1); enrolling does.
+    pki_id = await create_pki(api, pki_type=2, pki_connection=est_server.pki_connection, tls_ca=[est_server.tls_ca_pem])
+    await register(api, device, pki_id)
+    factory = device.certificate
+    response = await api.post("/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert f"PKI entry {pki_id}" in error and "username" in error and "password" in error
+    failed = response.json()["result"]["steps"][-1]
+    assert (failed["step"], failed["ok"]) == ("enroll", False) and failed["status"]
+    assert response.json()["result"]["device_changed"] is False
+    assert device.certificate == factory
+    assert "simpleenroll" not in operations(est_server)

@@ -2,16 +2,19 @@
 
 How a PKI entry configures it:
 
-- ``pki_connection`` is the server's ``host:port``; ``additional_path_segment`` the HTTP path of its CMP endpoint
-  (default ``/``). HTTPS when ``tls_ca`` is set, verified against it; plain HTTP otherwise (RFC 6712: CMP
-  messages carry their own protection).
+- ``pki_connection`` is the server's ``host:port``, reached over plain HTTP (RFC 6712: CMP messages carry their
+  own protection), or ``https://host:port`` (``http://host:port``) choosing the scheme; ``additional_path_segment``
+  is the HTTP path of its CMP endpoint (default ``/``).
 - ``username`` and ``password``: MAC protection (PasswordBasedMac, or PBMAC1 once the server answers with it),
   the username being the senderKID that names the shared secret at the CA.
 - The client PKCS#12 (``est_client_pkcs12_base64``): signature protection, and the RA certificate when certlm
   acts as registration authority. When both are configured requests are signed, the stronger of the two; the
   password then still verifies MAC-protected responses.
-- ``tls_ca``: the trust anchors of signature-protected responses as well. A signed response whose signer does
-  not chain to them is rejected.
+- ``tls_ca``: the TLS trust anchors over HTTPS (else the system's trust store), and over either scheme the trust
+  anchors of signature-protected responses: a signed response whose signer does not chain to them is rejected.
+
+Credentials are checked when the entry is used, not when it is stored: an operation that must talk to the server
+answers 400 naming the missing field.
 
 What it sends (one transaction each): ``p10cr`` with the device's CSR; ``ir`` (MAC) or ``cr`` (signature) with
 a CRMF template from the CSR and a signature POPO when certlm made the key; ``kur`` with the oldCertId control
@@ -65,20 +68,24 @@ class CmpPki(PkiBackend):
     name = "cmp"
 
     def configuration_problems(self, entry: PkiEntry) -> list[str]:
-        problems = []
-        _, _, port = entry.pki_connection.rpartition(":")
-        if not port.isdigit() or int(port) == 0:
-            problems.append("a CMP entry needs pki_connection host:port with the CMP server's port (not 0)")
-        if not entry.password_enc and not entry.est_client_pkcs12_enc:
-            problems.append(
-                "a CMP entry needs credentials: password (MAC protection, with username as senderKID) or a client "
-                "PKCS#12 in est_client_pkcs12_base64 (signature protection)"
-            )
-        elif not entry.est_client_pkcs12_enc and not entry.username:
-            problems.append("MAC protection needs username: the senderKID that names the shared secret at the CA")
-        return problems
+        """What is malformed; what is merely missing (credentials) is reported when the entry is used."""
+        if pki_client.network_connection(entry.pki_connection) is None:
+            return ["a CMP entry needs pki_connection host:port with the CMP server's port (not 0)"]
+        return []
 
     def _credentials(self, entry: PkiEntry) -> Credentials:
+        """The entry's credentials, decrypted; 400 naming the field when it has none to protect a request with."""
+        if not entry.est_client_pkcs12_enc:
+            if not entry.password_enc:
+                raise APIError(
+                    f"PKI entry {entry.id} (CMP) has no password: set password (the MAC secret, with username as "
+                    "senderKID) or est_client_pkcs12_base64 (a client certificate for signature protection)"
+                )
+            if not entry.username:
+                raise APIError(
+                    f"PKI entry {entry.id} (CMP) has no username: set username (the senderKID that names the MAC "
+                    "secret at the CA) or est_client_pkcs12_base64 (a client certificate for signature protection)"
+                )
         secret = pki_client.password(entry, self.services)
         return Credentials(
             entry_id=entry.id,

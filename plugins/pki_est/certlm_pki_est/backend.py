@@ -1,5 +1,6 @@
 """PKI type 2, ``est``: certificates from a plant's EST server (RFC 7030), reached at the entry's ``pki_connection``
-with its ``additional_path_segment``, HTTP basic and/or TLS client authentication."""
+(HTTPS unless it says ``http://``) with its ``additional_path_segment``, HTTP basic and/or TLS client
+authentication."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
 from certlm.registry import CertificateProfile, Enrollment, KeyedEnrollment, PkiBackend, ServerValidation
 from certlm.storage.models import PkiEntry
 from certlm_pki_est import csrattrs
-from certlm_pki_est.client import EstClient, EstEndpoint, ServerNotTrusted
+from certlm_pki_est.client import EstClient, EstEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +36,12 @@ class EstPki(PkiBackend):
     name = "est"
 
     def configuration_problems(self, entry: PkiEntry) -> list[str]:
+        """What is malformed; what is merely missing (credentials) is reported when the entry is used."""
         problems = []
-        host, _, port = entry.pki_connection.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        if pki_client.network_connection(entry.pki_connection) is None:
             problems.append(
-                "an EST entry (pki_type 2) needs pki_connection host:port of its EST server, port 1 to 65535"
+                "an EST entry (pki_type 2) needs pki_connection host:port of its EST server (or https://host:port, "
+                "http://host:port), port 1 to 65535"
             )
         segment = entry.additional_path_segment
         if segment and (not _LABEL.fullmatch(segment.removeprefix("/")) or segment.strip("/") in (".", "..")):
@@ -58,6 +60,11 @@ class EstPki(PkiBackend):
         server's certificate must verify against it, and strict also checks it against the entry's TLS CRLs."""
         endpoint = self._endpoint(entry)
         anchors = pki_client.tls_trust_anchors(entry)
+        if strict and not endpoint.server.uses_tls:
+            raise APIError(
+                f"validate-strict verifies the TLS chain of the EST server, but pki_connection "
+                f"{entry.pki_connection!r} of PKI entry {entry.id} chooses plain HTTP: write https://"
+            )
         if strict and not anchors:
             raise APIError(
                 f"validate-strict requires tls_ca: PKI entry {entry.id} has no TLS CA certificate to verify "
@@ -73,7 +80,7 @@ class EstPki(PkiBackend):
         try:
             async with self._client(endpoint, tls, trust) as client:
                 certificates = await client.ca_certificates()
-        except ServerNotTrusted as error:
+        except pki_client.ServerNotTrusted as error:
             raise APIError(error.message) from None
         ordered = ca_chain_order(certificates)
         await pki_client.store_ca_certificates(entry, ordered)
@@ -84,7 +91,7 @@ class EstPki(PkiBackend):
             endpoint.where,
             ", ".join(sha1_fingerprint(certificate) for certificate in ordered),
         )
-        return ServerValidation(endpoint.host, endpoint.port, tuple(ordered))
+        return ServerValidation(endpoint.server.host, endpoint.server.port, tuple(ordered))
 
     async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
         certificates = pki_client.stored_ca_certificates(entry)
@@ -94,14 +101,17 @@ class EstPki(PkiBackend):
 
     async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
         """Fetched live from the CRL distribution points of the stored CA certificates (issuing CA first), then
-        from ``est_cdp_urls``; it must be signed by one of the stored CA certificates."""
+        from ``est_cdp_urls``, whether or not validate has run. Once validate has stored the CA certificates the
+        CRL must be signed by one of them; before, it is served as delivered (it carries its own signature)."""
         stored = pki_client.stored_ca_certificates(entry)
         urls = pki_client.crl_urls(entry, stored)
-        if urls and not stored:
-            raise NotFound(
-                f"No CA available for PKI entry {entry.id} to check its CRL against: run "
-                f"GET /pki/exec/validate/{entry.id} first"
+        if not urls:
+            advice = (
+                "its CA certificates name none; set est_cdp_urls"
+                if stored
+                else f"set est_cdp_urls, or run GET /pki/exec/validate/{entry.id} to learn the CA certificate's"
             )
+            raise NotFound(f"No CRL distribution point available for PKI entry {entry.id}: {advice}")
         return await pki_client.fetch_crl(urls, stored, self.services)
 
     async def enroll(
@@ -150,8 +160,7 @@ class EstPki(PkiBackend):
         return KeyedEnrollment(enrollment.certificate, enrollment.chain, private_key=key)
 
     def _endpoint(self, entry: PkiEntry) -> EstEndpoint:
-        host, port = pki_client.require_connection(entry, "EST")
-        return EstEndpoint(host, port, entry.additional_path_segment)
+        return EstEndpoint(pki_client.pki_server(entry, "EST", "https"), entry.additional_path_segment)
 
     def _client(self, endpoint: EstEndpoint, tls: ssl.SSLContext, trust: str, **credentials) -> EstClient:
         settings = self.services.settings
@@ -165,12 +174,13 @@ class EstPki(PkiBackend):
         )
 
     def _enrollment_client(self, entry: PkiEntry, endpoint: EstEndpoint) -> EstClient:
+        require_credentials(entry, endpoint)
         credential = pki_client.client_credential(entry, self.services)
         password = pki_client.password(entry, self.services)
         named = []
         basic_auth = None
-        if entry.username:
-            basic_auth = (entry.username, password or "")
+        if entry.username and password:
+            basic_auth = (entry.username, password)
             named.append(f"HTTP basic authentication as {entry.username!r}")
         if credential is not None:
             named.append(f"TLS client certificate {credential.certificate.subject.rfc4514_string()!r}")
@@ -181,23 +191,20 @@ class EstPki(PkiBackend):
 
     async def _tls_server_certificate(self, endpoint: EstEndpoint, tls: ssl.SSLContext) -> x509.Certificate:
         """The certificate the server presents in a handshake verified by ``tls``; 400 when it does not verify."""
-        timeout = self.services.settings.pki_request_timeout_s
+        timeout = pki_client.request_timeout(self.services)
+        peer = f"EST server {endpoint.where}"
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(endpoint.host, endpoint.port, ssl=tls, server_hostname=endpoint.host),
-                timeout,
-            )
-        except ssl.SSLCertVerificationError as error:
-            raise APIError(
-                f"TLS certificate of EST server {endpoint.where} does not verify against the entry's tls_ca: "
-                f"{error.verify_message or error.reason}"
-            ) from None
-        except TimeoutError:
-            raise UpstreamUnavailable(f"EST server {endpoint.where} did not complete TLS within {timeout:g}s") from None
-        except OSError as error:
-            raise UpstreamUnavailable(
-                f"cannot connect to EST server {endpoint.where}: {type(error).__name__}: {error.strerror or error}"
-            ) from None
+            with pki_client.reported_transport_failures(
+                peer, endpoint.server, "the TLS handshake", timeout, "the entry's tls_ca"
+            ):
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(
+                        endpoint.server.host, endpoint.server.port, ssl=tls, server_hostname=endpoint.server.host
+                    ),
+                    timeout.total,
+                )
+        except pki_client.ServerNotTrusted as error:
+            raise APIError(error.message) from None
         try:
             der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
         finally:
@@ -246,6 +253,35 @@ class EstPki(PkiBackend):
             )
         pool = [c for c in certificates if c is not issued] + pki_client.stored_ca_certificates(entry)
         return Enrollment(certificate=issued, chain=tuple(issuer_chain(issued, pool)))
+
+
+def require_credentials(entry: PkiEntry, endpoint: EstEndpoint) -> None:
+    """400 naming the field when the entry cannot authenticate an enrollment: HTTP basic needs username and
+    password, a TLS client certificate needs TLS. Checked at use, so that an entry can be stored half-configured."""
+    prefix = f"PKI entry {entry.id} (EST)"
+    has_certificate = bool(entry.est_client_pkcs12_enc)
+    if entry.username and not entry.password_enc:
+        alternative = (
+            " or remove username to authenticate with the TLS client certificate alone" if has_certificate else ""
+        )
+        raise APIError(
+            f"{prefix} has username {entry.username!r} but no password: set password (HTTP basic "
+            f"authentication){alternative}"
+        )
+    if entry.password_enc and not entry.username:
+        raise APIError(f"{prefix} has a password but no username: set username (HTTP basic authentication)")
+    if entry.username:
+        return
+    if not has_certificate:
+        raise APIError(
+            f"{prefix} has no credentials for enrollment: set username and password (HTTP basic authentication) "
+            "or est_client_pkcs12_base64 (TLS client certificate)"
+        )
+    if not endpoint.server.uses_tls:
+        raise APIError(
+            f"{prefix} authenticates with a TLS client certificate (est_client_pkcs12_base64), but pki_connection "
+            f"{entry.pki_connection!r} chooses plain HTTP: write https://, or set username and password"
+        )
 
 
 def enrollment_tls(entry: PkiEntry, credential: pki_client.ClientCredential | None) -> tuple[ssl.SSLContext, str]:

@@ -1,5 +1,6 @@
-"""The EST (RFC 7030) wire protocol over HTTPS with aiohttp: one client per backend call, errors already in the
-terms the REST API answers with (``certlm.errors``), pending enrollments (202 + Retry-After) waited for."""
+"""The EST (RFC 7030) wire protocol over HTTPS (or HTTP where ``pki_connection`` says so) with aiohttp: one client
+per backend call, errors already in the terms the REST API answers with (``certlm.errors``), pending enrollments
+(202 + Retry-After) waited for."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from multidict import CIMultiDictProxy
 
+from certlm import pki_client
 from certlm.errors import CsrRejected, UnsupportedOperation, UpstreamUnavailable
 from certlm_pki_est import csrattrs, wire
 
@@ -30,25 +32,21 @@ MIN_PENDING_WAIT_S = 1.0
 MAX_SERVER_TEXT = 300
 
 
-class ServerNotTrusted(UpstreamUnavailable):
-    """The EST server's TLS certificate did not verify against the trust anchors certlm used."""
-
-
 @dataclass(frozen=True)
 class EstEndpoint:
-    """Where an EST server answers: host, port and the optional additional path segment (RFC 7030 §3.2.2)."""
+    """Where an EST server answers: its scheme, host and port, and the optional additional path segment
+    (RFC 7030 §3.2.2)."""
 
-    host: str
-    port: int
+    server: pki_client.PkiServer
     path_segment: str | None = None
 
     @property
     def where(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return self.server.where
 
     def url(self, operation: str) -> str:
         label = f"/{self.path_segment.strip('/')}" if self.path_segment and self.path_segment.strip("/") else ""
-        return f"https://{self.where}{WELL_KNOWN}{label}/{operation}"
+        return f"{self.server.origin}{WELL_KNOWN}{label}/{operation}"
 
 
 @dataclass(frozen=True)
@@ -169,13 +167,14 @@ class EstClient:
 
     async def _exchange(self, operation: str, csr: x509.CertificateSigningRequest | None = None) -> _Answer:
         assert self._session is not None, "use EstClient in 'async with'"
-        where = self.endpoint.where
         headers = {"Authorization": self._authorization} if self._authorization else {}
         body = None
         if csr is not None:
             headers |= {"Content-Type": wire.PKCS10, "Content-Transfer-Encoding": "base64"}
             body = wire.encode_base64(csr.public_bytes(serialization.Encoding.DER))
-        try:
+        with pki_client.reported_transport_failures(
+            f"EST server {self.endpoint.where}", self.endpoint.server, operation, self._timeout, self._trust
+        ):
             async with self._session.request(
                 "POST" if csr is not None else "GET",
                 self.endpoint.url(operation),
@@ -184,25 +183,6 @@ class EstClient:
                 allow_redirects=False,
             ) as response:
                 return _Answer(response.status, response.headers, await self._read(response, operation))
-        except aiohttp.ClientConnectorCertificateError as error:
-            reason = getattr(error.certificate_error, "verify_message", None) or str(error.certificate_error)
-            raise ServerNotTrusted(
-                f"TLS certificate of EST server {where} does not verify against {self._trust}: {reason}"
-            ) from None
-        except (aiohttp.ClientSSLError, ssl.SSLError) as error:
-            raise UpstreamUnavailable(f"TLS with EST server {where} failed: {_cause(error)}") from None
-        except TimeoutError:
-            raise UpstreamUnavailable(
-                f"EST server {where} did not answer {operation} within {self._timeout.total:g}s "
-                "(CERTLM_PKI_REQUEST_TIMEOUT_S)"
-            ) from None
-        except aiohttp.ClientConnectorError as error:
-            raise UpstreamUnavailable(f"cannot connect to EST server {where}: {_cause(error)}") from None
-        except (aiohttp.ClientError, OSError) as error:
-            raise UpstreamUnavailable(
-                f"EST server {where} broke off the {operation} exchange: {_cause(error)} (a server that requires "
-                "a TLS client certificate it did not get does this too)"
-            ) from None
 
     async def _read(self, response: aiohttp.ClientResponse, operation: str) -> bytes:
         body = bytearray()
@@ -251,10 +231,3 @@ def _server_text(body: bytes) -> str:
     text = body[: MAX_SERVER_TEXT * 4].decode("utf-8", errors="replace")
     line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
     return line if len(line) <= MAX_SERVER_TEXT else line[:MAX_SERVER_TEXT] + "…"
-
-
-def _cause(error: BaseException) -> str:
-    """The innermost reason of a connection error, e.g. ``Connection refused``."""
-    inner = getattr(error, "os_error", None) or error.__cause__ or error
-    reason = getattr(inner, "strerror", None) or getattr(inner, "reason", None) or str(inner)
-    return f"{type(inner).__name__}: {reason}" if reason else type(inner).__name__

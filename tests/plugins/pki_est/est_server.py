@@ -149,6 +149,7 @@ def csr_attributes_der(*oids: str, ec_curve: str | None = None, extensions: tupl
 class EstTestServer:
     """An EST server with an EST CA (optionally root plus issuing intermediate), its own TLS CA for the HTTPS
     certificate, a plain-HTTP CRL distribution point, HTTP basic and TLS client certificate authentication.
+    ``tls=False`` serves EST over plain HTTP instead (what ``http://host:port`` in ``pki_connection`` is for).
 
     Attributes tests may change between requests: ``auth`` (per operation), ``serverkeygen`` and
     ``serverkeygen_refusal``, ``csr_attributes`` (DER CsrAttrs or None) and ``enforce_csr_attributes``,
@@ -164,8 +165,10 @@ class EstTestServer:
         path_segment: str | None = None,
         intermediate: bool = False,
         tls_issued_by_est_ca: bool = False,
+        tls: bool = True,
     ) -> None:
         self.directory = Path(directory)
+        self.tls = tls
         self.path_segment = path_segment.strip("/") if path_segment else None
         self.intermediate = intermediate
         self.tls_issued_by_est_ca = tls_issued_by_est_ca
@@ -199,7 +202,7 @@ class EstTestServer:
         self._cdp_runner = await self._serve(self._cdp_app(), None)
         self.cdp_port = self._cdp_runner.addresses[0][1]
         self._make_pki()
-        runner = await self._serve(self._est_app(), self._server_tls())
+        runner = await self._serve(self._est_app(), self._server_tls() if self.tls else None)
         self.port = runner.addresses[0][1]
 
     async def stop(self) -> None:
@@ -225,12 +228,14 @@ class EstTestServer:
 
     @property
     def pki_connection(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """``host:port`` (HTTPS, EST's default), or ``http://host:port`` for a server without TLS."""
+        return f"127.0.0.1:{self.port}" if self.tls else f"http://127.0.0.1:{self.port}"
 
     @property
     def url(self) -> str:
         label = f"/{self.path_segment}" if self.path_segment else ""
-        return f"https://127.0.0.1:{self.port}/.well-known/est{label}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/.well-known/est{label}"
 
     def crl_url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.cdp_port}/{name}.crl"

@@ -152,7 +152,9 @@ async def test_crl_without_distribution_point(certlm, make_est_server) -> None:
     await entry.save()
     response = await certlm.client.get(f"/pki/crl/{entry.id}")
     assert response.status_code == 404
-    assert "no CRL distribution point available" in await error_of(response)
+    assert await error_of(response) == (
+        f"No CRL distribution point available for PKI entry {entry.id}: its CA certificates name none; set est_cdp_urls"
+    )
 
 
 async def test_crl_when_the_distribution_point_is_down(certlm, est_server) -> None:
@@ -165,6 +167,59 @@ async def test_crl_when_the_distribution_point_is_down(certlm, est_server) -> No
     message = await error_of(response)
     assert message.startswith("no CRL distribution point delivered a CRL: ")
     assert est_server.crl_url("root") in message and "x.crl" in message
+
+
+async def test_crl_before_validate_comes_from_est_cdp_urls(certlm, est_server) -> None:
+    entry = await certlm.create_entry(est_server, est_cdp_urls=[est_server.crl_url("root")])
+    response = await certlm.client.get(f"/pki/crl/{entry.id}", query_string={"format": "der"})
+    assert response.status_code == 200, await response.get_data(as_text=True)
+    crl = x509.load_der_x509_crl(await response.get_data())
+    assert crl.issuer == est_server.ca_certificate.subject
+    assert crl.is_signature_valid(est_server.ca_certificate.public_key())
+    assert not est_server.requests, "validate was not needed"
+
+
+async def test_crl_before_validate_without_est_cdp_urls(certlm, est_server) -> None:
+    entry = await certlm.create_entry(est_server)
+    response = await certlm.client.get(f"/pki/crl/{entry.id}")
+    assert response.status_code == 404
+    assert await error_of(response) == (
+        f"No CRL distribution point available for PKI entry {entry.id}: set est_cdp_urls, or run "
+        f"GET /pki/exec/validate/{entry.id} to learn the CA certificate's"
+    )
+
+
+async def test_crl_before_validate_when_no_distribution_point_delivers(certlm, est_server) -> None:
+    port = free_port()
+    entry = await certlm.create_entry(est_server, est_cdp_urls=[f"http://127.0.0.1:{port}/est.crl"])
+    response = await certlm.client.get(f"/pki/crl/{entry.id}")
+    assert response.status_code == 502
+    assert await error_of(response) == (
+        f"no CRL distribution point delivered a CRL: http://127.0.0.1:{port}/est.crl: Connection refused"
+    )
+
+
+async def test_crl_not_signed_by_the_known_ca_is_refused(certlm, make_est_server) -> None:
+    plant, elsewhere = await make_est_server(), await make_est_server()
+    foreign_url = elsewhere.crl_url("tls")
+    entry = await certlm.create_entry(plant, est_cdp_urls=[foreign_url])
+
+    # The CA is not known yet: the CRL is served as delivered; it carries its own signature.
+    before = await certlm.client.get(f"/pki/crl/{entry.id}")
+    assert before.status_code == 200
+    assert x509.load_pem_x509_crl(await before.get_data()).issuer == elsewhere.tls_ca.certificate.subject
+
+    # Once validate has stored the CA, a CRL it did not sign is refused.
+    await certlm.validate(entry)
+    await plant.stop_cdp()
+    after = await certlm.client.get(f"/pki/crl/{entry.id}")
+    assert after.status_code == 502
+    message = await error_of(after)
+    assert message.startswith(f"no CRL distribution point delivered a CRL: {plant.crl_url('root')}: ")
+    assert message.endswith(
+        f"; {foreign_url}: refused a CRL of O=EST Test,CN=EST Test TLS CA that is not signed by the CA "
+        "(O=EST Test,CN=EST Test Root CA)"
+    )
 
 
 async def test_client_certificate_download(certlm, est_server) -> None:
