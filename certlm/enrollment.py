@@ -277,34 +277,36 @@ async def push_certificate(entry: InventoryEntry, order: PushOrder) -> dict[str,
     """Enroll a new certificate for ``entry``, store the outcome and record it as the entry's last push (or
     onboarding); the operation result.
 
-    Raises ``PushError`` (422 when the PKI refused the certificate request, 500 otherwise) with the steps done, or
-    another ``APIError`` when the push could not start (no PKI, no pinned certificate for an automated push).
+    Raises ``PushError`` with the steps done (422 when the PKI refused the certificate request, the 4xx of a PKI
+    entry that cannot be used as configured, 500 otherwise), or another ``APIError`` when the push could not start
+    (no PKI, no pinned certificate for an automated push). Failures are recorded too.
     """
     async with _lock_for(entry):
-        what = "onboarding" if order.onboarding else "certificate push"
-        url = opcua_url(entry.server, entry.port)
         started = _now()
         try:
             result = await _push_locked(entry, order)
         except APIError as error:
-            result = {"url": url, "steps": [], **error.details.get("result", {})}
-            result |= {"at": started, "trigger": order.trigger}
-            record_operation(
-                entry,
-                order.operation,
-                {"success": False, "execution": f"{what} of {url} failed", "error": error.message, "result": result},
-            )
-            await entry.save(update_fields=["last_result", "updated_at"])
+            failed = {"url": opcua_url(entry.server, entry.port), "steps": [], **error.details.get("result", {})}
+            await _record_push(entry, order, started, failed, error.message)
             raise
-        outcome = {
-            "success": True,
-            "execution": f"{what} of {url} completed",
-            "error": "",
-            "result": {**result, "at": started, "trigger": order.trigger},
-        }
-        record_operation(entry, order.operation, outcome)
-        await entry.save(update_fields=["last_result", "updated_at"])
-        return outcome
+        return await _record_push(entry, order, started, result)
+
+
+async def _record_push(
+    entry: InventoryEntry, order: PushOrder, started: str, result: dict[str, Any], error: str = ""
+) -> dict[str, Any]:
+    """The push as an operation result, filed as the entry's last push or onboarding with when it ran and what
+    triggered it."""
+    what = "onboarding" if order.onboarding else "certificate push"
+    outcome = {
+        "success": not error,
+        "execution": f"{what} of {result['url']} {'failed' if error else 'completed'}",
+        "error": error,
+        "result": {**result, "at": started, "trigger": order.trigger},
+    }
+    record_operation(entry, order.operation, outcome)
+    await entry.save(update_fields=["last_result", "updated_at"])
+    return outcome
 
 
 async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:

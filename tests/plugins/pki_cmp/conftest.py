@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,8 @@ from certlm.config import Settings
 from certlm.registry import PkiBackend
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import ec_key
-from tests.plugins.pki_cmp.cmp_server import BrokenTcpServer, CmpMockServer, HttpRelay, TestPki
+from tests.plugins.broken_server import start_broken_server  # noqa: F401 - a fixture for this package's tests
+from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, TestPki
 from tests.support import licensed_app_in_process
 
 SECRET = "plant-shared-secret-7"
@@ -118,18 +119,3 @@ async def start_relay() -> AsyncIterator[Callable[..., Any]]:
     yield start
     for relay in started:
         await relay.stop()
-
-
-@pytest.fixture
-async def start_broken_server() -> AsyncIterator[Callable[[str], Awaitable[BrokenTcpServer]]]:
-    """Start ``BrokenTcpServer``s with the given behaviour; all are stopped after the test."""
-    started: list[BrokenTcpServer] = []
-
-    async def start(behaviour: str) -> BrokenTcpServer:
-        server = await BrokenTcpServer(behaviour).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        await server.stop()

@@ -14,7 +14,7 @@ from cryptography import x509
 from certlm.config import Settings
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import csr_pem
-from tests.plugins.pki_cmp.cmp_server import BrokenTcpServer
+from tests.plugins.broken_server import start_broken_server  # noqa: F401 - a fixture for this package's tests
 from tests.plugins.pki_est.est_server import EstTestServer
 from tests.support import licensed_app_in_process
 
@@ -88,21 +88,6 @@ async def make_est_server(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitab
 @pytest.fixture
 async def est_server(make_est_server) -> EstTestServer:
     return await make_est_server()
-
-
-@pytest.fixture
-async def start_broken_server() -> AsyncIterator[Callable[[str], Awaitable[BrokenTcpServer]]]:
-    """Start ``BrokenTcpServer``s with the given behaviour; all are stopped after the test."""
-    started: list[BrokenTcpServer] = []
-
-    async def start(behaviour: str) -> BrokenTcpServer:
-        server = await BrokenTcpServer(behaviour).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        await server.stop()
 
 
 def device_csr(key, common_name: str = "Press 7") -> x509.CertificateSigningRequest:
