@@ -281,8 +281,8 @@ async def test_device_going_down_mid_push_keeps_its_old_certificate(
     assert failed.value.steps[-1].step == "update_certificate"
     assert failed.value.steps[-1].status in ("BadCommunicationError", "BadConnectionClosed", "BadNotConnected")
     assert failed.value.changed_device is False
-    while not device.listening:
-        await asyncio.sleep(0.1)
+    await asyncio.wait_for(device.settle(), 10)  # the device comes back after down_s
+    assert device.listening
     assert (await driver.read_certificate(admin, secure_session=True)).certificate == before
     outcome = await driver.push(
         admin, renewal(device, opcua_test_ca, onboarding=True, trust_on_first_use=True), opcua_test_ca.material()
