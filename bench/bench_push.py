@@ -37,8 +37,8 @@ from certlm.licensing import generate_key_pair, issue_license, load_private_key
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SESSIONS_PER_ONBOARDING = 3
-STEPS = ("identify", "connect", "describe", "create_signing_request", "enroll", "update_certificate",
-         "write_trust_list", "apply_changes", "verify")  # fmt: skip
+STEPS = ("identify", "connect", "describe", "create_signing_request", "enroll", "fetch_crls", "write_trust_list",
+         "update_certificate", "apply_changes", "verify")  # fmt: skip
 
 
 def free_port() -> int:
