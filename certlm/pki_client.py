@@ -75,6 +75,16 @@ def parse_connection(value: str) -> Connection:
     return Connection(scheme, match["host"].strip("[]"), int(match["port"]))
 
 
+def parse_origin(value: str) -> str:
+    """A web origin as ``scheme://host:port`` (RFC 6454), the port written out; ValueError for anything that is not
+    an http(s) origin (a path, query, user info, or another scheme)."""
+    connection = parse_connection(value)
+    if connection.scheme is None or connection.port == 0:
+        raise ValueError("must be an origin such as https://host:port")
+    host = f"[{connection.host}]" if ":" in connection.host else connection.host.lower()
+    return f"{connection.scheme}://{host}:{connection.port}"
+
+
 @dataclass(frozen=True)
 class PkiServer:
     """Where a PKI server answers: the scheme (written in ``pki_connection``, else the protocol's), host, port."""

@@ -93,6 +93,13 @@ class PkiOut(BaseModel):
     tls_ca: list[str]
     tls_crls_info: list[CrlInfo]
     creator_id: str | None
+    redirect_origins: list[str] = Field(description="other origins the server may redirect to, without credentials")
+    require_requested_names: bool = Field(
+        description="refuse an issued certificate that lacks a DNS or IP name certlm requested (else a warning)"
+    )
+    learned_capabilities: dict[str, Any] = Field(
+        description="what certlm learned by using the server (CMP: message types accepted or refused, and why)"
+    )
 
 
 class PkiList(RootModel[list[PkiOut]]):
@@ -133,6 +140,15 @@ class PkiFields(BaseModel):
     tls_ca: list[str] | None = Field(default=None, max_length=_MAX_LIST_ITEMS, description="PEM certificates")
     tls_crls: list[str] | None = Field(default=None, max_length=_MAX_LIST_ITEMS, description="PEM CRLs")
     creator_id: Any = Field(default=None, description="any JSON value; stored as a string")
+    redirect_origins: list[str] | None = Field(
+        default=None,
+        max_length=_MAX_LIST_ITEMS,
+        description="origins (https://host:port) other than pki_connection's that the server may redirect to; "
+        "credentials are never sent there",
+    )
+    require_requested_names: bool | None = Field(
+        default=None, description="refuse, instead of reporting, a certificate without a DNS or IP name requested"
+    )
 
     @field_validator("pki_connection")
     @classmethod
@@ -145,6 +161,11 @@ class PkiFields(BaseModel):
     @classmethod
     def _urls(cls, value: list[str] | None) -> list[str] | None:
         return _check_urls(value)
+
+    @field_validator("redirect_origins")
+    @classmethod
+    def _origins(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else list(dict.fromkeys(pki_client.parse_origin(origin) for origin in value))
 
 
 class PkiCreate(PkiFields):
@@ -215,6 +236,9 @@ def render(entry: PkiEntry) -> PkiOut:
         tls_ca=list(entry.tls_ca or ()),
         tls_crls_info=[_crl_info(pem) for pem in entry.tls_crls or ()],
         creator_id=entry.creator_id,
+        redirect_origins=list(entry.redirect_origins or ()),
+        require_requested_names=entry.require_requested_names,
+        learned_capabilities=dict(entry.learned_capabilities or {}),
     )
 
 
@@ -306,6 +330,10 @@ def apply_fields(entry: PkiEntry, data: PkiFields) -> None:
         entry.tls_crls = _tls_crls(values["tls_crls"])
     if "creator_id" in values:
         entry.creator_id = _creator_id(values["creator_id"])
+    if "redirect_origins" in values:
+        entry.redirect_origins = list(values["redirect_origins"] or ())
+    if "require_requested_names" in values:
+        entry.require_requested_names = bool(values["require_requested_names"])
     problems = host.pki_backends.get(entry.pki_type).configuration_problems(entry)
     if problems:
         raise APIError("; ".join(problems))

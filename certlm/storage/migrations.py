@@ -63,11 +63,27 @@ async def _add_pinned_certificate_column(connection: BaseDBAsyncClient, dialect:
             )
 
 
+async def _add_pki_redirect_names_capabilities_columns(connection: BaseDBAsyncClient, dialect: str) -> None:
+    json_type, false = ("JSON", "0") if dialect == "sqlite" else ("JSONB", "FALSE")
+    for column, definition in (
+        ("redirect_origins", f"{json_type} NOT NULL DEFAULT '[]'"),
+        ("require_requested_names", f"BOOLEAN NOT NULL DEFAULT {false}"),
+        ("learned_capabilities", f"{json_type} NOT NULL DEFAULT '{{}}'"),
+    ):
+        if not await _column_exists(connection, dialect, "pki_entry", column):
+            await connection.execute_script(f"ALTER TABLE pki_entry ADD COLUMN {column} {definition}")
+
+
 STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(2, "maintenance rules: cron expression and occurrence duration", _add_rule_cron_columns),
     MigrationStep(3, "inventory: the device description its driver was chosen by", _add_device_description_column),
     MigrationStep(
         4, "inventory: the pinned device certificate; the last result of each operation", _add_pinned_certificate_column
+    ),
+    MigrationStep(
+        5,
+        "PKI entries: allowed redirect origins, requested-names policy, learned server capabilities",
+        _add_pki_redirect_names_capabilities_columns,
     ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)

@@ -79,8 +79,15 @@ class PkiEntry(Model):
     tls_cdp_urls = fields.JSONField(default=list)
     tls_ca = fields.JSONField(default=list)
     tls_crls = fields.JSONField(default=list)
-    # CA certificates fetched from the PKI (EST /cacerts) or uploaded, PEM.
+    # CA certificates fetched from the PKI (EST /cacerts, CMP genm or an enrollment's caPubs/extraCerts), PEM.
     ca_certificates = fields.JSONField(default=list)
+    # Origins (scheme://host:port) other than pki_connection's the server may redirect to; credentials and client
+    # certificates meant for pki_connection are never sent there.
+    redirect_origins = fields.JSONField(default=list)
+    # Refuse, instead of reporting, an issued certificate that lacks a DNS or IP name certlm requested.
+    require_requested_names = fields.BooleanField(default=False)
+    # What certlm learned about the server by using it (CMP: which message types it accepts or refuses, and why).
+    learned_capabilities = fields.JSONField(default=dict)
     creator_id = fields.CharField(max_length=255, null=True)
     created_at = fields.DatetimeField(auto_now_add=True)
     updated_at = fields.DatetimeField(auto_now=True)

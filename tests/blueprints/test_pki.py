@@ -61,6 +61,8 @@ def full_body() -> dict:
         "tls_ca": [TLS_CA_PEM],
         "tls_crls": [tls_crl_pem()],
         "creator_id": 42,
+        "redirect_origins": ["HTTPS://pki-mirror.plant.example:8443", "http://[2001:db8::2]:80"],
+        "require_requested_names": True,
     }
 
 
@@ -87,6 +89,9 @@ def expected_full_entry(pki_id: int) -> dict:
             }
         ],
         "creator_id": "42",
+        "redirect_origins": ["https://pki-mirror.plant.example:8443", "http://[2001:db8::2]:80"],
+        "require_requested_names": True,
+        "learned_capabilities": {},
     }
 
 
@@ -127,12 +132,13 @@ async def test_create_read_update_delete(api) -> None:
 
     cleared = await api.patch(
         f"/pki/inventory/{pki_id}",
-        json={"username": None, "password": None, "est_client_pkcs12_base64": None, "tls_ca": None, "creator_id": None},
-    )
+        json={"username": None, "password": None, "est_client_pkcs12_base64": None, "tls_ca": None, "creator_id": None,
+              "redirect_origins": None, "require_requested_names": None},
+    )  # fmt: skip
     assert cleared.status_code == 200, cleared.text
     expected |= {
         "username": None, "password_encrypted": 0, "est_client_certificate_sha1": None, "tls_ca": [],
-        "creator_id": None,
+        "creator_id": None, "redirect_origins": [], "require_requested_names": False,
     }  # fmt: skip
     assert cleared.json() == expected
 
@@ -155,7 +161,8 @@ async def test_minimal_entry_has_empty_optional_fields(api) -> None:
         "pki_id": entry["pki_id"], "name": None, "pki_type_id": 1, "pki_connection": "localhost:0",
         "username": None, "password_encrypted": 0, "additional_path_segment": None,
         "est_client_certificate_sha1": None, "est_cdp_urls": [], "tls_cdp_urls": [], "tls_ca": [],
-        "tls_crls_info": [], "creator_id": None,
+        "tls_crls_info": [], "creator_id": None, "redirect_origins": [], "require_requested_names": False,
+        "learned_capabilities": {},
     }  # fmt: skip
 
 
@@ -306,6 +313,14 @@ BAD_FIELDS = [
     pytest.param({"tls_crls": ["-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n"]}, id="tls_crls-bad-pem"),
     pytest.param({"tls_crls": [tls_crl_pem().split("-----")[2].strip()]}, id="tls_crls-base64-without-pem-armour"),
     pytest.param({"creator_id": "c" * 256}, id="creator_id-too-long"),
+    pytest.param({"redirect_origins": "https://pki.example:443"}, id="redirect_origins-not-a-list"),
+    pytest.param({"redirect_origins": ["pki.example:443"]}, id="redirect_origins-no-scheme"),
+    pytest.param({"redirect_origins": ["https://pki.example:443/est"]}, id="redirect_origins-path"),
+    pytest.param({"redirect_origins": ["ftp://pki.example:21"]}, id="redirect_origins-scheme"),
+    pytest.param({"redirect_origins": ["https://user:pw@pki.example:443"]}, id="redirect_origins-userinfo"),
+    pytest.param({"redirect_origins": [7]}, id="redirect_origins-not-text"),
+    pytest.param({"redirect_origins": ["https://pki.example:443"] * 65}, id="redirect_origins-too-many"),
+    pytest.param({"require_requested_names": "yes"}, id="require_requested_names-not-boolean"),
     pytest.param({"unexpected": 1}, id="unknown-field"),
 ]
 

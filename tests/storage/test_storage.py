@@ -7,6 +7,7 @@ import sqlite3
 
 from certlm.storage.migrations import CURRENT_VERSION
 
+PKI_COLUMNS_SINCE_5 = ("redirect_origins", "require_requested_names", "learned_capabilities")
 LEGACY_LAST_RESULT = '{"operation": "push", "success": true, "at": "2025-01-01T00:00:00+00:00"}'
 
 
@@ -29,6 +30,8 @@ def _downgrade_sqlite_to_version_1(path) -> None:
     with sqlite3.connect(path) as db:
         db.execute("ALTER TABLE inventory_entry DROP COLUMN device_description")
         db.execute("ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der")
+        for column in PKI_COLUMNS_SINCE_5:
+            db.execute(f"ALTER TABLE pki_entry DROP COLUMN {column}")
         db.execute(
             "INSERT INTO inventory_entry (protocol, service, server, port, device_status, certificate_der, last_result,"
             " created_at, updated_at) VALUES ('gds', 'gds-push-generic', 'plc-1', 4840, 1, X'30820102', "
@@ -70,8 +73,12 @@ async def test_version_1_sqlite_database_is_upgraded_in_place(make_service) -> N
         assert json.loads(last_result) == {"push": json.loads(LEGACY_LAST_RESULT)}
         assert db.execute("SELECT version FROM certlm_schema").fetchone()[0] == CURRENT_VERSION
         assert db.execute("SELECT recurrence_type, start_time FROM maintenance_rule").fetchall() == [("daily", "01:00")]
+        assert set(PKI_COLUMNS_SINCE_5) <= {row[1] for row in db.execute("PRAGMA table_info(pki_entry)")}
     async with service.client() as client:
         assert (await client.get("/systeminfo")).json()["infrastructure"]["db_version"] == str(CURRENT_VERSION)
+        created = await client.post("/pki/inventory", json={"pki_type": 2, "pki_connection": "est.plant:8443"})
+        assert created.status_code == 200, created.text
+        assert (created.json()["redirect_origins"], created.json()["require_requested_names"]) == ([], False)
         # The license stored before the upgrade is still there.
         assert (await client.get("/systeminfo/lic")).json()["validation_success"] is True
 
@@ -85,7 +92,8 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
         "ALTER TABLE maintenance_rule DROP COLUMN cron; ALTER TABLE maintenance_rule DROP COLUMN duration_minutes;"
         "ALTER TABLE inventory_entry DROP COLUMN device_description;"
         "ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der;"
-        "INSERT INTO inventory_entry (protocol, service, server, port, device_status, certificate_der, last_result,"
+        + "".join(f"ALTER TABLE pki_entry DROP COLUMN {column};" for column in PKI_COLUMNS_SINCE_5)
+        + "INSERT INTO inventory_entry (protocol, service, server, port, device_status, certificate_der, last_result,"
         " created_at, updated_at) VALUES ('gds', 'gds-push-generic', 'plc-1', 4840, 1, '\\x30820102', "
         f"'{LEGACY_LAST_RESULT}', now(), now());"
         "UPDATE certlm_schema SET version = 1;"
@@ -103,6 +111,10 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
         url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'inventory_entry'"
     ).split()
     assert "device_description" in inventory_columns
+    pki_columns = postgres.query(
+        url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'pki_entry'"
+    ).split()
+    assert set(PKI_COLUMNS_SINCE_5) <= set(pki_columns)
     pinned = postgres.query(url, "SELECT encode(pinned_certificate_der, 'hex') FROM inventory_entry").strip()
     assert pinned == "30820102"
     last_result = postgres.query(url, "SELECT last_result FROM inventory_entry").strip()
