@@ -9,13 +9,14 @@ be reached is reported the same way.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import secrets as random_secrets
 import socket
 import ssl
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ import aiohttp
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
+from yarl import URL
 
 from certlm.certs import crl_signed_by, load_certificates_pem, load_pkcs12_base64, to_pem
 from certlm.errors import APIError, NotFound, UpstreamUnavailable
@@ -38,6 +40,12 @@ _HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>
 _CONNECTION_FORMS = "host:port, https://host:port or http://host:port"
 # OpenSSL's reasons when the peer answers a TLS handshake with something that is not TLS (plain HTTP).
 _NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST", "PACKET_LENGTH_TOO_LONG"})
+# Enough of a server's words to say what went wrong; the rest of an error page (a web framework's debug page runs to
+# hundreds of kB) stays out of error messages, logs and what is stored.
+ANSWER_TEXT_CHARS = 200
+# What is read of an HTTP error answer's body to find those words.
+MAX_ERROR_BODY_BYTES = 64 * 1024
+_TEXT_TYPES = ("text/", "json", "xml", "html")
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,31 @@ def reported_transport_failures(
         raise _broken_off(peer, server, exchange, error) from None
     except aiohttp.ClientError as error:
         raise _broken_off(peer, server, exchange, error) from None
+
+
+def answer_text(text: str, limit: int = ANSWER_TEXT_CHARS) -> str:
+    """A server's free text made fit for an error message: control and other unprintable characters dropped,
+    whitespace collapsed, at most ``limit`` characters (cut with an ellipsis)."""
+    words = "".join(character if character.isprintable() else " " for character in text).split()
+    collapsed = " ".join(words)
+    return collapsed if len(collapsed) <= limit else collapsed[: limit - 1].rstrip() + "\u2026"
+
+
+def http_answer_text(body: bytes, content_type: str, limit: int = ANSWER_TEXT_CHARS) -> str:
+    """What the body of an HTTP error answer says, through ``answer_text``: an HTML page's title (else its text
+    without markup, scripts and styles), a text or JSON body as it is; nothing for a body that is not text."""
+    if content_type and not any(kind in content_type for kind in _TEXT_TYPES):
+        return ""
+    text = body.decode("utf-8", errors="replace")
+    if "html" in content_type or text.lstrip().startswith("<"):
+        title = re.search(r"<title[^>]*>(.*?)</title\s*>", text, re.IGNORECASE | re.DOTALL)
+        if title is not None and title.group(1).strip():
+            text = title.group(1)
+        else:
+            text = re.sub(r"<(script|style)\b.*?</\1\s*>", " ", text, flags=re.IGNORECASE | re.DOTALL)
+            text = re.sub(r"<[^>]*>", " ", text)
+        text = html.unescape(text)
+    return answer_text(text, limit)
 
 
 def _broken_off(peer: str, server: PkiServer, exchange: str, error: BaseException) -> UpstreamUnavailable:
@@ -351,3 +384,110 @@ async def fetch_crl(
                 continue
             return crl
     raise UpstreamUnavailable("no CRL distribution point delivered a CRL: " + "; ".join(problems))
+
+
+# RFC 9110 §15.4: the redirections that name where to send the request instead (300 offers a choice, 304 is a cache
+# answer, 305 and 306 are obsolete).
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# Redirects followed in a row before giving up: a path that moved, a load balancer and a new host name fit in well
+# under five; more is a misconfiguration or a loop through varying URLs (RFC 2068 §10.3 advised five as well).
+MAX_REDIRECTS = 5
+
+
+@dataclass(frozen=True)
+class RedirectHop:
+    """Where a redirect sends a request next: the absolute URL, the server there, and whether that server is at the
+    origin of ``pki_connection``, the only one the entry's credentials are sent to."""
+
+    url: str
+    server: PkiServer
+    same_origin: bool
+
+
+def allowed_redirect_origins(entry: PkiEntry) -> frozenset[str]:
+    """The entry's ``redirect_origins``, canonical (``parse_origin``). The REST API stores them canonical already; a
+    value it would refuse, stored some other way, allows nothing."""
+    allowed = set()
+    for origin in entry.redirect_origins or ():
+        try:
+            allowed.add(parse_origin(origin))
+        except (TypeError, ValueError):
+            continue
+    return frozenset(allowed)
+
+
+def redirect_hop(
+    home: PkiServer,
+    chain: Sequence[str],
+    status: int,
+    location: str | None,
+    *,
+    method: str,
+    allowed_origins: frozenset[str],
+    peer: str,
+    exchange: str,
+) -> RedirectHop:
+    """Where the redirect ``peer`` answered (``status``, its ``Location``) sends ``exchange`` next; ``chain`` holds
+    the URLs requested so far, the last one answering. ``home`` is the server ``pki_connection`` names.
+
+    Followed, with the same method and body: a redirect to ``home``'s origin (scheme, host, port; RFC 6454), and one
+    to an origin in ``allowed_origins``, which the caller must reach without ``home``'s credentials. Refused with
+    ``UpstreamUnavailable`` (502) saying why: no Location, a URL that is not http(s) or carries user info, a 303 of
+    a request that is not a GET, a loop, more than ``MAX_REDIRECTS`` in a row, and any other origin (naming it and
+    ``redirect_origins``, which would allow it).
+
+    Only 303 asks for a method change. RFC 9110 §15.4.2/§15.4.3 let a client turn a POST redirected with 301 or 302
+    into a GET "for historical reasons" (browsers after a form); its original meaning, and what the server means
+    when it moves a path (``/simpleenroll`` to ``/simpleenroll/``), is the same request at the new URL. A GET would
+    lose the body and get no answer to the request, so the POST is sent again, as curl's ``--post301``/``--post302``
+    do. A 303 says the answer is another resource to GET, which a PKI protocol does not define and the request may
+    already have been acted on: refused rather than guessed at.
+    """
+    if not location or not location.strip():
+        raise UpstreamUnavailable(f"{peer} answered {exchange} with HTTP {status} but no Location to follow")
+    try:
+        target: URL | None = URL(chain[-1]).join(URL(location.strip())).with_fragment(None)
+    except ValueError:
+        target = None
+    if target is None or target.scheme not in _SCHEMES or not target.host:
+        shown = str(target.with_user(None)) if target is not None and target.host else location.strip()[:200]
+        raise UpstreamUnavailable(
+            f"{peer} redirected {exchange} to {shown!r}, which is not an http or https URL: not followed"
+        )
+    if target.user is not None or target.password is not None:
+        # aiohttp would turn user info into an Authorization header: a credential the entry never configured.
+        raise UpstreamUnavailable(
+            f"{peer} redirected {exchange} to {target.with_user(None)} with user info in the URL: not followed"
+        )
+    url = str(target)
+    if status == 303 and method not in ("GET", "HEAD"):
+        raise UpstreamUnavailable(
+            f"{peer} answered the {method} of {exchange} with HTTP 303 See Other to {url}: that asks for a GET of "
+            f"another resource, which is no answer to {exchange}; not followed (a server that moved {exchange} "
+            "redirects with 307 or 308)"
+        )
+    visited = [str(URL(requested)) for requested in chain]
+    if url in visited:
+        raise UpstreamUnavailable(f"{peer} redirected {exchange} in a loop: {' -> '.join([*visited, url])}")
+    if len(visited) > MAX_REDIRECTS:
+        raise UpstreamUnavailable(
+            f"{peer} redirected {exchange} more than {MAX_REDIRECTS} times: {' -> '.join([*visited, url])}"
+        )
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    try:
+        origin = parse_origin(f"{target.scheme}://{host}:{target.port}")
+    except ValueError:
+        raise UpstreamUnavailable(
+            f"{peer} redirected {exchange} to {url}, which names no server to connect to: not followed"
+        ) from None
+    server = PkiServer(target.scheme, target.host, target.port or 0)
+    home_origin = parse_origin(home.origin)
+    if origin == home_origin:
+        return RedirectHop(url, server, same_origin=True)
+    if origin not in allowed_origins:
+        raise UpstreamUnavailable(
+            f"{peer} redirected {exchange} to {url}, at another origin ({origin}) than pki_connection's "
+            f"({home_origin}): not followed; to follow it (without the entry's credentials), add {origin!r} to the "
+            "PKI entry's redirect_origins"
+        )
+    return RedirectHop(url, server, same_origin=False)

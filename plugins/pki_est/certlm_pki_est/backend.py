@@ -1,10 +1,11 @@
 """PKI type 2, ``est``: certificates from a plant's EST server (RFC 7030), reached at the entry's ``pki_connection``
 (HTTPS unless it says ``http://``) with its ``additional_path_segment``, HTTP basic and/or TLS client
-authentication."""
+authentication, and at the origins in its ``redirect_origins`` where the server redirects there, without them."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import ssl
@@ -19,7 +20,7 @@ from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
 from certlm.registry import CertificateProfile, Enrollment, KeyedEnrollment, PkiBackend, ServerValidation
 from certlm.storage.models import PkiEntry
 from certlm_pki_est import csrattrs
-from certlm_pki_est.client import EstClient, EstEndpoint
+from certlm_pki_est.client import EstClient, EstEndpoint, OtherOrigins
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,9 @@ class EstPki(PkiBackend):
         """RFC 7030 §4.1.1 bootstrap: fetch ``/cacerts`` and store the CA certificates, issuing CA first. No
         credentials are sent. Without ``tls_ca`` the server is not authenticated, which is why the endpoint
         reports the fingerprints for the operator to compare out of band; with it (and always when strict) the
-        server's certificate must verify against it, and strict also checks it against the entry's TLS CRLs."""
+        server's certificate must verify against it, and strict also checks it against the entry's TLS CRLs. A
+        redirect to an origin in ``redirect_origins`` is followed with the same TLS verification; strict checks
+        that server as it checks ``pki_connection``'s before the first request to it."""
         endpoint = self._endpoint(entry)
         anchors = pki_client.tls_trust_anchors(entry)
         if strict and not endpoint.server.uses_tls:
@@ -74,11 +77,13 @@ class EstPki(PkiBackend):
             tls, trust = pki_client.ssl_context(entry), "the entry's tls_ca"
         else:
             tls, trust = _unverified_tls(), "nothing (not verified)"
-        if strict:
-            server_certificate = await self._tls_server_certificate(endpoint, tls)
-            await self._check_not_revoked(entry, endpoint, server_certificate, anchors)
+        vet = functools.partial(self._vet_strictly, entry, tls, anchors) if strict else None
+        if vet is not None:
+            await vet(endpoint.server)
+        # No credentials go anywhere here, so the other origins get the same context.
+        other_origins = OtherOrigins(pki_client.allowed_redirect_origins(entry), tls=lambda: tls, vet=vet)
         try:
-            async with self._client(endpoint, tls, trust) as client:
+            async with self._client(endpoint, tls, trust, other_origins) as client:
                 certificates = await client.ca_certificates()
         except pki_client.ServerNotTrusted as error:
             raise APIError(error.message) from None
@@ -162,7 +167,9 @@ class EstPki(PkiBackend):
     def _endpoint(self, entry: PkiEntry) -> EstEndpoint:
         return EstEndpoint(pki_client.pki_server(entry, "EST", "https"), entry.additional_path_segment)
 
-    def _client(self, endpoint: EstEndpoint, tls: ssl.SSLContext, trust: str, **credentials) -> EstClient:
+    def _client(
+        self, endpoint: EstEndpoint, tls: ssl.SSLContext, trust: str, other_origins: OtherOrigins, **credentials
+    ) -> EstClient:
         settings = self.services.settings
         return EstClient(
             endpoint,
@@ -170,6 +177,7 @@ class EstPki(PkiBackend):
             trust=trust,
             timeout=pki_client.request_timeout(self.services),
             pending_wait_s=settings.pki_pending_wait_s,
+            other_origins=other_origins,
             **credentials,
         )
 
@@ -185,22 +193,43 @@ class EstPki(PkiBackend):
         if credential is not None:
             named.append(f"TLS client certificate {credential.certificate.subject.rfc4514_string()!r}")
         tls, trust = enrollment_tls(entry, credential)
+        # The same trust at another origin, but never the client certificate (RFC 7030 §3.2.1: a new TLS
+        # connection there); made only when a redirect goes there.
+        other_origins = OtherOrigins(
+            pki_client.allowed_redirect_origins(entry), tls=lambda: enrollment_tls(entry, None)[0]
+        )
         return self._client(
-            endpoint, tls, trust, basic_auth=basic_auth, credentials=" and ".join(named) or "no credentials"
+            endpoint,
+            tls,
+            trust,
+            other_origins,
+            basic_auth=basic_auth,
+            credentials=" and ".join(named) or "no credentials",
         )
 
-    async def _tls_server_certificate(self, endpoint: EstEndpoint, tls: ssl.SSLContext) -> x509.Certificate:
+    async def _vet_strictly(
+        self, entry: PkiEntry, tls: ssl.SSLContext, anchors: list[x509.Certificate], server: pki_client.PkiServer
+    ) -> None:
+        """validate-strict's checks of a server before anything is sent to it: TLS, a certificate that verifies
+        against ``tls_ca``, not revoked by the TLS CA's CRLs. 400 otherwise."""
+        if not server.uses_tls:
+            raise APIError(
+                f"validate-strict verifies the TLS chain of the EST server, but it redirects to {server.origin}, "
+                "which is plain HTTP: not followed"
+            )
+        certificate = await self._tls_server_certificate(server, tls)
+        await self._check_not_revoked(entry, server, certificate, anchors)
+
+    async def _tls_server_certificate(self, server: pki_client.PkiServer, tls: ssl.SSLContext) -> x509.Certificate:
         """The certificate the server presents in a handshake verified by ``tls``; 400 when it does not verify."""
         timeout = pki_client.request_timeout(self.services)
-        peer = f"EST server {endpoint.where}"
+        peer = f"EST server {server.where}"
         try:
             with pki_client.reported_transport_failures(
-                peer, endpoint.server, "the TLS handshake", timeout, "the entry's tls_ca"
+                peer, server, "the TLS handshake", timeout, "the entry's tls_ca"
             ):
                 _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(
-                        endpoint.server.host, endpoint.server.port, ssl=tls, server_hostname=endpoint.server.host
-                    ),
+                    asyncio.open_connection(server.host, server.port, ssl=tls, server_hostname=server.host),
                     timeout.total,
                 )
         except pki_client.ServerNotTrusted as error:
@@ -214,7 +243,7 @@ class EstPki(PkiBackend):
     async def _check_not_revoked(
         self,
         entry: PkiEntry,
-        endpoint: EstEndpoint,
+        server: pki_client.PkiServer,
         certificate: x509.Certificate,
         anchors: list[x509.Certificate],
     ) -> None:
@@ -229,7 +258,7 @@ class EstPki(PkiBackend):
             revoked = crl.get_revoked_certificate_by_serial_number(certificate.serial_number)
             if revoked is not None:
                 raise APIError(
-                    f"TLS certificate of EST server {endpoint.where} (serial {certificate.serial_number:X}) is "
+                    f"TLS certificate of EST server {server.where} (serial {certificate.serial_number:X}) is "
                     f"revoked since {revoked.revocation_date_utc.isoformat()} by the CRL of "
                     f"{crl.issuer.rfc4514_string()}"
                 )

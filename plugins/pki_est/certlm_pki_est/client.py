@@ -1,6 +1,6 @@
 """The EST (RFC 7030) wire protocol over HTTPS (or HTTP where ``pki_connection`` says so) with aiohttp: one client
-per backend call, errors already in the terms the REST API answers with (``certlm.errors``), pending enrollments
-(202 + Retry-After) waited for."""
+per backend call, errors already in the terms the REST API answers with (``certlm.errors``), redirects followed
+where RFC 7030 §3.2.1 allows, pending enrollments (202 + Retry-After) waited for."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import logging
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -50,10 +51,25 @@ class EstEndpoint:
 
 
 @dataclass(frozen=True)
+class OtherOrigins:
+    """What RFC 7030 §3.2.1 asks of a redirect to another web origin than ``pki_connection``'s: the client makes a
+    new TLS connection with all the security checks, and follows only with the user's approval or explicit
+    configuration. ``allowed`` is that configuration (the entry's ``redirect_origins``, canonical); ``tls`` makes
+    the context for them, with the same trust as for ``pki_connection`` and never a client certificate; ``vet``,
+    when given, checks each such server before the first request to it (validate-strict: TLS and revocation)."""
+
+    allowed: frozenset[str]
+    tls: Callable[[], ssl.SSLContext]
+    vet: Callable[[pki_client.PkiServer], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True)
 class _Answer:
     status: int
     headers: CIMultiDictProxy[str]
     body: bytes
+    hop: pki_client.RedirectHop  # where the answer came from
+    peer: str  # that server in words, for error messages
 
     @property
     def content_type(self) -> str | None:
@@ -63,7 +79,9 @@ class _Answer:
 class EstClient:
     """One conversation with an EST server. ``tls`` decides what the server's certificate is verified against
     (``trust`` says that in words, for error messages); ``basic_auth`` (user name and password) and the client
-    certificate in ``tls`` are the credentials (``credentials`` names them without revealing them)."""
+    certificate in ``tls`` are the credentials (``credentials`` names them without revealing them). They go to
+    ``pki_connection``'s origin only, redirected there or not; ``other_origins`` says where else a redirect is
+    followed, and how."""
 
     def __init__(
         self,
@@ -73,6 +91,7 @@ class EstClient:
         trust: str,
         timeout: aiohttp.ClientTimeout,
         pending_wait_s: float,
+        other_origins: OtherOrigins,
         basic_auth: tuple[str, str] | None = None,
         credentials: str = "no credentials",
     ) -> None:
@@ -81,12 +100,17 @@ class EstClient:
         self._trust = trust
         self._timeout = timeout
         self._pending_wait_s = pending_wait_s
+        self._other_origins = other_origins
+        self._other_origin_tls: ssl.SSLContext | None = None
+        self._vetted: set[str] = set()
         self._authorization = aiohttp.encode_basic_auth(*basic_auth) if basic_auth else None
         self._credentials = credentials
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> EstClient:
-        self._session = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(ssl=self._tls))
+        # EST keeps no state between requests (a pending enrollment is retried with the whole request), and cookies
+        # do not tell ports apart (RFC 6265 §8.5): a jar would hand one origin's cookies to another on the same host.
+        self._session = aiohttp.ClientSession(timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar())
         return self
 
     async def __aexit__(
@@ -117,7 +141,7 @@ class EstClient:
                 )
             return csrattrs.parse(wire.decode_base64(answer.body, "the csrattrs answer"))
         except wire.MalformedResponse as error:
-            raise self._malformed(error) from None
+            raise _malformed(answer.peer, error) from None
 
     async def enroll(self, csr: x509.CertificateSigningRequest, *, renew: bool) -> list[x509.Certificate]:
         """``/simpleenroll`` or, renewing, ``/simplereenroll`` (RFC 7030 §4.2): the certificates answered."""
@@ -134,14 +158,13 @@ class EstClient:
         answer = await self._enrollment_exchange("serverkeygen", csr)
         if answer.status in (404, 501):
             raise UnsupportedOperation(
-                f"EST server {self.endpoint.where} does not offer server-side key generation "
-                f"(serverkeygen answered HTTP {answer.status})"
+                f"{answer.peer} does not offer server-side key generation (serverkeygen answered HTTP {answer.status})"
             )
         self._require_success(answer, "serverkeygen", enrolling=True)
         try:
             return wire.server_generated_key(answer.content_type, answer.body, "the serverkeygen answer")
         except wire.MalformedResponse as error:
-            raise self._malformed(error) from None
+            raise _malformed(answer.peer, error) from None
 
     async def _enrollment_exchange(self, operation: str, csr: x509.CertificateSigningRequest) -> _Answer:
         """POST the CSR; while the server answers 202 (RFC 7030 §4.2.3: pending, manual approval for example),
@@ -154,7 +177,9 @@ class EstClient:
                 return answer
             wait = wire.retry_after_seconds(answer.headers.get("Retry-After"))
             if wait is None:
-                raise self._malformed(wire.MalformedResponse(f"{operation} answered 202 without a valid Retry-After"))
+                raise _malformed(
+                    answer.peer, wire.MalformedResponse(f"{operation} answered 202 without a valid Retry-After")
+                )
             wait = max(wait, MIN_PENDING_WAIT_S)
             if time.monotonic() + wait > deadline:
                 raise UpstreamUnavailable(
@@ -166,64 +191,113 @@ class EstClient:
             await asyncio.sleep(wait)
 
     async def _exchange(self, operation: str, csr: x509.CertificateSigningRequest | None = None) -> _Answer:
-        assert self._session is not None, "use EstClient in 'async with'"
-        headers = {"Authorization": self._authorization} if self._authorization else {}
-        body = None
+        """The request for ``operation`` (GET, or POST of ``csr``) and the redirects it is answered with, followed
+        as ``pki_client.redirect_hop`` decides: the answer that is not a redirect."""
+        method = "GET" if csr is None else "POST"
+        headers, body = {}, None
         if csr is not None:
-            headers |= {"Content-Type": wire.PKCS10, "Content-Transfer-Encoding": "base64"}
+            headers = {"Content-Type": wire.PKCS10, "Content-Transfer-Encoding": "base64"}
             body = wire.encode_base64(csr.public_bytes(serialization.Encoding.DER))
-        with pki_client.reported_transport_failures(
-            f"EST server {self.endpoint.where}", self.endpoint.server, operation, self._timeout, self._trust
-        ):
-            async with self._session.request(
-                "POST" if csr is not None else "GET",
-                self.endpoint.url(operation),
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-            ) as response:
-                return _Answer(response.status, response.headers, await self._read(response, operation))
+        hop = pki_client.RedirectHop(self.endpoint.url(operation), self.endpoint.server, same_origin=True)
+        chain = [hop.url]
+        while True:
+            answer = await self._send(hop, method, headers, body, operation)
+            if answer.status not in pki_client.REDIRECT_STATUSES:
+                return answer
+            hop = pki_client.redirect_hop(
+                self.endpoint.server,
+                chain,
+                answer.status,
+                answer.headers.get("Location"),
+                method=method,
+                allowed_origins=self._other_origins.allowed,
+                peer=answer.peer,
+                exchange=operation,
+            )
+            chain.append(hop.url)
+            if hop.same_origin:
+                log.debug("EST server %s redirected %s to %s", self.endpoint.where, operation, hop.url)
+                continue
+            log.info(
+                "EST server %s redirected %s to %s, an origin in redirect_origins: following without the entry's "
+                "credentials",
+                self.endpoint.where,
+                operation,
+                hop.url,
+            )
+            if self._other_origins.vet is not None and hop.server.origin not in self._vetted:
+                await self._other_origins.vet(hop.server)
+                self._vetted.add(hop.server.origin)
 
-    async def _read(self, response: aiohttp.ClientResponse, operation: str) -> bytes:
+    async def _send(
+        self, hop: pki_client.RedirectHop, method: str, headers: dict[str, str], body: bytes | None, operation: str
+    ) -> _Answer:
+        """One HTTP exchange: with the entry's credentials at ``pki_connection``'s origin, without them elsewhere."""
+        assert self._session is not None, "use EstClient in 'async with'"
+        if hop.same_origin:
+            peer, tls = f"EST server {hop.server.where}", self._tls
+            if self._authorization:
+                headers = headers | {"Authorization": self._authorization}
+        else:
+            peer, tls = f"EST server {hop.server.where} (redirected from {self.endpoint.where})", self._other_tls()
+        with pki_client.reported_transport_failures(peer, hop.server, operation, self._timeout, self._trust):
+            async with self._session.request(
+                method, hop.url, data=body, headers=headers, ssl=tls, allow_redirects=False
+            ) as response:
+                return _Answer(
+                    response.status, response.headers, await self._read(response, peer, operation), hop, peer
+                )
+
+    def _other_tls(self) -> ssl.SSLContext:
+        if self._other_origin_tls is None:
+            self._other_origin_tls = self._other_origins.tls()
+        return self._other_origin_tls
+
+    async def _read(self, response: aiohttp.ClientResponse, peer: str, operation: str) -> bytes:
         body = bytearray()
         async for chunk in response.content.iter_chunked(64 * 1024):
             body += chunk
             if len(body) > MAX_RESPONSE_BYTES:
-                raise self._malformed(
-                    wire.MalformedResponse(f"the {operation} answer is larger than {MAX_RESPONSE_BYTES} bytes")
+                raise _malformed(
+                    peer, wire.MalformedResponse(f"the {operation} answer is larger than {MAX_RESPONSE_BYTES} bytes")
                 )
         return bytes(body)
 
     def _require_success(self, answer: _Answer, operation: str, *, enrolling: bool = False) -> None:
-        status, where = answer.status, self.endpoint.where
+        status, peer = answer.status, answer.peer
         if status == 200:
             return
         text = _server_text(answer.body)
         said = f": {text}" if text else ""
+        if status in (401, 403) and not answer.hop.same_origin:
+            raise UpstreamUnavailable(
+                f"{peer} refused {operation} without credentials (HTTP {status}): the entry's credentials are sent "
+                f"only to pki_connection's origin {self.endpoint.server.origin}{said}"
+            )
         if status in (401, 403):
             raise UpstreamUnavailable(
-                f"EST server {where} rejected the credentials ({self._credentials}) for {operation}: "
-                f"HTTP {status}{said}"
+                f"{peer} rejected the credentials ({self._credentials}) for {operation}: HTTP {status}{said}"
             )
         if status == 404:
             raise UpstreamUnavailable(
-                f"EST server {where} has no {self.endpoint.url(operation)} (HTTP 404): check the entry's "
-                f"pki_connection and additional_path_segment{said}"
+                f"{peer} has no {answer.hop.url} (HTTP 404): check the entry's pki_connection and "
+                f"additional_path_segment{said}"
             )
         if enrolling and 400 <= status < 500:
-            raise CsrRejected(f"EST server {where} refused the certificate request (HTTP {status}){said}")
+            raise CsrRejected(f"{peer} refused the certificate request (HTTP {status}){said}")
         if status >= 500:
-            raise UpstreamUnavailable(f"EST server {where} failed on {operation}: HTTP {status}{said}")
-        raise UpstreamUnavailable(f"EST server {where} answered {operation} with HTTP {status}{said}")
+            raise UpstreamUnavailable(f"{peer} failed on {operation}: HTTP {status}{said}")
+        raise UpstreamUnavailable(f"{peer} answered {operation} with HTTP {status}{said}")
 
     def _certificates(self, answer: _Answer, what: str) -> list[x509.Certificate]:
         try:
             return wire.certs_only(answer.content_type, answer.body, what)
         except wire.MalformedResponse as error:
-            raise self._malformed(error) from None
+            raise _malformed(answer.peer, error) from None
 
-    def _malformed(self, error: wire.MalformedResponse) -> UpstreamUnavailable:
-        return UpstreamUnavailable(f"malformed response from EST server {self.endpoint.where}: {error}")
+
+def _malformed(peer: str, error: wire.MalformedResponse) -> UpstreamUnavailable:
+    return UpstreamUnavailable(f"malformed response from {peer}: {error}")
 
 
 def _server_text(body: bytes) -> str:

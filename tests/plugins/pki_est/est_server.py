@@ -1,5 +1,6 @@
 """An EST (RFC 7030) server for tests and the benchmark: aiohttp over TLS on 127.0.0.1, certificates signed with
-the internal CA plugin's functions, and every misbehaviour certlm must survive switchable between requests.
+the internal CA plugin's functions, and every misbehaviour certlm must survive switchable between requests, redirects
+included (a second listener on another port is another web origin).
 
     server = EstTestServer(directory)
     await server.start()
@@ -47,12 +48,17 @@ FAILURES = ("truncated", "content-type", "garbage", "slow", "500", "foreign-cert
 
 @dataclass
 class SeenRequest:
-    """What the server saw of one request, for tests to assert on."""
+    """What the server saw of one request, for tests to assert on: ``operation`` is None for a path that is no EST
+    operation (a scripted redirect), ``url`` names the listener it reached (origin and path, without the query),
+    ``authorization`` whether any Authorization header came."""
 
-    operation: str
+    operation: str | None
     basic_user: str | None
     client_certificate: x509.Certificate | None
     content_type: str | None
+    url: str
+    authorization: bool
+    method: str
 
 
 @dataclass
@@ -156,6 +162,13 @@ class EstTestServer:
     ``pending`` (how many 202 answers come first) and ``retry_after``, ``failure`` (one of ``FAILURES``, for
     the enrollment operations) and ``slow_seconds``, ``single_line_base64``, ``shuffle`` (PKCS#7 order),
     ``enroll_includes_chain``. ``requests`` lists what came in.
+
+    Redirects: ``trailing_slash=True`` publishes the EST paths with a trailing slash and answers the path without it
+    with ``slash_redirect_status`` (301, or 308) and a relative Location, as some EST servers do. ``mirror=True``
+    starts a second listener of the same server on another port (``mirror_origin``, ``mirror_url``), with its own
+    TLS certificate from the TLS CA (or, ``mirror_tls_trusted=False``, from a CA no one trusts), revoked by the TLS
+    CA's CRL while ``mirror_tls_certificate_revoked``. ``redirects`` maps a URL (origin and path, and the query
+    when one is sent) on either listener to the Location it answers with ``redirect_status``.
     """
 
     def __init__(
@@ -166,9 +179,19 @@ class EstTestServer:
         intermediate: bool = False,
         tls_issued_by_est_ca: bool = False,
         tls: bool = True,
+        trailing_slash: bool = False,
+        mirror: bool = False,
+        mirror_tls_trusted: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.tls = tls
+        self.trailing_slash = trailing_slash
+        self.mirror = mirror
+        self.mirror_tls_trusted = mirror_tls_trusted
+        self.slash_redirect_status = 301
+        self.redirects: dict[str, str] = {}
+        self.redirect_status = 307
+        self.mirror_tls_certificate_revoked = False
         self.path_segment = path_segment.strip("/") if path_segment else None
         self.intermediate = intermediate
         self.tls_issued_by_est_ca = tls_issued_by_est_ca
@@ -187,10 +210,13 @@ class EstTestServer:
         self.single_line_base64 = False
         self.shuffle = False
         self.enroll_includes_chain = True
+        # The profile of a server that keeps only the URI of the subject alternative names asked for.
+        self.uri_san_only = False
         self.tls_certificate_revoked = False
         self.requests: list[SeenRequest] = []
         self.issued: list[x509.Certificate] = []
         self.port = 0
+        self.mirror_port = 0
         self.cdp_port = 0
         self._runners: list[web.AppRunner] = []
         self._cdp_runner: web.AppRunner | None = None
@@ -202,8 +228,17 @@ class EstTestServer:
         self._cdp_runner = await self._serve(self._cdp_app(), None)
         self.cdp_port = self._cdp_runner.addresses[0][1]
         self._make_pki()
-        runner = await self._serve(self._est_app(), self._server_tls() if self.tls else None)
+        chain = [
+            self.tls_certificate,
+            self.issuing.certificate if self.tls_issued_by_est_ca else self.tls_ca.certificate,
+        ]
+        runner = await self._serve(self._est_app(), self._server_tls("est", chain, self._tls_key) if self.tls else None)
         self.port = runner.addresses[0][1]
+        if self.mirror:
+            mirror_tls = self._server_tls(
+                "mirror", [self.mirror_tls_certificate, self._mirror_issuer], self._mirror_key
+            )
+            self.mirror_port = (await self._serve(self._est_app(), mirror_tls if self.tls else None)).addresses[0][1]
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):
@@ -232,10 +267,22 @@ class EstTestServer:
         return f"127.0.0.1:{self.port}" if self.tls else f"http://127.0.0.1:{self.port}"
 
     @property
+    def origin(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
     def url(self) -> str:
+        """Where the EST operations are, without a slash at the end: ``url + "/cacerts"``."""
         label = f"/{self.path_segment}" if self.path_segment else ""
-        scheme = "https" if self.tls else "http"
-        return f"{scheme}://127.0.0.1:{self.port}/.well-known/est{label}"
+        return f"{self.origin}/.well-known/est{label}"
+
+    @property
+    def mirror_origin(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.mirror_port}"
+
+    @property
+    def mirror_url(self) -> str:
+        return self.mirror_origin + self.url.removeprefix(self.origin)
 
     def crl_url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.cdp_port}/{name}.crl"
@@ -272,7 +319,8 @@ class EstTestServer:
         return base64.b64encode(blob).decode()
 
     def tls_crl(self) -> x509.CertificateRevocationList:
-        """The TLS CA's CRL: it revokes the server's TLS certificate while ``tls_certificate_revoked``."""
+        """The TLS CA's CRL: it revokes the server's TLS certificate while ``tls_certificate_revoked``, the mirror's
+        while ``mirror_tls_certificate_revoked``."""
         return self._crl(self.tls_ca, self._tls_revocations())
 
     # ----- PKI
@@ -299,6 +347,17 @@ class EstTestServer:
             _name("est.test"), self._tls_key, tls_issuer, is_ca=False, hosts=("127.0.0.1", "localhost"),
             cdp=self.crl_url("tls"),
         )  # fmt: skip
+        self._mirror_key = ec.generate_private_key(ec.SECP256R1())
+        mirror_ca = self.tls_ca
+        if not self.mirror_tls_trusted:
+            untrusted_key = ec.generate_private_key(ec.SECP256R1())
+            untrusted = _certificate(_name("EST Test Untrusted TLS CA"), untrusted_key, None, is_ca=True)
+            mirror_ca = _Authority(untrusted, untrusted_key, "untrusted")
+        self._mirror_issuer = mirror_ca.certificate
+        self.mirror_tls_certificate = _certificate(
+            _name("est-mirror.test"), self._mirror_key, mirror_ca, is_ca=False, hosts=("127.0.0.1", "localhost"),
+            cdp=self.crl_url("tls"),
+        )  # fmt: skip
         self._client_key = ec.generate_private_key(ec.SECP256R1())
         client_csr = (
             x509.CertificateSigningRequestBuilder()
@@ -323,28 +382,51 @@ class EstTestServer:
             policy,
             datetime.now(UTC),
         )
+        if self.uri_san_only:
+            certificate = self._without_host_names(certificate)
         self.issued.append(certificate)
         return certificate
+
+    def _without_host_names(self, certificate: x509.Certificate) -> x509.Certificate:
+        """``certificate`` signed again with only the URIs of its subject alternative names."""
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(certificate.subject)
+            .issuer_name(certificate.issuer)
+            .public_key(certificate.public_key())
+            .serial_number(certificate.serial_number)
+            .not_valid_before(certificate.not_valid_before_utc)
+            .not_valid_after(certificate.not_valid_after_utc)
+        )
+        for extension in certificate.extensions:
+            value = extension.value
+            if isinstance(value, x509.SubjectAlternativeName):
+                uris = value.get_values_for_type(x509.UniformResourceIdentifier)
+                value = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri) for uri in uris])
+            builder = builder.add_extension(value, extension.critical)
+        return builder.sign(self.issuing.key, hashes.SHA256())  # type: ignore[arg-type]
 
     def _crl(self, authority: _Authority, revocations: list[ca.Revocation]) -> x509.CertificateRevocationList:
         return ca.build_crl(authority.certificate, authority.key, revocations, 1, datetime.now(UTC))  # type: ignore[arg-type]
 
     def _tls_revocations(self) -> list[ca.Revocation]:
-        if not self.tls_certificate_revoked:
-            return []
-        return [ca.Revocation(self.tls_certificate.serial_number, datetime.now(UTC), x509.ReasonFlags.key_compromise)]
-
-    def _server_tls(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        chain = [
-            self.tls_certificate,
-            self.issuing.certificate if self.tls_issued_by_est_ca else self.tls_ca.certificate,
+        revoked = []
+        if self.tls_certificate_revoked:
+            revoked.append(self.tls_certificate)
+        if self.mirror_tls_certificate_revoked:
+            revoked.append(self.mirror_tls_certificate)
+        return [
+            ca.Revocation(certificate.serial_number, datetime.now(UTC), x509.ReasonFlags.key_compromise)
+            for certificate in revoked
         ]
-        certificate_file = self.directory / f"est-tls-{id(self)}.pem"
-        key_file = self.directory / f"est-tls-{id(self)}.key"
+
+    def _server_tls(self, name: str, chain: list[x509.Certificate], key: ec.EllipticCurvePrivateKey) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        certificate_file = self.directory / f"{name}-tls-{id(self)}.pem"
+        key_file = self.directory / f"{name}-tls-{id(self)}.key"
         certificate_file.write_text(_pem(chain))
         key_file.write_bytes(
-            self._tls_key.private_bytes(
+            key.private_bytes(
                 serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
             )
         )
@@ -374,10 +456,46 @@ class EstTestServer:
         return app
 
     def _est_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024)
-        app.router.add_route("*", "/.well-known/est/{operation}", self._handle)
-        app.router.add_route("*", "/.well-known/est/{label}/{operation}", self._handle)
+        app = web.Application(client_max_size=64 * 1024, middlewares=[self._scripted_redirect])
+        for path in ("/.well-known/est/{operation}", "/.well-known/est/{label}/{operation}"):
+            if self.trailing_slash:
+                app.router.add_route("*", path + "/", self._handle)
+                app.router.add_route("*", path, self._add_slash)
+            else:
+                app.router.add_route("*", path, self._handle)
         return app
+
+    def _request_url(self, request: web.Request) -> str:
+        """The URL a request reached, its origin named by the listener's port (the Host header could say anything)."""
+        port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{port}{request.path}"
+
+    def _record(self, request: web.Request, operation: str | None) -> SeenRequest:
+        seen = SeenRequest(
+            operation,
+            self._basic_user(request),
+            self._peer_certificate(request),
+            request.headers.get("Content-Type"),
+            self._request_url(request),
+            "Authorization" in request.headers,
+            request.method,
+        )
+        self.requests.append(seen)
+        return seen
+
+    @web.middleware
+    async def _scripted_redirect(self, request: web.Request, handler) -> web.StreamResponse:
+        url = self._request_url(request)
+        location = self.redirects.get(f"{url}?{request.query_string}" if request.query_string else url)
+        if location is None:
+            return await handler(request)
+        self._record(request, request.match_info.get("operation"))
+        return web.Response(status=self.redirect_status, headers={"Location": location}, text="moved")
+
+    async def _add_slash(self, request: web.Request) -> web.Response:
+        self._record(request, request.match_info["operation"])
+        location = request.path + "/" + (f"?{request.query_string}" if request.query_string else "")
+        return web.Response(status=self.slash_redirect_status, headers={"Location": location}, text="moved")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         operation = request.match_info["operation"]
@@ -395,11 +513,10 @@ class EstTestServer:
         method, handler = handlers[operation]
         if request.method != method:
             raise web.HTTPMethodNotAllowed(request.method, [method])
-        basic_user = self._basic_user(request)
-        peer = self._peer_certificate(request)
-        self.requests.append(SeenRequest(operation, basic_user, peer, request.headers.get("Content-Type")))
+        seen = self._record(request, operation)
+        peer = seen.client_certificate
         policy = self.auth.get(operation, "none")
-        basic_ok, certificate_ok = basic_user == self.username, peer is not None
+        basic_ok, certificate_ok = seen.basic_user == self.username, peer is not None
         allowed = {
             "none": True,
             "basic": basic_ok,
