@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -245,6 +246,49 @@ def subject_alternative_names(certificate: x509.Certificate) -> dict[str, list[s
         "dirname": [name.rfc4514_string() for name in san.get_values_for_type(x509.DirectoryName)],
     }
     return {kind: values for kind, values in groups.items() if values}
+
+
+def host_general_name(host: str) -> x509.GeneralName:
+    """The subject alternative name that names ``host``: an IP address, else a DNS name."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def requested_host_names(
+    csr: x509.CertificateSigningRequest, hosts: Iterable[str] = ()
+) -> list[x509.DNSName | x509.IPAddress]:
+    """The DNS names and IP addresses a certificate for ``csr`` should carry: the CSR's own and ``hosts``."""
+    try:
+        names = list(csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        names = []
+    names += [host_general_name(host) for host in hosts]
+    wanted = [name for name in names if isinstance(name, x509.DNSName | x509.IPAddress)]
+    return list(dict.fromkeys(wanted))
+
+
+def missing_host_names(
+    certificate: x509.Certificate, wanted: Iterable[x509.DNSName | x509.IPAddress]
+) -> list[x509.DNSName | x509.IPAddress]:
+    """The names of ``wanted`` that ``certificate``'s subject alternative names lack; DNS names compare without
+    regard to case (RFC 4343)."""
+    san = _extension(certificate, x509.SubjectAlternativeName)
+    dns = {name.casefold() for name in san.get_values_for_type(x509.DNSName)} if san else set()
+    ips = set(san.get_values_for_type(x509.IPAddress)) if san else set()
+    return [
+        name
+        for name in wanted
+        if (isinstance(name, x509.DNSName) and name.value.casefold() not in dns)
+        or (isinstance(name, x509.IPAddress) and name.value not in ips)
+    ]
+
+
+def general_name_text(name: x509.GeneralName) -> str:
+    """``DNS:plc-7.plant`` or ``IP:10.0.0.7``, as OpenSSL writes names."""
+    prefix = {x509.DNSName: "DNS", x509.IPAddress: "IP", x509.UniformResourceIdentifier: "URI"}.get(type(name), "")
+    return f"{prefix}:{name.value}" if prefix else str(name.value)
 
 
 def crl_distribution_points(certificate: x509.Certificate) -> list[str]:

@@ -11,11 +11,22 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography import x509
 
-from certlm.certs import certificate_detail, crl_signed_by, issued_by, issuer_chain, sha1_fingerprint, to_der
+from certlm.certs import (
+    certificate_detail,
+    crl_signed_by,
+    general_name_text,
+    host_general_name,
+    issued_by,
+    issuer_chain,
+    missing_host_names,
+    requested_host_names,
+    sha1_fingerprint,
+    to_der,
+)
 from certlm.errors import (
     APIError,
     CsrRejected,
@@ -30,6 +41,7 @@ from certlm.inventory import device_target, save_credentials
 from certlm.pki_client import cdp_urls, fetch_crl
 from certlm.registry import (
     SERVER_PROFILE,
+    CertificateProfile,
     ChainCrls,
     DeviceDescription,
     DeviceDriver,
@@ -48,6 +60,7 @@ from certlm.registry import (
 from certlm.storage.models import InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)
+EnrollmentType = TypeVar("EnrollmentType", bound=Enrollment)
 
 # One push at a time per device: two concurrent sessions would each make the device discard the other's pending
 # key pair. Instances sharing a database are coordinated by the scheduler's lease, not by this lock.
@@ -121,6 +134,8 @@ def _steps_view(steps: list[StepOutcome], debug: bool) -> list[dict[str, Any]]:
     view = []
     for step in steps:
         item: dict[str, Any] = {"step": step.step, "ok": step.ok, "status": step.status, "message": step.message}
+        if step.warning:
+            item["warning"] = True
         if debug:
             item["seconds"] = round(step.seconds, 4)
         view.append(item)
@@ -202,10 +217,12 @@ async def pki_material(pki: PkiEntry, entry: InventoryEntry) -> PkiMaterial:
     renewing = current_certificate_from(entry, ca_certificates)
 
     async def enroll(csr: x509.CertificateSigningRequest, private_key: Any = None) -> Enrollment:
-        return await backend.enroll(pki, csr, profile, renewing=renewing, private_key=private_key)
+        enrollment = await backend.enroll(pki, csr, profile, renewing=renewing, private_key=private_key)
+        return await with_requested_names_checked(pki, backend, csr, profile, enrollment)
 
     async def enroll_server_key(csr: x509.CertificateSigningRequest) -> KeyedEnrollment:
-        return await backend.enroll_server_key(pki, csr, profile, renewing=renewing)
+        enrollment = await backend.enroll_server_key(pki, csr, profile, renewing=renewing)
+        return await with_requested_names_checked(pki, backend, csr, profile, enrollment)
 
     async def chain_crls(enrollment: Enrollment) -> ChainCrls:
         return await crls_of_chain(enrollment, (*enrollment.chain, *ca_certificates), crls)
@@ -217,6 +234,69 @@ async def pki_material(pki: PkiEntry, entry: InventoryEntry) -> PkiMaterial:
         enroll_server_key=enroll_server_key if backend.offers("enroll_server_key") else None,
         chain_crls=chain_crls,
     )
+
+
+async def with_requested_names_checked(
+    pki: PkiEntry,
+    backend: PkiBackend,
+    csr: x509.CertificateSigningRequest,
+    profile: CertificateProfile,
+    enrollment: EnrollmentType,
+) -> EnrollmentType:
+    """``enrollment``, with a warning when the PKI left out DNS names or IP addresses certlm asked for (the CSR's, and
+    the host the device is reached at where the backend asks for it): clients that connect to the device by that
+    name may refuse it. A PKI entry
+    with ``require_requested_names`` refuses such a certificate instead (422), and revokes it where the PKI can."""
+    hosts = profile.hosts if backend.asks_for_profile_hosts else ()
+    problem = missing_names_warning(enrollment.certificate, requested_host_names(csr, hosts), "requested")
+    if problem is None:
+        return enrollment
+    if not pki.require_requested_names:
+        return replace(enrollment, warnings=(*enrollment.warnings, problem))
+    withdrawn = await _withdraw_unused(pki, backend, enrollment.certificate)
+    raise CsrRejected(
+        f"the PKI issued a certificate that {problem.removeprefix('the certificate ')}. PKI entry {pki.id} requires "
+        f"the requested names (require_requested_names), so it was not "
+        f"installed{withdrawn}. Change the PKI's certificate profile to keep subject alternative names, or PATCH "
+        f"/pki/inventory/{pki.id} with require_requested_names false to accept it with a warning"
+    )
+
+
+def missing_names_warning(
+    certificate: x509.Certificate, wanted: list[x509.DNSName | x509.IPAddress], why: str
+) -> str | None:
+    """What an operator should know when ``certificate`` lacks names of ``wanted`` (which certlm ``why``: requested,
+    or reaches the device at); None when it has them all."""
+    missing = missing_host_names(certificate, wanted)
+    if not missing:
+        return None
+    names = ", ".join(general_name_text(name) for name in missing)
+    return (
+        f"the certificate does not name {names}, which certlm {why}: clients that connect to the device by that "
+        "address may refuse it"
+    )
+
+
+def host_names_warnings(host: str, certificate: x509.Certificate | None) -> list[str]:
+    """For the monitor views: whether a device's certificate names the host certlm reaches it at."""
+    if certificate is None:
+        return []
+    warning = missing_names_warning(certificate, [host_general_name(host)], "reaches the device at")
+    return [warning] if warning else []
+
+
+async def _withdraw_unused(pki: PkiEntry, backend: PkiBackend, certificate: x509.Certificate) -> str:
+    """Revoke a certificate certlm will not install (reason superseded), where the PKI can; what happened, as the
+    tail of a sentence."""
+    serial = f"{certificate.serial_number:X}"
+    if not backend.offers("revoke"):
+        return f"; the PKI cannot revoke it through certlm (serial {serial})"
+    try:
+        await backend.revoke(pki, certificate, x509.ReasonFlags.superseded)
+    except APIError as error:
+        log.warning("PKI entry %s: revoking unused certificate %s failed: %s", pki.id, serial, error.message)
+        return f"; revoking it (serial {serial}) failed: {error.message}"
+    return f" and was revoked (serial {serial})"
 
 
 async def crls_of_chain(
@@ -453,6 +533,9 @@ async def _record_success(
     }
     if contact_note:
         result["first_contact"] = contact_note
+    warnings = [step.message for step in steps if step.warning]
+    if warnings:
+        result["warnings"] = warnings
     await entry.save()
     return result
 

@@ -186,6 +186,8 @@ class StepOutcome:
     seconds: float
     status: str = ""
     message: str = ""
+    warning: bool = False
+    """A step that went through but found something the operator should know (``ok`` stays True)."""
 
 
 @dataclass
@@ -305,10 +307,13 @@ class ServerValidation:
 
 @dataclass(frozen=True)
 class Enrollment:
-    """An issued certificate and the chain from its issuer up to the root."""
+    """An issued certificate and the chain from its issuer up to the root. ``warnings`` is what the host noticed
+    about the certificate that does not stop its installation (a requested host name the PKI left out); a
+    driver reports each as a warning step."""
 
     certificate: x509.Certificate
     chain: tuple[x509.Certificate, ...]
+    warnings: tuple[str, ...] = field(default=(), kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -326,6 +331,10 @@ class PkiBackend:
 
     pki_type: ClassVar[int]
     name: ClassVar[str]
+    asks_for_profile_hosts: ClassVar[bool] = False
+    """Whether ``enroll`` asks the PKI to name ``CertificateProfile.hosts`` in the certificate beyond the CSR's own
+    names (the internal CA adds them, CMP puts them in its certificate template; EST can send only the CSR). The
+    host warns when an issued certificate lacks a name that was asked for."""
 
     def __init__(self, services: HostServices) -> None:
         self.services = services

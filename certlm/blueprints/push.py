@@ -17,6 +17,7 @@ from certlm.enrollment import (
     ONBOARDING,
     PUSH,
     PushOrder,
+    host_names_warnings,
     last_recorded,
     push_certificate,
     record_operation,
@@ -134,6 +135,9 @@ class MonitorCrtOut(BaseModel):
     x509: str | None = None
     security_policy: int
     security_mode: int
+    warnings: list[str] | None = Field(
+        default=None, description="what the operator should know, e.g. a certificate that does not name the host"
+    )
 
     @model_serializer(mode="wrap")
     def leave_out_what_is_absent(self, handler) -> dict[str, Any]:
@@ -182,6 +186,10 @@ class CertificateDetailOut(BaseModel):
     certificate: dict[str, Any]
     certificate_revocation: CrlStatusOut
     certificate_revocation_reason: dict[str, Any] | None
+    warnings: list[str] = Field(
+        description="what the operator should know, e.g. a certificate that does not name the host certlm reaches "
+        "the device at"
+    )
 
 
 # ---- push -------------------------------------------------------------------------------------------------------
@@ -317,7 +325,11 @@ async def _read_certificate(
     driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry | None, options: MonitorCrtIn | MonitorCrtQuery
 ) -> MonitorCrtOut:
     reading = await driver.read_certificate(target, secure_session=options.connection_security)
-    out = MonitorCrtOut(security_policy=reading.security_policy, security_mode=reading.security_mode)
+    out = MonitorCrtOut(
+        security_policy=reading.security_policy,
+        security_mode=reading.security_mode,
+        warnings=host_names_warnings(target.server, reading.certificate) or None,
+    )
     if options.fingerprint:
         out.fingerprint = sha1_fingerprint(reading.certificate)
     if options.x509:
@@ -393,6 +405,7 @@ def _certificate_detail_view(entry: InventoryEntry) -> CertificateDetailOut:
         certificate=certificate_detail(certificate),
         certificate_revocation=CrlStatusOut(id=status[0], name=status[1], description=status[2], is_revoked=status[3]),
         certificate_revocation_reason=None,
+        warnings=host_names_warnings(entry.server, certificate),
     )
 
 

@@ -131,6 +131,8 @@ async def push_certificate(
             async with run.step("enroll") as note:
                 enrollment, private_key = await enroll(pki, csr, private_key, note)
                 note.message = f"issued {_name(enrollment.certificate)}{note.message}"
+            for warning in enrollment.warnings:
+                run.warn("check_names", warning)
 
             if not issuer_known(enrollment.certificate, (*enrollment.chain, *pki.ca_certificates)):
                 run.fail(
@@ -238,6 +240,10 @@ class StepLog:
         except Exception as error:
             self.fail(name, error, started)
         self.steps.append(StepOutcome(name, True, time.monotonic() - started, note.status, note.message))
+
+    def warn(self, name: str, message: str) -> None:
+        """A step that goes through with something the operator should know."""
+        self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=True))
 
     def fail(self, name: str, error: Exception, started: float | None = None) -> NoReturn:
         seconds = time.monotonic() - started if started is not None else 0.0

@@ -28,6 +28,7 @@ CRL_REFRESH_AFTER = timedelta(days=1)
 class InternalPki(PkiBackend):
     pki_type = 1
     name = "internal"
+    asks_for_profile_hosts = True
 
     def __init__(self, services: HostServices) -> None:
         super().__init__(services)

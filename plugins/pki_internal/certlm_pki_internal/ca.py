@@ -6,7 +6,6 @@ The leaf profile follows OPC UA Part 6 §6.2.2 (application instance certificate
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,6 +15,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
+from certlm.certs import host_general_name
 from certlm.errors import CsrRejected
 from certlm.registry import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
 
@@ -163,13 +163,7 @@ def check_csr(csr: x509.CertificateSigningRequest, profile: CertificateProfile) 
 def _with_hosts(san: x509.SubjectAlternativeName, hosts: tuple[str, ...]) -> x509.SubjectAlternativeName:
     """``san`` plus the hosts the device is reached at that it does not name yet (DNS names or IP addresses)."""
     names = list(san)
-    for host in hosts:
-        try:
-            name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
-        except ValueError:
-            name = x509.DNSName(host)
-        if name not in names:
-            names.append(name)
+    names += [name for name in map(host_general_name, hosts) if name not in names]
     return x509.SubjectAlternativeName(names)
 
 
