@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from cryptography.hazmat.primitives import serialization
 
 from certlm import hookspecs
 from certlm.plugins import PluginLoadError, build_plugin_manager
@@ -40,6 +41,28 @@ async def test_vendor_package_devices_are_listed(api) -> None:
         ("Widget PLC 3000", "2.5"),
     }
     assert all(row["vendor"] == "ACME" and row["id"] > 0 for row in acme)
+
+
+async def test_vendor_pki_backend_of_its_own_type_number_is_usable(api) -> None:
+    from tests.crypto_factory import self_signed
+
+    assert {"pki_type_id": 101, "pki_type": "acme-keyvault"} in (await api.get("/pki")).json()
+    ca, _ = self_signed(common_name="ACME Vault CA")
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM).decode()
+    created = await api.post("/pki/inventory", json={"pki_type": 101, "pki_connection": "vault.acme:443",
+                                                     "tls_ca": [ca_pem]})  # fmt: skip
+    assert created.status_code == 200, created.text
+    assert created.json()["pki_type_id"] == 101
+    # Its operations are the vendor's: its CA comes from the backend; it publishes no CRL, so there is none to get.
+    pki_id = created.json()["pki_id"]
+    assert (await api.get(f"/pki/ca/{pki_id}")).content.decode() == ca_pem
+    assert (await api.get(f"/pki/crl/{pki_id}")).status_code == 404
+    # The backend judges its entries; a number no plugin registered is refused.
+    refused = await api.post("/pki/inventory", json={"pki_type": 101, "pki_connection": "vault.acme:443"})
+    assert refused.status_code == 400 and "tls_ca" in refused.json()["error"]
+    unknown = await api.post("/pki/inventory", json={"pki_type": 102, "pki_connection": "vault.acme:443"})
+    assert unknown.status_code == 400
+    assert "pki_type 102 is not provided by any installed plugin" in unknown.json()["error"]
 
 
 async def test_supported_device_ids_are_stable_across_restarts(service) -> None:

@@ -40,7 +40,9 @@ from certlm.storage.models import PkiEntry
 blueprint = Blueprint("pki", __name__)
 
 # The spec's PKI type numbers; the sign endpoints always use the internal CA.
-PKI_TYPE_RANGE = (0, 3)
+# 0 none, 1 internal, 2 EST, 3 CMP; a vendor's backend registers a number above 99. Which ones exist is what the
+# installed plugins register: an unknown number is refused when the entry is written.
+PKI_TYPE_MAX = 2**31 - 1
 INTERNAL_PKI_TYPE = 1
 DEFAULT_INTERNAL_CA = {"name": "Internal CA", "pki_connection": "localhost:0", "creator_id": "system"}
 
@@ -124,7 +126,7 @@ class PkiFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    pki_type: int | None = Field(default=None, ge=PKI_TYPE_RANGE[0], le=PKI_TYPE_RANGE[1])
+    pki_type: int | None = Field(default=None, ge=0, le=PKI_TYPE_MAX)
     pki_connection: str | None = Field(default=None, max_length=512, description=_CONNECTION_DESCRIPTION)
     name: str | None = Field(default=None, max_length=255)
     username: str | None = Field(default=None, max_length=255)
@@ -171,7 +173,7 @@ class PkiFields(BaseModel):
 class PkiCreate(PkiFields):
     """The POST body: like PATCH, with the type and connection required."""
 
-    pki_type: int = Field(ge=PKI_TYPE_RANGE[0], le=PKI_TYPE_RANGE[1])
+    pki_type: int = Field(ge=0, le=PKI_TYPE_MAX)
     pki_connection: str = Field(max_length=512, description=_CONNECTION_DESCRIPTION)
 
 

@@ -429,7 +429,7 @@ async def test_create_rejects_incomplete_or_non_object_bodies(api, body) -> None
 
 
 async def test_create_rejects_pki_types_no_installed_plugin_provides(make_service) -> None:
-    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_est,pki_cmp"})
+    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_est,pki_cmp,example_vendor"})
     async with service.client() as client:
         assert {t["pki_type_id"] for t in (await client.get("/pki")).json()} == {0, 1}
         for pki_type in (2, 3):

@@ -297,7 +297,7 @@ async def test_ca_survives_restart_on_both_engines(make_service, database_url: s
 
 
 async def test_sign_answers_501_without_the_internal_ca_plugin(make_service) -> None:
-    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_internal"})
+    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_internal,example_vendor"})
     async with service.client() as client:
         assert [t["pki_type"] for t in (await client.get("/pki")).json()] == ["none", "est", "cmp"]
         response = await client.post("/pki/sign-server-csr", json={"csr_pem": device_csr()})

@@ -1,7 +1,9 @@
-"""The ACME Widget PLC driver: an OPC UA device whose firmware and run state are read from its web interface.
+"""The ACME Widget PLC driver: an OPC UA device whose firmware and run state are read from its web interface; and
+ACME's key vault as a PKI backend of its own type number.
 
 It shows what a vendor package needs: a driver class declaring its devices as data, registered through the
-``certlm_register_device_drivers`` hook, installed as its own distribution with a ``certlm`` entry point.
+``certlm_register_device_drivers`` hook, a PKI backend registered through ``certlm_register_pki_backends`` with a
+type number above 99, installed as its own distribution with a ``certlm`` entry point.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from typing import Any
 
 from certlm import hookimpl
 from certlm.errors import UpstreamUnavailable
-from certlm.registry import DeviceDriver, DeviceDriverRegistry, DeviceTarget, FirmwareInfo, SupportedDevice
+from certlm.registry import (
+    DeviceDriver,
+    DeviceDriverRegistry,
+    DeviceTarget,
+    FirmwareInfo,
+    PkiBackend,
+    PkiBackendRegistry,
+    SupportedDevice,
+)
 
 
 class AcmeWidgetDriver(DeviceDriver):
@@ -47,3 +57,24 @@ class AcmeWidgetDriver(DeviceDriver):
 @hookimpl
 def certlm_register_device_drivers(register: DeviceDriverRegistry) -> None:
     register.add(AcmeWidgetDriver)
+
+
+class AcmeKeyVaultPki(PkiBackend):
+    """ACME's key vault, which hands out its CA certificate from a configured PEM (``tls_ca``) and signs nothing
+    through certlm yet: what it leaves alone answers 501."""
+
+    pki_type = 101
+    name = "acme-keyvault"
+
+    def configuration_problems(self, entry) -> list[str]:
+        return [] if entry.tls_ca else ["an acme-keyvault entry needs its CA certificate in tls_ca"]
+
+    async def ca_certificates(self, entry) -> list:
+        from certlm.certs import load_certificates_pem
+
+        return [certificate for pem in entry.tls_ca for certificate in load_certificates_pem(pem)]
+
+
+@hookimpl
+def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:
+    register.add(AcmeKeyVaultPki)
