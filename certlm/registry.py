@@ -332,9 +332,9 @@ class PkiBackend:
     pki_type: ClassVar[int]
     name: ClassVar[str]
     asks_for_profile_hosts: ClassVar[bool] = False
-    """Whether ``enroll`` asks the PKI to name ``CertificateProfile.hosts`` in the certificate beyond the CSR's own
-    names (the internal CA adds them, CMP puts them in its certificate template; EST can send only the CSR). The
-    host warns when an issued certificate lacks a name that was asked for."""
+    """Whether every ``enroll`` asks the PKI to name ``CertificateProfile.hosts`` in the certificate beyond the CSR's
+    own names (the internal CA adds them; EST, and CMP's ``p10cr``, can send only the CSR). The host warns when an
+    issued certificate lacks a name that was asked for, so a backend that asks only sometimes leaves this False."""
 
     def __init__(self, services: HostServices) -> None:
         self.services = services

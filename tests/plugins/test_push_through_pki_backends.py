@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from tests.conftest import start_service
-from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, TestPki
+from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, IssuingCmpServer, TestPki, http_error, refusing
 from tests.plugins.pki_est.est_server import EstTestServer
 from tests.support import LicenseKeys, RunningService, free_port
 
@@ -261,6 +261,17 @@ def empty_crl(pki: TestPki) -> bytes:
     return crl.public_bytes(serialization.Encoding.DER)
 
 
+async def serve_crl(pki: TestPki) -> HttpRelay:
+    """The CA's CRL distribution point: an HTTP server answering its current CRL (a device that checks revocation
+    wants the CRL of each CA of its chain in its trust list, and certlm fetches it from here)."""
+    crl = empty_crl(pki)
+
+    async def answer(body: bytes) -> tuple[bytes, str]:
+        return crl, "application/pkix-crl"
+
+    return await HttpRelay(answer).start()
+
+
 def cmp_requests(server: CmpMockServer) -> list[str]:
     """The CMP body types the mock logged, in order."""
     return [line.split("received ", 1)[1].strip() for line in server.log().splitlines() if "DEBUG: received " in line]
@@ -289,12 +300,7 @@ async def cmp_plant(api: httpx.AsyncClient, tmp_path: Path) -> AsyncIterator[Cal
     async def start(chain_option: str = "-rsp_extracerts", *options: str) -> CmpPlant:
         device = await start_device(tmp_path, fixed_key=True)
         pki = TestPki.create(tmp_path / "cmp")
-        crl = empty_crl(pki)
-
-        async def serve_crl(body: bytes) -> tuple[bytes, str]:
-            return crl, "application/pkix-crl"
-
-        crl_distribution_point = await HttpRelay(serve_crl).start()
+        crl_distribution_point = await serve_crl(pki)
         issued = cmp_certificate_for(device, pki, f"http://{crl_distribution_point.address}/ca.crl")
         server = CmpMockServer(
             tmp_path / "cmp",
@@ -350,6 +356,58 @@ async def test_cmp_server_down_at_decommission_keeps_the_entry(api: httpx.AsyncC
     assert refused.json()["error"].startswith("the entry is kept: revoking its certificate")
     kept = await api.get(path)
     assert kept.status_code == 200 and kept.json()["cert_revoked"] is False
+
+
+async def test_cmp_server_without_genm_and_p10cr_enrolls_a_device_that_cannot_make_keys(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """Issue 10's server (ir, cr, rr, certConf, pollReq; an HTTP 500 page for anything else) and a device that takes a
+    pushed key: certlm makes the key and sends ir, the chain comes with the answer (caPubs), and the device applies
+    and presents the certificate. Its renewal, kur being refused too, is a new ir."""
+    device = await start_device(tmp_path, can_create_csr=False)
+    pki = TestPki.create(tmp_path / "cmp-ir-cr")
+    crl_distribution_point = await serve_crl(pki)
+    pki.crl_url = f"http://{crl_distribution_point.address}/ca.crl"
+    issuing = IssuingCmpServer(pki, "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}")
+    server = await HttpRelay(refusing(issuing.handle, {"genm", "p10cr", "kur"}, http_error())).start()
+    try:
+        pki_id = await create_pki(
+            api, pki_type=3, name="ir/cr only", pki_connection=server.address, username=CMP_REFERENCE,
+            password=CMP_SECRET,
+        )  # fmt: skip
+        await register(api, device, pki_id)
+
+        result = await push(api, device)
+
+        steps = {step["step"]: step for step in result["steps"]}
+        assert "made in certlm" in steps["generate_key"]["message"]
+        assert result["steps"][-1]["ok"] is True
+        assert device.certificate == issuing.issued[-1]
+        device.certificate.verify_directly_issued_by(pki.ca_certificate)
+        assert der(pki.ca_certificate) in trusted_on(device), "the chain from caPubs is in the trust list"
+        assert server.body_types == ["genm", "p10cr", "ir", "certConf"]
+        learned = (await api.get(f"/pki/inventory/{pki_id}")).json()["learned_capabilities"]["cmp"]
+        assert {kind: lesson["accepted"] for kind, lesson in learned.items() if kind != "endpoint"} == {
+            "genm": False,
+            "p10cr": False,
+            "ir": True,
+        }
+        assert learned["genm"]["answer"] == "HTTP 500: Server Error (500)"
+        # The chain is cached from the enrollment: served without asking genm again.
+        chain = x509.load_pem_x509_certificates((await api.get(f"/pki/ca/{pki_id}")).content)
+        assert chain == [pki.ca_certificate]
+
+        first = device.certificate
+        await push(api, device, "/gds/push/change")
+        assert device.certificate == issuing.issued[-1] != first
+        assert device.certificate.public_key() != first.public_key(), "a new key pushed with it"
+        # kur is refused and learned; p10cr and genm, learned before, are not sent again.
+        assert server.body_types[4:] == ["kur", "ir", "certConf"]
+    finally:
+        await server.stop()
+        issuing.stop()
+        await crl_distribution_point.stop()
+        await device.stop()
 
 
 async def test_a_certificate_without_its_chain_never_reaches_the_device(api: httpx.AsyncClient, cmp_plant) -> None:

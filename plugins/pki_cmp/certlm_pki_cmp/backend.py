@@ -16,16 +16,29 @@ How a PKI entry configures it:
 Credentials are checked when the entry is used, not when it is stored: an operation that must talk to the server
 answers 400 naming the missing field.
 
-What it sends (one transaction each): ``p10cr`` with the device's CSR; ``ir`` (MAC) or ``cr`` (signature) with
-a CRMF template from the CSR and a signature POPO when certlm made the key; ``kur`` with the oldCertId control
-for a renewal; ``rr`` to revoke; ``genm`` for id-it-caCerts. Every enrollment asks for implicit confirmation and
-sends ``certConf`` unless the response grants it, polls while the CA answers ``waiting``, and refuses (certConf
-with rejection) a certificate whose public key is not the requested one.
+Every certificate transaction asks for implicit confirmation and sends ``certConf`` unless the response grants it,
+polls while the CA answers ``waiting``, and refuses (certConf with rejection) a certificate whose public key is not
+the requested one. ``rr`` revokes; ``genm`` asks for id-it-caCerts.
 
-Registration authority: when the CA refuses ``p10cr`` as a request type (failInfo badRequest, badDataFormat or
-systemUnavail: what CAs answer a body type they do not take; OpenSSL's server answers badRequest) and a client
-PKCS#12 is configured, certlm verifies the CSR's signature itself and sends ``cr`` with POPO ``raVerified``, signed with
-that certificate. A renewal with only the device's CSR is a ``kur`` with ``raVerified`` likewise.
+Which request an enrollment sends: the first of these the configuration allows and the server takes.
+
+1. For a renewal, ``kur`` with the oldCertId control.
+2. ``p10cr`` with the CSR as it is.
+3. When certlm made the key (the device accepts a pushed key): ``ir`` (MAC, RFC 9483 §4.1.1) or ``cr`` (signature
+   protection, §4.1.2) with a signature POPO. Otherwise, when an RA certificate is configured: ``cr`` with POPO
+   ``raVerified``, certlm having verified the CSR's signature itself (a ``kur`` without certlm's key carries
+   raVerified likewise). Holding the key, certlm proves possession rather than vouching for it.
+
+A server that refuses a message type (``capabilities`` says what counts as that) gets the next request; a refusal is
+remembered in the entry's ``learned_capabilities`` and that type tried last for a day, so the next enrollment goes
+straight to what works. Any other error ends the enrollment. When every request is refused the error names each with
+the server's answer and the configuration that would give certlm another request to make (400), or says there is
+none (502).
+
+CA certificates (the cache ``PkiEntry.ca_certificates``, issuing CA first) come from each enrollment's answer
+(``caPubs``, ``extraCerts``) and from ``genm``, keeping only CA certificates whose signatures chain the issued
+certificate. A failing ``genm`` (a CMP error message or an HTTP error) is not fatal: the chain comes with every
+enrollment. See ``CmpPki._chain`` for when the cache is refreshed.
 """
 
 from __future__ import annotations
@@ -33,34 +46,58 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from pyasn1_alt_modules import rfc9480
 
 from certlm import pki_client
-from certlm.certs import issued_by, issuer_chain, spki_der
+from certlm.certs import is_self_signed, issued_by, issuer_chain, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
 from certlm.registry import CertificateProfile, Enrollment, PkiBackend
 from certlm.storage.models import PkiEntry
 from certlm_pki_cmp import messages, protection
+from certlm_pki_cmp.capabilities import LearnedCapabilities, TypeRefused, type_refusal
 from certlm_pki_cmp.transaction import Credentials, ServerRefused, Transaction
-from certlm_pki_cmp.transport import CmpTransport
+from certlm_pki_cmp.transport import CmpTransport, HttpErrorAnswer
 
 log = logging.getLogger(__name__)
-
-# failInfo bits with which a CA says it does not take p10cr at all (see the module docstring).
-P10CR_REFUSED = frozenset({"badRequest", "badDataFormat", "systemUnavail"})
 
 
 @dataclass(frozen=True)
 class _Request:
-    """An enrollment request ready to send: its body type, body, and the public key it asks a certificate for."""
+    """An enrollment request ready to send: its body type, body, the public key it asks a certificate for, and
+    whether certlm vouches for the proof of possession (raVerified)."""
 
     kind: str
     body: rfc9480.PKIBody
     public_key: bytes  # SubjectPublicKeyInfo DER
     recipient: x509.Name | None
+    ra_verified: bool = False
+
+
+def _valid_now(certificate: x509.Certificate, now: datetime) -> bool:
+    return certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc
+
+
+def _verified_chain(certificate: x509.Certificate, pool: list[x509.Certificate]) -> list[x509.Certificate]:
+    """The issuers of ``certificate`` in ``pool``, each one's signature verified, issuing CA first, as far as each is
+    a CA: what of a server's caPubs, extraCerts or genm answer really is the certificate's chain."""
+    chain = []
+    for issuer in issuer_chain(certificate, pool):
+        if not protection.is_ca(issuer):
+            break
+        chain.append(issuer)
+    return chain
+
+
+def _longest_chain(certificates: list[x509.Certificate]) -> list[x509.Certificate]:
+    """The longest chain of valid CA certificates, each signed by the next, among ``certificates`` (a genm answer,
+    with no issued certificate to start from), issuing CA first."""
+    now = datetime.now(UTC)
+    authorities = [c for c in certificates if protection.is_ca(c) and _valid_now(c, now)]
+    return max(([ca, *_verified_chain(ca, authorities)] for ca in authorities), key=len, default=[])
 
 
 class CmpPki(PkiBackend):
@@ -112,45 +149,60 @@ class CmpPki(PkiBackend):
         if private_key is not None and spki_der(private_key.public_key()) != spki_der(csr.public_key()):
             raise CsrRejected("the private key given for the CSR is not the CSR's key")
         credentials = self._credentials(entry)
-        async with CmpTransport(entry, self.services) as transport:
-            request = self._request(csr, profile, credentials, renewing=renewing, private_key=private_key)
-            try:
-                certificate, candidates = await self._enroll(transport, credentials, request)
-            except ServerRefused as refused:
-                if not (request.kind == "p10cr" and set(refused.status.failures) & P10CR_REFUSED):
-                    raise refused.as_api_error(entry.id, "rejected the request") from None
-                if credentials.signer is None:
-                    raise CsrRejected(
-                        f"CMP server refused p10cr: {refused.status.describe()}; to send the CSR as a registration "
-                        f"authority (cr with raVerified), give PKI entry {entry.id} a client PKCS#12 holding the RA "
-                        "certificate"
-                    ) from None
-                log.info("CMP server of PKI entry %s refused p10cr; enrolling as registration authority", entry.id)
-                request = self._request(csr, profile, credentials, registration_authority=True)
+        learned = LearnedCapabilities.of(entry)
+        requests = self._requests(csr, profile, credentials, renewing, private_key)
+        # A type refused within REFUSAL_LIFETIME goes last: tried again only when nothing else is left, since the
+        # lesson may be stale and failing is all that not asking would achieve.
+        requests.sort(key=lambda request: learned.refusal(request.kind) is not None)
+        refused: dict[str, str] = {}
+        try:
+            for request in requests:
                 try:
-                    certificate, candidates = await self._enroll(transport, credentials, request)
-                except ServerRefused as again:
-                    raise again.as_api_error(entry.id, "rejected the request from certlm as RA") from None
-        chain = issuer_chain(certificate, [*candidates, *pki_client.stored_ca_certificates(entry)])
-        if chain and chain != pki_client.stored_ca_certificates(entry):
-            await pki_client.store_ca_certificates(entry, chain)
-        return Enrollment(certificate=certificate, chain=tuple(chain))
+                    certificate, candidates = await self._enroll(entry, credentials, request)
+                except TypeRefused as refusal:
+                    log.info("CMP server of PKI entry %s refused %s: %s", entry.id, refusal.kind, refusal.answer)
+                    refused[refusal.kind] = refusal.answer
+                    learned.refused(refusal.kind, refusal.answer)
+                    continue
+                except ServerRefused as rejected:
+                    by = " from certlm as RA" if request.ra_verified and credentials.signs else ""
+                    raise rejected.as_api_error(entry.id, f"rejected the request{by}") from None
+                learned.accepted(request.kind)
+                chain = await self._chain(entry, credentials, learned, certificate, candidates)
+                return Enrollment(certificate=certificate, chain=tuple(chain))
+        finally:
+            await learned.save(entry)
+        raise self._nothing_accepted(entry, credentials, refused, private_key)
 
-    def _request(
+    def _requests(
         self,
         csr: x509.CertificateSigningRequest,
         profile: CertificateProfile,
         credentials: Credentials,
-        *,
+        renewing: x509.Certificate | None,
+        private_key: CertificateIssuerPrivateKeyTypes | None,
+    ) -> list[_Request]:
+        """What certlm can send for ``csr``, in the order of the module docstring."""
+        requests = []
+        if renewing is not None:
+            requests.append(self._crmf_request("kur", csr, profile, private_key, renewing))
+        requests.append(_Request("p10cr", messages.p10cr_body(csr), spki_der(csr.public_key()), None))
+        if private_key is not None:
+            requests.append(self._crmf_request("cr" if credentials.signs else "ir", csr, profile, private_key))
+        elif credentials.signs:
+            requests.append(self._crmf_request("cr", csr, profile, None))
+        return requests
+
+    @staticmethod
+    def _crmf_request(
+        kind: str,
+        csr: x509.CertificateSigningRequest,
+        profile: CertificateProfile,
+        private_key: CertificateIssuerPrivateKeyTypes | None,
         renewing: x509.Certificate | None = None,
-        private_key: CertificateIssuerPrivateKeyTypes | None = None,
-        registration_authority: bool = False,
     ) -> _Request:
-        public_key = spki_der(csr.public_key())
-        if renewing is None and private_key is None and not registration_authority:
-            return _Request("p10cr", messages.p10cr_body(csr), public_key, None)
-        # ir authenticates with the shared secret (RFC 9483 §4.1.1), cr with a certificate (§4.1.2).
-        kind = "kur" if renewing is not None else "cr" if credentials.signs else "ir"
+        """An ir, cr or kur with a CRMF template from the CSR: a signature POPO made with ``private_key``, else
+        raVerified."""
         hosts = profile.hosts if profile.name == "server" else ()
         request = messages.cert_request(csr, messages.csr_extensions(csr, hosts), old_certificate=renewing)
         if private_key is None:
@@ -159,19 +211,71 @@ class CmpPki(PkiBackend):
             algorithm = protection.signature_algorithm(private_key)
             signature = protection.sign(private_key, algorithm, messages.cert_request_der(request))
             body = messages.cert_request_body(kind, request, popo_algorithm=algorithm, popo_signature=signature)
-        return _Request(kind, body, public_key, renewing.issuer if renewing is not None else None)
+        recipient = renewing.issuer if renewing is not None else None
+        return _Request(kind, body, spki_der(csr.public_key()), recipient, ra_verified=private_key is None)
+
+    def _nothing_accepted(
+        self,
+        entry: PkiEntry,
+        credentials: Credentials,
+        refused: dict[str, str],
+        private_key: CertificateIssuerPrivateKeyTypes | None,
+    ) -> APIError:
+        """The error when the server refused every request certlm could make: 400 naming the configuration that
+        would give certlm another request to make, 502 when there is none."""
+        answers = "; ".join(f"{kind} ({answer})" for kind, answer in refused.items())
+        said = f"CMP server of PKI entry {entry.id} refused every request certlm could make: {answers}"
+        remedies = []
+        if not credentials.signs:
+            popo = "a signature POPO" if private_key is not None else "raVerified"
+            remedies.append(
+                f"configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr with {popo}"
+            )
+        # A pushed key makes certlm send ir (MAC) or cr (signed): worth it unless the server refused that type.
+        pushed_kind = "cr" if credentials.signs else "ir"
+        if private_key is None and pushed_kind not in refused:
+            remedies.append(
+                f"use a device that accepts a pushed key, so that certlm makes the key and sends {pushed_kind} with a "
+                "signature POPO"
+            )
+        if remedies:
+            return APIError(f"{said}. To enroll, " + ", or ".join(remedies))
+        return UpstreamUnavailable(
+            f"{said}. certlm has no other request to make: check that additional_path_segment names the server's CMP "
+            "endpoint for enrollment and that the server accepts certlm's credentials (some servers, OpenSSL's "
+            "among them, answer those with badRequest too)"
+        )
 
     async def _enroll(
-        self, transport: CmpTransport, credentials: Credentials, request: _Request
+        self, entry: PkiEntry, credentials: Credentials, request: _Request
     ) -> tuple[x509.Certificate, list[x509.Certificate]]:
-        """One certificate transaction: request, polling while waiting, certificate checked, then confirmed.
-        Returns the certificate and the CA certificates the messages carried (caPubs, extraCerts)."""
-        transaction = Transaction(transport, credentials, request.recipient)
+        """One certificate transaction, over a connection of its own (servers close theirs when a transaction ends,
+        OpenSSL's among them): request, polling while waiting, certificate checked, then confirmed. Returns the
+        certificate and the CA certificates the messages carried (caPubs, extraCerts). ``TypeRefused`` when the
+        answer to the request itself refuses its message type."""
+        async with CmpTransport(entry, self.services) as transport:
+            return await self._transact(Transaction(transport, credentials, request.recipient), request)
+
+    async def _transact(
+        self, transaction: Transaction, request: _Request
+    ) -> tuple[x509.Certificate, list[x509.Certificate]]:
+        credentials = transaction.credentials
         expected = messages.CERTIFICATE_RESPONSES[request.kind]
-        response = await transaction.exchange(request.body, implicit_confirm=True)
+        try:
+            response = await transaction.exchange(request.body, implicit_confirm=True)
+        except (ServerRefused, HttpErrorAnswer) as error:
+            refusal = type_refusal(error)
+            if refusal is None:
+                raise
+            raise TypeRefused(request.kind, refusal) from None
         answer, final = await self._poll(transaction, response, request.kind, expected)
         if not answer.status.granted:
-            raise ServerRefused(answer.status)
+            rejected = ServerRefused(answer.status)
+            # Only the request's own answer can refuse its type: a CA that had it polled took the type.
+            refusal = type_refusal(rejected) if final is response else None
+            if refusal is not None:
+                raise TypeRefused(request.kind, refusal)
+            raise rejected
         if answer.certificate is None:
             raise self._invalid(credentials, f"accepted {request.kind} but sent no certificate")
         allowed_ids = (0, -1) if request.kind == "p10cr" else (messages.CRMF_CERT_REQ_ID,)
@@ -196,6 +300,35 @@ class CmpPki(PkiBackend):
         except messages.MalformedMessage as error:
             raise self._invalid(credentials, f"sent unreadable extraCerts ({error})") from None
         return certificate, [*answer.ca_pubs, *extra]
+
+    async def _chain(
+        self,
+        entry: PkiEntry,
+        credentials: Credentials,
+        learned: LearnedCapabilities,
+        certificate: x509.Certificate,
+        candidates: list[x509.Certificate],
+    ) -> list[x509.Certificate]:
+        """The issued certificate's chain, issuing CA first, from the answer's CA certificates and the cache; stored
+        as the entry's CA certificates when it differs from them.
+
+        When the cache is refreshed, and why:
+        - By every enrollment, from its own answer: that answer is authenticated and names the CA that issues now,
+          so a CA that rolled over is picked up by the first enrollment after it, without a timer.
+        - By genm when the issued certificate's issuer is in neither the answer nor the cache (a CA that rolled over
+          and sends no chain), unless the server refused genm within ``REFUSAL_LIFETIME``.
+        - By genm in ``ca_certificates`` when the cache is empty or holds an expired certificate. A valid cache is
+          not asked about again on a timer: the host asks for the CA certificates before every push, and a genm
+          each time would only repeat what the enrollment's answer says anyway.
+        """
+        cached = self._cached_chain(entry)
+        chain = _verified_chain(certificate, [*candidates, *cached])
+        if not chain and not is_self_signed(certificate) and learned.refusal("genm") is None:
+            fetched = await self._genm(entry, credentials, learned)
+            chain = _verified_chain(certificate, [*candidates, *fetched, *cached])
+        if chain and chain != pki_client.stored_ca_certificates(entry):
+            await pki_client.store_ca_certificates(entry, chain)
+        return chain
 
     async def _poll(
         self, transaction: Transaction, response: rfc9480.PKIMessage, sent: str, expected: str
@@ -252,7 +385,7 @@ class CmpPki(PkiBackend):
     # --- revocation, CA certificates, CRL -----------------------------------------------------------------------
 
     async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
-        known = pki_client.stored_ca_certificates(entry)
+        known = self._cached_chain(entry)
         if known and not any(issued_by(certificate, ca) for ca in known):
             raise APIError(
                 f"certificate {certificate.subject.rfc4514_string()} was not issued by the CA of PKI entry {entry.id}"
@@ -271,41 +404,68 @@ class CmpPki(PkiBackend):
                 raise refused.as_api_error(entry.id, "refused the revocation", APIError) from None
         log.info("CMP server of PKI entry %s revoked serial %X", entry.id, certificate.serial_number)
 
-    async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+    @staticmethod
+    def _cached_chain(entry: PkiEntry) -> list[x509.Certificate]:
+        """The CA certificates stored for the entry while every one is valid; none once one has expired (its CA has
+        moved on: time to ask again)."""
         stored = pki_client.stored_ca_certificates(entry)
-        if stored:
-            return stored
-        fetched = await self._general_ca_certificates(entry)
-        if not fetched:
-            raise NotFound(
-                f"No CA available for PKI entry {entry.id}: the CMP server sends its CA certificates with the first "
-                "enrollment"
-            )
-        await pki_client.store_ca_certificates(entry, fetched)
-        return fetched
+        now = datetime.now(UTC)
+        return stored if all(_valid_now(certificate, now) for certificate in stored) else []
 
-    async def _general_ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
-        """The CA certificates a genm for id-it-caCerts returns (RFC 9483 §4.3.1); none when the server has no
-        answer to it."""
-        credentials = self._credentials(entry)
-        async with CmpTransport(entry, self.services) as transport:
-            transaction = Transaction(transport, credentials)
+    async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+        """The cached chain; else what genm delivers, cached. ``NotFound`` while none is known: then the host uses
+        the chain an enrollment brings."""
+        cached = self._cached_chain(entry)
+        if cached:
+            return cached
+        learned = LearnedCapabilities.of(entry)
+        if learned.refusal("genm") is None:
+            credentials = self._credentials(entry)
             try:
-                response = await transaction.exchange(messages.genm_body(rfc9480.id_it_caCerts))
-            except ServerRefused as refused:
-                log.info("CMP server of PKI entry %s answered genm caCerts with %s", entry.id, refused)
-                return []
+                chain = _longest_chain(await self._genm(entry, credentials, learned))
+            finally:
+                await learned.save(entry)
+            if chain:
+                await pki_client.store_ca_certificates(entry, chain)
+                return chain
+        refusal = learned.refusal("genm")
+        if refusal is not None:
+            raise NotFound(
+                f"No CA available for PKI entry {entry.id}: the CMP server refused genm ({refusal['answer']}, "
+                f"{refusal['at']}); it sends its CA certificates with the first enrollment"
+            )
+        raise NotFound(
+            f"No CA available for PKI entry {entry.id}: the CMP server sends its CA certificates with the first "
+            "enrollment"
+        )
+
+    async def _genm(
+        self, entry: PkiEntry, credentials: Credentials, learned: LearnedCapabilities
+    ) -> list[x509.Certificate]:
+        """The CA certificates a genm for id-it-caCerts returns (RFC 9483 §4.3.1). None when the server answers
+        with a CMP error message or an HTTP error: not fatal, since every enrollment brings the chain as well; a
+        refusal of the type is learned."""
+        try:
+            async with CmpTransport(entry, self.services) as transport:
+                response = await Transaction(transport, credentials).exchange(messages.genm_body(rfc9480.id_it_caCerts))
+        except (ServerRefused, HttpErrorAnswer) as error:
+            refusal = type_refusal(error)
+            if refusal is not None:
+                learned.refused("genm", refusal)
+            log.info("CMP server of PKI entry %s answered genm caCerts with %s", credentials.entry_id, refusal or error)
+            return []
         if messages.body_type(response) != "genp":
             raise self._invalid(credentials, f"answered genm with {messages.body_type(response)}, not genp")
+        learned.accepted("genm")
         return self._read(
             credentials, lambda message: messages.general_certificates(message, rfc9480.id_it_caCerts), response
         )
 
     async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
-        stored = pki_client.stored_ca_certificates(entry)
-        if not stored:
+        known = self._cached_chain(entry)
+        if not known:
             raise NotFound(
                 f"No CRL available for PKI entry {entry.id}: no CA certificate known yet; the CMP server sends them "
                 "with the first enrollment"
             )
-        return await pki_client.fetch_crl(pki_client.crl_urls(entry, stored), stored, self.services)
+        return await pki_client.fetch_crl(pki_client.crl_urls(entry, known), known, self.services)

@@ -245,7 +245,7 @@ def verified_signer_chain(
         )
         if issuer is None:
             break
-        if not _is_ca(issuer):
+        if not is_ca(issuer):
             raise ProtectionFailure(f"{issuer.subject.rfc4514_string()} signed a certificate but is not a CA")
         if issuer in anchors:
             _check_validity(issuer, now)
@@ -255,7 +255,7 @@ def verified_signer_chain(
     raise ProtectionFailure(f"the signer {signer.subject.rfc4514_string()} does not chain to a configured trust anchor")
 
 
-def _is_ca(certificate: x509.Certificate) -> bool:
+def is_ca(certificate: x509.Certificate) -> bool:
     try:
         return certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     except x509.ExtensionNotFound:

@@ -18,14 +18,35 @@ CONTENT_TYPE = "application/pkixcmp"
 MAX_RESPONSE_BYTES = 1024 * 1024
 
 
+def endpoint_url(entry: PkiEntry) -> str:
+    """The URL of the entry's CMP endpoint: ``pki_connection``'s origin and ``additional_path_segment``."""
+    server = pki_client.pki_server(entry, "CMP", "http")
+    path = entry.additional_path_segment or "/"
+    return server.origin + (path if path.startswith("/") else "/" + path)
+
+
+class HttpErrorAnswer(UpstreamUnavailable):
+    """The server answered with an HTTP error status (RFC 6712 §3.3 allows any 4xx or 5xx) and no CMP message:
+    ``status`` and ``text``, what its body says (bounded and sanitised by ``pki_client.http_answer_text``)."""
+
+    def __init__(self, peer: str, status: int, text: str) -> None:
+        self.status_code = status
+        self.text = text
+        super().__init__(f"{peer} answered {self.answer}")
+
+    @property
+    def answer(self) -> str:
+        """``HTTP 500: <the server's text>``, as it is shown and stored."""
+        return f"HTTP {self.status_code}: {self.text}" if self.text else f"HTTP {self.status_code}"
+
+
 class CmpTransport:
     """An HTTP session to one PKI entry's CMP endpoint; use it as an async context manager per transaction
     so the messages of a transaction share a connection where the server keeps it open."""
 
     def __init__(self, entry: PkiEntry, services: HostServices) -> None:
         self.server = pki_client.pki_server(entry, "CMP", "http")
-        path = entry.additional_path_segment or "/"
-        self.url = self.server.origin + (path if path.startswith("/") else "/" + path)
+        self.url = endpoint_url(entry)
         self._peer = f"CMP server of PKI entry {entry.id} at {self.url}"
         self._trust = "the entry's tls_ca" if entry.tls_ca else "the system's trust store (the entry has no tls_ca)"
         self._tls = pki_client.ssl_context(entry) if self.server.uses_tls else None
@@ -46,8 +67,9 @@ class CmpTransport:
         return UpstreamUnavailable(f"{self._peer}: {problem}")
 
     async def post(self, request: bytes) -> bytes:
-        """The body of the server's answer to ``request``; ``UpstreamUnavailable`` when it is unreachable, too
-        slow, or answers anything but a CMP message."""
+        """The body of the server's answer to ``request``: a CMP message, whatever the HTTP status (RFC 6712 §3.3).
+        ``HttpErrorAnswer`` for an HTTP error status without one; ``UpstreamUnavailable`` when the server is
+        unreachable, too slow, or answers anything else."""
         assert self._session is not None, "use CmpTransport as an async context manager"
         with pki_client.reported_transport_failures(self._peer, self.server, "the request", self._timeout, self._trust):
             async with self._session.post(
@@ -59,11 +81,18 @@ class CmpTransport:
             ) as response:
                 content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
                 if content_type != CONTENT_TYPE:
+                    if response.status >= 400:
+                        body = await response.content.read(pki_client.MAX_ERROR_BODY_BYTES)
+                        raise HttpErrorAnswer(
+                            self._peer, response.status, pki_client.http_answer_text(body, content_type)
+                        )
                     shown = content_type or "no content type"
                     raise self._unavailable(f"answered HTTP {response.status} with {shown}, not {CONTENT_TYPE}")
                 body = await response.content.read(MAX_RESPONSE_BYTES + 1)
         if len(body) > MAX_RESPONSE_BYTES:
             raise self._unavailable(f"answered more than {MAX_RESPONSE_BYTES} bytes")
         if not body:
+            if response.status >= 400:
+                raise HttpErrorAnswer(self._peer, response.status, "")
             raise self._unavailable(f"answered HTTP {response.status} with an empty body")
         return body

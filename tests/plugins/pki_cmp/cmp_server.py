@@ -9,8 +9,11 @@ Usable from pytest and from a plain program::
         ... connect to 127.0.0.1:server.port
 
 The mock answers every request with its fixed ``-rsp_cert``, handles one connection at a time, and its ``genm``
-answer echoes the request (no CA certificates). ``BrokenTcpServer`` fails connections the ways networks do, for the
-EST tests as much as the CMP ones.
+answer echoes the request (no CA certificates). ``IssuingCmpServer`` puts a CA in front of it that certifies the key
+each request asks for, one mock per transaction. ``refusing`` makes a relay turn chosen message types down, the way a
+server that does not implement them does: an HTTP error page (``http_error``) or a CMP error message (forwarded to a
+mock started with ``-send_error``). ``BrokenTcpServer`` fails connections the ways networks do, for the EST tests as
+much as the CMP ones.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,9 +34,17 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
+from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID, NameOID
+from pyasn1.codec.der import decoder, encoder
+from pyasn1_alt_modules import rfc2986, rfc5280, rfc9480
 
 CMP_CONTENT_TYPE = "application/pkixcmp"
+# Django's page for an unhandled error with DEBUG off; the Django-based server of issue 10 answers genm with HTTP 500.
+DJANGO_SERVER_ERROR = (
+    b'\n<!doctype html>\n<html lang="en">\n<head>\n  <title>Server Error (500)</title>\n</head>\n<body>\n'
+    b"  <h1>Server Error (500)</h1><p></p>\n</body>\n</html>\n"
+)
 
 
 def free_port() -> int:
@@ -214,12 +225,20 @@ class CmpMockServer:
         self.stop()
 
 
-Handler = Callable[[bytes], Awaitable[tuple[bytes, str]]]
+# An answer: body and content type, and the HTTP status when it is not 200.
+Answer = tuple[bytes, str] | tuple[bytes, str, int]
+Handler = Callable[[bytes], Awaitable[Answer]]
+
+
+def body_type(request: bytes) -> str:
+    """The body type of a DER PKIMessage (``p10cr``, ``certConf``, ...)."""
+    message, _ = decoder.decode(request, asn1Spec=rfc9480.PKIMessage())
+    return message["body"].getName()
 
 
 class HttpRelay:
-    """An aiohttp server on 127.0.0.1 whose ``handle(body) -> (body, content_type)`` answers every POST: to
-    forward to a mock (``forward_to``), terminate TLS in front of one, alter answers, or misbehave."""
+    """An aiohttp server on 127.0.0.1 whose ``handle(body) -> (body, content_type[, status])`` answers every POST:
+    to forward to a mock (``forward_to``), terminate TLS in front of one, alter answers, refuse, or misbehave."""
 
     def __init__(self, handle: Handler, ssl_context: ssl.SSLContext | None = None) -> None:
         self.handle = handle
@@ -232,11 +251,16 @@ class HttpRelay:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def body_types(self) -> list[str]:
+        """The body types of the requests received so far, in order."""
+        return [body_type(request) for request in self.requests]
+
     async def _answer(self, request: web.Request) -> web.Response:
         body = await request.read()
         self.requests.append(body)
-        answer, content_type = await self.handle(body)
-        return web.Response(body=answer, headers={"Content-Type": content_type})
+        answer, content_type, *status = await self.handle(body)
+        return web.Response(body=answer, status=status[0] if status else 200, headers={"Content-Type": content_type})
 
     async def start(self) -> HttpRelay:
         app = web.Application()
@@ -284,3 +308,152 @@ def sleeping(seconds: float) -> Handler:
         return b"", CMP_CONTENT_TYPE
 
     return handle
+
+
+def http_error(status: int = 500, body: bytes = DJANGO_SERVER_ERROR, content_type: str = "text/html") -> Handler:
+    """A relay handler answering every request with an HTTP error page (by default Django's 500)."""
+
+    async def handle(request: bytes) -> Answer:
+        return body, content_type, status
+
+    return handle
+
+
+def refusing(handle: Handler, refused: Iterable[str], refuse: Handler) -> Handler:
+    """A relay handler passing requests of the body types in ``refused`` to ``refuse`` (``http_error``, or
+    ``forward_to`` a mock started with ``-send_error``) and the others to ``handle``."""
+    kinds = frozenset(refused)
+
+    async def route(request: bytes) -> Answer:
+        return await (refuse if body_type(request) in kinds else handle)(request)
+
+    return route
+
+
+def _subject(rdn_sequence) -> x509.Name:
+    """A pyasn1 RDNSequence as a ``cryptography`` Name (attribute values as text)."""
+    rdns = []
+    for rdn in rdn_sequence:
+        attributes = []
+        for attribute in rdn:
+            value, _ = decoder.decode(bytes(attribute["value"]))
+            attributes.append(x509.NameAttribute(x509.ObjectIdentifier(str(attribute["type"])), str(value)))
+        rdns.append(x509.RelativeDistinguishedName(attributes))
+    return x509.Name(rdns)
+
+
+@dataclass(frozen=True)
+class CertificationRequest:
+    """What a CMP certificate request asks for: subject, public key and subject alternative names (DER)."""
+
+    subject: x509.Name
+    public_key: CertificatePublicKeyTypes
+    san: bytes | None
+
+
+def requested(message: rfc9480.PKIMessage) -> CertificationRequest:
+    """The subject, key and SAN of a p10cr (its CSR) or an ir, cr or kur (its CertTemplate)."""
+    kind = message["body"].getName()
+    if kind == "p10cr":
+        request = rfc2986.CertificationRequest()
+        for name in ("certificationRequestInfo", "signatureAlgorithm", "signature"):
+            request[name] = message["body"]["p10cr"][name]
+        csr = x509.load_der_x509_csr(encoder.encode(request))
+        try:
+            san = csr.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value.public_bytes()
+        except x509.ExtensionNotFound:
+            san = None
+        return CertificationRequest(csr.subject, csr.public_key(), san)
+    template = message["body"][kind][0]["certReq"]["certTemplate"]
+    spki = rfc5280.SubjectPublicKeyInfo()
+    spki["algorithm"] = template["publicKey"]["algorithm"]
+    spki["subjectPublicKey"] = template["publicKey"]["subjectPublicKey"]
+    san = next(
+        (
+            bytes(extension["extnValue"])
+            for extension in template["extensions"]
+            if str(extension["extnID"]) == ExtensionOID.SUBJECT_ALTERNATIVE_NAME.dotted_string
+        ),
+        None,
+    )
+    public_key = serialization.load_der_public_key(encoder.encode(spki))
+    return CertificationRequest(_subject(template["subject"]["rdnSequence"]), public_key, san)
+
+
+class IssuingCmpServer:
+    """A CA behind ``openssl cmp``: for each certificate request (p10cr, ir, cr, kur) it certifies the requested
+    subject, key and SAN, with the PKI's CRL distribution point, and starts a mock that answers that transaction with
+    the certificate as ``-rsp_cert`` (OpenSSL's mock can only return a fixed one); the transaction's later messages
+    (certConf, pollReq) go to the same mock, so OpenSSL checks the protection, POPO and confirmation as ever. Other
+    requests (genm, rr) go to a standing mock. ``arguments`` are the mocks' (protection); ``chain_option`` how they
+    hand out the CA certificate (``-rsp_capubs`` reaches ip answers only). ``handle`` is the relay handler; ``issued``
+    what was certified. Every mock runs until ``stop``."""
+
+    def __init__(self, pki: TestPki, *arguments: str, chain_option: str = "-rsp_capubs") -> None:
+        self.pki = pki
+        self.arguments = [*arguments, chain_option, str(pki.write("issuing-ca.pem", pki.ca_certificate))]
+        self.issued: list[x509.Certificate] = []
+        self._transactions: dict[bytes, CmpMockServer] = {}
+        self._standing: CmpMockServer | None = None
+        self._started: list[CmpMockServer] = []
+
+    def certify(self, request: CertificationRequest) -> x509.Certificate:
+        now = datetime.now(UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(request.subject)
+            .issuer_name(self.pki.ca_certificate.subject)
+            .public_key(request.public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(True, True, True, True, False, False, False, False, False), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.pki.ca_key.public_key()), critical=False
+            )
+        )
+        if request.san is not None:
+            builder = builder.add_extension(
+                x509.UnrecognizedExtension(ExtensionOID.SUBJECT_ALTERNATIVE_NAME, request.san), critical=False
+            )
+        if self.pki.crl_url:
+            point = x509.DistributionPoint([x509.UniformResourceIdentifier(self.pki.crl_url)], None, None, None)
+            builder = builder.add_extension(x509.CRLDistributionPoints([point]), critical=False)
+        certificate = builder.sign(self.pki.ca_key, hashes.SHA256())
+        self.issued.append(certificate)
+        return certificate
+
+    async def _start_mock(self, *arguments: str) -> CmpMockServer:
+        # Started in a thread: starting waits for the port, which would stall every coroutine of this loop.
+        mock = await asyncio.to_thread(CmpMockServer(self.pki.directory, *self.arguments, *arguments).start)
+        self._started.append(mock)
+        return mock
+
+    async def handle(self, request: bytes) -> Answer:
+        message, _ = decoder.decode(request, asn1Spec=rfc9480.PKIMessage())
+        kind = message["body"].getName()
+        transaction_id = bytes(message["header"]["transactionID"])
+        if kind in ("p10cr", "ir", "cr", "kur"):
+            certificate = self.certify(requested(message))
+            path = self.pki.write(f"issued-{len(self.issued)}.pem", certificate)
+            self._transactions[transaction_id] = await self._start_mock("-rsp_cert", str(path))
+        mock = self._transactions.get(transaction_id)
+        if mock is None:
+            if self._standing is None:
+                self._standing = await self._start_mock(
+                    "-rsp_cert", str(self.pki.write("ca.pem", self.pki.ca_certificate))
+                )
+            mock = self._standing
+        return await forward_to(mock)(request)
+
+    def stop(self) -> None:
+        for mock in self._started:
+            mock.stop()
+        self._started.clear()
+        self._transactions.clear()
+        self._standing = None

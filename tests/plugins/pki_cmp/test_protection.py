@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from pyasn1.codec.der import encoder
 
-from certlm.errors import CsrRejected, UpstreamUnavailable
+from certlm.errors import APIError, CsrRejected, UpstreamUnavailable
 from certlm.registry import SERVER_PROFILE
 from tests.crypto_factory import ec_key
 from tests.plugins.pki_cmp.cmp_server import CMP_CONTENT_TYPE, TestPki, forward_to, free_port, sleeping
@@ -42,16 +44,23 @@ async def test_signed_request_with_mac_protected_answer(
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
 
     assert enrollment.certificate == issued
-    assert received(server) == ["CR", "CERTCONF"]
+    assert received(server) == ["P10CR", "CERTCONF", "GENM"]
     assert all(signed(request) for request in relay.requests)
 
-    # The mock does check the signatures: a signer it does not trust is refused.
+    # The mock does check the signatures: a signer it does not trust is refused. OpenSSL says only badRequest, which
+    # is also how it refuses a message type, so certlm tries its other request (cr) and then names both answers.
     impostor = make_party(TestPki.create(tmp_path / "other-pki", "Other CA"), "impostor")
     entry = await mac_entry(cmp_app, server, est_client_pkcs12_base64=impostor.pkcs12_base64(),
                             est_client_pkcs12_password="p12-pass")  # fmt: skip
-    with pytest.raises(CsrRejected, match="CMP server rejected the request: badRequest"):
+    with pytest.raises(UpstreamUnavailable) as refused:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
-    assert received(server) == ["CR", "CERTCONF", "CR"]
+    assert re.match(
+        rf"CMP server of PKI entry {entry.id} refused every request certlm could make: "
+        r"p10cr \(badRequest \(no suitable sender cert; .+\)\); cr \(badRequest \(no suitable sender cert; .+\)\)\. "
+        r"certlm has no other request to make: .* accepts certlm's credentials",
+        refused.value.message,
+    )
+    assert received(server) == ["P10CR", "CERTCONF", "GENM", "P10CR", "CR"]
 
 
 async def test_signatures_both_ways_over_https(
@@ -75,7 +84,7 @@ async def test_signatures_both_ways_over_https(
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
 
     assert enrollment.certificate == issued
-    assert received(server) == ["P10CR", "CERTCONF"]
+    assert received(server) == ["P10CR", "CERTCONF", "GENM"]
     assert all(signed(request) for request in relay.requests)
     # RFC 9483 §3.3: the signer's certificate first in extraCerts.
     first_extra_cert = encoder.encode(decoded(relay.requests[0])["extraCerts"][0])
@@ -146,7 +155,7 @@ async def test_registration_authority_when_the_ca_refuses_p10cr(
 
     assert enrollment.certificate == issued
     assert received(refusing) == ["P10CR"]
-    assert received(accepting) == ["CR", "CERTCONF"]
+    assert received(accepting) == ["CR", "CERTCONF", "GENM"]
     assert all(signed(request) for request in relay.requests)
     request = decoded(relay.requests[1])
     (message,) = request["body"]["cr"]
@@ -166,8 +175,15 @@ async def test_refused_p10cr_without_an_ra_certificate(cmp_app, test_pki, start_
     server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
                         "-pkistatus", "2", "-failure", "2", "-statusstring", "p10cr not supported")  # fmt: skip
     entry = await mac_entry(cmp_app, server)
-    with pytest.raises(CsrRejected, match=r"refused p10cr: badRequest \(p10cr not supported\).*client PKCS#12"):
+    with pytest.raises(APIError) as refused:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
+    assert refused.value.status == 400
+    assert refused.value.message == (
+        f"CMP server of PKI entry {entry.id} refused every request certlm could make: p10cr (badRequest (p10cr not "
+        "supported)). To enroll, configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr with "
+        "raVerified, or use a device that accepts a pushed key, so that certlm makes the key and sends ir with a "
+        "signature POPO"
+    )
 
 
 async def test_wrong_secret(cmp_app, test_pki, start_mock) -> None:
@@ -196,9 +212,19 @@ async def test_error_message_is_reported(cmp_app, test_pki, start_mock) -> None:
     server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
                         "-send_error")  # fmt: skip
     entry = await mac_entry(cmp_app, server)
-    with pytest.raises(CsrRejected, match=r"^CMP server rejected the request: badRequest \(error processing message"):
+    # badRequest is how OpenSSL refuses a message type too: certlm tries each request it can make, then says what the
+    # server answered to each, and what would give it one more to try.
+    with pytest.raises(APIError) as refused:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
-    assert received(server) == ["IR"]
+    assert refused.value.status == 400
+    assert re.fullmatch(
+        rf"CMP server of PKI entry {entry.id} refused every request certlm could make: "
+        r"p10cr \(badRequest \(error processing message; .+\)\); ir \(badRequest \(error processing message; .+\)\)\. "
+        r"To enroll, configure an RA certificate \(est_client_pkcs12_base64\) so that certlm sends cr with a signature "
+        r"POPO",
+        refused.value.message,
+    )
+    assert received(server) == ["P10CR", "IR"]
 
 
 async def test_server_down(cmp_app) -> None:

@@ -49,7 +49,7 @@ async def test_host_port_is_plain_http_and_tls_ca_still_anchors_signed_answers(
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
 
     assert enrollment.certificate == issued
-    assert received(server) == ["P10CR", "CERTCONF"]
+    assert received(server) == ["P10CR", "CERTCONF", "GENM"]
 
 
 @pytest.mark.parametrize("scheme", ["http://", "HTTP://"])
@@ -76,8 +76,8 @@ async def test_https_chosen_by_pki_connection(cmp_app, test_pki, start_mock, sta
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
 
     assert enrollment.certificate == issued
-    assert received(server) == ["P10CR", "CERTCONF"]
-    assert len(relay.requests) == 2 and not any(signed(request) for request in relay.requests)
+    assert received(server) == ["P10CR", "CERTCONF", "GENM"]
+    assert len(relay.requests) == 3 and not any(signed(request) for request in relay.requests)
 
 
 async def test_tls_certificate_not_in_the_system_store(cmp_app, test_pki, start_relay) -> None:
