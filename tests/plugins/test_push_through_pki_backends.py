@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig
+from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
-from certlm_gds_push.simulator import SimulatedDevice
+from certlm_opcua_simulator import SimulatedDevice
 from cryptography import x509
 
 from tests.plugins import test_push_through_pki_backends as pki_push

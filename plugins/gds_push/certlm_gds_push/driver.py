@@ -3,7 +3,8 @@ device- and firmware-specific drivers.
 
 A specific driver subclasses ``GdsPushDriver``, sets ``service``, ``generic = False`` and ``supported_devices``, and
 overrides only what its device does differently: the class attributes under "What a specific driver may change" and
-the small ``read_*``/``after_apply_changes``/``csr_subject`` methods. ``drivers/simulated_plc.py`` is an example.
+the small ``read_*``/``after_apply_changes``/``csr_subject`` methods. The simulated PLC's driver,
+``certlm_opcua_simulator.driver`` (distribution ``certlm-opcua-simulator``), is an example.
 """
 
 from __future__ import annotations

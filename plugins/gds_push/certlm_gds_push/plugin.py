@@ -1,4 +1,4 @@
-"""The hooks that make the GDS push drivers, certlm's OPC UA client certificate route and its table available."""
+"""The hooks that make the GDS push driver, certlm's OPC UA client certificate route and its table available."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ from quart import Blueprint
 from certlm import hookimpl
 from certlm.registry import DeviceDriverRegistry
 from certlm_gds_push.driver import GdsPushDriver
-from certlm_gds_push.drivers.simulated_plc import SimulatedPlcDriver
 
 
 @hookimpl
 def certlm_register_device_drivers(register: DeviceDriverRegistry) -> None:
     register.add(GdsPushDriver)
-    register.add(SimulatedPlcDriver)
 
 
 @hookimpl

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
-from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig
+from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import hashes, serialization

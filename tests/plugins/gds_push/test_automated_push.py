@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig
+from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 
 from certlm.certs import sha1_fingerprint
 from certlm.config import Settings

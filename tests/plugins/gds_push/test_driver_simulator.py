@@ -10,9 +10,9 @@ import time
 import pytest
 from certlm_gds_push.connection import DeviceError
 from certlm_gds_push.driver import GdsPushDriver
-from certlm_gds_push.drivers.simulated_plc import SimulatedPlcDriver
 from certlm_gds_push.identity import ClientIdentity
-from certlm_gds_push.simulator import SimulatedDevice
+from certlm_opcua_simulator import SimulatedDevice
+from certlm_opcua_simulator.driver import SimulatedPlcDriver
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig
+from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 
 from certlm.certs import sha1_fingerprint

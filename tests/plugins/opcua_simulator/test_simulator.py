@@ -19,10 +19,10 @@ from asyncua import Client, ua
 from asyncua.common.utils import Buffer
 from asyncua.crypto import security_policies
 from asyncua.ua import uaerrors
-from certlm_gds_push.simulator import SimulatedDevice, SimulatorConfig, TrustList, run_devices
-from certlm_gds_push.simulator.cli import parse_arguments
-from certlm_gds_push.simulator.config import DEFAULT_SECURITY_POLICIES
-from certlm_gds_push.simulator.store import StateFolder
+from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig, TrustList, run_devices
+from certlm_opcua_simulator.cli import parse_arguments
+from certlm_opcua_simulator.config import DEFAULT_SECURITY_POLICIES
+from certlm_opcua_simulator.store import StateFolder
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from asyncua import ua
-
-from certlm.registry import SupportedDevice
 from certlm_gds_push.connection import DeviceSession
 from certlm_gds_push.driver import GdsPushDriver
+
+from certlm.registry import SupportedDevice
 
 SIMULATOR_NAMESPACE = "urn:certlm:simulator"
 PLC_VARIABLES = ("OperatingMode", "ProgramName", "CycleTimeMs")

@@ -1,8 +1,12 @@
 """Simulated OPC UA devices (PLCs) with Part 12 push certificate management, for tests, demos and benchmarks.
 
+The simulator is asyncua and cryptography only, no certlm: certlm's side is ``driver`` (the simulated PLC's
+GDS push driver, service ``gds-push-certlm-simulated-plc``) and ``plugin`` (its ``certlm`` entry point), which
+importing this package does not load.
+
 Python API, inside a running event loop::
 
-    from certlm_gds_push.simulator import SimulatorConfig, SimulatedDevice, run_devices
+    from certlm_opcua_simulator import SimulatorConfig, SimulatedDevice, run_devices
 
     config = SimulatorConfig(state_dir=Path("state"), port=48500)  # all fields: see SimulatorConfig
     async with SimulatedDevice(config) as device:  # or: await device.start() ... await device.stop()

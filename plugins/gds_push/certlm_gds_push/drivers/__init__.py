@@ -1,1 +1,0 @@
-"""Device- and firmware-specific GDS push drivers: subclasses of ``GdsPushDriver`` for devices that differ."""
