@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from certlm import crl_status
 from certlm.errors import APIError, CsrRejected
 
 PKCS12_MIN_BASE64_CHARS = 160
@@ -357,15 +358,16 @@ def certificate_text(certificate: x509.Certificate) -> str:
 def revocation_status(
     certificate: x509.Certificate, crls: list[x509.CertificateRevocationList], now: datetime | None = None
 ) -> int:
-    """The spec's CRL check status id of ``certificate`` against the CRLs its PKI publishes: 12 self-signed,
-    4 no CRL of its issuer, 10 that CRL out of date, 1 not revoked, 2 revoked."""
+    """The spec's CRL check status id (``certlm.crl_status``) of ``certificate`` against the CRLs its PKI publishes:
+    self-signed, no CRL of its issuer (crl_missing), that CRL out of date (crl_time_invalid), not revoked, revoked."""
     if is_self_signed(certificate):
-        return 12
+        return crl_status.SELF_SIGNED
     now = now or datetime.now(UTC)
     issued = [crl for crl in crls if crl.issuer == certificate.issuer]
     if not issued:
-        return 4
+        return crl_status.CRL_MISSING
     crl = max(issued, key=lambda c: c.last_update_utc)
     if crl.last_update_utc > now or (crl.next_update_utc is not None and crl.next_update_utc < now):
-        return 10
-    return 2 if crl.get_revoked_certificate_by_serial_number(certificate.serial_number) is not None else 1
+        return crl_status.CRL_TIME_INVALID
+    revoked = crl.get_revoked_certificate_by_serial_number(certificate.serial_number) is not None
+    return crl_status.REVOKED if revoked else crl_status.NOT_REVOKED

@@ -67,11 +67,10 @@ async def _prepare(settings: Settings) -> None:
 async def onboard_devices(device_urls: list[str], username: str | None, password: str | None) -> list[DeviceOutcome]:
     """Register each device and onboard it (first contact, trust, enrollment from the demo's internal CA), the way
     ``POST /gds/push/onboarding`` does. Devices enrolled by an earlier demo run are left alone."""
-    from certlm.blueprints.inventory import create_entry
     from certlm.enrollment import PushOrder, push_certificate
     from certlm.errors import APIError
     from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url
-    from certlm.inventory import canonical_server, find_entry_at
+    from certlm.inventory import canonical_server, create_entry, find_entry_at
 
     outcomes = []
     for url in device_urls:

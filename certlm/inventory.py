@@ -1,4 +1,5 @@
-"""Inventory lookups, views and rules shared by every area that deals with devices."""
+"""Inventory entries for every area that deals with devices: lookup, creation with the duplicate and license rules,
+credentials, views, and the trust lists stored with them."""
 
 from __future__ import annotations
 
@@ -8,21 +9,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator
+from tortoise.exceptions import IntegrityError
 
-from certlm.blueprints.system import (
-    DEVICE_STATUS_NAMES,
-    SECURITY_MODE_BITS,
-    SECURITY_POLICY_BITS,
-    system_settings,
-)
 from certlm.certs import common_name, load_pkcs12_base64, spec_datetime
 from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
-from certlm.hostspec import HostSpec, opcua_url
-from certlm.registry import DeviceTarget
+from certlm.hostspec import DEFAULT_OPCUA_PORT, HostSpec, opcua_url, valid_server
+from certlm.registry import DeviceTarget, TrustList
+from certlm.responses import StrictBody
 from certlm.storage.models import DeviceCredential, InventoryEntry
+from certlm.system import DEVICE_STATUS_NAMES, SECURITY_MODE_BITS, SECURITY_POLICY_BITS, system_settings
 
+GDS = "gds"
 # Inventory tables whose entries count against the license's endpoint limit.
 LICENSED_PROTOCOLS = ("gds", "opc", "ssh")
 DEVICE_STATUS_ACTIVE = 1
@@ -32,6 +31,18 @@ DEVICE_STATUS_DELETED = 2
 FALLBACK_SERVICES = {"gds": "gds-push-generic", "opc": "gds-push-generic", "ssh": "ssh-generic", "rest": "rest-generic"}
 # The keys of ``InventoryEntry.trustlist``: each holds a list of strings (certificates or CRLs, base64 DER).
 TRUSTLIST_KEYS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
+# The longest device password a request body may carry.
+MAX_SECRET_CHARS = 1024
+
+
+class EntryAddress(StrictBody):
+    server: str = Field(min_length=1, max_length=255, description="IP or DNS hostname")
+    port: int = Field(default=DEFAULT_OPCUA_PORT, ge=1, le=65535)
+
+    @field_validator("server")
+    @classmethod
+    def server_is_host(cls, value: str) -> str:
+        return checked_server(value)
 
 
 class InventoryEntryOut(BaseModel):
@@ -83,6 +94,23 @@ def canonical_server(server: str) -> str:
         return server.lower()
 
 
+def checked_server(value: str) -> str:
+    """``value`` as stored (``canonical_server``); a ValueError unless it is a hostname or an IP address."""
+    server = canonical_server(value)
+    # valid_server lets any string of hex digits and colons pass as IPv6; a body must hold a real address.
+    if not valid_server(server) or (":" in server and not _is_ip(server)):
+        raise ValueError("must be a hostname, an IPv4 address or an IPv6 address")
+    return server
+
+
+def _is_ip(server: str) -> bool:
+    try:
+        ipaddress.ip_address(server)
+    except ValueError:
+        return False
+    return True
+
+
 async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = ("gds", "opc")) -> InventoryEntry:
     """The entry a ``{host_or_url}`` names; 404 if none, 400 if a bare host matches several ports."""
     server = canonical_server(spec.server)
@@ -101,6 +129,14 @@ async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = ("gds", "opc")
 async def find_entry_at(server: str, port: int, protocol: str) -> InventoryEntry | None:
     """The entry of one table at exactly ``server:port``, or None."""
     return await InventoryEntry.get_or_none(server__iexact=canonical_server(server), port=port, protocol=protocol)
+
+
+async def gds_entry_at(server: str, port: int) -> InventoryEntry:
+    """The GDS entry at exactly ``server:port``; 404 if there is none."""
+    entry = await find_entry_at(server, port, GDS)
+    if entry is None:
+        raise NotFound(f"no gds inventory entry for {server}:{port}")
+    return entry
 
 
 def default_service(protocol: str) -> str:
@@ -123,6 +159,55 @@ async def ensure_endpoint_capacity(additional: int = 1) -> None:
     )
     if used + additional > limit:
         raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+
+
+async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
+    """409 when the ``protocol`` table has an entry at ``server:port`` other than ``keep_id``."""
+    existing = await find_entry_at(server, port, protocol)
+    if existing is not None and existing.id != keep_id:
+        raise APIError(
+            f"{protocol} inventory already has {server}:{port} (id {existing.id}, device_status "
+            f"{existing.device_status}): PATCH it instead",
+            409,
+        )
+
+
+async def create_entry(protocol: str, server: str, port: int, columns: dict[str, Any]) -> InventoryEntry:
+    """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too."""
+    await reject_duplicate(server, port, protocol)
+    if protocol in LICENSED_PROTOCOLS and columns.get("device_status") != DEVICE_STATUS_DELETED:
+        await ensure_endpoint_capacity()
+    columns.setdefault("service", default_service(protocol))
+    try:
+        return await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
+    except IntegrityError:
+        raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
+
+
+async def update_entry(entry: InventoryEntry, columns: dict[str, Any]) -> None:
+    """Apply ``columns``; reviving a deleted entry needs license room like creating one."""
+    reviving = (
+        entry.protocol in LICENSED_PROTOCOLS
+        and entry.device_status == DEVICE_STATUS_DELETED
+        and columns.get("device_status", DEVICE_STATUS_DELETED) != DEVICE_STATUS_DELETED
+    )
+    if reviving:
+        await ensure_endpoint_capacity()
+    entry.update_from_dict(columns)
+    try:
+        await entry.save()
+    except IntegrityError:
+        raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+
+
+async def register_or_update(protocol: str, server: str, port: int, columns: dict[str, Any]) -> InventoryEntry:
+    """The entry at ``server:port`` with ``columns`` set on it: a new one (``create_entry``) when there is none."""
+    entry = await find_entry_at(server, port, protocol)
+    if entry is None:
+        return await create_entry(protocol, server, port, columns)
+    entry.update_from_dict(columns)
+    await entry.save()
+    return entry
 
 
 def verified_pkcs12(blob_b64: str, password: str | None, what: str) -> bytes:
@@ -259,3 +344,35 @@ def trustlist_view(entry: InventoryEntry) -> TrustListOut:
         url=opcua_url(entry.server, entry.port),
         **{key: [str(item) for item in stored.get(key) or []] for key in TRUSTLIST_KEYS},
     )
+
+
+def trustlist_keys(mask: int) -> list[str]:
+    """The stored trust list keys a ``trustlist`` bitmask selects (bit order as ``TrustList.MASK_BITS``)."""
+    return [key for key, bit in zip(TRUSTLIST_KEYS, TrustList.MASK_BITS.values(), strict=True) if mask & bit]
+
+
+def _forget(entry: InventoryEntry, mask: int) -> bool:
+    stored = dict(entry.trustlist or {})
+    if not stored:
+        return False
+    for key in trustlist_keys(mask):
+        stored.pop(key, None)
+    entry.trustlist = stored or None
+    return True
+
+
+async def forget_stored_trust_list(entry: InventoryEntry, mask: int) -> bool:
+    """Delete the stored trust list parts ``mask`` selects; False when nothing was stored. The device is untouched."""
+    if not _forget(entry, mask):
+        return False
+    await entry.save(update_fields=["trustlist", "updated_at"])
+    return True
+
+
+async def forget_stored_trust_lists(mask: int) -> int:
+    """Delete the stored trust list parts ``mask`` selects of every GDS entry; how many entries had one."""
+    changed = 0
+    for entry in await InventoryEntry.filter(protocol=GDS, trustlist__not_isnull=True):
+        if await forget_stored_trust_list(entry, mask):
+            changed += 1
+    return changed

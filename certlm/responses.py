@@ -1,10 +1,10 @@
-"""Response shapes shared across areas of the API."""
+"""Request and response shapes shared across areas of the API (and by plugins' routes)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 
 class OperationResult(BaseModel):
@@ -14,6 +14,19 @@ class OperationResult(BaseModel):
     execution: str
     error: str = ""
     result: dict[str, Any] | list[Any] | None = None
+
+
+class StrictBody(BaseModel):
+    """A request body: no unknown fields, no type coercion, and null is never a value (omit the field)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("must not be null; omit the field instead")
+        return value
 
 
 class PartialUpdate(BaseModel):
@@ -26,6 +39,12 @@ class PartialUpdate(BaseModel):
         if not self.model_fields_set:
             raise ValueError(f"At least one of {', '.join(type(self).model_fields)} is required")
         return self
+
+
+class DownloadQuery(BaseModel):
+    """The encoding of a certificate or CRL download."""
+
+    format: Literal["pem", "der"] = "pem"
 
 
 class ErrorBody(BaseModel):

@@ -15,8 +15,8 @@ from quart import Blueprint, Response, redirect, render_template_string, request
 from quart_schema import hide, validate_response
 
 from certlm import __version__
-from certlm.blueprints.system import SOFTWARE
 from certlm.errors import NotFound
+from certlm.system import SOFTWARE
 
 blueprint = Blueprint("docs", __name__)
 

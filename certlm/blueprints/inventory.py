@@ -3,7 +3,6 @@ low-level ``/inventory`` access to the gds, opc, ssh, pki and ca tables."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Self, TypeVar
@@ -14,7 +13,6 @@ from quart_schema import validate_request, validate_response
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
-from certlm.blueprints.pki import PkiCreate, PkiFields, apply_fields
 from certlm.certs import (
     PKCS12_MAX_PASSWORD_CHARS,
     PKCS12_MIN_BASE64_CHARS,
@@ -24,77 +22,40 @@ from certlm.certs import (
 )
 from certlm.enrollment import identify_registered, revoke_on_decommission
 from certlm.errors import APIError, NotFound
-from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url, valid_server
+from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url
 from certlm.inventory import (
-    DEVICE_STATUS_DELETED,
-    LICENSED_PROTOCOLS,
+    GDS,
+    EntryAddress,
     InventoryEntryOut,
     TrustListOut,
-    canonical_server,
-    default_service,
-    ensure_endpoint_capacity,
+    checked_server,
+    create_entry,
     entry_out,
     find_entry,
     find_entry_at,
+    gds_entry_at,
     listed_entries,
+    reject_duplicate,
     render_entries,
     save_credentials,
     trustlist_view,
+    update_entry,
     verified_pkcs12,
 )
-from certlm.responses import OperationResult, operation_result
+from certlm.pki_entries import PkiCreate, PkiFields, apply_fields
+from certlm.responses import OperationResult, StrictBody, operation_result
 from certlm.storage.models import CaCertificate, InventoryEntry, PkiEntry
 
 blueprint = Blueprint("inventory", __name__)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
-GDS = "gds"
 LOW_LEVEL_TABLES = ("gds", "opc", "ssh", "pki", "ca")
 INVALID_TABLE = "table must contain one of: gds, opc, ssh, pki, ca"
 # Upper bounds that keep values inside the database's 32-bit integer columns.
 MAX_ID = 2**31 - 1
 MAX_RENEWAL_DAYS = 36500
 SERVICE_PATTERN = r"^(gds-push|ssh|rest)-[A-Za-z0-9][A-Za-z0-9._-]*$"
-
-
-def _checked_server(value: str) -> str:
-    server = canonical_server(value)
-    # valid_server lets any string of hex digits and colons pass as IPv6; a body must hold a real address.
-    if not valid_server(server) or (":" in server and not _is_ip(server)):
-        raise ValueError("must be a hostname, an IPv4 address or an IPv6 address")
-    return server
-
-
-def _is_ip(server: str) -> bool:
-    try:
-        ipaddress.ip_address(server)
-    except ValueError:
-        return False
-    return True
-
-
-class StrictBody(BaseModel):
-    """A request body: no unknown fields, no type coercion, and null is never a value (omit the field)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def not_null(cls, value: Any) -> Any:
-        if value is None:
-            raise ValueError("must not be null; omit the field instead")
-        return value
-
-
-class EntryAddress(StrictBody):
-    server: str = Field(min_length=1, max_length=255, description="IP or DNS hostname")
-    port: int = Field(default=DEFAULT_OPCUA_PORT, ge=1, le=65535)
-
-    @field_validator("server")
-    @classmethod
-    def server_is_host(cls, value: str) -> str:
-        return _checked_server(value)
 
 
 class UserInfo(StrictBody):
@@ -167,51 +128,6 @@ async def _ensure_pki_exists(pki_id: int | None, field: str) -> None:
         raise APIError(f"{field}: no PKI entry with id {pki_id}")
 
 
-async def _reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
-    existing = await find_entry_at(server, port, protocol)
-    if existing is not None and existing.id != keep_id:
-        raise APIError(
-            f"{protocol} inventory already has {server}:{port} (id {existing.id}, device_status "
-            f"{existing.device_status}): PATCH it instead",
-            409,
-        )
-
-
-async def create_entry(protocol: str, server: str, port: int, columns: dict[str, Any]) -> InventoryEntry:
-    """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too."""
-    await _reject_duplicate(server, port, protocol)
-    if protocol in LICENSED_PROTOCOLS and columns.get("device_status") != DEVICE_STATUS_DELETED:
-        await ensure_endpoint_capacity()
-    columns.setdefault("service", default_service(protocol))
-    try:
-        return await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
-    except IntegrityError:
-        raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
-
-
-async def _update_entry(entry: InventoryEntry, columns: dict[str, Any]) -> None:
-    """Apply ``columns``; reviving a deleted entry needs license room like creating one."""
-    reviving = (
-        entry.protocol in LICENSED_PROTOCOLS
-        and entry.device_status == DEVICE_STATUS_DELETED
-        and columns.get("device_status", DEVICE_STATUS_DELETED) != DEVICE_STATUS_DELETED
-    )
-    if reviving:
-        await ensure_endpoint_capacity()
-    entry.update_from_dict(columns)
-    try:
-        await entry.save()
-    except IntegrityError:
-        raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
-
-
-async def gds_entry_at(server: str, port: int) -> InventoryEntry:
-    entry = await find_entry_at(server, port, GDS)
-    if entry is None:
-        raise NotFound(f"no gds inventory entry for {server}:{port}")
-    return entry
-
-
 @blueprint.get("/inventory")
 @validate_response(list[InventoryEntryOut])
 async def list_all_entries() -> list[InventoryEntryOut]:
@@ -271,7 +187,7 @@ async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     await _ensure_pki_exists(columns.get("pki_id"), "pki")
     credentials = data.verified_credentials()
     async with in_transaction("default"):
-        await _update_entry(entry, columns)
+        await update_entry(entry, columns)
         if credentials:
             await save_credentials(entry, **credentials)
     return await entry_out(entry)
@@ -424,7 +340,7 @@ class DeviceColumns(Columns):
     @field_validator("server")
     @classmethod
     def server_is_host(cls, value: str) -> str:
-        return _checked_server(value)
+        return checked_server(value)
 
 
 class CaColumns(Columns):
@@ -473,8 +389,8 @@ async def _update_device(table: str, row: dict[str, Any]) -> int:
     await _ensure_pki_exists(values.get("pki_id"), "add.pki_id")
     if "server" in values or "port" in values:
         server, port = values.get("server", entry.server), values.get("port", entry.port)
-        await _reject_duplicate(server, port, table, keep_id=entry.id)
-    await _update_entry(entry, values)
+        await reject_duplicate(server, port, table, keep_id=entry.id)
+    await update_entry(entry, values)
     return entry.id
 
 

@@ -8,9 +8,9 @@ from cryptography import x509
 from quart import Blueprint, Response
 from quart_schema import validate_querystring
 
-from certlm.blueprints.pki import DownloadQuery
 from certlm.certs import to_pem
 from certlm.errors import NotFound
+from certlm.responses import DownloadQuery
 from certlm_gds_push.identity import client_identity, stored_client_identity
 
 log = logging.getLogger(__name__)
