@@ -22,6 +22,7 @@ from certlm.inventory import (
     find_entry_at,
     save_credentials,
 )
+from certlm.pki_entries import INTERNAL_PKI_TYPE
 from certlm.storage.models import (
     InventoryEntry,
     MaintenanceRule,
@@ -42,7 +43,7 @@ SIX_DIGITS = re.compile(r"[0-9]{6}")
 KEPT_MODELS: tuple[type[Model], ...] = (SchemaVersion, SystemSettings, StoredLicense, TlsServerCertificate)
 
 # Port 0: a PKI that is not reached over the network, as the PKI area spells it.
-INTERNAL_PKI = {"name": "Sample internal CA", "pki_type": 1, "pki_connection": "localhost:0"}
+INTERNAL_PKI = {"name": "Sample internal CA", "pki_type": INTERNAL_PKI_TYPE, "pki_connection": "localhost:0"}
 EST_PKI = {
     "name": "Sample EST server",
     "pki_type": 2,

@@ -36,6 +36,7 @@ class DeviceOutcome:
 
 async def _prepare(settings: Settings) -> None:
     from certlm.app import create_app
+    from certlm.pki_entries import INTERNAL_PKI_TYPE
     from certlm.storage import close_storage, open_storage
     from certlm.storage.models import PkiEntry, StoredLicense
 
@@ -57,8 +58,13 @@ async def _prepare(settings: Settings) -> None:
             )
             await StoredLicense.create(id=1, license_b64=license_b64)
             print(f"certlm demo: installed a 30-day trial license for {DEMO_ENDPOINTS} endpoints", flush=True)
-        if host.pki_backends.known(1) and not await PkiEntry.filter(pki_type=1).exists():
-            await PkiEntry.create(name=DEMO_PKI_NAME, pki_type=1, pki_connection="localhost:0", creator_id="demo")
+        if (
+            host.pki_backends.known(INTERNAL_PKI_TYPE)
+            and not await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).exists()
+        ):
+            await PkiEntry.create(
+                name=DEMO_PKI_NAME, pki_type=INTERNAL_PKI_TYPE, pki_connection="localhost:0", creator_id="demo"
+            )
             print(f"certlm demo: created PKI entry '{DEMO_PKI_NAME}' (internal CA)", flush=True)
     finally:
         await close_storage()

@@ -20,14 +20,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tortoise.exceptions import IntegrityError
 
 from certlm.host import current_host
+from certlm.pki_entries import INTERNAL_PKI_TYPE
 from certlm.registry import CLIENT_PROFILE
 from certlm.storage.models import PkiEntry
 from certlm_gds_push.models import OpcUaClientIdentity
 
 log = logging.getLogger(__name__)
 
-# The internal CA's PKI type; only used to pick the issuer of certlm's own client certificate.
-INTERNAL_CA_PKI_TYPE = 1
 # 2048 bits is the one RSA size every policy of the spec's table accepts (Basic128Rsa15 allows at most 2048).
 CLIENT_KEY_BITS = 2048
 SELF_SIGNED_VALIDITY = timedelta(days=2 * 365)
@@ -114,8 +113,8 @@ async def _create(application_uri: str) -> OpcUaClientIdentity:
     )
     san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(application_uri), x509.DNSName(hostname)])
     ca_entry = None
-    if host.pki_backends.known(INTERNAL_CA_PKI_TYPE):
-        ca_entry = await PkiEntry.filter(pki_type=INTERNAL_CA_PKI_TYPE).order_by("id").first()
+    if host.pki_backends.known(INTERNAL_PKI_TYPE):
+        ca_entry = await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).order_by("id").first()
     if ca_entry is not None:
         csr = (
             x509.CertificateSigningRequestBuilder()
@@ -123,7 +122,7 @@ async def _create(application_uri: str) -> OpcUaClientIdentity:
             .add_extension(san, critical=False)
             .sign(key, hashes.SHA256())
         )
-        enrollment = await host.pki_backends.get(INTERNAL_CA_PKI_TYPE).enroll(ca_entry, csr, CLIENT_PROFILE)
+        enrollment = await host.pki_backends.get(INTERNAL_PKI_TYPE).enroll(ca_entry, csr, CLIENT_PROFILE)
         certificate, chain = enrollment.certificate, enrollment.chain
         log.info("created certlm's OPC UA client certificate, issued by PKI entry %s", ca_entry.id)
     else:
