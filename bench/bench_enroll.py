@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))  # the test servers live in the test suite
 
 from certlm.app import create_app  # noqa: E402
 from certlm.config import Settings  # noqa: E402
-from certlm.registry import SERVER_PROFILE  # noqa: E402
+from certlm.pki_backends import SERVER_PROFILE  # noqa: E402
 from certlm.storage.models import PkiEntry  # noqa: E402
 
 APPLICATION_URI = "urn:bench:plc"

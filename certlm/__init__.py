@@ -1,10 +1,63 @@
 """certlm: certificate lifecycle management for OPC UA devices.
 
-Vendors write plugins with ``from certlm import hookimpl``; see ``certlm.hookspecs`` for the contracts.
+Vendors write plugins against the names re-exported here: ``from certlm import hookimpl, DeviceDriver, PkiBackend``.
+The contracts are ``certlm.hookspecs`` (the hooks), ``certlm.drivers`` (a device driver) and ``certlm.pki_backends``
+(a PKI backend).
 """
 
+__version__ = "0.1.0"  # first: the modules imported below read it
+
+from certlm.drivers import (
+    CertificateReading,
+    DeviceDescription,
+    DeviceDriver,
+    DeviceIdentity,
+    DeviceTarget,
+    FirmwareInfo,
+    PkiMaterial,
+    PushFailed,
+    PushOutcome,
+    PushRequest,
+    StepOutcome,
+    SupportedDevice,
+    TrustList,
+)
 from certlm.hookspecs import hookimpl
+from certlm.pki_backends import (
+    CLIENT_PROFILE,
+    SERVER_PROFILE,
+    CertificateProfile,
+    Enrollment,
+    KeyedEnrollment,
+    PkiBackend,
+    ServerValidation,
+)
+from certlm.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
 
-__version__ = "0.1.0"
-
-__all__ = ["__version__", "hookimpl"]
+__all__ = [
+    "CLIENT_PROFILE",
+    "SERVER_PROFILE",
+    "CertificateProfile",
+    "CertificateReading",
+    "DeviceDescription",
+    "DeviceDriver",
+    "DeviceDriverRegistry",
+    "DeviceIdentity",
+    "DeviceTarget",
+    "Enrollment",
+    "FirmwareInfo",
+    "HostServices",
+    "KeyedEnrollment",
+    "PkiBackend",
+    "PkiBackendRegistry",
+    "PkiMaterial",
+    "PushFailed",
+    "PushOutcome",
+    "PushRequest",
+    "ServerValidation",
+    "StepOutcome",
+    "SupportedDevice",
+    "TrustList",
+    "__version__",
+    "hookimpl",
+]

@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     )
     register_error_handlers(app)
     install_access_checks(app)
-    model_modules = [m for modules in plugin_manager.hook.certlm_model_modules() for m in modules or ()]
+    model_modules = [m for modules in plugin_manager.hook.certlm_provide_model_modules() for m in modules or ()]
 
     # Registered before any blueprint, so a blueprint's own ``before_app_serving`` finds the database open.
     @app.before_serving
@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None) -> Quart:
 
     for module_name in BLUEPRINT_MODULES:
         app.register_blueprint(importlib.import_module(module_name).blueprint)
-    for blueprints in plugin_manager.hook.certlm_blueprints():
+    for blueprints in plugin_manager.hook.certlm_provide_blueprints():
         for blueprint in blueprints or ():
             app.register_blueprint(blueprint)
 

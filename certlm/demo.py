@@ -42,7 +42,7 @@ async def _prepare(settings: Settings) -> None:
 
     app = create_app(settings)
     host = app.extensions["certlm"]
-    model_modules = [m for mods in host.plugin_manager.hook.certlm_model_modules() for m in mods or ()]
+    model_modules = [m for mods in host.plugin_manager.hook.certlm_provide_model_modules() for m in mods or ()]
     await open_storage(settings.database_url, model_modules)
     try:
         if await StoredLicense.get_or_none(id=1) is None:

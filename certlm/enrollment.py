@@ -27,6 +27,18 @@ from certlm.certs import (
     sha1_fingerprint,
     to_der,
 )
+from certlm.drivers import (
+    DeviceDescription,
+    DeviceDriver,
+    DeviceIdentity,
+    DeviceTarget,
+    PkiMaterial,
+    PushFailed,
+    PushOutcome,
+    PushRequest,
+    StepOutcome,
+    TrustList,
+)
 from certlm.errors import (
     APIError,
     CsrRejected,
@@ -38,25 +50,8 @@ from certlm.errors import (
 from certlm.host import current_host
 from certlm.hostspec import opcua_url
 from certlm.inventory import device_target, save_credentials
+from certlm.pki_backends import SERVER_PROFILE, CertificateProfile, ChainCrls, Enrollment, KeyedEnrollment, PkiBackend
 from certlm.pki_client import cdp_urls, fetch_crl
-from certlm.registry import (
-    SERVER_PROFILE,
-    CertificateProfile,
-    ChainCrls,
-    DeviceDescription,
-    DeviceDriver,
-    DeviceIdentity,
-    DeviceTarget,
-    Enrollment,
-    KeyedEnrollment,
-    PkiBackend,
-    PkiMaterial,
-    PushFailed,
-    PushOutcome,
-    PushRequest,
-    StepOutcome,
-    TrustList,
-)
 from certlm.storage.models import InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)

@@ -25,12 +25,12 @@ def certlm_register_device_drivers(register: DeviceDriverRegistry) -> None:
     """Register the device drivers this plugin provides.
 
     Call ``register.add(DriverClass)`` once per driver. ``DriverClass`` subclasses
-    ``certlm.registry.DeviceDriver`` and declares, as class attributes:
+    ``certlm.drivers.DeviceDriver`` and declares, as class attributes:
 
     - ``service``: the service id stored in inventory entries, ``gds-push-<identifier>``,
       ``ssh-<identifier>`` or ``rest-<identifier>``; unique across all installed plugins.
     - ``protocol``: ``"gds"``, ``"ssh"`` or ``"rest"``, the inventory table its entries live in.
-    - ``supported_devices``: a tuple of ``certlm.registry.SupportedDevice`` (vendor, device name,
+    - ``supported_devices``: a tuple of ``certlm.drivers.SupportedDevice`` (vendor, device name,
       firmware versions) that ``GET /supported-devices`` lists without calling the driver.
     - ``generic``: True for the fallback driver of a protocol, chosen when no specific driver matches.
 
@@ -45,7 +45,7 @@ def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:
     """Register the PKI backends this plugin provides.
 
     Call ``register.add(BackendClass)`` once per backend. ``BackendClass`` subclasses
-    ``certlm.registry.PkiBackend`` and declares ``pki_type`` (0 none, 1 internal, 2 EST, 3 CMP, or a
+    ``certlm.pki_backends.PkiBackend`` and declares ``pki_type`` (0 none, 1 internal, 2 EST, 3 CMP, or a
     vendor number above 99) and ``name`` (``"none"``, ``"internal"``, ``"est"``, ``"cmp"``, ...). The host
     instantiates it with a ``certlm.registry.HostServices`` and routes every PKI operation for a PKI entry
     of that type to it: CA chain, CSR enrollment (client and server profiles) and renewal, server-side key
@@ -57,7 +57,7 @@ def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:
 
 
 @hookspec
-def certlm_blueprints() -> list[Blueprint] | None:
+def certlm_provide_blueprints() -> list[Blueprint] | None:
     """Return extra Quart blueprints to mount on the app, or ``None`` for none.
 
     Routes a plugin adds are subject to the host's API-key and license checks like any other route.
@@ -66,7 +66,7 @@ def certlm_blueprints() -> list[Blueprint] | None:
 
 
 @hookspec
-def certlm_model_modules() -> list[str] | None:
+def certlm_provide_model_modules() -> list[str] | None:
     """Return dotted module names that hold tortoise-orm models the plugin stores, or ``None``.
 
     The modules are loaded into the host's single ``models`` app, so a plugin model can point at host

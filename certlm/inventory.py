@@ -13,10 +13,10 @@ from pydantic import BaseModel, Field, field_validator
 from tortoise.exceptions import IntegrityError
 
 from certlm.certs import common_name, load_pkcs12_base64, spec_datetime
+from certlm.drivers import DeviceTarget, TrustList
 from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
 from certlm.hostspec import DEFAULT_OPCUA_PORT, HostSpec, opcua_url, valid_server
-from certlm.registry import DeviceTarget, TrustList
 from certlm.responses import StrictBody
 from certlm.storage.models import DeviceCredential, InventoryEntry
 from certlm.system import DEVICE_STATUS_NAMES, SECURITY_MODE_BITS, SECURITY_POLICY_BITS, system_settings

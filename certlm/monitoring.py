@@ -11,12 +11,12 @@ from cryptography import x509
 
 from certlm.certs import revocation_status, to_der
 from certlm.crl_status import is_revoked
+from certlm.drivers import CertificateReading, DeviceDriver, DeviceTarget, FirmwareInfo
 from certlm.enrollment import record_operation, trustlist_record
 from certlm.errors import APIError, UnsupportedOperation
 from certlm.host import current_host
 from certlm.hostspec import opcua_url, parse_host_or_url
 from certlm.inventory import GDS, canonical_server, device_target, find_entry, find_entry_at, trustlist_keys
-from certlm.registry import CertificateReading, DeviceDriver, DeviceTarget, FirmwareInfo
 from certlm.storage.models import InventoryEntry, PkiEntry
 
 

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCE_DIRECTORIES = ("certlm", "plugins", "tests", "bench", "scripts")
 HOST_ROUTES = "certlm.blueprints"
 APP_FACTORY = "certlm.app"
-# The module of a plugin package that hands its routes to the host (hook ``certlm_blueprints``).
+# The module of a plugin package that hands its routes to the host (hook ``certlm_provide_blueprints``).
 PLUGIN_HOOK_MODULE = "plugin"
 
 Sources = dict[str, tuple[Path, ast.Module]]

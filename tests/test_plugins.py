@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,9 +16,10 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 
 from certlm import hookspecs
+from certlm.drivers import DeviceIdentity
 from certlm.plugins import PluginLoadError, build_plugin_manager
-from certlm.registry import DeviceDriverRegistry, DeviceIdentity, DuplicateRegistration
-from tests.support import free_port
+from certlm.registry import DeviceDriverRegistry, DuplicateRegistration
+from tests.support import REPO, free_port
 
 
 def write_distribution(root: Path, name: str, module_source: str, entry_point: str) -> Path:
@@ -164,12 +166,12 @@ async def add_note():
 
 
 @hookimpl
-def certlm_blueprints():
+def certlm_provide_blueprints():
     return [blueprint]
 
 
 @hookimpl
-def certlm_model_modules():
+def certlm_provide_model_modules():
     return [__name__]
 """
 
@@ -236,7 +238,7 @@ def test_two_plugins_claiming_one_service_is_an_error() -> None:
 def test_most_specific_driver_is_selected() -> None:
     from certlm_example_vendor.plugin import AcmeWidgetDriver
 
-    from certlm.registry import DeviceDriver
+    from certlm.drivers import DeviceDriver
 
     class GenericDriver(DeviceDriver):
         service = "gds-push-generic"
@@ -259,13 +261,28 @@ def test_every_hookspec_is_documented_and_named_certlm_verb() -> None:
     assert {name for name, _ in specs} == {
         "certlm_register_device_drivers",
         "certlm_register_pki_backends",
-        "certlm_blueprints",
-        "certlm_model_modules",
+        "certlm_provide_blueprints",
+        "certlm_provide_model_modules",
     }
     for name, function in specs:
         doc = inspect.getdoc(function) or ""
         assert len(doc) > 80, f"{name} needs a docstring a vendor can implement from"
         assert "Return" in doc, f"{name} must say what it returns"
+        # A documented signature: every parameter typed and named in the docstring, the result typed.
+        signature = inspect.signature(function)
+        assert signature.return_annotation is not inspect.Signature.empty, f"{name} must declare what it returns"
+        for parameter in signature.parameters.values():
+            assert parameter.annotation is not inspect.Signature.empty, f"{name}({parameter.name}) needs a type"
+            assert f"``{parameter.name}" in doc or f"{parameter.name}." in doc, f"{name} must explain {parameter.name}"
+
+
+def test_every_hookspec_has_a_test_plugin_implementing_it() -> None:
+    """Each hook is implemented by a plugin the tests install: the example vendor package, or a plugin a test
+    writes and starts certlm with."""
+    sources = "\n".join(path.read_text() for path in (REPO / "tests").rglob("*.py") if "build" not in path.parts)
+    for name, obj in vars(hookspecs).items():
+        if inspect.isfunction(obj) and name.startswith("certlm_"):
+            assert re.search(rf"^\s*def {name}\(", sources, re.M), f"no test plugin implements {name}"
 
 
 def test_installed_entry_points_are_recorded() -> None:

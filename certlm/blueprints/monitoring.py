@@ -11,12 +11,12 @@ from quart import Blueprint
 from quart_schema import validate_querystring, validate_request, validate_response
 
 from certlm.certs import certificate_text, sha1_fingerprint
+from certlm.drivers import DeviceDriver, DeviceTarget
 from certlm.enrollment import host_names_warnings
 from certlm.errors import APIError
 from certlm.hostspec import DEFAULT_OPCUA_PORT
 from certlm.inventory import GDS, MAX_SECRET_CHARS, EntryAddress
 from certlm.monitoring import device_at, inventory_device, read_certificate_and_store, read_firmware_and_store
-from certlm.registry import DeviceDriver, DeviceTarget
 from certlm.responses import StrictBody
 from certlm.storage.models import InventoryEntry
 

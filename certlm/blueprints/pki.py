@@ -17,8 +17,8 @@ from quart_schema import validate_querystring, validate_request, validate_respon
 from certlm.certs import load_certificate, load_crl, load_csr, sha1_fingerprint, to_der, to_pem
 from certlm.errors import NotFound, UnsupportedOperation
 from certlm.host import current_host
+from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields, internal_ca_entry
-from certlm.registry import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
 from certlm.responses import DownloadQuery, parse_id
 from certlm.storage.models import PkiEntry
 

@@ -9,6 +9,7 @@ from pydantic import Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
+from certlm.drivers import TrustList
 from certlm.hostspec import opcua_url, parse_host_or_url
 from certlm.inventory import (
     GDS,
@@ -23,7 +24,6 @@ from certlm.inventory import (
     trustlist_keys,
 )
 from certlm.monitoring import overlay, read_trust_list_and_store
-from certlm.registry import TrustList
 from certlm.responses import OperationResult, StrictBody, operation_result
 
 blueprint = Blueprint("trustlists", __name__)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from certlm import hookimpl
-from certlm.registry import PkiBackend, PkiBackendRegistry
+from certlm.pki_backends import PkiBackend
+from certlm.registry import PkiBackendRegistry
 
 
 class NoPki(PkiBackend):

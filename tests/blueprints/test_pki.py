@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 
 from certlm.app import create_app
 from certlm.config import Settings
-from certlm.registry import PkiBackend, ServerValidation
+from certlm.pki_backends import PkiBackend, ServerValidation
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import csr_pem, ec_key, pkcs12_base64, self_signed
 

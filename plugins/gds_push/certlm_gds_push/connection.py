@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 
 from certlm.certs import sha1_fingerprint, to_der
 from certlm.config import Settings
+from certlm.drivers import DeviceTarget
 from certlm.errors import APIError, CsrRejected, DeviceFailure, UnsupportedOperation, UpstreamUnavailable
-from certlm.registry import DeviceTarget
 from certlm_gds_push.identity import ClientIdentity
 
 log = logging.getLogger(__name__)

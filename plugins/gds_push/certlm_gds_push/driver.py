@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from asyncua import ua
 
-from certlm.registry import (
+from certlm.drivers import (
     CertificateReading,
     DeviceDescription,
     DeviceDriver,

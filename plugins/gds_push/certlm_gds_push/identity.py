@@ -20,8 +20,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tortoise.exceptions import IntegrityError
 
 from certlm.host import current_host
+from certlm.pki_backends import CLIENT_PROFILE
 from certlm.pki_entries import INTERNAL_PKI_TYPE
-from certlm.registry import CLIENT_PROFILE
 from certlm.storage.models import PkiEntry
 from certlm_gds_push.models import OpcUaClientIdentity
 

@@ -15,12 +15,12 @@ def certlm_register_device_drivers(register: DeviceDriverRegistry) -> None:
 
 
 @hookimpl
-def certlm_blueprints() -> list[Blueprint]:
+def certlm_provide_blueprints() -> list[Blueprint]:
     from certlm_gds_push.blueprint import blueprint
 
     return [blueprint]
 
 
 @hookimpl
-def certlm_model_modules() -> list[str]:
+def certlm_provide_model_modules() -> list[str]:
     return ["certlm_gds_push.models"]

@@ -30,17 +30,9 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
 from certlm.certs import issued_by, sha1_fingerprint, to_der
+from certlm.drivers import DeviceTarget, PkiMaterial, PushFailed, PushOutcome, PushRequest, StepOutcome, TrustList
 from certlm.errors import UnsupportedOperation
-from certlm.registry import (
-    DeviceTarget,
-    Enrollment,
-    PkiMaterial,
-    PushFailed,
-    PushOutcome,
-    PushRequest,
-    StepOutcome,
-    TrustList,
-)
+from certlm.pki_backends import Enrollment
 from certlm_gds_push.connection import (
     DeviceError,
     DeviceSession,

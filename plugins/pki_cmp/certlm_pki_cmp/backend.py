@@ -55,7 +55,7 @@ from pyasn1_alt_modules import rfc9480
 from certlm import pki_client
 from certlm.certs import is_self_signed, issued_by, issuer_chain, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
-from certlm.registry import CertificateProfile, Enrollment, PkiBackend
+from certlm.pki_backends import CertificateProfile, Enrollment, PkiBackend
 from certlm.storage.models import PkiEntry
 from certlm_pki_cmp import messages, protection
 from certlm_pki_cmp.capabilities import LearnedCapabilities, TypeRefused, type_refusal

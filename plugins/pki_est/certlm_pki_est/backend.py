@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPri
 from certlm import pki_client
 from certlm.certs import crl_signed_by, issued_by, issuer_chain, load_crl, sha1_fingerprint, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
-from certlm.registry import CertificateProfile, Enrollment, KeyedEnrollment, PkiBackend, ServerValidation
+from certlm.pki_backends import CertificateProfile, Enrollment, KeyedEnrollment, PkiBackend, ServerValidation
 from certlm.storage.models import PkiEntry
 from certlm_pki_est import csrattrs
 from certlm_pki_est.client import EstClient, EstEndpoint, OtherOrigins

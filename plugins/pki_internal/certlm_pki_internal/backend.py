@@ -14,7 +14,8 @@ from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
 from certlm.errors import APIError
-from certlm.registry import CertificateProfile, Enrollment, HostServices, PkiBackend
+from certlm.pki_backends import CertificateProfile, Enrollment, PkiBackend
+from certlm.registry import HostServices
 from certlm.storage.models import PkiEntry
 from certlm_pki_internal import ca
 from certlm_pki_internal.models import InternalCa, IssuedCertificate

@@ -17,7 +17,7 @@ from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsag
 
 from certlm.certs import host_general_name
 from certlm.errors import CsrRejected
-from certlm.registry import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
+from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
 
 # RSA rather than ECDSA for the root: every OPC UA stack validates RSA chains, and the RSA security policies
 # (Basic256Sha256, Aes*_Sha256_RsaOaep/RsaPss) are the ones devices implement. 3072 bits is NIST's level for

@@ -13,5 +13,5 @@ def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:
 
 
 @hookimpl
-def certlm_model_modules() -> list[str]:
+def certlm_provide_model_modules() -> list[str]:
     return ["certlm_pki_internal.models"]

@@ -13,9 +13,7 @@ import json
 import urllib.request
 from typing import Any
 
-from certlm import hookimpl
-from certlm.errors import UpstreamUnavailable
-from certlm.registry import (
+from certlm import (
     DeviceDriver,
     DeviceDriverRegistry,
     DeviceTarget,
@@ -23,7 +21,9 @@ from certlm.registry import (
     PkiBackend,
     PkiBackendRegistry,
     SupportedDevice,
+    hookimpl,
 )
+from certlm.errors import UpstreamUnavailable
 
 
 class AcmeWidgetDriver(DeviceDriver):

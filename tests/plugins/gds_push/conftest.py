@@ -26,8 +26,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certlm.config import Settings
+from certlm.drivers import DeviceTarget, PkiMaterial
 from certlm.errors import CsrRejected
-from certlm.registry import DeviceTarget, Enrollment, HostServices, PkiMaterial
+from certlm.pki_backends import Enrollment
+from certlm.registry import HostServices
 from certlm.secretbox import SecretBox
 from tests.support import free_port
 

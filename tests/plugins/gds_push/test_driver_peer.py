@@ -17,8 +17,9 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
 from certlm.certs import sha1_fingerprint, to_der
+from certlm.drivers import DeviceTarget, PkiMaterial, PushFailed, PushRequest, TrustList
 from certlm.errors import CsrRejected
-from certlm.registry import DeviceTarget, HostServices, PkiMaterial, PushFailed, PushRequest, TrustList
+from certlm.registry import HostServices
 from tests.plugins.gds_push.conftest import (
     ADMIN,
     NodeOpcuaPeer,

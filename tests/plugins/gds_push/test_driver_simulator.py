@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certlm.certs import to_der
-from certlm.registry import HostServices, PushFailed, PushRequest, TrustList
+from certlm.drivers import PushFailed, PushRequest, TrustList
+from certlm.registry import HostServices
 from tests.plugins.gds_push.conftest import (
     ADMIN,
     OpcUaTestCa,

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from certlm.config import Settings
-from certlm.registry import PkiBackend
+from certlm.pki_backends import PkiBackend
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import ec_key
 from tests.plugins.broken_server import start_broken_server  # noqa: F401 - a fixture for this package's tests

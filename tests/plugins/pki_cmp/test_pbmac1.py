@@ -13,7 +13,7 @@ from pyasn1.type import univ
 from pyasn1_alt_modules import rfc8018, rfc9480
 
 from certlm.errors import UpstreamUnavailable
-from certlm.registry import SERVER_PROFILE
+from certlm.pki_backends import SERVER_PROFILE
 from tests.crypto_factory import ec_key
 from tests.plugins.pki_cmp.cmp_server import forward_to
 from tests.plugins.pki_cmp.conftest import SECRET

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from pyasn1.codec.der import encoder
 
 from certlm.errors import APIError, CsrRejected, UpstreamUnavailable
-from certlm.registry import SERVER_PROFILE
+from certlm.pki_backends import SERVER_PROFILE
 from tests.crypto_factory import ec_key
 from tests.plugins.pki_cmp.cmp_server import CMP_CONTENT_TYPE, TestPki, forward_to, free_port, sleeping
 from tests.plugins.pki_cmp.conftest import REFERENCE, REQUEST_TIMEOUT_S, SECRET, make_party

@@ -6,7 +6,7 @@ import pytest
 from cryptography import x509
 
 from certlm.errors import APIError
-from certlm.registry import SERVER_PROFILE
+from certlm.pki_backends import SERVER_PROFILE
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import ec_key
 from tests.plugins.pki_cmp.conftest import REFERENCE, SECRET

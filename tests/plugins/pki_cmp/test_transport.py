@@ -9,7 +9,7 @@ import re
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from certlm.registry import SERVER_PROFILE
+from certlm.pki_backends import SERVER_PROFILE
 from tests.crypto_factory import ec_key, self_signed
 from tests.plugins.pki_cmp.cmp_server import forward_to, free_port
 from tests.plugins.pki_cmp.conftest import REFERENCE, REQUEST_TIMEOUT_S, SECRET

@@ -33,7 +33,7 @@ from pyasn1.type import univ
 from pyasn1_alt_modules import rfc7030
 
 from certlm.errors import APIError
-from certlm.registry import CLIENT_PROFILE, SERVER_PROFILE
+from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE
 
 CERTS_ONLY = "application/pkcs7-mime; smime-type=certs-only"
 ENROLL_OPERATIONS = ("simpleenroll", "simplereenroll", "serverkeygen")

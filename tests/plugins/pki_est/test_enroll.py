@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from certlm.errors import CsrRejected, UnsupportedOperation, UpstreamUnavailable
-from certlm.registry import SERVER_PROFILE
+from certlm.pki_backends import SERVER_PROFILE
 from tests.crypto_factory import ec_key, rsa_key, self_signed
 from tests.plugins.pki_est.conftest import device_csr, same_key
 from tests.plugins.pki_est.est_server import csr_attributes_der

@@ -10,7 +10,8 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from certlm.config import Settings
 from certlm.errors import UpstreamUnavailable
-from certlm.registry import SERVER_PROFILE, HostServices
+from certlm.pki_backends import SERVER_PROFILE
+from certlm.registry import HostServices
 from tests.crypto_factory import ec_key, self_signed
 from tests.plugins.pki_est.conftest import device_csr
 from tests.support import free_port

@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from certlm.errors import UpstreamUnavailable
+from certlm.pki_backends import SERVER_PROFILE
 from certlm.pki_client import MAX_REDIRECTS
-from certlm.registry import SERVER_PROFILE
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import ec_key
 from tests.plugins.pki_est.conftest import device_csr, same_key

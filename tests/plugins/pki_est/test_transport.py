@@ -9,7 +9,7 @@ import re
 import pytest
 
 from certlm.errors import APIError
-from certlm.registry import SERVER_PROFILE
+from certlm.pki_backends import SERVER_PROFILE
 from tests.crypto_factory import ec_key
 from tests.plugins.pki_est.conftest import REQUEST_TIMEOUT_S, device_csr, same_key
 from tests.support import free_port

@@ -1,0 +1,272 @@
+"""The device-driver contract: what a plugin implements to manage one kind of device, and the data it exchanges with
+the host. A vendor reads this module on its own: subclass ``DeviceDriver``, register it through
+``certlm_register_device_drivers``; ``certlm`` re-exports what a driver needs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from certlm.errors import UnsupportedOperation
+from certlm.pki_backends import ChainCrls, Enrollment, KeyedEnrollment
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
+
+    from certlm.registry import HostServices
+
+
+@dataclass(frozen=True)
+class SupportedDevice:
+    """A device and firmware combination a driver declares it supports. Data, never code."""
+
+    vendor: str
+    device_name: str
+    firmware_versions: tuple[str, ...] = ("*",)
+
+    def matches(self, identity: DeviceIdentity) -> bool:
+        return (
+            self.vendor.casefold() == identity.manufacturer.casefold()
+            and self.device_name.casefold() == identity.product.casefold()
+            and any(fnmatch.fnmatchcase(identity.firmware, pattern) for pattern in self.firmware_versions)
+        )
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """What a device says about itself (OPC UA BuildInfo or its SSH/REST equivalent)."""
+
+    manufacturer: str
+    product: str
+    firmware: str
+
+
+@dataclass
+class DeviceTarget:
+    """Everything a driver needs to reach one inventory entry, secrets decrypted for this call only."""
+
+    entry_id: int | None
+    server: str
+    port: int
+    url: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    pkcs12: bytes | None = field(default=None, repr=False)
+    pkcs12_password: str | None = field(default=None, repr=False)
+    security_policy: int | None = None
+    security_mode: int | None = None
+
+
+@dataclass(frozen=True)
+class FirmwareInfo:
+    firmware_version: str
+    device_name: str
+
+
+@dataclass(frozen=True)
+class DeviceDescription:
+    """What a driver learns when it first meets a device: who it is and what its management interface can do.
+
+    ``capabilities`` is driver-defined data stored with the entry (for OPC UA push: SupportedPrivateKeyFormats,
+    MaxTrustListSize, certificate groups and types).
+    """
+
+    identity: DeviceIdentity
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    certificate: x509.Certificate | None = None
+    """The certificate the device presented while it was described; the host pins it on first contact."""
+
+
+@dataclass(frozen=True)
+class CertificateReading:
+    """The application certificate a device presents, and the security the connection negotiated (bitmasks of
+    ``GET /gds/systeminfo``: policy 0 and mode 0 mean none)."""
+
+    certificate: x509.Certificate
+    security_policy: int
+    security_mode: int
+
+
+@dataclass
+class TrustList:
+    """A device trust list: four lists of DER blobs (certificates or CRLs)."""
+
+    trusted_certificates: list[bytes] = field(default_factory=list)
+    trusted_crls: list[bytes] = field(default_factory=list)
+    issuer_certificates: list[bytes] = field(default_factory=list)
+    issuer_crls: list[bytes] = field(default_factory=list)
+
+    # The spec's ``trustlist`` bitmask: which of the four lists a read or delete covers.
+    MASK_BITS: ClassVar[dict[str, int]] = {
+        "trusted_certificates": 1,
+        "trusted_crls": 2,
+        "issuer_certificates": 4,
+        "issuer_crls": 8,
+    }
+    ALL: ClassVar[int] = 15
+
+
+@dataclass(frozen=True)
+class PkiMaterial:
+    """What the host hands a driver for one enrollment: the way to get a CSR signed and what the device must
+    trust afterwards. ``enroll(csr, private_key)`` takes the CSR's key when certlm made it, else None.
+    ``ca_certificates`` may be empty when the PKI hands its chain out only with an enrollment (CMP
+    ``caPubs``/``extraCerts``): the device then trusts the returned ``Enrollment.chain``. ``enroll`` raises
+    ``certlm.errors.CsrRejected`` when the PKI refuses the request; a driver
+    lets that propagate (as the ``__cause__`` of its ``PushFailed``) so the host can answer 422."""
+
+    enroll: Callable[[x509.CertificateSigningRequest, CertificateIssuerPrivateKeyTypes | None], Awaitable[Enrollment]]
+    ca_certificates: tuple[x509.Certificate, ...]
+    crls: tuple[x509.CertificateRevocationList, ...]
+    # For a device that cannot make keys: the PKI makes the key pair (``PkiBackend.enroll_server_key``).
+    # None when the backend does not offer it; raises ``UnsupportedOperation`` when its server does not.
+    enroll_server_key: Callable[[x509.CertificateSigningRequest], Awaitable[KeyedEnrollment]] | None = None
+    # The CRL of every CA above an issued certificate, for devices that check revocation along the whole chain:
+    # ``crls`` plus what the distribution points of the chain's certificates deliver, and one line per CA whose CRL
+    # could not be had. None when nothing beyond ``crls`` can be found.
+    chain_crls: Callable[[Enrollment], Awaitable[ChainCrls]] | None = None
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """One enrollment as the REST call or the scheduler asked for it.
+
+    ``pinned_certificate`` is the device certificate certlm trusts for the entry (DER) and ``trusted_cas`` the
+    PKI's CA chain: a driver sends nothing (not even the user's credentials) to a device that presents neither the
+    pinned certificate nor one issued by those CAs. ``trust_on_first_use`` lifts that check for an operator's first
+    contact or re-onboarding: the driver accepts what the device presents and reports it as
+    ``PushOutcome.presented_certificate`` (or ``PushFailed.presented_certificate``) for the host to pin. Automated
+    operations never set it. ``onboarding`` also makes the device trust certlm's CA, not only its certificate."""
+
+    subject: str | None = None
+    add_issuer: bool = False
+    add_client_certificate: bool = False
+    onboarding: bool = False
+    pinned_certificate: bytes | None = field(default=None, repr=False)
+    trusted_cas: tuple[x509.Certificate, ...] = ()
+    trust_on_first_use: bool = False
+
+
+@dataclass
+class StepOutcome:
+    """One step of a push: ``status`` is the protocol's status name on failure (e.g. ``BadUserAccessDenied``)."""
+
+    step: str
+    ok: bool
+    seconds: float
+    status: str = ""
+    message: str = ""
+    warning: bool = False
+    """A step that went through but found something the operator should know (``ok`` stays True)."""
+
+
+@dataclass
+class PushOutcome:
+    """What a completed push left on the device, as verified after the device applied it; ``presented_certificate``
+    is what the device presented when the push connected, before it changed."""
+
+    certificate: x509.Certificate
+    chain: tuple[x509.Certificate, ...]
+    trust_list: TrustList
+    security_policy: int
+    security_mode: int
+    steps: list[StepOutcome]
+    description: DeviceDescription | None = None
+    presented_certificate: x509.Certificate | None = None
+
+
+class PushFailed(Exception):
+    """A push that stopped at ``steps[-1]``. ``changed_device`` is False when it failed before the device was
+    told to apply anything, so the device still runs on what it had. ``presented_certificate`` is what the device
+    presented, when the push got that far. Raise it ``from`` the original error."""
+
+    def __init__(
+        self,
+        message: str,
+        steps: list[StepOutcome],
+        *,
+        changed_device: bool = False,
+        presented_certificate: x509.Certificate | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.steps = steps
+        self.changed_device = changed_device
+        self.presented_certificate = presented_certificate
+
+
+class DeviceDriver:
+    """Base class of a device management driver. Subclass it, set the class attributes, override the
+    operations the device supports; an operation left alone answers 501 naming the service.
+
+    All operations are coroutines taking a ``DeviceTarget`` and must finish within the connection and
+    operation time-outs in ``HostServices.settings``.
+
+    Errors, and what the host does with them:
+
+    - A read (``read_*``, ``describe``) that fails raises ``certlm.errors.DeviceFailure`` with the message the
+      client sees and ``device_status``, the protocol's status name (OPC UA ``BadTimeout``); the host answers 502
+      (400 or 500 where the spec says so for that endpoint) and stores nothing.
+    - ``push`` raises ``PushFailed`` with every step so far (each failed step with its status name), raised
+      ``from`` the original error: ``certlm.errors.CsrRejected`` as the cause makes the host answer 422, a 4xx
+      ``APIError`` from the PKI that status, anything else 500. The host records the failure as the entry's last
+      push, with ``device_changed``.
+    - An operation the device cannot do raises ``certlm.errors.UnsupportedOperation`` (501).
+
+    Two names the host relies on: a push's first device step is called ``connect``, and once it succeeded the
+    device accepted the credentials, which the host then stores for later automated operations; and
+    ``PushOutcome.description``, when given, makes the host select the entry's driver again from it (a firmware
+    update may call for another driver).
+    """
+
+    service: ClassVar[str]
+    protocol: ClassVar[str]
+    supported_devices: ClassVar[tuple[SupportedDevice, ...]] = ()
+    generic: ClassVar[bool] = False
+
+    def __init__(self, services: HostServices) -> None:
+        self.services = services
+
+    @classmethod
+    def supports(cls, identity: DeviceIdentity) -> bool:
+        return any(device.matches(identity) for device in cls.supported_devices)
+
+    def _unsupported(self, operation: str) -> UnsupportedOperation:
+        return UnsupportedOperation(f"service {self.service} does not support {operation}")
+
+    async def read_firmware(self, target: DeviceTarget) -> FirmwareInfo:
+        """Firmware version and device name, read live from the device."""
+        raise self._unsupported("reading the firmware version")
+
+    async def read_status(self, target: DeviceTarget) -> str:
+        """The device's server state (and operating state where known), read live."""
+        raise self._unsupported("reading the device status")
+
+    async def read_plc_info(self, target: DeviceTarget) -> dict[str, Any]:
+        """Driver-specific PLC metadata, read live."""
+        raise self._unsupported("reading PLC information")
+
+    async def describe(self, target: DeviceTarget) -> DeviceDescription:
+        """Identity and management capabilities, read live; the host picks the entry's driver from them
+        (``DeviceDriverRegistry.select_service``) when a device is registered."""
+        raise self._unsupported("identifying the device")
+
+    async def read_certificate(self, target: DeviceTarget, *, secure_session: bool) -> CertificateReading:
+        """The application certificate the device presents. Without ``secure_session`` it may be read from
+        the device's endpoint description; with it, from a signed and encrypted session."""
+        raise self._unsupported("reading the device certificate")
+
+    async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
+        """The device's trust list, the parts selected by ``mask`` (``TrustList.MASK_BITS``); others empty."""
+        raise self._unsupported("reading the trust list")
+
+    async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
+        """Enroll a new application certificate in one session: CSR from the device (or a key made here when
+        the device cannot), signed through ``pki.enroll``, installed with its chain, trust list written, the
+        change applied and verified by reconnecting. Raise ``PushFailed`` with the steps done so far; a
+        failure before the device applied anything must leave the device unchanged."""
+        raise self._unsupported("certificate push")

@@ -1,0 +1,163 @@
+"""The PKI-backend contract: what a plugin implements to get certificates from one kind of PKI, and the data it
+returns. A vendor reads this module on its own: subclass ``PkiBackend``, register it through
+``certlm_register_pki_backends``; shared plumbing for PKIs reached over HTTP(S) is in ``certlm.pki_client``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from certlm.errors import APIError, UnsupportedOperation
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.types import (
+        CertificateIssuerPrivateKeyTypes,
+        PrivateKeyTypes,
+    )
+
+    from certlm.registry import HostServices
+    from certlm.storage.models import PkiEntry
+
+
+@dataclass(frozen=True)
+class CertificateProfile:
+    """Which kind of certificate an enrollment asks for. ``hosts`` are the names or addresses the device is reached
+    at: a server certificate should name them in its subject alternative names even when the device's CSR does not
+    (many devices put only their applicationUri there), so a PKI that completes the SAN adds them."""
+
+    name: str  # "client" or "server"
+    hosts: tuple[str, ...] = ()
+
+
+CLIENT_PROFILE = CertificateProfile("client")
+
+SERVER_PROFILE = CertificateProfile("server")
+
+
+@dataclass(frozen=True)
+class ServerValidation:
+    """What validating a PKI server found: where it was reached and the CA certificates it delivered."""
+
+    host: str
+    port: int
+    ca_certificates: tuple[x509.Certificate, ...]
+
+
+@dataclass(frozen=True)
+class Enrollment:
+    """An issued certificate and the chain from its issuer up to the root. ``warnings`` is what the host noticed
+    about the certificate that does not stop its installation (a requested host name the PKI left out); a
+    driver reports each as a warning step."""
+
+    certificate: x509.Certificate
+    chain: tuple[x509.Certificate, ...]
+    warnings: tuple[str, ...] = field(default=(), kw_only=True)
+
+
+@dataclass(frozen=True)
+class KeyedEnrollment(Enrollment):
+    """An enrollment whose key pair the PKI made: ``private_key`` goes to the device and nowhere else."""
+
+    private_key: PrivateKeyTypes = field(repr=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class ChainCrls:
+    """The CRLs of an enrollment's chain, issuing CA first, and why any CA's CRL is missing."""
+
+    crls: tuple[x509.CertificateRevocationList, ...]
+    missing: tuple[str, ...] = ()
+
+
+class PkiBackend:
+    """Base class of a PKI backend. Subclass it, set ``pki_type`` and ``name``, override what the PKI
+    offers; an operation left alone answers 501. Methods raise ``certlm.errors.APIError`` subclasses
+    (``CsrRejected`` 400, ``NotFound`` 404, ``UpstreamUnavailable`` 502) with a message for the client.
+    """
+
+    pki_type: ClassVar[int]
+    name: ClassVar[str]
+    asks_for_profile_hosts: ClassVar[bool] = False
+    """Whether every ``enroll`` asks the PKI to name ``CertificateProfile.hosts`` in the certificate beyond the CSR's
+    own names (the internal CA adds them; EST, and CMP's ``p10cr``, can send only the CSR). The host warns when an
+    issued certificate lacks a name that was asked for, so a backend that asks only sometimes leaves this False."""
+
+    def __init__(self, services: HostServices) -> None:
+        self.services = services
+
+    def _unsupported(self, operation: str) -> UnsupportedOperation:
+        return UnsupportedOperation(f"PKI type {self.name} does not support {operation}")
+
+    def configuration_problems(self, entry: PkiEntry) -> list[str]:
+        """Problems with a PKI entry's stored configuration, checked on create and update. No I/O."""
+        return []
+
+    async def validate(self, entry: PkiEntry, *, strict: bool) -> ServerValidation:
+        """Connect to the PKI server, fetch its CA certificates and store them in ``entry.ca_certificates``;
+        ``strict`` also verifies the server's TLS chain against ``entry.tls_ca``. Only PKIs reached over the
+        network offer this; the default answers 400 as the spec requires for every other type."""
+        raise APIError(
+            f"validate requires a type 2 (EST) entry with a connection; PKI entry {entry.id} is of type "
+            f"{entry.pki_type} ({self.name})"
+        )
+
+    async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+        """The CA chain, issuing CA first. Raise ``NotFound`` when none is available yet."""
+        raise self._unsupported("CA certificates")
+
+    @classmethod
+    def offers(cls, operation: str) -> bool:
+        """Whether this backend implements ``operation`` (a method name such as ``"enroll_server_key"``
+        or ``"revoke"``) rather than inheriting the 501 default. The host asks before optional work."""
+        return getattr(cls, operation) is not getattr(PkiBackend, operation)
+
+    async def enroll(
+        self,
+        entry: PkiEntry,
+        csr: x509.CertificateSigningRequest,
+        profile: CertificateProfile,
+        *,
+        renewing: x509.Certificate | None = None,
+        private_key: CertificateIssuerPrivateKeyTypes | None = None,
+    ) -> Enrollment:
+        """Have ``csr`` signed under ``profile`` and return the certificate with its chain.
+
+        ``renewing`` is the certificate this one replaces, when the device's current certificate was issued by
+        this PKI: a PKI with a renewal transaction uses it (EST ``simplereenroll``, CMP ``kur`` with its
+        ``oldCertId``); the CSR then keeps the old subject. ``private_key`` is the key of ``csr`` when certlm
+        made it (the device cannot make keys): a PKI that wants proof of possession beyond the CSR's own
+        signature (CMP ``ir``/``cr`` with a signature POPO) uses it. It is never stored or sent anywhere.
+
+        The issued certificate must carry the public key of ``csr``; a backend checks that and rejects (and
+        where the protocol has it, refuses to confirm) anything else. Raise ``CsrRejected`` (400) for a
+        request the PKI refuses, ``UpstreamUnavailable`` (502) when it cannot be reached, does not accept
+        the configured credentials or answers something that is not a valid response.
+        """
+        raise self._unsupported("enrollment")
+
+    async def enroll_server_key(
+        self,
+        entry: PkiEntry,
+        csr: x509.CertificateSigningRequest,
+        profile: CertificateProfile,
+        *,
+        renewing: x509.Certificate | None = None,
+    ) -> KeyedEnrollment:
+        """Have the PKI make the key pair as well (EST ``serverkeygen``, RFC 7030 §4.4), for devices that
+        cannot make keys. ``csr`` carries the subject and extensions wanted; its public key is a placeholder
+        the PKI replaces. Returns the certificate, its chain and the private key, which the caller hands to
+        the device and then forgets. Raise ``UnsupportedOperation`` when the server turns the request down
+        as not offered (the host then makes the key itself); otherwise as ``enroll``."""
+        raise self._unsupported("server-side key generation")
+
+    async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
+        """The current CRL of the CA. Raise ``NotFound`` without one, ``UpstreamUnavailable`` if unreachable."""
+        raise self._unsupported("CRLs")
+
+    async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
+        """Revoke ``certificate``, issued by this PKI (CMP ``rr``, the internal CA's own CRL). The host calls it
+        when a device whose certificate came from this PKI is decommissioned. Raise ``APIError`` (400) for a
+        certificate this PKI did not issue, ``UpstreamUnavailable`` when the PKI cannot be reached."""
+        raise self._unsupported("revocation")
