@@ -47,7 +47,11 @@ class DeviceIdentity:
 
 @dataclass
 class DeviceTarget:
-    """Everything a driver needs to reach one inventory entry, secrets decrypted for this call only."""
+    """Everything a driver needs to reach one inventory entry, secrets decrypted for this call only.
+
+    ``pinned_certificate`` (DER) is the device certificate certlm trusts for the entry: a driver sends the entry's
+    credentials to no device that presents another one (a push checks ``PushRequest`` instead). None when certlm
+    has not met the device yet."""
 
     entry_id: int | None
     server: str
@@ -59,6 +63,7 @@ class DeviceTarget:
     pkcs12_password: str | None = field(default=None, repr=False)
     security_policy: int | None = None
     security_mode: int | None = None
+    pinned_certificate: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -398,6 +398,8 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
         )
     # An operator's first contact, or re-onboarding after a device swap, accepts what the device presents.
     first_contact = not order.automated and (order.onboarding or entry.pinned_certificate_der is None)
+    if first_contact:
+        target.pinned_certificate = None
     pki = await enrollment_pki(entry)
     material = await pki_material(pki, entry)
     steps: list[StepOutcome] = []

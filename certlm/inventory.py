@@ -263,6 +263,7 @@ async def device_target(entry: InventoryEntry) -> DeviceTarget:
         url=opcua_url(entry.server, entry.port),
         security_policy=entry.security_policy,
         security_mode=entry.security_mode,
+        pinned_certificate=entry.pinned_certificate_der,
     )
     if credential:
         target.username = credential.username

@@ -42,6 +42,7 @@ from certlm_gds_push.connection import (
 from certlm_gds_push.push import (
     RSA_SHA256_APPLICATION_CERTIFICATE_TYPE,
     ServerConfiguration,
+    known_device_check,
     part12_subject,
     push_certificate,
     type_name,
@@ -130,8 +131,12 @@ class GdsPushDriver(DeviceDriver):
     async def _reading(
         self, target: DeviceTarget, action: str, security: SessionSecurity = SessionSecurity.ANY
     ) -> AsyncIterator[DeviceSession]:
+        # A read with the entry's credentials goes only to the device certlm pinned.
+        pinned = known_device_check(
+            PushRequest(pinned_certificate=target.pinned_certificate, trust_on_first_use=not target.pinned_certificate)
+        )
         try:
-            async with self.session(target, security) as session:
+            async with self.session(target, security, pinned) as session:
                 yield session
         except Exception as error:
             raise failure(action, error) from error

@@ -245,6 +245,14 @@ async def test_first_push_trusts_the_device_on_first_contact_and_pins_it(
             assert refused.json()["result"]["device_changed"] is False
             connect = refused.json()["result"]["steps"][-1]
             assert connect["step"] == "connect" and connect["status"] == "BadCertificateUntrusted"
+        # Nor do the live reads, which would send it the stored password: they answer an error naming both.
+        path = path_for(swapped)
+        for read in (f"/gds/monitor/trustlist/{path}", f"/gds/monitor/firmware/{path}",
+                     f"/gds/monitor/crt/{path}?connection_security=true"):  # fmt: skip
+            refused_read = await api.get(read)
+            assert refused_read.status_code in (400, 502), (read, refused_read.text)
+            assert f"SHA-1 {sha1_fingerprint(stranger)}" in refused_read.json()["error"], read
+            assert "re-onboard" in refused_read.json()["error"], read
         # Nothing reached the stranger: no session, no trust list, its certificate untouched.
         assert swapped.certificate == stranger and swapped.trust_list.is_empty()
         # Re-onboarding is the operator accepting the new device.
