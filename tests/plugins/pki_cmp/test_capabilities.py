@@ -97,11 +97,9 @@ async def test_genm_refused_with_a_cmp_error_while_the_issuer_is_unknown(
     assert relay.body_types == ["p10cr", "certConf", "genm", "p10cr", "certConf"], "genm is not asked again"
 
 
-async def test_p10cr_refused_cr_with_raverified_from_the_ra(
-    cmp_app, test_pki, start_mock, start_relay, ra_party
-) -> None:
-    key = ec_key()
-    issued = test_pki.issue(key.public_key(), "device-61")
+async def ra_entry_refusing_p10cr(cmp_app, test_pki, start_mock, start_relay, ra_party, issued):
+    """An entry with an RA certificate, behind a relay that refuses p10cr (HTTP 500) in front of an openssl mock that
+    answers ``issued`` and accepts raVerified; the mock, the relay and the entry."""
     server = start_mock(
         *MAC_SERVER,
         "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
@@ -112,6 +110,15 @@ async def test_p10cr_refused_cr_with_raverified_from_the_ra(
     relay = await start_relay(refusing(forward_to(server), {"p10cr"}, http_error()))
     entry = await mac_entry(cmp_app, relay, est_client_pkcs12_base64=ra_party.pkcs12_base64(),
                             est_client_pkcs12_password="p12-pass")  # fmt: skip
+    return server, relay, entry
+
+
+async def test_p10cr_refused_cr_with_raverified_from_the_ra(
+    cmp_app, test_pki, start_mock, start_relay, ra_party
+) -> None:
+    key = ec_key()
+    issued = test_pki.issue(key.public_key(), "device-61")
+    _, relay, entry = await ra_entry_refusing_p10cr(cmp_app, test_pki, start_mock, start_relay, ra_party, issued)
 
     # The device made the key: certlm vouches for the CSR as registration authority.
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
@@ -235,16 +242,7 @@ async def test_a_refusal_is_forgotten_after_a_day_and_when_the_connection_change
 ) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-65")
-    server = start_mock(
-        *MAC_SERVER,
-        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-        "-rsp_extracerts", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
-        "-accept_raverified",
-    )  # fmt: skip
-    relay = await start_relay(refusing(forward_to(server), {"p10cr"}, http_error()))
-    entry = await mac_entry(cmp_app, relay, est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+    server, relay, entry = await ra_entry_refusing_p10cr(cmp_app, test_pki, start_mock, start_relay, ra_party, issued)
     await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
     assert relay.body_types == ["p10cr", "cr", "certConf"]
 
