@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 
+from cryptography import x509
 from quart import Quart
 from quart_schema import QuartSchema
 
@@ -14,10 +15,17 @@ from certlm.config import Settings
 from certlm.errors import register_error_handlers
 from certlm.host import Host
 from certlm.licensing import LicenseService
+from certlm.metrics import SchedulerMetrics
+from certlm.monitoring import monitor_scan
+from certlm.pki_backends import CLIENT_PROFILE, Enrollment
+from certlm.pki_entries import INTERNAL_PKI_TYPE
 from certlm.plugins import build_plugin_manager
-from certlm.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
+from certlm.registry import ClientCertificateIssuer, DeviceDriverRegistry, HostServices, PkiBackendRegistry
+from certlm.renewal import renewal_scan
+from certlm.schedulers import Scheduler, Schedulers
 from certlm.secretbox import SecretBox
 from certlm.storage import close_storage, open_storage
+from certlm.storage.models import PkiEntry
 
 log = logging.getLogger(__name__)
 
@@ -35,20 +43,38 @@ BLUEPRINT_MODULES: tuple[str, ...] = (
     "certlm.blueprints.maintenance",
     "certlm.blueprints.admin",
     "certlm.blueprints.docs",
+    "certlm.blueprints.metrics",
 )
+
+
+def internal_ca_client_issuer(pki_backends: PkiBackendRegistry) -> ClientCertificateIssuer:
+    """``HostServices.issue_client_certificate``: the oldest internal CA PKI entry signs under the client profile;
+    None while there is none (or no internal CA plugin)."""
+
+    async def issue(csr: x509.CertificateSigningRequest) -> Enrollment | None:
+        if not pki_backends.known(INTERNAL_PKI_TYPE):
+            return None
+        ca_entry = await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).order_by("id").first()
+        if ca_entry is None:
+            return None
+        return await pki_backends.get(INTERNAL_PKI_TYPE).enroll(ca_entry, csr, CLIENT_PROFILE)
+
+    return issue
 
 
 def create_app(settings: Settings | None = None) -> Quart:
     settings = settings or Settings.from_env()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     secrets = SecretBox.from_key_file(settings.secrets_dir / "certlm_secret.key")
-    services = HostServices(settings=settings, secrets=secrets)
+    pki_backends = PkiBackendRegistry()
+    services = HostServices(
+        settings=settings, secrets=secrets, issue_client_certificate=internal_ca_client_issuer(pki_backends)
+    )
 
     plugin_manager = build_plugin_manager(settings.disabled_plugins)
     drivers = DeviceDriverRegistry()
     plugin_manager.hook.certlm_register_device_drivers(register=drivers)
     drivers.instantiate(services)
-    pki_backends = PkiBackendRegistry()
     plugin_manager.hook.certlm_register_pki_backends(register=pki_backends)
     pki_backends.instantiate(services)
 
@@ -68,7 +94,11 @@ def create_app(settings: Settings | None = None) -> Quart:
         pki_backends=pki_backends,
         api_key=load_or_create_api_key(settings.api_key_file),
         licenses=LicenseService(settings.license_public_key_file),
+        schedulers=Schedulers([Scheduler("gds_push", renewal_scan), Scheduler("monitor", monitor_scan)]),
+        metrics=SchedulerMetrics(),
     )
+    for scheduler in host.schedulers.by_name.values():
+        scheduler.on_scan_finished.append(host.metrics.scan_finished)
     app.extensions["certlm"] = host
 
     # /docs is certlm's own page (blueprints/docs.py): quart-schema's would load Swagger UI from the internet.
@@ -93,6 +123,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     @app.before_serving
     async def start_storage() -> None:
         host.schema_version = await open_storage(settings.database_url, model_modules)
+        host.schedulers.start()
 
     for module_name in BLUEPRINT_MODULES:
         app.register_blueprint(importlib.import_module(module_name).blueprint)
@@ -102,6 +133,7 @@ def create_app(settings: Settings | None = None) -> Quart:
 
     @app.after_serving
     async def stop_storage() -> None:
+        await host.schedulers.stop()
         await close_storage()
 
     return app

@@ -6,9 +6,10 @@ import base64
 import binascii
 import hashlib
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -18,11 +19,13 @@ from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from certlm import crl_status
 from certlm.errors import APIError, CsrRejected
 
 PKCS12_MIN_BASE64_CHARS = 160
 PKCS12_MAX_PASSWORD_CHARS = 1024
+
+_Loaded = TypeVar("_Loaded")
+_Extension = TypeVar("_Extension", bound=x509.ExtensionType)
 
 _EKU_NAMES = {
     ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
@@ -43,15 +46,25 @@ _KEY_USAGE_NAMES = (
 )
 
 
-def load_certificate(data: bytes | str, what: str = "certificate") -> x509.Certificate:
-    """A certificate from PEM or DER; 400 naming ``what`` otherwise."""
+def _load_pem_or_der(
+    data: bytes | str, load_pem: Callable[[bytes], _Loaded], load_der: Callable[[bytes], _Loaded], refusal: str
+) -> _Loaded:
+    """``data`` read by ``load_pem`` when it holds a PEM block, else by ``load_der``; 400 with ``refusal`` otherwise."""
     raw = data.encode() if isinstance(data, str) else data
     try:
-        if b"-----BEGIN" in raw:
-            return x509.load_pem_x509_certificate(raw)
-        return x509.load_der_x509_certificate(raw)
+        return load_pem(raw) if b"-----BEGIN" in raw else load_der(raw)
     except ValueError:
-        raise APIError(f"{what} is not a valid PEM or DER X.509 certificate") from None
+        raise APIError(refusal) from None
+
+
+def load_certificate(data: bytes | str, what: str = "certificate") -> x509.Certificate:
+    """A certificate from PEM or DER; 400 naming ``what`` otherwise."""
+    return _load_pem_or_der(
+        data,
+        x509.load_pem_x509_certificate,
+        x509.load_der_x509_certificate,
+        f"{what} is not a valid PEM or DER X.509 certificate",
+    )
 
 
 def load_certificates_pem(text: str, what: str = "certificates") -> list[x509.Certificate]:
@@ -63,13 +76,10 @@ def load_certificates_pem(text: str, what: str = "certificates") -> list[x509.Ce
 
 
 def load_crl(data: bytes | str, what: str = "CRL") -> x509.CertificateRevocationList:
-    raw = data.encode() if isinstance(data, str) else data
-    try:
-        if b"-----BEGIN" in raw:
-            return x509.load_pem_x509_crl(raw)
-        return x509.load_der_x509_crl(raw)
-    except ValueError:
-        raise APIError(f"{what} is not a valid PEM or DER CRL") from None
+    """A CRL from PEM or DER; 400 naming ``what`` otherwise."""
+    return _load_pem_or_der(
+        data, x509.load_pem_x509_crl, x509.load_der_x509_crl, f"{what} is not a valid PEM or DER CRL"
+    )
 
 
 def load_csr(pem: str) -> x509.CertificateSigningRequest:
@@ -211,7 +221,8 @@ def key_description(certificate: x509.Certificate) -> tuple[str | None, int | No
     return None, None
 
 
-def _extension(certificate: x509.Certificate, extension_type: type):
+def extension_value(certificate: x509.Certificate, extension_type: type[_Extension]) -> _Extension | None:
+    """The value of ``certificate``'s extension of ``extension_type``; None when it has none."""
     try:
         return certificate.extensions.get_extension_for_class(extension_type).value
     except x509.ExtensionNotFound:
@@ -219,7 +230,7 @@ def _extension(certificate: x509.Certificate, extension_type: type):
 
 
 def key_usages(certificate: x509.Certificate) -> list[str]:
-    usage = _extension(certificate, x509.KeyUsage)
+    usage = extension_value(certificate, x509.KeyUsage)
     if usage is None:
         return []
     names = [name for attribute, name in _KEY_USAGE_NAMES if getattr(usage, attribute)]
@@ -231,12 +242,12 @@ def key_usages(certificate: x509.Certificate) -> list[str]:
 
 
 def extended_key_usages(certificate: x509.Certificate) -> list[str]:
-    usage = _extension(certificate, x509.ExtendedKeyUsage)
+    usage = extension_value(certificate, x509.ExtendedKeyUsage)
     return [_EKU_NAMES.get(oid, oid.dotted_string) for oid in usage] if usage else []
 
 
 def subject_alternative_names(certificate: x509.Certificate) -> dict[str, list[str]]:
-    san = _extension(certificate, x509.SubjectAlternativeName)
+    san = extension_value(certificate, x509.SubjectAlternativeName)
     if san is None:
         return {}
     groups = {
@@ -257,6 +268,21 @@ def host_general_name(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
+def with_host_names(names: Iterable[x509.GeneralName], hosts: Iterable[str]) -> list[x509.GeneralName]:
+    """``names`` followed by the name of each of ``hosts`` (``host_general_name``) that they lack."""
+    result = list(names)
+    for name in map(host_general_name, hosts):
+        if name not in result:
+            result.append(name)
+    return result
+
+
+def key_usage(**granted: bool) -> x509.KeyUsage:
+    """An X.509 KeyUsage granting the usages named (``digital_signature=True``, ...); every other one is clear."""
+    every_usage = [attribute for attribute, _ in _KEY_USAGE_NAMES] + ["encipher_only", "decipher_only"]
+    return x509.KeyUsage(**(dict.fromkeys(every_usage, False) | granted))
+
+
 def requested_host_names(
     csr: x509.CertificateSigningRequest, hosts: Iterable[str] = ()
 ) -> list[x509.DNSName | x509.IPAddress]:
@@ -275,7 +301,7 @@ def missing_host_names(
 ) -> list[x509.DNSName | x509.IPAddress]:
     """The names of ``wanted`` that ``certificate``'s subject alternative names lack; DNS names compare without
     regard to case (RFC 4343)."""
-    san = _extension(certificate, x509.SubjectAlternativeName)
+    san = extension_value(certificate, x509.SubjectAlternativeName)
     dns = {name.casefold() for name in san.get_values_for_type(x509.DNSName)} if san else set()
     ips = set(san.get_values_for_type(x509.IPAddress)) if san else set()
     return [
@@ -293,7 +319,7 @@ def general_name_text(name: x509.GeneralName) -> str:
 
 
 def crl_distribution_points(certificate: x509.Certificate) -> list[str]:
-    points = _extension(certificate, x509.CRLDistributionPoints)
+    points = extension_value(certificate, x509.CRLDistributionPoints)
     urls = []
     for point in points or ():
         for name in point.full_name or ():
@@ -353,21 +379,3 @@ def certificate_text(certificate: x509.Certificate) -> str:
         f"    SHA1 Fingerprint: {detail['sha1_thumbprint']}",
     ]
     return "\n".join(lines) + "\n" + to_pem(certificate)
-
-
-def revocation_status(
-    certificate: x509.Certificate, crls: list[x509.CertificateRevocationList], now: datetime | None = None
-) -> int:
-    """The spec's CRL check status id (``certlm.crl_status``) of ``certificate`` against the CRLs its PKI publishes:
-    self-signed, no CRL of its issuer (crl_missing), that CRL out of date (crl_time_invalid), not revoked, revoked."""
-    if is_self_signed(certificate):
-        return crl_status.SELF_SIGNED
-    now = now or datetime.now(UTC)
-    issued = [crl for crl in crls if crl.issuer == certificate.issuer]
-    if not issued:
-        return crl_status.CRL_MISSING
-    crl = max(issued, key=lambda c: c.last_update_utc)
-    if crl.last_update_utc > now or (crl.next_update_utc is not None and crl.next_update_utc < now):
-        return crl_status.CRL_TIME_INVALID
-    revoked = crl.get_revoked_certificate_by_serial_number(certificate.serial_number) is not None
-    return crl_status.REVOKED if revoked else crl_status.NOT_REVOKED

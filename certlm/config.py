@@ -23,6 +23,13 @@ class Settings:
     pki_request_timeout_s: float = 30.0
     # How long an enrollment the PKI holds pending (EST 202 + Retry-After, CMP waiting + pollReq) is waited for.
     pki_pending_wait_s: float = 300.0
+    # How long an instance's claim on a device outlives the instance: after a crash, another takes over then.
+    device_lease_s: float = 120.0
+    # How many devices one scheduler scan works on at once.
+    scheduler_concurrency: int = 8
+    # A device whose automated renewal failed is retried after this, doubling with each failure in a row, capped.
+    scheduler_retry_base_s: float = 300.0
+    scheduler_retry_max_s: float = 6 * 3600.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -50,11 +57,27 @@ class Settings:
             ),
             pki_request_timeout_s=_seconds(env, "CERTLM_PKI_REQUEST_TIMEOUT_S", cls.pki_request_timeout_s),
             pki_pending_wait_s=_seconds(env, "CERTLM_PKI_PENDING_WAIT_S", cls.pki_pending_wait_s),
+            device_lease_s=_seconds(env, "CERTLM_DEVICE_LEASE_S", cls.device_lease_s),
+            scheduler_concurrency=_count(env, "CERTLM_SCHEDULER_CONCURRENCY", cls.scheduler_concurrency),
+            scheduler_retry_base_s=_seconds(env, "CERTLM_SCHEDULER_RETRY_BASE_S", cls.scheduler_retry_base_s),
+            scheduler_retry_max_s=_seconds(
+                env, "CERTLM_SCHEDULER_RETRY_MAX_S", cls.scheduler_retry_max_s, upper=7 * 24 * 3600
+            ),
         )
         return replace(settings, **overrides)
 
 
-def _seconds(env: dict[str, str], name: str, default: float) -> float:
+def _count(env: dict[str, str], name: str, default: int, upper: int = 256) -> int:
+    """A whole number from 1 to ``upper`` from the environment; start-up fails naming the variable otherwise."""
+    raw = env.get(name)
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and 1 <= int(raw) <= upper):
+        raise ValueError(f"{name} must be a whole number from 1 to {upper}, got {raw!r}")
+    return int(raw)
+
+
+def _seconds(env: dict[str, str], name: str, default: float, upper: float = 3600) -> float:
     """A positive number of seconds from the environment; start-up fails naming the variable otherwise."""
     raw = env.get(name)
     if not raw:
@@ -63,6 +86,6 @@ def _seconds(env: dict[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not 0 < value <= 3600:
-        raise ValueError(f"{name} must be between 0 and 3600 seconds, got {raw!r}")
+    if not 0 < value <= upper:
+        raise ValueError(f"{name} must be between 0 and {upper:g} seconds, got {raw!r}")
     return value

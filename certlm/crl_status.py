@@ -44,17 +44,28 @@ CRL_STATUSES = [
     CrlCheckStatus(PARSING_ERROR, "parsing_error", "Certificate or CRL could not be parsed", None),
     CrlCheckStatus(SELF_SIGNED, "self_signed", "Self-signed certificate, no CRL applies", False),
 ]
+
+
+class CrlReason(NamedTuple):
+    """An RFC 5280 CRLReason: its id (the ASN.1 enumeration value) and name (as in the RFC and
+    ``cryptography.x509.ReasonFlags``' values)."""
+
+    id: int
+    name: str
+    description: str
+
+
 CRL_REASONS = [
-    (0, "unspecified", "Unspecified"),
-    (1, "keyCompromise", "The private key was compromised"),
-    (2, "cACompromise", "The CA's private key was compromised"),
-    (3, "affiliationChanged", "The subject's affiliation changed"),
-    (4, "superseded", "The certificate was replaced"),
-    (5, "cessationOfOperation", "The certificate is no longer needed"),
-    (6, "certificateHold", "The certificate is on hold"),
-    (8, "removeFromCRL", "The certificate was taken off hold"),
-    (9, "privilegeWithdrawn", "A privilege in the certificate was withdrawn"),
-    (10, "aACompromise", "The attribute authority was compromised"),
+    CrlReason(0, "unspecified", "Unspecified"),
+    CrlReason(1, "keyCompromise", "The private key was compromised"),
+    CrlReason(2, "cACompromise", "The CA's private key was compromised"),
+    CrlReason(3, "affiliationChanged", "The subject's affiliation changed"),
+    CrlReason(4, "superseded", "The certificate was replaced"),
+    CrlReason(5, "cessationOfOperation", "The certificate is no longer needed"),
+    CrlReason(6, "certificateHold", "The certificate is on hold"),
+    CrlReason(8, "removeFromCRL", "The certificate was taken off hold"),
+    CrlReason(9, "privilegeWithdrawn", "A privilege in the certificate was withdrawn"),
+    CrlReason(10, "aACompromise", "The attribute authority was compromised"),
 ]
 
 
@@ -66,3 +77,13 @@ def crl_check_status(status_id: int) -> CrlCheckStatus:
 def is_revoked(status_id: int) -> bool | None:
     """What ``status_id`` says about revocation: true revoked, false not (or self-signed), None not determined."""
     return crl_check_status(status_id).is_revoked
+
+
+def crl_reason(reason_id: int) -> CrlReason:
+    """The row of ``CRL_REASONS`` with id ``reason_id``."""
+    return next(reason for reason in CRL_REASONS if reason.id == reason_id)
+
+
+def crl_reason_named(name: str) -> CrlReason:
+    """The row of ``CRL_REASONS`` named ``name`` (an RFC 5280 name such as ``keyCompromise``)."""
+    return next(reason for reason in CRL_REASONS if reason.name == name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from certlm.errors import UnsupportedOperation
@@ -137,23 +137,50 @@ class PkiMaterial:
 
 
 @dataclass(frozen=True)
-class PushRequest:
-    """One enrollment as the REST call or the scheduler asked for it.
+class PushOptions:
+    """What the REST call or the scheduler asks of one enrollment: the subject (None keeps the device's), whether
+    the device is to trust certlm's CA (``add_issuer``) or certlm's own certificate (``add_client_certificate``), and
+    whether it is an onboarding, which makes the device trust certlm's CA, not only its certificate."""
+
+    subject: str | None = None
+    add_issuer: bool = False
+    add_client_certificate: bool = False
+    onboarding: bool = False
+
+
+DriverSelection = Callable[[DeviceDescription], Awaitable["DeviceDriver"]]
+"""The host's choice of driver for what a device said about itself (see ``PushRequest.identify``)."""
+
+
+@dataclass(frozen=True)
+class PushRequest(PushOptions):
+    """One enrollment as asked for (``PushOptions``), with what the host decided about the device for this push.
 
     ``pinned_certificate`` is the device certificate certlm trusts for the entry (DER) and ``trusted_cas`` the
     PKI's CA chain: a driver sends nothing (not even the user's credentials) to a device that presents neither the
     pinned certificate nor one issued by those CAs. ``trust_on_first_use`` lifts that check for an operator's first
     contact or re-onboarding: the driver accepts what the device presents and reports it as
     ``PushOutcome.presented_certificate`` (or ``PushFailed.presented_certificate``) for the host to pin. Automated
-    operations never set it. ``onboarding`` also makes the device trust certlm's CA, not only its certificate."""
+    operations never set it.
 
-    subject: str | None = None
-    add_issuer: bool = False
-    add_client_certificate: bool = False
-    onboarding: bool = False
+    ``identify`` comes with an operator's first contact: a driver that describes the device in its push session
+    calls it with that description, as the step ``identify``, before it asks the device for anything else. The host
+    stores the description and answers with the driver it selects; the push goes on with that driver in the same
+    session where the driver can (the generic OPC UA push driver does for its subclasses, the vendors' drivers), else
+    it hands the push over to that driver's ``push`` with the device pinned. A driver that ignores it leaves the
+    choice to ``PushOutcome.description``."""
+
     pinned_certificate: bytes | None = field(default=None, repr=False)
     trusted_cas: tuple[x509.Certificate, ...] = ()
     trust_on_first_use: bool = False
+    identify: DriverSelection | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def asked(cls, options: PushOptions, **decided: Any) -> PushRequest:
+        """The request for what ``options`` asks (a ``certlm.enrollment.PushOrder`` among them), with the fields the
+        host ``decided``."""
+        asked = {option.name: getattr(options, option.name) for option in fields(PushOptions)}
+        return cls(**asked, **decided)
 
 
 @dataclass
@@ -208,6 +235,20 @@ class DeviceDriver:
     """Base class of a device management driver. Subclass it, set the class attributes, override the
     operations the device supports; an operation left alone answers 501 naming the service.
 
+    The class attributes a driver declares, which the host reads without calling it:
+
+    - ``service``: the id an inventory entry names its driver by, as the spec writes it (``gds-push-<identifier>``,
+      ``ssh-<identifier>``, ``rest-<identifier>``).
+    - ``protocol``: the inventory table whose entries it manages (``gds``, ``ssh``, ``rest``); ``extra_tables`` names
+      further tables holding the same kind of device (the GDS push drivers also manage the ``opc`` table).
+    - ``url_scheme`` and ``default_port``: how the entry's ``url`` is written (``opc.tcp`` and 4840 give
+      ``opc.tcp://host:4840``; an SSH driver would say ``ssh`` and 22) and the port an entry gets when its request
+      names none. The host accepts the schemes of the installed drivers in ``{host_or_url}``.
+    - ``generic``: the driver for any device of its table. A new entry gets its table's generic driver until its
+      device identifies itself; an entry of a table no installed plugin manages is stored unmanaged and its
+      operations answer 501.
+    - ``supported_devices``: the devices a specific driver is chosen for (``DeviceDriverRegistry.select_service``).
+
     All operations are coroutines taking a ``DeviceTarget`` and must finish within the connection and
     operation time-outs in ``HostServices.settings``.
 
@@ -230,6 +271,9 @@ class DeviceDriver:
 
     service: ClassVar[str]
     protocol: ClassVar[str]
+    extra_tables: ClassVar[tuple[str, ...]] = ()
+    url_scheme: ClassVar[str]
+    default_port: ClassVar[int]
     supported_devices: ClassVar[tuple[SupportedDevice, ...]] = ()
     generic: ClassVar[bool] = False
 

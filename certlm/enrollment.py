@@ -7,14 +7,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from itertools import pairwise
 from typing import Any, TypeVar
 
 from cryptography import x509
 
+from certlm import crl_status
 from certlm.certs import (
     certificate_detail,
     crl_signed_by,
@@ -34,6 +35,7 @@ from certlm.drivers import (
     DeviceTarget,
     PkiMaterial,
     PushFailed,
+    PushOptions,
     PushOutcome,
     PushRequest,
     StepOutcome,
@@ -42,34 +44,27 @@ from certlm.drivers import (
 from certlm.errors import (
     APIError,
     CsrRejected,
-    DeviceFailure,
     NotFound,
     UnsupportedOperation,
     UpstreamUnavailable,
 )
 from certlm.host import current_host
-from certlm.hostspec import opcua_url
-from certlm.inventory import device_target, save_credentials
+from certlm.inventory import device_target, entry_url, save_credentials
+from certlm.leases import device_lease
 from certlm.pki_backends import SERVER_PROFILE, CertificateProfile, ChainCrls, Enrollment, KeyedEnrollment, PkiBackend
 from certlm.pki_client import cdp_urls, fetch_crl
-from certlm.storage.models import InventoryEntry, PkiEntry
+from certlm.revocation import RevocationCheck, crl_cache, store_revocation
+from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)
 EnrollmentType = TypeVar("EnrollmentType", bound=Enrollment)
 
-# One push at a time per device: two concurrent sessions would each make the device discard the other's pending
-# key pair. Instances sharing a database are coordinated by the scheduler's lease, not by this lock.
-_device_locks: dict[int, asyncio.Lock] = {}
 
+@dataclass(frozen=True)
+class PushOrder(PushOptions):
+    """What one push call asks for: what it asks of the device (``PushOptions``), and how the host runs and records
+    it. Credentials given here are tried and stored once the device accepted them."""
 
-@dataclass
-class PushOrder:
-    """What one push call asks for; credentials given here are tried and stored once the device accepted them."""
-
-    subject: str | None = None
-    add_issuer: bool = False
-    add_client_certificate: bool = False
-    onboarding: bool = False
     debug: bool = False
     username: str | None = None
     password: str | None = field(default=None, repr=False)
@@ -288,6 +283,7 @@ async def _withdraw_unused(pki: PkiEntry, backend: PkiBackend, certificate: x509
         return f"; the PKI cannot revoke it through certlm (serial {serial})"
     try:
         await backend.revoke(pki, certificate, x509.ReasonFlags.superseded)
+        crl_cache().forget(pki.id)
     except APIError as error:
         log.warning("PKI entry %s: revoking unused certificate %s failed: %s", pki.id, serial, error.message)
         return f"; revoking it (serial {serial}) failed: {error.message}"
@@ -340,10 +336,6 @@ def stored_identity(entry: InventoryEntry) -> DeviceIdentity | None:
     return DeviceIdentity(**identity) if identity else None
 
 
-def _lock_for(entry: InventoryEntry) -> asyncio.Lock:
-    return _device_locks.setdefault(entry.id, asyncio.Lock())
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -356,14 +348,23 @@ async def push_certificate(entry: InventoryEntry, order: PushOrder) -> dict[str,
     entry that cannot be used as configured, 500 otherwise), or another ``APIError`` when the push could not start
     (no PKI, no pinned certificate for an automated push). Failures are recorded too.
     """
-    async with _lock_for(entry):
+    # One push at a time per device, whichever instance runs it: two concurrent sessions would each make the device
+    # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
+    settings = current_host().settings
+    async with device_lease(entry.id, wait_s=settings.device_operation_timeout_s, lease_s=settings.device_lease_s):
         started = _now()
         try:
             result = await _push_locked(entry, order)
         except APIError as error:
-            failed = {"url": opcua_url(entry.server, entry.port), "steps": [], **error.details.get("result", {})}
+            failed = {"url": entry_url(entry), "steps": [], **error.details.get("result", {})}
             await _record_push(entry, order, started, failed, error.message)
             raise
+        if not order.automated:
+            # The operator has dealt with the device: a certificate changed behind certlm's back is now certlm's
+            # own again, and automated renewals start afresh.
+            await DeviceSchedule.filter(entry_id=entry.id).update(
+                certificate_changed_at=None, renewal_failures=0, renewal_retry_at=None
+            )
         return await _record_push(entry, order, started, result)
 
 
@@ -402,39 +403,30 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
         target.pinned_certificate = None
     pki = await enrollment_pki(entry)
     material = await pki_material(pki, entry)
-    steps: list[StepOutcome] = []
+    # A pinned device is identified by the push itself, whose connection checks the pin; at first contact the
+    # push's own session describes the device and the host selects its driver from that (``PushRequest.identify``).
+    request = PushRequest.asked(
+        order,
+        pinned_certificate=None if first_contact else entry.pinned_certificate_der,
+        trusted_cas=material.ca_certificates,
+        trust_on_first_use=first_contact,
+        identify=partial(_select_driver, entry) if first_contact else None,
+    )
     contact_note: str | None = None
     try:
-        if first_contact:
-            driver = await _identify(entry, target, steps)
-        else:
-            # A pinned device is identified by the push itself, whose connection checks the pin.
-            driver = current_host().drivers.get(entry.service)
-        if order.onboarding:
-            # The device accepted these credentials; later renewals run unattended with them.
-            await _store_tried_credentials(entry, order)
-        request = PushRequest(
-            subject=order.subject,
-            add_issuer=order.add_issuer,
-            add_client_certificate=order.add_client_certificate,
-            onboarding=order.onboarding,
-            pinned_certificate=None if first_contact else entry.pinned_certificate_der,
-            trusted_cas=material.ca_certificates,
-            trust_on_first_use=first_contact,
-        )
-        outcome = await driver.push(target, request, material)
+        outcome = await current_host().drivers.get(entry.service).push(target, request, material)
     except PushFailed as failure:
-        steps = steps + [s for s in failure.steps if s not in steps]
         if first_contact:
             contact_note = await pin_first_contact(entry, failure.presented_certificate)
-        if any(s.step == "connect" and s.ok for s in steps):
+        if any(s.step == "connect" and s.ok for s in failure.steps):
+            # The device accepted these credentials; later renewals run unattended with them.
             await _store_tried_credentials(entry, order)
         log.info("push to %s failed: %s", target.url, failure.message)
         status = _push_failure_status(failure.__cause__)
         result: dict[str, Any] = {
             "url": target.url,
             "device_changed": failure.changed_device,
-            "steps": _steps_view(steps, order.debug),
+            "steps": _steps_view(failure.steps, order.debug),
         }
         if contact_note:
             result["first_contact"] = contact_note
@@ -442,7 +434,7 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
     if first_contact:
         contact_note = await pin_first_contact(entry, outcome.presented_certificate)
     await _store_tried_credentials(entry, order)
-    return await _record_success(entry, target, pki, outcome, steps + outcome.steps, order.debug, contact_note)
+    return await _record_success(entry, target, pki, outcome, order.debug, contact_note)
 
 
 def _push_failure_status(cause: BaseException | None) -> int:
@@ -455,23 +447,11 @@ def _push_failure_status(cause: BaseException | None) -> int:
     return 500
 
 
-async def _identify(entry: InventoryEntry, target: DeviceTarget, steps: list[StepOutcome]) -> DeviceDriver:
-    """The ``identify`` step: choose the entry's driver from what the device says about itself."""
-    started = time.monotonic()
-    try:
-        driver, _ = await choose_driver(entry, target)
-    except APIError as error:
-        status = error.device_status if isinstance(error, DeviceFailure) else ""
-        message = prefixed("identifying the device failed: ", error.message)
-        steps.append(StepOutcome("identify", False, time.monotonic() - started, status, message))
-        raise PushFailed(message, steps) from error
-    steps.append(StepOutcome("identify", True, time.monotonic() - started, message=f"driver {entry.service}"))
-    return driver
-
-
-def prefixed(prefix: str, message: str) -> str:
-    """``message`` behind ``prefix``, unless it starts with it already: an error never repeats its own prefix."""
-    return message if message.startswith(prefix) else prefix + message
+async def _select_driver(entry: InventoryEntry, description: DeviceDescription) -> DeviceDriver:
+    """At an operator's first contact: store what the device said about itself in the push's session; the driver
+    that description selects."""
+    await adopt_description(entry, description)
+    return current_host().drivers.get(entry.service)
 
 
 async def pin_first_contact(entry: InventoryEntry, presented: x509.Certificate | None) -> str | None:
@@ -506,7 +486,6 @@ async def _record_success(
     target: DeviceTarget,
     pki: PkiEntry,
     outcome: PushOutcome,
-    steps: list[StepOutcome],
     debug: bool,
     contact_note: str | None,
 ) -> dict[str, Any]:
@@ -515,7 +494,8 @@ async def _record_success(
     entry.certificate_der = to_der(outcome.certificate)
     # The device presents the certificate certlm just installed: from now on that is the one it must present.
     entry.pinned_certificate_der = entry.certificate_der
-    entry.cert_revoked = False
+    # A certificate just issued is on no CRL; the monitor checks it from now on.
+    store_revocation(entry, RevocationCheck(crl_status.NOT_REVOKED, "issued by this push"))
     entry.last_changed_certificate_date = datetime.now(UTC)
     entry.trustlist = trustlist_record(outcome.trust_list)
     result = {
@@ -526,11 +506,11 @@ async def _record_success(
         "trustlist": {key: len(items) for key, items in trustlist_record(outcome.trust_list).items()},
         "security_policy": outcome.security_policy,
         "security_mode": outcome.security_mode,
-        "steps": _steps_view(steps, debug),
+        "steps": _steps_view(outcome.steps, debug),
     }
     if contact_note:
         result["first_contact"] = contact_note
-    warnings = [step.message for step in steps if step.warning]
+    warnings = [step.message for step in outcome.steps if step.warning]
     if warnings:
         result["warnings"] = warnings
     await entry.save()
@@ -587,6 +567,9 @@ async def revoke_on_decommission(entry: InventoryEntry) -> bool:
             f"failed: {error.message}. Retry, or PATCH the entry's pki to null to delete it without revoking",
             error.status,
         ) from error
-    entry.cert_revoked = True
+    crl_cache().forget(pki.id)
+    store_revocation(
+        entry, RevocationCheck(crl_status.REVOKED, "revoked on decommission", x509.ReasonFlags.cessation_of_operation)
+    )
     log.info("revoked certificate %X of %s:%s on decommission", certificate.serial_number, entry.server, entry.port)
     return True

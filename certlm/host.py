@@ -12,7 +12,9 @@ if TYPE_CHECKING:
 
     from certlm.config import Settings
     from certlm.licensing import LicenseService
+    from certlm.metrics import SchedulerMetrics
     from certlm.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
+    from certlm.schedulers import Schedulers
     from certlm.secretbox import SecretBox
 
 
@@ -26,6 +28,8 @@ class Host:
     pki_backends: PkiBackendRegistry
     api_key: str
     licenses: LicenseService
+    schedulers: Schedulers
+    metrics: SchedulerMetrics
     schema_version: int | None = None
 
 

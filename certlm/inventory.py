@@ -16,9 +16,9 @@ from certlm.certs import common_name, load_pkcs12_base64, spec_datetime
 from certlm.drivers import DeviceTarget, TrustList
 from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
-from certlm.hostspec import DEFAULT_OPCUA_PORT, HostSpec, opcua_url, valid_server
+from certlm.hostspec import DEFAULT_OPCUA_PORT, HostSpec, address_url, valid_server
 from certlm.responses import StrictBody
-from certlm.storage.models import DeviceCredential, InventoryEntry
+from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
 from certlm.system import DEVICE_STATUS_NAMES, SECURITY_MODE_BITS, SECURITY_POLICY_BITS, system_settings
 
 GDS = "gds"
@@ -26,9 +26,6 @@ GDS = "gds"
 LICENSED_PROTOCOLS = ("gds", "opc", "ssh")
 DEVICE_STATUS_ACTIVE = 1
 DEVICE_STATUS_DELETED = 2
-# The service id an entry gets while no installed plugin declares a generic driver for its table; the
-# driver plugin refines it later (the GDS push plugin from the device's BuildInfo).
-FALLBACK_SERVICES = {"gds": "gds-push-generic", "opc": "gds-push-generic", "ssh": "ssh-generic", "rest": "rest-generic"}
 # The keys of ``InventoryEntry.trustlist``: each holds a list of strings (certificates or CRLs, base64 DER).
 TRUSTLIST_KEYS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
 # The longest device password a request body may carry.
@@ -45,8 +42,23 @@ class EntryAddress(StrictBody):
         return checked_server(value)
 
 
+class ScheduleOut(BaseModel):
+    """What the schedulers know of a device (an extension of the spec's Inventory entry)."""
+
+    last_seen: datetime | None = Field(description="when the monitor last reached the device")
+    unreachable_since: datetime | None = Field(description="since when the monitor cannot reach it")
+    unreachable_reason: str | None = Field(description="why, as the last read failed")
+    certificate_changed_at: datetime | None = Field(
+        description="when the device was found presenting a certificate certlm did not install; automated renewals "
+        "stop until an operator pushes to it"
+    )
+    renewal_failures: int = Field(description="automated renewals that failed in a row")
+    renewal_retry_at: datetime | None = Field(description="the next automated renewal after a failure")
+    renewal_config_error: str | None = Field(description="why automated renewals of the device stopped")
+
+
 class InventoryEntryOut(BaseModel):
-    """The spec's Inventory entry, plus ``cert_subject_cn``."""
+    """The spec's Inventory entry, plus ``cert_subject_cn`` and ``schedule`` (extensions)."""
 
     id: int
     name: str | None
@@ -71,6 +83,7 @@ class InventoryEntryOut(BaseModel):
     security_policys: list[str]
     security_modes: list[str]
     cert_subject_cn: str | None
+    schedule: ScheduleOut | None = None
 
 
 class TrustListOut(BaseModel):
@@ -140,8 +153,44 @@ async def gds_entry_at(server: str, port: int) -> InventoryEntry:
 
 
 def default_service(protocol: str) -> str:
-    """The service id for a new entry of ``protocol`` before its device has identified itself."""
-    return current_host().drivers.select_service(protocol, None) or FALLBACK_SERVICES[protocol]
+    """The service id for a new entry of table ``protocol`` before its device has identified itself: the table's
+    installed generic driver, else ``unmanaged_service(protocol)``."""
+    return current_host().drivers.select_service(protocol, None) or unmanaged_service(protocol)
+
+
+def unmanaged_service(protocol: str) -> str:
+    """The service of an entry of table ``protocol`` that no installed plugin manages (``ssh-unmanaged``). Such an
+    entry is listed and counted like any other; its device operations answer 501 naming this service."""
+    return f"{protocol}-unmanaged"
+
+
+def checked_service(protocol: str, service: str, field: str = "service") -> str:
+    """``service`` when an installed driver manages entries of table ``protocol`` under that name; else 400 naming
+    the ones that do."""
+    installed = current_host().drivers.services_of(protocol)
+    if service not in installed:
+        offered = f"installed: {', '.join(installed)}" if installed else f"no installed plugin manages {protocol}"
+        raise APIError(f"{field}: {service!r} is not an installed driver of {protocol} entries ({offered})")
+    return service
+
+
+def default_port(protocol: str, service: str | None = None) -> int:
+    """The port of an entry of table ``protocol`` whose request names none: its driver's ``default_port``
+    (``DeviceDriverRegistry.driver_of``), else the spec's default."""
+    driver = current_host().drivers.driver_of(protocol, service)
+    return driver.default_port if driver is not None else DEFAULT_OPCUA_PORT
+
+
+def device_url(protocol: str, service: str | None, server: str, port: int) -> str:
+    """The URL of the device at ``server:port`` in table ``protocol``, in the scheme of the driver that manages it
+    (``DeviceDriverRegistry.driver_of``); ``server:port`` when no installed plugin manages it."""
+    driver = current_host().drivers.driver_of(protocol, service)
+    return address_url(driver.url_scheme if driver is not None else None, server, port)
+
+
+def entry_url(entry: InventoryEntry) -> str:
+    """The spec's ``url`` of an inventory entry: ``opc.tcp://host:4840`` for an OPC UA device (``device_url``)."""
+    return device_url(entry.protocol, entry.service, entry.server, entry.port)
 
 
 async def ensure_endpoint_capacity(additional: int = 1) -> None:
@@ -172,12 +221,15 @@ async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int |
         )
 
 
-async def create_entry(protocol: str, server: str, port: int, columns: dict[str, Any]) -> InventoryEntry:
-    """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too."""
+async def create_entry(protocol: str, server: str, port: int | None, columns: dict[str, Any]) -> InventoryEntry:
+    """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too. Without a
+    ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``."""
+    columns.setdefault("service", default_service(protocol))
+    if port is None:
+        port = default_port(protocol, columns["service"])
     await reject_duplicate(server, port, protocol)
     if protocol in LICENSED_PROTOCOLS and columns.get("device_status") != DEVICE_STATUS_DELETED:
         await ensure_endpoint_capacity()
-    columns.setdefault("service", default_service(protocol))
     try:
         return await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
     except IntegrityError:
@@ -260,7 +312,7 @@ async def device_target(entry: InventoryEntry) -> DeviceTarget:
         entry_id=entry.id,
         server=entry.server,
         port=entry.port,
-        url=opcua_url(entry.server, entry.port),
+        url=entry_url(entry),
         security_policy=entry.security_policy,
         security_mode=entry.security_mode,
         pinned_certificate=entry.pinned_certificate_der,
@@ -295,7 +347,7 @@ def _render(entry: InventoryEntry, username: str | None) -> dict[str, Any]:
     return {
         "id": entry.id,
         "name": entry.name,
-        "url": opcua_url(entry.server, entry.port),
+        "url": entry_url(entry),
         "service": entry.service,
         "server": entry.server,
         "port": entry.port,
@@ -319,19 +371,34 @@ def _render(entry: InventoryEntry, username: str | None) -> dict[str, Any]:
     }
 
 
+def _schedule_view(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {name: row[name] for name in ScheduleOut.model_fields}
+
+
 async def render_entry(entry: InventoryEntry, username: str | None = None) -> dict[str, Any]:
     """The spec's Inventory entry; secrets are never part of it. ``username`` saves a lookup."""
     if username is None:
         credential = await DeviceCredential.get_or_none(entry_id=entry.id)
         username = credential.username if credential else None
-    return _render(entry, username)
+    schedule = await DeviceSchedule.filter(entry_id=entry.id).values(*ScheduleOut.model_fields)
+    return {**_render(entry, username), "schedule": _schedule_view(schedule[0] if schedule else None)}
 
 
 async def render_entries(entries: list[InventoryEntry]) -> list[InventoryEntryOut]:
-    """Inventory entries for a listing, with their usernames read in one query."""
-    credentials = await DeviceCredential.filter(entry_id__in=[e.id for e in entries]).values("entry_id", "username")
+    """Inventory entries for a listing, with their usernames and scheduler states read in one query each."""
+    ids = [e.id for e in entries]
+    credentials = await DeviceCredential.filter(entry_id__in=ids).values("entry_id", "username")
     usernames = {row["entry_id"]: row["username"] for row in credentials}
-    return [InventoryEntryOut(**_render(entry, usernames.get(entry.id))) for entry in entries]
+    schedules = {
+        row["entry_id"]: row
+        for row in await DeviceSchedule.filter(entry_id__in=ids).values("entry_id", *ScheduleOut.model_fields)
+    }
+    return [
+        InventoryEntryOut(**_render(entry, usernames.get(entry.id)), schedule=_schedule_view(schedules.get(entry.id)))
+        for entry in entries
+    ]
 
 
 async def entry_out(entry: InventoryEntry) -> InventoryEntryOut:
@@ -342,7 +409,7 @@ def trustlist_view(entry: InventoryEntry) -> TrustListOut:
     """The trust list last read from the device; empty lists where none was read."""
     stored = entry.trustlist if isinstance(entry.trustlist, dict) else {}
     return TrustListOut(
-        url=opcua_url(entry.server, entry.port),
+        url=entry_url(entry),
         **{key: [str(item) for item in stored.get(key) or []] for key in TRUSTLIST_KEYS},
     )
 

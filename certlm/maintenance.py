@@ -30,10 +30,6 @@ FIELDS_BY_RECURRENCE: dict[str | None, tuple[tuple[str, ...], tuple[str, ...]]] 
     "cron": (("cron",), ("duration_minutes",)),
     "rrule": (("rrule",), ("start_time", "end_time", "duration_minutes")),
 }
-SCHEDULE_FIELDS = (
-    "start_at", "end_at", "day_of_week", "day_of_month", "start_time", "end_time",
-    "interval_count", "rrule", "cron", "duration_minutes",
-)  # fmt: skip
 # Intervals count from the window's validity start, or its creation; a window with neither counts from here.
 FALLBACK_ANCHOR = date(1970, 1, 1)
 # Cron expressions and RRULEs are validated by evaluating them from some start; any fixed one will do.
@@ -67,6 +63,10 @@ class RuleSchedule(Protocol):
     rrule: str | None
     cron: str | None
     duration_minutes: int | None
+
+
+# What ``FIELDS_BY_RECURRENCE`` decides about: a rule's fields but its id and its kind.
+SCHEDULE_FIELDS = tuple(field for field in RuleSchedule.__annotations__ if field not in ("id", "recurrence_type"))
 
 
 class Verdict(NamedTuple):

@@ -4,20 +4,36 @@ its revocation status on the entry's PKI), its firmware and its trust list. Each
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
 
-from certlm.certs import revocation_status, to_der
-from certlm.crl_status import is_revoked
-from certlm.drivers import CertificateReading, DeviceDriver, DeviceTarget, FirmwareInfo
+from certlm.certs import issued_by, to_der
+from certlm.crl_status import crl_check_status
+from certlm.drivers import CertificateReading, DeviceDriver, DeviceTarget, FirmwareInfo, TrustList
 from certlm.enrollment import record_operation, trustlist_record
 from certlm.errors import APIError, UnsupportedOperation
 from certlm.host import current_host
-from certlm.hostspec import opcua_url, parse_host_or_url
-from certlm.inventory import GDS, canonical_server, device_target, find_entry, find_entry_at, trustlist_keys
-from certlm.storage.models import InventoryEntry, PkiEntry
+from certlm.hostspec import parse_host_or_url
+from certlm.inventory import (
+    DEVICE_STATUS_ACTIVE,
+    GDS,
+    canonical_server,
+    device_target,
+    device_url,
+    find_entry,
+    find_entry_at,
+    trustlist_keys,
+)
+from certlm.leases import ensure_rows
+from certlm.revocation import crl_cache, revocation_of, store_revocation
+from certlm.schedulers import ScanContext, ScanReport
+from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+
+log = logging.getLogger(__name__)
 
 
 async def inventory_device(
@@ -48,27 +64,12 @@ async def device_at(
         driver = drivers.get(entry.service)
     else:
         server = canonical_server(server)
-        target = DeviceTarget(entry_id=None, server=server, port=port, url=opcua_url(server, port))
+        target = DeviceTarget(entry_id=None, server=server, port=port, url=device_url(GDS, None, server, port))
         service = drivers.select_service(GDS, None)
         if service is None:
             raise UnsupportedOperation("no installed plugin provides a GDS push driver")
         driver = drivers.get(service)
     return driver, overlay(target, **overrides), entry
-
-
-async def revoked_on_pki_crl(entry: InventoryEntry, certificate: x509.Certificate) -> bool | None:
-    """Whether the entry's PKI lists ``certificate`` on its current CRL; None when that cannot be told."""
-    if entry.pki_id is None:  # type: ignore[attr-defined]
-        return None
-    pki = await PkiEntry.get_or_none(id=entry.pki_id)  # type: ignore[attr-defined]
-    host = current_host()
-    if pki is None or not host.pki_backends.known(pki.pki_type):
-        return None
-    try:
-        crl = await host.pki_backends.get(pki.pki_type).crl(pki)
-    except APIError:
-        return None
-    return is_revoked(revocation_status(certificate, [crl]))
 
 
 async def read_certificate_and_store(
@@ -80,24 +81,26 @@ async def read_certificate_and_store(
     check_revocation: bool = True,
 ) -> CertificateReading:
     """Read the certificate the device presents. For a device in the inventory, store it (with the time it changed),
-    its revocation status (None unless ``check_revocation``) and the outcome (``monitor_certificate``)."""
+    its revocation status on the entry's PKI (``certlm.revocation``; not checked, and stored as None, unless
+    ``check_revocation``) and the outcome (``monitor_certificate``)."""
     reading = await driver.read_certificate(target, secure_session=secure_session)
     if entry is not None:
         der = to_der(reading.certificate)
         if der != entry.certificate_der:
             entry.certificate_der = der
             entry.last_changed_certificate_date = datetime.now(UTC)
-        entry.cert_revoked = await revoked_on_pki_crl(entry, reading.certificate) if check_revocation else None
-        record_operation(
-            entry,
-            "monitor_certificate",
-            {
-                "success": True,
-                "security_policy": reading.security_policy,
-                "security_mode": reading.security_mode,
-                "at": datetime.now(UTC).isoformat(),
-            },
-        )
+        revocation = await revocation_of(entry, reading.certificate) if check_revocation else None
+        store_revocation(entry, revocation)
+        record: dict[str, Any] = {
+            "success": True,
+            "security_policy": reading.security_policy,
+            "security_mode": reading.security_mode,
+            "at": datetime.now(UTC).isoformat(),
+        }
+        if revocation is not None:
+            status = crl_check_status(revocation.status_id).name
+            record["revocation"] = {"status": status, "detail": revocation.detail}
+        record_operation(entry, "monitor_certificate", record)
         await entry.save()
     return reading
 
@@ -122,3 +125,121 @@ async def read_trust_list_and_store(entry: InventoryEntry, target: DeviceTarget,
     entry.trustlist = stored
     await entry.save(update_fields=["trustlist", "updated_at"])
     return read
+
+
+# The monitor scheduler's scan (``certlm.schedulers`` decides when it runs).
+
+
+async def monitor_scan(context: ScanContext) -> ScanReport:
+    """Read every active device live and store what it read. A device that cannot be reached is recorded (since
+    when, why) and the scan goes on; a device certlm is in contact with (it has a pinned certificate) is also asked
+    for its trust list, firmware and status where its driver offers them."""
+    report = ScanReport()
+    entries = await InventoryEntry.filter(device_status=DEVICE_STATUS_ACTIVE)
+    report.devices = len(entries)
+    await ensure_rows([entry.id for entry in entries])
+    limit = asyncio.Semaphore(current_host().settings.scheduler_concurrency)
+
+    async def watch(entry: InventoryEntry) -> None:
+        async with limit:
+            if context.suppressed_now():
+                report.count("suppressed")
+                return
+            report.count(await monitor_device(entry, context.clock()))
+
+    await asyncio.gather(*(watch(entry) for entry in entries))
+    return report
+
+
+async def monitor_device(entry: InventoryEntry, now: datetime, trigger: str = "scheduler") -> str:
+    """One device's monitor read; the outcome's name: ``read``, ``unreachable`` or ``certificate_changed``."""
+    schedule = await DeviceSchedule.get(entry_id=entry.id)
+    try:
+        driver = current_host().drivers.get(entry.service)
+        target = await device_target(entry)
+        reading = await read_certificate_and_store(driver, target, entry, secure_session=False)
+    except APIError as error:
+        schedule.unreachable_since = schedule.unreachable_since or now
+        schedule.unreachable_reason = error.message
+        await schedule.save(update_fields=["unreachable_since", "unreachable_reason", "updated_at"])
+        await _record_monitor(entry, now, trigger, "unreachable", error.message)
+        return "unreachable"
+    schedule.last_seen, schedule.unreachable_since, schedule.unreachable_reason = now, None, None
+    unexpected = await unexpected_certificate(entry, reading.certificate)
+    if unexpected is not None and schedule.certificate_changed_at is None:
+        schedule.certificate_changed_at = now
+        log.warning("%s:%s %s", entry.server, entry.port, unexpected)
+    await schedule.save(
+        update_fields=["last_seen", "unreachable_since", "unreachable_reason", "certificate_changed_at", "updated_at"]
+    )
+    if unexpected is not None:
+        await _record_monitor(entry, now, trigger, "certificate_changed", unexpected)
+        return "certificate_changed"
+    problems = await _read_what_the_driver_offers(driver, target, entry) if entry.pinned_certificate_der else []
+    await _record_monitor(entry, now, trigger, "read", "; ".join(problems) or None)
+    return "read"
+
+
+async def reconcile_device(entry: InventoryEntry) -> str:
+    """After an operation on the device was cut off (an instance crashed): read what the device really presents.
+    An interrupted push was either discarded by the device before ApplyChanges, or its certificate is in place and
+    becomes the pin (``unexpected_certificate``)."""
+    await ensure_rows([entry.id])
+    return await monitor_device(entry, datetime.now(UTC), trigger="reconcile")
+
+
+async def unexpected_certificate(entry: InventoryEntry, presented: x509.Certificate) -> str | None:
+    """Why the certificate the device presents is not one certlm installed, or None.
+
+    The pinned certificate is what certlm installed last. A different one with the pinned certificate's subject,
+    issued by the entry's PKI, is what a push that was cut off after ApplyChanges left behind: it becomes the pin (its
+    key is proven by the secure session of the next operation, so a replayed certificate gains nothing)."""
+    if entry.pinned_certificate_der is None or to_der(presented) == entry.pinned_certificate_der:
+        return None
+    pinned = x509.load_der_x509_certificate(entry.pinned_certificate_der)
+    if presented.subject == pinned.subject and await _issued_by_entry_pki(entry, presented):
+        entry.pinned_certificate_der = to_der(presented)
+        await entry.save(update_fields=["pinned_certificate_der", "updated_at"])
+        log.info("%s:%s presents a certificate of its PKI that an interrupted push installed: now pinned",
+                 entry.server, entry.port)  # fmt: skip
+        return None
+    return (
+        f"presents a certificate certlm did not install (serial {presented.serial_number:x}, issued by "
+        f"{presented.issuer.rfc4514_string()}); certlm installed serial {pinned.serial_number:x}. Automated renewals "
+        "of this device stop until an operator pushes to it or onboards it again."
+    )
+
+
+async def _issued_by_entry_pki(entry: InventoryEntry, certificate: x509.Certificate) -> bool:
+    host = current_host()
+    pki = None if entry.pki_id is None else await PkiEntry.get_or_none(id=entry.pki_id)  # type: ignore[attr-defined]
+    if pki is None or not host.pki_backends.known(pki.pki_type):
+        return False
+    sources = await crl_cache().sources(pki, host.pki_backends.get(pki.pki_type))
+    return any(issued_by(certificate, ca) for ca in sources.ca_chain)
+
+
+async def _read_what_the_driver_offers(driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry) -> list[str]:
+    """Trust list, firmware and status, each where the driver offers it; what failed, as text (the scan goes on)."""
+    problems = []
+    reads = (
+        ("trust list", lambda: read_trust_list_and_store(entry, target, TrustList.ALL)),
+        ("firmware", lambda: read_firmware_and_store(driver, target, entry)),
+    )
+    for what, read in reads:
+        try:
+            await read()
+        except UnsupportedOperation:
+            continue
+        except APIError as error:
+            problems.append(f"{what}: {error.message}")
+    return problems
+
+
+async def _record_monitor(entry: InventoryEntry, now: datetime, trigger: str, outcome: str, detail: str | None) -> None:
+    record_operation(
+        entry,
+        "monitor",
+        {"success": outcome == "read", "outcome": outcome, "detail": detail, "at": now.isoformat(), "trigger": trigger},
+    )
+    await entry.save(update_fields=["last_result", "updated_at"])

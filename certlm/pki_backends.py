@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from certlm.errors import APIError, UnsupportedOperation
+from certlm.host import current_host
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -64,6 +65,16 @@ class KeyedEnrollment(Enrollment):
 
 
 @dataclass(frozen=True)
+class EnrollmentRequest:
+    """One certificate asked of a PKI: the arguments of ``PkiBackend.enroll``, whose docstring says what each means."""
+
+    csr: x509.CertificateSigningRequest
+    profile: CertificateProfile
+    renewing: x509.Certificate | None = None
+    private_key: CertificateIssuerPrivateKeyTypes | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class ChainCrls:
     """The CRLs of an enrollment's chain, issuing CA first, and why any CA's CRL is missing."""
 
@@ -79,6 +90,8 @@ class PkiBackend:
 
     pki_type: ClassVar[int]
     name: ClassVar[str]
+    # Operations the host calls by one name and a backend implements under another.
+    _IMPLEMENTED_AS: ClassVar[dict[str, str]] = {"enroll": "issue", "enroll_server_key": "issue_with_server_key"}
     asks_for_profile_hosts: ClassVar[bool] = False
     """Whether every ``enroll`` asks the PKI to name ``CertificateProfile.hosts`` in the certificate beyond the CSR's
     own names (the internal CA adds them; EST, and CMP's ``p10cr``, can send only the CSR). The host warns when an
@@ -97,11 +110,20 @@ class PkiBackend:
     async def validate(self, entry: PkiEntry, *, strict: bool) -> ServerValidation:
         """Connect to the PKI server, fetch its CA certificates and store them in ``entry.ca_certificates``;
         ``strict`` also verifies the server's TLS chain against ``entry.tls_ca``. Only PKIs reached over the
-        network offer this; the default answers 400 as the spec requires for every other type."""
-        raise APIError(
-            f"validate requires a type 2 (EST) entry with a connection; PKI entry {entry.id} is of type "
-            f"{entry.pki_type} ({self.name})"
+        network offer this; the default answers 400 as the spec requires for every other type, naming the installed
+        types that do offer it (with EST installed the spec's text: "requires a type 2 (EST) entry")."""
+        # The spec names a PKI type by its protocol's acronym: "type 2 (EST)".
+        validating = [
+            f"type {pki_type} ({backend.name.upper()})"
+            for pki_type, backend in current_host().pki_backends.classes()
+            if backend.offers("validate")
+        ]
+        required = (
+            f"a {' or '.join(validating)} entry with a connection"
+            if validating
+            else "a PKI type whose plugin connects to a server, and no installed plugin provides one"
         )
+        raise APIError(f"validate requires {required}; PKI entry {entry.id} is of type {entry.pki_type} ({self.name})")
 
     async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
         """The CA chain, issuing CA first. Raise ``NotFound`` when none is available yet."""
@@ -111,7 +133,8 @@ class PkiBackend:
     def offers(cls, operation: str) -> bool:
         """Whether this backend implements ``operation`` (a method name such as ``"enroll_server_key"``
         or ``"revoke"``) rather than inheriting the 501 default. The host asks before optional work."""
-        return getattr(cls, operation) is not getattr(PkiBackend, operation)
+        methods = {operation, cls._IMPLEMENTED_AS.get(operation, operation)}
+        return any(getattr(cls, method) is not getattr(PkiBackend, method) for method in methods)
 
     async def enroll(
         self,
@@ -134,7 +157,13 @@ class PkiBackend:
         where the protocol has it, refuses to confirm) anything else. Raise ``CsrRejected`` (400) for a
         request the PKI refuses, ``UpstreamUnavailable`` (502) when it cannot be reached, does not accept
         the configured credentials or answers something that is not a valid response.
+
+        A backend implements this as ``issue``, which receives the arguments as one ``EnrollmentRequest``.
         """
+        return await self.issue(entry, EnrollmentRequest(csr, profile, renewing, private_key))
+
+    async def issue(self, entry: PkiEntry, request: EnrollmentRequest) -> Enrollment:
+        """What ``enroll`` does for this PKI: override it to offer enrollment."""
         raise self._unsupported("enrollment")
 
     async def enroll_server_key(
@@ -149,7 +178,14 @@ class PkiBackend:
         cannot make keys. ``csr`` carries the subject and extensions wanted; its public key is a placeholder
         the PKI replaces. Returns the certificate, its chain and the private key, which the caller hands to
         the device and then forgets. Raise ``UnsupportedOperation`` when the server turns the request down
-        as not offered (the host then makes the key itself); otherwise as ``enroll``."""
+        as not offered (the host then makes the key itself); otherwise as ``enroll``.
+
+        A backend implements this as ``issue_with_server_key``, which receives the arguments as one
+        ``EnrollmentRequest``."""
+        return await self.issue_with_server_key(entry, EnrollmentRequest(csr, profile, renewing))
+
+    async def issue_with_server_key(self, entry: PkiEntry, request: EnrollmentRequest) -> KeyedEnrollment:
+        """What ``enroll_server_key`` does for this PKI: override it to offer server-side key generation."""
         raise self._unsupported("server-side key generation")
 
     async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:

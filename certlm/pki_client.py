@@ -1,6 +1,6 @@
 """What PKI backends that reach their server over HTTP share: where ``pki_connection`` points, what a transport
-failure is called, the entry's TLS settings and client credential, the CA certificates a PKI entry stores, and CRLs
-fetched from CRL distribution points.
+failure is called, the entry's TLS settings and client credential, the HTTP session of a backend call, the CA
+certificates a PKI entry stores, and CRLs fetched from CRL distribution points.
 
 EST (RFC 7030) and CMP over HTTP(S) (RFC 6712) both use these, so a PKI entry's ``pki_connection``, ``tls_ca``,
 ``tls_crls`` and client PKCS#12 mean the same thing whichever protocol the entry speaks, and a server that cannot
@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
 
 import aiohttp
 from cryptography import x509
@@ -26,7 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from yarl import URL
 
-from certlm.certs import crl_signed_by, load_certificates_pem, load_pkcs12_base64, to_pem
+from certlm.certs import crl_distribution_points, crl_signed_by, load_certificates_pem, load_pkcs12_base64, to_pem
 from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.registry import HostServices
 from certlm.storage.models import PkiEntry
@@ -305,6 +307,38 @@ def request_timeout(services: HostServices) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=seconds, sock_connect=min(seconds, services.settings.device_connect_timeout_s))
 
 
+class PkiHttpSession:
+    """The HTTP session of one backend call to a PKI server: open it with ``async with`` so that the requests of
+    the call share connections, and closed when the call is done. Subclasses send through ``session``.
+
+    ``keep_cookies=False`` for a client that may be redirected to another port of the same host: cookies do not
+    tell ports apart (RFC 6265 §8.5), so a jar would hand one origin's cookies to another.
+    """
+
+    def __init__(self, timeout: aiohttp.ClientTimeout, *, keep_cookies: bool = True) -> None:
+        self.timeout = timeout
+        self._keep_cookies = keep_cookies
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError(f"use {type(self).__name__} in 'async with'")
+        return self._session
+
+    async def __aenter__(self) -> Self:
+        cookie_jar = None if self._keep_cookies else aiohttp.DummyCookieJar()
+        self._session = aiohttp.ClientSession(timeout=self.timeout, cookie_jar=cookie_jar)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 def stored_ca_certificates(entry: PkiEntry) -> list[x509.Certificate]:
     """The CA certificates stored with the entry (``PkiEntry.ca_certificates``), issuing CA first."""
     return [certificate for pem in entry.ca_certificates or () for certificate in load_certificates_pem(pem)]
@@ -317,16 +351,7 @@ async def store_ca_certificates(entry: PkiEntry, certificates: Iterable[x509.Cer
 
 def cdp_urls(certificate: x509.Certificate) -> list[str]:
     """The http(s) URIs of a certificate's CRL distribution points extension."""
-    try:
-        points = certificate.extensions.get_extension_for_class(x509.CRLDistributionPoints).value
-    except x509.ExtensionNotFound:
-        return []
-    return [
-        name.value
-        for point in points
-        for name in point.full_name or ()
-        if isinstance(name, x509.UniformResourceIdentifier) and name.value.lower().startswith(("http://", "https://"))
-    ]
+    return [url for url in crl_distribution_points(certificate) if url.lower().startswith(("http://", "https://"))]
 
 
 def crl_urls(entry: PkiEntry, ca_certificates: list[x509.Certificate]) -> list[str]:

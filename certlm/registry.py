@@ -7,15 +7,17 @@ the host performs goes through one of these registries; the host itself never br
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from certlm.drivers import DeviceDriver
 from certlm.errors import UnsupportedOperation
-from certlm.pki_backends import PkiBackend
+from certlm.pki_backends import Enrollment, PkiBackend
 
 if TYPE_CHECKING:
+    from cryptography import x509
+
     from certlm.config import Settings
     from certlm.drivers import DeviceIdentity, SupportedDevice
     from certlm.secretbox import SecretBox
@@ -28,12 +30,24 @@ class DuplicateRegistration(RuntimeError):
     """Two installed plugins claim the same service id or PKI type."""
 
 
+ClientCertificateIssuer = Callable[["x509.CertificateSigningRequest"], Awaitable[Enrollment | None]]
+
+
+async def no_internal_ca(csr: x509.CertificateSigningRequest) -> Enrollment | None:
+    """The issuer of a host without an internal CA: certlm's client certificates are then self-signed."""
+    return None
+
+
 @dataclass(frozen=True)
 class HostServices:
-    """What the host lends to drivers and backends: settings and the at-rest encryption of secrets."""
+    """What the host lends to drivers and backends: settings, the at-rest encryption of secrets, and the internal
+    CA for certlm's own client certificates."""
 
     settings: Settings
     secrets: SecretBox
+    issue_client_certificate: ClientCertificateIssuer = no_internal_ca
+    """Signs a CSR for certlm's own client certificate (a driver's client application, which devices then trust)
+    with the internal CA under the client profile; None when no internal CA is configured."""
 
 
 class Registry(Generic[Key, Plugin]):
@@ -78,6 +92,10 @@ def stable_device_id(service: str, device: SupportedDevice, firmware: str) -> in
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+def _manages(driver: type[DeviceDriver], table: str) -> bool:
+    return table == driver.protocol or table in driver.extra_tables
+
+
 class DeviceDriverRegistry(Registry[str, DeviceDriver]):
     """Device driver classes by service id; what plugins fill through ``certlm_register_device_drivers``."""
 
@@ -103,9 +121,27 @@ class DeviceDriverRegistry(Registry[str, DeviceDriver]):
                     )
         return rows
 
+    def services_of(self, table: str) -> list[str]:
+        """The service ids of the installed drivers that manage entries of inventory table ``table``."""
+        return [service for service, cls in self.classes() if _manages(cls, table)]
+
+    def url_schemes(self) -> list[str]:
+        """The URL schemes of the installed drivers, each once."""
+        return sorted({cls.url_scheme for _, cls in self.classes()})
+
+    def driver_of(self, table: str, service: str | None) -> type[DeviceDriver] | None:
+        """The driver class that says how an entry of ``table`` is reached (its URL scheme, its default port): the
+        one of ``service`` when installed, else the table's generic driver; None when no installed plugin manages
+        the table."""
+        if service is not None and self.known(service):
+            return self._classes[service]
+        generic = self.select_service(table, None)
+        return self._classes[generic] if generic is not None else None
+
     def select_service(self, protocol: str, identity: DeviceIdentity | None) -> str | None:
-        """The service id of the most specific installed driver for a device, else the protocol's generic."""
-        candidates = [cls for _, cls in self.classes() if cls.protocol == protocol]
+        """The service id of the most specific installed driver for a device of inventory table ``protocol``, else
+        the table's generic driver; None when no installed plugin manages the table."""
+        candidates = [cls for _, cls in self.classes() if _manages(cls, protocol)]
         if identity is not None:
             specific = sorted(cls.service for cls in candidates if not cls.generic and cls.supports(identity))
             if specific:

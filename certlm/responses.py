@@ -16,17 +16,20 @@ class OperationResult(BaseModel):
     result: dict[str, Any] | list[Any] | None = None
 
 
+def refuse_null(value: Any) -> Any:
+    """A before-validator (``field_validator(..., mode="before")``) for fields that may be left out but are never
+    null."""
+    if value is None:
+        raise ValueError("must not be null; omit the field instead")
+    return value
+
+
 class StrictBody(BaseModel):
     """A request body: no unknown fields, no type coercion, and null is never a value (omit the field)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def not_null(cls, value: Any) -> Any:
-        if value is None:
-            raise ValueError("must not be null; omit the field instead")
-        return value
+    not_null = field_validator("*", mode="before")(refuse_null)
 
 
 class PartialUpdate(BaseModel):

@@ -79,12 +79,12 @@ async def system_info() -> dict[str, Any]:
         },
         "eol": END_OF_LIFE.isoformat(),
         "eol_days_remaining": eol_days,
-        "gds_push_scheduler_status": settings.gds_push_scheduler_status,
         "gds_push_scheduler_active": settings.gds_push_scheduler_active,
         "gds_push_scheduler_renewal_days": settings.gds_push_scheduler_renewal_days,
         "gds_push_scheduler_scan_interval_sec": settings.gds_push_scheduler_scan_interval_sec,
-        "monitor_scheduler_status": settings.monitor_scheduler_status,
         "monitor_scheduler_active": settings.monitor_scheduler_active,
         "monitor_scheduler_scan_interval_sec": settings.monitor_scheduler_scan_interval_sec,
         "show_inactive_devices": settings.show_inactive_devices,
+        # The status is this instance's: each instance runs its own schedulers over the shared inventory.
+        **host.schedulers.status_fields(),
     }

@@ -4,25 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
-import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import ExitStack, asynccontextmanager, closing
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
+from aiohttp import web
 
 from certlm.app import create_app
 from certlm.config import Settings
 from certlm.licensing import generate_key_pair, issue_license, load_private_key
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,6 +36,57 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports that are free on 127.0.0.1 now, below the ephemeral range (32768 up)
+    so that no outgoing connection takes one before the test's servers bind them."""
+    for _ in range(100):
+        first = random.randrange(20000, 32000 - count)
+        with ExitStack() as sockets:
+            try:
+                for port in range(first, first + count):
+                    sockets.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+async def eventually(condition: Callable[[], Awaitable[T]], what: str, timeout: float = 30) -> T:
+    """Poll ``condition`` until it returns something true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout}s")
+        await asyncio.sleep(0.2)
+
+
+def stop_process(process: subprocess.Popen | None, timeout: float) -> None:
+    """End ``process`` the way an operator would (SIGTERM), and kill it if it is still there after ``timeout`` s."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def database_rows(service: RunningService, sql: str, *args: Any) -> list[tuple]:
+    """Read the service's SQLite database directly (read-only), to see what it really stored."""
+    path = service.data_dir / "certlm.sqlite3"
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+        return db.execute(sql, args).fetchall()
+
+
+def stored_bytes(service: RunningService) -> bytes:
+    """Every byte the service's SQLite database holds on disk: the file, its WAL and its journal."""
+    return b"".join(path.read_bytes() for path in sorted(service.data_dir.glob("certlm.sqlite3*")))
 
 
 @dataclass
@@ -125,13 +181,7 @@ class RunningService:
         raise RuntimeError(f"certlm did not become ready in {timeout}s:\n{self.log()}")
 
     async def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self.process.wait, 15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                await asyncio.to_thread(self.process.wait)
+        await asyncio.to_thread(stop_process, self.process, 15)
         self.process = None
 
     async def restart(self) -> None:
@@ -214,6 +264,53 @@ def _create_other(cls=LicenseKeys) -> LicenseKeys:
 
 
 LicenseKeys.create_other = staticmethod(_create_other)  # a key pair the server does not trust
+
+
+def in_process_settings(data_dir: Path, license_keys: LicenseKeys | None = None, **settings: Any) -> Settings:
+    """Settings for certlm's app in this process: ``data_dir``, the public key of ``license_keys``, ``settings``, and
+    nothing from the environment."""
+    if license_keys is not None:
+        settings["license_public_key_file"] = license_keys.public_key_file
+    return Settings.from_env(env={}, data_dir=data_dir, **settings)
+
+
+@asynccontextmanager
+async def serving(files: dict[str, bytes]) -> AsyncIterator[str]:
+    """A web server on 127.0.0.1 answering a GET of each path of ``files`` with its bytes, and 404 for any other;
+    its base URL (``http://127.0.0.1:port``)."""
+
+    async def answer(request: web.Request) -> web.Response:
+        body = files.get(request.path)
+        return web.Response(body=body) if body is not None else web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/{path:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class InProcessApp:
+    """certlm's app in this process: the Quart test client with the API key header for the REST API, and the host;
+    host modules are called directly inside ``context()``, as the schedulers call them."""
+
+    client: Any
+    headers: dict[str, str]
+    host: Any
+
+    def context(self) -> Any:
+        return self.client.app.app_context()
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """One REST call with the API key: the status and the JSON body."""
+        response = await self.client.open(path, method=method, json=body, headers=self.headers)
+        return response.status_code, await response.get_json()
 
 
 @asynccontextmanager

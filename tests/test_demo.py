@@ -7,20 +7,18 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import httpx
 
-from tests.support import free_port
+from tests.support import consecutive_free_ports, free_port
 
 VENV_BIN = Path(sys.executable).parent
 DEMO_DIR = "certlm-demo"  # scripts/demo's default, relative to where it runs
@@ -30,20 +28,6 @@ MAX_CONSOLE_LINE = 300
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<logger>[\w.]+): ")
 
 T = TypeVar("T")
-
-
-def consecutive_free_ports(count: int) -> int:
-    """The first of ``count`` consecutive ports that are free on 127.0.0.1 now."""
-    for _ in range(100):
-        first = free_port()
-        with ExitStack() as sockets:
-            try:
-                for port in range(first, first + count):
-                    sockets.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return first
-    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 async def wait_for(

@@ -11,7 +11,7 @@ from certlm.config import Settings
 # Routes that answer with something other than a JSON document.
 NON_JSON_RULES = {
     "/docs", "/openapi.json", "/swagger", "/swagger-ui", "/api/docs",
-    "/pki/ca/<pki_id>", "/pki/crl/<pki_id>", "/pki/crt/<pki_id>", "/opcua_gds_dashboard.html", "/gds/crt",
+    "/pki/ca/<pki_id>", "/pki/crl/<pki_id>", "/pki/crt/<pki_id>", "/opcua_gds_dashboard.html", "/gds/crt", "/metrics",
 }  # fmt: skip
 # The documentation's own routes (the page, its assets, the description itself) are not part of the API description.
 SELF_DESCRIBING = {"/docs", "/docs/assets/<path:filename>", "/openapi.json"}

@@ -132,13 +132,18 @@ async def test_unreachable_vendor_device_answers_502(api) -> None:
     assert "unreachable" in response.json()["error"]
 
 
-async def test_entry_of_an_uninstalled_service_answers_501(api) -> None:
-    await api.post(
-        "/inventory", json={"table": "gds", "add": {"server": "10.9.9.9", "port": 4840, "service": "gds-push-nobody"}}
-    )
-    response = await api.get("/gds/monitor/firmware/10.9.9.9:4840")
+async def test_entry_of_an_uninstalled_service_answers_501(make_service) -> None:
+    """An entry keeps its service when the plugin providing it is removed; its device operations then answer 501."""
+    service = await make_service()
+    add = {"server": "10.9.9.9", "port": 4840, "service": "gds-push-acme-widget"}
+    async with service.client() as api:
+        assert (await api.post("/inventory", json={"table": "gds", "add": add})).status_code == 200
+    service.env_extra["CERTLM_DISABLE_PLUGINS"] = "example_vendor"
+    await service.restart()
+    async with service.client() as api:
+        response = await api.get("/gds/monitor/firmware/10.9.9.9:4840")
     assert response.status_code == 501
-    assert response.json() == {"error": "no installed plugin provides service 'gds-push-nobody'"}
+    assert response.json() == {"error": "no installed plugin provides service 'gds-push-acme-widget'"}
 
 
 EXTRAS_PLUGIN = """

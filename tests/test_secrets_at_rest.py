@@ -5,19 +5,13 @@ from __future__ import annotations
 import base64
 import stat
 
-from tests.crypto_factory import pkcs12_base64
+from tests.crypto_factory import csr_pem, pkcs12_base64
+from tests.support import stored_bytes
 
 DEVICE_PASSWORD = "Dev1ce-Pa55-7f3a91"
 PKCS12_PASSWORD = "P12-Pa55-c0ffee"
 PKI_PASSWORD = "Pki-Pa55-b00b1e"
 EST_PKCS12_PASSWORD = "Est-P12-Pa55-d00d"
-
-
-def stored_bytes(service) -> bytes:
-    data = b""
-    for path in service.data_dir.glob("certlm.sqlite3*"):  # the database, its WAL and journal
-        data += path.read_bytes()
-    return data
 
 
 async def test_secrets_are_encrypted_never_returned_never_logged(make_service) -> None:
@@ -43,7 +37,7 @@ async def test_secrets_are_encrypted_never_returned_never_logged(make_service) -
         )  # fmt: skip
         assert response.status_code == 200, response.text
         pki_id = response.json()["pki_id"]
-        signed = await client.post("/pki/sign-server-csr", json={"csr_pem": _csr()})
+        signed = await client.post("/pki/sign-server-csr", json={"csr_pem": csr_pem()})
         assert signed.status_code == 200, signed.text
         responses = [
             await client.get(path)
@@ -73,9 +67,3 @@ async def test_secrets_are_encrypted_never_returned_never_logged(make_service) -
     assert any(path.name == "certlm.sqlite3" for path in written) and any(path.suffix == ".log" for path in written)
     for path in written:
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, f"{path} is readable by others"
-
-
-def _csr() -> str:
-    from tests.crypto_factory import csr_pem
-
-    return csr_pem()

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from cryptography import x509
 from pydantic import BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
-from certlm import crl_status
 from certlm.certs import certificate_detail
 from certlm.enrollment import host_names_warnings
-from certlm.hostspec import opcua_url, parse_host_or_url
-from certlm.inventory import GDS, EntryAddress, entry_certificate, find_entry, gds_entry_at
+from certlm.hostspec import parse_host_or_url
+from certlm.inventory import GDS, EntryAddress, entry_certificate, entry_url, find_entry, gds_entry_at
+from certlm.revocation import stored_revocation
 from certlm.storage.models import InventoryEntry
 
 blueprint = Blueprint("certificate_detail", __name__)
@@ -27,6 +26,12 @@ class CrlStatusOut(BaseModel):
     is_revoked: bool | None
 
 
+class CrlReasonOut(BaseModel):
+    id: int
+    name: str
+    description: str
+
+
 class CertificateDetailOut(BaseModel):
     """The spec's Certificate detail."""
 
@@ -36,38 +41,27 @@ class CertificateDetailOut(BaseModel):
     last_changed_certificate_date: str | None
     certificate: dict[str, Any]
     certificate_revocation: CrlStatusOut
-    certificate_revocation_reason: dict[str, Any] | None
+    certificate_revocation_reason: CrlReasonOut | None = Field(
+        description="the RFC 5280 reason the CRL gives, when the certificate is revoked"
+    )
     warnings: list[str] = Field(
         description="what the operator should know, e.g. a certificate that does not name the host certlm reaches "
         "the device at"
     )
 
 
-def _revocation_status(entry: InventoryEntry, certificate: x509.Certificate | None) -> int:
-    """The CRL check status of the entry's stored ``certificate``, from what the last check stored."""
-    if certificate is None:
-        return crl_status.CERTIFICATE_MISSING
-    if entry.cert_revoked is True:
-        return crl_status.REVOKED
-    if certificate_detail(certificate)["self_signed"]:
-        return crl_status.SELF_SIGNED
-    if entry.cert_revoked is False:
-        return crl_status.NOT_REVOKED
-    return crl_status.UNKNOWN
-
-
 def _certificate_detail_view(entry: InventoryEntry) -> CertificateDetailOut:
     certificate = entry_certificate(entry)
-    status = crl_status.crl_check_status(_revocation_status(entry, certificate))
+    status, reason = stored_revocation(entry, certificate)
     changed = entry.last_changed_certificate_date
     return CertificateDetailOut(
         name=entry.name,
-        url=opcua_url(entry.server, entry.port),
+        url=entry_url(entry),
         device_status=entry.device_status,
         last_changed_certificate_date=changed.isoformat() if changed else None,
         certificate=certificate_detail(certificate),
         certificate_revocation=CrlStatusOut(**status._asdict()),
-        certificate_revocation_reason=None,
+        certificate_revocation_reason=CrlReasonOut(**reason._asdict()) if reason else None,
         warnings=host_names_warnings(entry.server, certificate),
     )
 

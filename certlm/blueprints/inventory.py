@@ -22,14 +22,16 @@ from certlm.certs import (
 )
 from certlm.enrollment import identify_registered, revoke_on_decommission
 from certlm.errors import APIError, NotFound
-from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url
+from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
     GDS,
     EntryAddress,
     InventoryEntryOut,
     TrustListOut,
     checked_server,
+    checked_service,
     create_entry,
+    default_port,
     entry_out,
     find_entry,
     find_entry_at,
@@ -55,7 +57,6 @@ INVALID_TABLE = "table must contain one of: gds, opc, ssh, pki, ca"
 # Upper bounds that keep values inside the database's 32-bit integer columns.
 MAX_ID = 2**31 - 1
 MAX_RENEWAL_DAYS = 36500
-SERVICE_PATTERN = r"^(gds-push|ssh|rest)-[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class UserInfo(StrictBody):
@@ -157,6 +158,22 @@ async def list_trustlists() -> list[TrustListOut]:
     return [trustlist_view(entry) for entry in await listed_entries((GDS,))]
 
 
+async def _store_gds_entry(data: GdsEntryIn, entry: InventoryEntry | None = None) -> InventoryEntry:
+    """Create the GDS entry ``data`` describes, or change ``entry`` as it says, with its credentials: all of it or
+    nothing, and 400 before anything is written when ``data`` names a missing PKI entry or a broken PKCS#12."""
+    columns = data.entry_columns()
+    await _ensure_pki_exists(columns.get("pki_id"), "pki")
+    credentials = data.verified_credentials()
+    async with in_transaction("default"):
+        if entry is None:
+            entry = await create_entry(GDS, data.server, data.port, columns)
+        else:
+            await update_entry(entry, columns)
+        if credentials:
+            await save_credentials(entry, **credentials)
+    return entry
+
+
 @blueprint.post("/gds/inventory")
 @validate_response(InventoryEntryOut)
 @validate_request(GdsEntryIn)
@@ -166,13 +183,7 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     certlm then connects to identify the device: ``service`` names the driver its BuildInfo selects, and the
     certificate it presents is pinned (``cert_*``). A device not reachable within a few connect time-outs keeps
     the generic driver; its first push identifies it."""
-    columns = data.entry_columns()
-    await _ensure_pki_exists(columns.get("pki_id"), "pki")
-    credentials = data.verified_credentials()
-    async with in_transaction("default"):
-        entry = await create_entry(GDS, data.server, data.port, columns)
-        if credentials:
-            await save_credentials(entry, **credentials)
+    entry = await _store_gds_entry(data)
     await identify_registered(entry)
     return await entry_out(entry)
 
@@ -182,14 +193,7 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 @validate_request(GdsEntryIn)
 async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Change the fields given of the GDS entry at ``server`` and ``port``; 404 if there is none."""
-    entry = await gds_entry_at(data.server, data.port)
-    columns = data.entry_columns()
-    await _ensure_pki_exists(columns.get("pki_id"), "pki")
-    credentials = data.verified_credentials()
-    async with in_transaction("default"):
-        await update_entry(entry, columns)
-        if credentials:
-            await save_credentials(entry, **credentials)
+    entry = await _store_gds_entry(data, await gds_entry_at(data.server, data.port))
     return await entry_out(entry)
 
 
@@ -330,7 +334,9 @@ class DeviceColumns(Columns):
     server: str | None = Field(default=None, min_length=1, max_length=255)
     port: int | None = Field(default=None, ge=1, le=65535)
     name: str | None = Field(default=None, max_length=255)
-    service: str | None = Field(default=None, max_length=128, pattern=SERVICE_PATTERN)
+    service: str | None = Field(
+        default=None, max_length=128, description="The service id of an installed driver of the table's entries"
+    )
     device_status: int | None = Field(default=None, ge=0, le=2)
     security_policy: int | None = Field(default=None, ge=0, le=63)
     security_mode: int | None = Field(default=None, ge=0, le=7)
@@ -365,8 +371,10 @@ class CaColumns(Columns):
 async def _insert_device(table: str, row: dict[str, Any]) -> int:
     columns = DeviceColumns.for_insert(row)
     values = columns.given("server", "port")
+    if "service" in values:
+        checked_service(table, values["service"], "add.service")
     await _ensure_pki_exists(values.get("pki_id"), "add.pki_id")
-    entry = await create_entry(table, columns.server, columns.port or DEFAULT_OPCUA_PORT, values)
+    entry = await create_entry(table, columns.server, columns.port, values)
     return entry.id
 
 
@@ -379,13 +387,15 @@ async def _update_device(table: str, row: dict[str, Any]) -> int:
             raise NotFound(f"no {table} inventory entry with id {columns.id}")
         values = columns.given()
     elif columns.server is not None:
-        port = columns.port or DEFAULT_OPCUA_PORT
+        port = columns.port or default_port(table)
         entry = await find_entry_at(columns.server, port, table)
         if entry is None:
             raise NotFound(f"no {table} inventory entry for {columns.server}:{port}")
         values = columns.given("server", "port")
     else:
         raise APIError("add: give id, or server (and port), to say which row to change")
+    if "service" in values:
+        checked_service(table, values["service"], "add.service")
     await _ensure_pki_exists(values.get("pki_id"), "add.pki_id")
     if "server" in values or "port" in values:
         server, port = values.get("server", entry.server), values.get("port", entry.port)

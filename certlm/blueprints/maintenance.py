@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 from zoneinfo import ZoneInfo
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
 from certlm.errors import APIError, NotFound
 from certlm.maintenance import (
     DEFAULT_TIMEZONE,
+    RuleSchedule,
     ScheduleError,
     check_cron,
     check_rrule,
@@ -25,7 +26,7 @@ from certlm.maintenance import (
     window_contains,
     zone_named,
 )
-from certlm.responses import PartialUpdate, parse_id
+from certlm.responses import PartialUpdate, parse_id, refuse_null
 from certlm.storage.models import MaintenanceRule, MaintenanceWindow
 
 blueprint = Blueprint("maintenance", __name__)
@@ -89,12 +90,7 @@ class WindowUpdate(PartialUpdate):
     valid_from: IsoDateTime | None = None
     valid_until: IsoDateTime | None = None
 
-    @field_validator("name", "status", "window_type", "timezone", mode="before")
-    @classmethod
-    def not_null(cls, value: Any) -> Any:
-        if value is None:
-            raise ValueError("must not be null")
-        return value
+    not_null = field_validator("name", "status", "window_type", "timezone", mode="before")(refuse_null)
 
 
 class RuleFields(BaseModel):
@@ -138,20 +134,13 @@ class WindowSummary(BaseModel):
     status: str
 
 
-class RuleOut(BaseModel):
-    id: int
-    maintenance_window_id: int
-    start_at: datetime | None
-    end_at: datetime | None
-    recurrence_type: str | None
-    day_of_week: int | None
-    day_of_month: int | None
-    start_time: str | None
-    end_time: str | None
-    interval_count: int | None
-    rrule: str | None
-    cron: str | None
-    duration_minutes: int | None
+# A rule answers with the schedule fields the evaluator reads, as ``certlm.maintenance.RuleSchedule`` lists them.
+RuleOut = create_model(
+    "RuleOut",
+    id=(int, ...),
+    maintenance_window_id=(int, ...),
+    **{field: (kind, ...) for field, kind in get_type_hints(RuleSchedule).items() if field != "id"},
+)
 
 
 class WindowOut(BaseModel):
@@ -176,37 +165,27 @@ class WindowTestResult(BaseModel):
     reason: str | None
 
 
-def _in_zone(value: datetime | None, zone: ZoneInfo) -> datetime | None:
-    return None if value is None else local_moment(value, zone)
+def _localised(values: dict[str, Any], zone: ZoneInfo, fields: tuple[str, ...]) -> dict[str, Any]:
+    """``values`` with the date-times among ``fields`` in ``zone``: a naive one read as a local time of ``zone``,
+    an aware one shown on its clock."""
+    return {k: local_moment(v, zone) if k in fields and v is not None else v for k, v in values.items()}
+
+
+def _attributes(record: Any, fields: Iterable[str]) -> dict[str, Any]:
+    return {field: getattr(record, field) for field in fields}
 
 
 def _rule_out(rule: MaintenanceRule, zone: ZoneInfo) -> RuleOut:
-    schedule = {field: getattr(rule, field) for field in RuleFields.model_fields}
-    schedule.update(start_at=_in_zone(rule.start_at, zone), end_at=_in_zone(rule.end_at, zone))
+    schedule = _localised(_attributes(rule, RuleFields.model_fields), zone, ("start_at", "end_at"))
     return RuleOut(id=rule.id, maintenance_window_id=rule.window_id, **schedule)
 
 
 def _window_out(window: MaintenanceWindow, rules: list[MaintenanceRule]) -> WindowOut:
     # Schedule times read best in the window's own zone; the record's timestamps stay in UTC.
     zone = zone_named(window.timezone)
-    return WindowOut(
-        id=window.id,
-        name=window.name,
-        description=window.description,
-        status=window.status,
-        window_type=window.window_type,
-        timezone=window.timezone,
-        valid_from=_in_zone(window.valid_from, zone),
-        valid_until=_in_zone(window.valid_until, zone),
-        created_at=window.created_at,
-        updated_at=window.updated_at,
-        rules=[_rule_out(rule, zone) for rule in rules],
-    )
-
-
-def _localised(changes: dict[str, Any], zone: ZoneInfo, fields: tuple[str, ...]) -> dict[str, Any]:
-    """``changes`` with the naive date-times among ``fields`` read as local times of ``zone``."""
-    return {k: local_moment(v, zone) if k in fields and v is not None else v for k, v in changes.items()}
+    fields = [field for field in WindowOut.model_fields if field != "rules"]
+    record = _localised(_attributes(window, fields), zone, ("valid_from", "valid_until"))
+    return WindowOut(**record, rules=[_rule_out(rule, zone) for rule in rules])
 
 
 async def _window(window_id: int) -> MaintenanceWindow:

@@ -6,7 +6,8 @@ validated and stored by ``certlm.pki_entries``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -17,7 +18,7 @@ from quart_schema import validate_querystring, validate_request, validate_respon
 from certlm.certs import load_certificate, load_crl, load_csr, sha1_fingerprint, to_der, to_pem
 from certlm.errors import NotFound, UnsupportedOperation
 from certlm.host import current_host
-from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
+from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile, PkiBackend
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields, internal_ca_entry
 from certlm.responses import DownloadQuery, parse_id
 from certlm.storage.models import PkiEntry
@@ -26,6 +27,7 @@ blueprint = Blueprint("pki", __name__)
 
 _PEM_MIMETYPE = "application/x-pem-file"
 _DER_MIMETYPES = {"ca": "application/pkix-cert", "crt": "application/pkix-cert", "crl": "application/pkix-crl"}
+_Answer = TypeVar("_Answer")
 
 
 class PkiTypeOut(BaseModel):
@@ -144,6 +146,19 @@ async def _entry(pki_id: str) -> PkiEntry:
     return entry
 
 
+def _backend(entry: PkiEntry) -> PkiBackend:
+    return current_host().pki_backends.get(entry.pki_type)  # 501 when no plugin provides the type
+
+
+async def _unless_unsupported(entry: PkiEntry, operation: Callable[[PkiBackend], Awaitable[_Answer]]) -> _Answer | None:
+    """What the entry's backend answers to ``operation``; None when no installed plugin provides its PKI type or the
+    backend does not offer the operation, which a download answers with 404."""
+    try:
+        return await operation(_backend(entry))
+    except UnsupportedOperation:
+        return None
+
+
 def _download(body: bytes, resource: str, pki_id: int, file_format: str) -> Response:
     mimetype = _PEM_MIMETYPE if file_format == "pem" else _DER_MIMETYPES[resource]
     response = Response(body, mimetype=mimetype)
@@ -213,8 +228,7 @@ async def delete_pki_entry(pki_id: str) -> PkiOut:
 
 async def _validate(pki_id: str, strict: bool) -> ValidationOut:
     entry = await _entry(pki_id)
-    backend = current_host().pki_backends.get(entry.pki_type)  # 501 when no plugin provides the type
-    result = await backend.validate(entry, strict=strict)
+    result = await _backend(entry).validate(entry, strict=strict)
     return ValidationOut(
         pki_id=entry.id,
         host=result.host,
@@ -242,10 +256,7 @@ async def validate_pki_entry_strictly(pki_id: str) -> ValidationOut:
 async def download_ca(pki_id: str, query_args: DownloadQuery) -> Response:
     """The CA chain, issuing CA first: all of it as PEM, the issuing CA alone as DER. Open: no API key."""
     entry = await _entry(pki_id)
-    try:
-        certificates = await current_host().pki_backends.get(entry.pki_type).ca_certificates(entry)
-    except UnsupportedOperation:
-        certificates = []
+    certificates = await _unless_unsupported(entry, lambda backend: backend.ca_certificates(entry))
     if not certificates:
         raise NotFound(f"No CA available for PKI entry {entry.id}")
     if query_args.format == "der":
@@ -260,10 +271,9 @@ async def download_ca(pki_id: str, query_args: DownloadQuery) -> Response:
 async def download_crl(pki_id: str, query_args: DownloadQuery) -> Response:
     """The CA's current CRL. Open: no API key."""
     entry = await _entry(pki_id)
-    try:
-        crl = await current_host().pki_backends.get(entry.pki_type).crl(entry)
-    except UnsupportedOperation:
-        raise NotFound(f"No CRL available for PKI entry {entry.id}") from None
+    crl = await _unless_unsupported(entry, lambda backend: backend.crl(entry))
+    if crl is None:
+        raise NotFound(f"No CRL available for PKI entry {entry.id}")
     encoding = serialization.Encoding.DER if query_args.format == "der" else serialization.Encoding.PEM
     return _download(crl.public_bytes(encoding), "crl", entry.id, query_args.format)
 
@@ -283,7 +293,7 @@ async def download_est_client_certificate(pki_id: str, query_args: DownloadQuery
 async def _sign(data: CsrIn, profile: CertificateProfile) -> CertificateOut:
     csr = load_csr(data.csr_pem)
     entry = await internal_ca_entry()
-    enrollment = await current_host().pki_backends.get(entry.pki_type).enroll(entry, csr, profile)
+    enrollment = await _backend(entry).enroll(entry, csr, profile)
     return CertificateOut(certificate_pem=to_pem(enrollment.certificate))
 
 

@@ -11,8 +11,16 @@ from quart_schema import validate_request, validate_response
 
 from certlm.enrollment import ONBOARDING, PUSH, PushOrder, last_recorded, push_certificate
 from certlm.errors import NotFound
-from certlm.hostspec import opcua_url, parse_host_or_url
-from certlm.inventory import GDS, MAX_SECRET_CHARS, EntryAddress, find_entry, gds_entry_at, register_or_update
+from certlm.hostspec import parse_host_or_url
+from certlm.inventory import (
+    GDS,
+    MAX_SECRET_CHARS,
+    EntryAddress,
+    entry_url,
+    find_entry,
+    gds_entry_at,
+    register_or_update,
+)
 from certlm.responses import OperationResult
 from certlm.storage.models import InventoryEntry
 
@@ -72,23 +80,18 @@ async def _entry_for_push(data: PushIn) -> InventoryEntry:
 
 
 def _order(data: PushIn, onboarding: bool, trigger: str) -> PushOrder:
-    return PushOrder(
-        subject=data.subject,
-        add_issuer=data.issuer,
-        add_client_certificate=data.trusted,
-        onboarding=onboarding,
-        debug=data.debug,
-        username=data.username,
-        password=data.password,
-        trigger=trigger,
-    )
+    """The push ``data`` asks for: its fields of the same name, and the spec's ``issuer``/``trusted`` in the host's
+    names."""
+    same_names = data.model_dump(include={"subject", "debug", "username", "password"})
+    spec_names = {"add_issuer": data.issuer, "add_client_certificate": data.trusted}
+    return PushOrder(**same_names, **spec_names, onboarding=onboarding, trigger=trigger)
 
 
 async def _last_recorded(host_or_url: str, operation: str) -> dict[str, Any]:
     entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
     record = last_recorded(entry, operation)
     if record is None:
-        raise NotFound(f"no {operation} recorded for {opcua_url(entry.server, entry.port)}")
+        raise NotFound(f"no {operation} recorded for {entry_url(entry)}")
     return record
 
 

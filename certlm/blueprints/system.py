@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
@@ -36,6 +38,16 @@ class SystemInfo(BaseModel):
     monitor_scheduler_status: str
     monitor_scheduler_active: bool
     monitor_scheduler_scan_interval_sec: int
+    gds_push_scheduler_detail: str | None = Field(
+        default=None, description="extension: the next run, the suppressing maintenance window, or the error"
+    )
+    gds_push_scheduler_last_run: datetime | None = Field(default=None, description="extension: last scan's start")
+    gds_push_scheduler_next_run: datetime | None = Field(default=None, description="extension: next scan")
+    monitor_scheduler_detail: str | None = Field(
+        default=None, description="extension: the next run, the suppressing maintenance window, or the error"
+    )
+    monitor_scheduler_last_run: datetime | None = Field(default=None, description="extension: last scan's start")
+    monitor_scheduler_next_run: datetime | None = Field(default=None, description="extension: next scan")
     show_inactive_devices: bool
 
 
@@ -113,6 +125,7 @@ async def get_system_info() -> SystemInfo:
 async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
     """Change scheduler settings and whether inactive devices are listed; at least one field."""
     await change_system_settings(data.model_dump(exclude_unset=True))
+    current_host().schedulers.wake()
     return SystemInfo(**await system_info())
 
 

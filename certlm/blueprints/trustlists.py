@@ -10,13 +10,14 @@ from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
 from certlm.drivers import TrustList
-from certlm.hostspec import opcua_url, parse_host_or_url
+from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
     GDS,
     MAX_SECRET_CHARS,
     EntryAddress,
     TrustListOut,
     device_target,
+    entry_url,
     find_entry,
     forget_stored_trust_list,
     forget_stored_trust_lists,
@@ -89,7 +90,7 @@ async def forget_trust_list(host_or_url: str, data: TrustListDeleteIn) -> dict[s
     """Delete the stored trust list (parts per bitmask) of one entry; the device is untouched. Nothing stored is
     nothing to delete, not an error; 404 only for an unknown entry."""
     entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
-    url = opcua_url(entry.server, entry.port)
+    url = entry_url(entry)
     if not await forget_stored_trust_list(entry, data.trustlist):
         return operation_result(f"no stored trust list of {url}: nothing to delete", {"deleted": False})
     return operation_result(f"stored trust list of {url} deleted", {"deleted": True})

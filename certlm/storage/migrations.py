@@ -74,6 +74,18 @@ async def _add_pki_redirect_names_capabilities_columns(connection: BaseDBAsyncCl
             await connection.execute_script(f"ALTER TABLE pki_entry ADD COLUMN {column} {definition}")
 
 
+async def _add_revocation_status_columns(connection: BaseDBAsyncClient, dialect: str) -> None:
+    # Left null: the certificate detail tells an unchecked entry's status from cert_revoked, as before.
+    for column in ("cert_revocation_status", "cert_revocation_reason"):
+        if not await _column_exists(connection, dialect, "inventory_entry", column):
+            await connection.execute_script(f"ALTER TABLE inventory_entry ADD COLUMN {column} INT NULL")
+
+
+async def _scheduler_state_table(connection: BaseDBAsyncClient, dialect: str) -> None:
+    # device_schedule is a new table: generate_schemas created it before the steps ran. The step records the version.
+    return None
+
+
 STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(2, "maintenance rules: cron expression and occurrence duration", _add_rule_cron_columns),
     MigrationStep(3, "inventory: the device description its driver was chosen by", _add_device_description_column),
@@ -85,6 +97,10 @@ STEPS: tuple[MigrationStep, ...] = (
         "PKI entries: allowed redirect origins, requested-names policy, learned server capabilities",
         _add_pki_redirect_names_capabilities_columns,
     ),
+    MigrationStep(
+        6, "inventory: the CRL check status and revocation reason of the last check", _add_revocation_status_columns
+    ),
+    MigrationStep(7, "schedulers: per-device state and lease (device_schedule)", _scheduler_state_table),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 

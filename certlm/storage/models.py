@@ -119,6 +119,10 @@ class InventoryEntry(Model):
     # read) it never follows what a device merely presents.
     pinned_certificate_der = fields.BinaryField(null=True)
     cert_revoked = fields.BooleanField(null=True)
+    # The last revocation check of ``certificate_der`` (``certlm.revocation``): its ``certlm.crl_status`` id and, when
+    # revoked, the RFC 5280 reason id; null when not checked. ``cert_revoked`` is what the status says.
+    cert_revocation_status = fields.IntField(null=True)
+    cert_revocation_reason = fields.IntField(null=True)
     last_changed_certificate_date = fields.DatetimeField(null=True)
     trustlist = fields.JSONField(null=True)
     firmware_version = fields.CharField(max_length=255, null=True)
@@ -133,6 +137,36 @@ class InventoryEntry(Model):
     class Meta:
         table = "inventory_entry"
         unique_together = (("server", "port", "protocol"),)
+
+
+class DeviceSchedule(Model):
+    """What the schedulers keep about one inventory entry, and the lease that lets one certlm instance at a time
+    operate on the device (``certlm.leases``). Kept apart from ``InventoryEntry`` so that saving an entry never
+    overwrites a lease another instance holds."""
+
+    id = fields.IntField(primary_key=True)
+    entry: fields.OneToOneRelation[InventoryEntry] = fields.OneToOneField(
+        "models.InventoryEntry", related_name="schedule", on_delete=fields.CASCADE
+    )
+    lease_holder = fields.CharField(max_length=128, null=True)
+    lease_until = fields.DatetimeField(null=True)
+    # Automated renewals that failed in a row, and when the next may start.
+    renewal_failures = fields.IntField(default=0)
+    renewal_retry_at = fields.DatetimeField(null=True)
+    # A renewal whose new certificate was due at once: why, and the configuration it was found under.
+    renewal_config_error = fields.TextField(null=True)
+    renewal_config_key = fields.CharField(max_length=255, null=True)
+    # The monitor: when the device last answered, since when and why it does not.
+    last_seen = fields.DatetimeField(null=True)
+    unreachable_since = fields.DatetimeField(null=True)
+    unreachable_reason = fields.TextField(null=True)
+    # When the monitor found the device presenting a certificate certlm did not install; cleared by an operator's
+    # push or onboarding.
+    certificate_changed_at = fields.DatetimeField(null=True)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "device_schedule"
 
 
 class DeviceCredential(Model):

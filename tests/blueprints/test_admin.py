@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import base64
-import sqlite3
 import time
-from contextlib import closing
-from pathlib import Path
-from typing import Any
 
 import pyotp
 import pytest
 
 from certlm.certs import to_pem
 from tests.crypto_factory import pkcs12_base64, self_signed
+from tests.support import database_rows, stored_bytes
 
 INVALID_TOTP = {"error": "Invalid TOTP code"}
 TOTP_STEP_SECONDS = 30
@@ -31,17 +28,6 @@ def code_at_offset(api_key: str, steps: int) -> str:
 def wrong_code(api_key: str) -> str:
     accepted = {code_at_offset(api_key, steps) for steps in (-1, 0, 1)}
     return next(code for code in (f"{n:06d}" for n in range(1000)) if code not in accepted)
-
-
-def database_rows(service, sql: str, *args: Any) -> list[tuple]:
-    path = service.data_dir / "certlm.sqlite3"
-    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
-        return db.execute(sql, args).fetchall()
-
-
-def stored_bytes(service) -> bytes:
-    database = service.data_dir / "certlm.sqlite3"
-    return b"".join(path.read_bytes() for path in (database, Path(f"{database}-wal")) if path.exists())
 
 
 async def test_sample_database_is_created_once(service, api) -> None:

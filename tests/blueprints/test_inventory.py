@@ -18,12 +18,13 @@ import pytest
 
 from certlm.certs import sha1_fingerprint, to_pem
 from tests.crypto_factory import pkcs12_base64, self_signed
+from tests.support import database_rows
 
 INV_FIELDS = {
     "id", "name", "url", "service", "server", "port", "device_status", "device_status_name", "pki_endpoint",
     "username", "cert_subjectdn", "cert_issuerdn", "cert_validfrom", "cert_validto", "cert_base64",
     "cert_expdays", "cert_revoked", "renewal_days", "security_policy", "security_mode", "security_policys",
-    "security_modes", "cert_subject_cn",
+    "security_modes", "cert_subject_cn", "schedule",
 }  # fmt: skip
 TL_FIELDS = {"url", "trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl"}
 INVALID_TABLE = "table must contain one of: gds, opc, ssh, pki, ca"
@@ -58,13 +59,6 @@ async def insert_row(api: httpx.AsyncClient, table: str, add: dict[str, Any] | s
     body = response.json()
     assert body["success"] is True and body["error"] == "" and body["result"]["table"] == table
     return body["result"]["id"]
-
-
-def database_rows(service, sql: str, *args: Any) -> list[tuple]:
-    """Read the service's SQLite database directly (read-only), to see what it really stored."""
-    path = service.data_dir / "certlm.sqlite3"
-    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
-        return db.execute(sql, args).fetchall()
 
 
 # --- GDS entries: create, read in every spelling, update, delete -----------------------------------------
@@ -496,13 +490,15 @@ async def test_low_level_rows_for_every_device_table(api) -> None:
     gds_id = await insert_row(
         api, "gds", {"server": gds_server, "port": 4843, "name": "low", "security_policy": 8, "renewal_days": 5}
     )
-    opc_id = await insert_row(api, "opc", json.dumps({"server": opc_server, "service": "gds-push-acme"}))
-    ssh_id = await insert_row(api, "ssh", {"server": ssh_server, "port": 22, "service": "ssh-openssh"})
+    opc_service = "gds-push-certlm-simulated-plc"
+    opc_id = await insert_row(api, "opc", json.dumps({"server": opc_server, "service": opc_service}))
+    # No installed plugin manages the ssh table: the row is stored unmanaged (tests/test_entry_urls.py).
+    ssh_id = await insert_row(api, "ssh", {"server": ssh_server, "port": 22})
     everything = {e["id"]: e for e in (await api.get("/inventory")).json()}
     assert everything[gds_id]["url"] == f"opc.tcp://{gds_server}:4843"
     assert everything[gds_id]["security_policys"] == ["Basic256Sha256"] and everything[gds_id]["renewal_days"] == 5
-    assert everything[opc_id]["service"] == "gds-push-acme" and everything[opc_id]["port"] == 4840
-    assert everything[ssh_id]["service"] == "ssh-openssh" and everything[ssh_id]["port"] == 22
+    assert everything[opc_id]["service"] == opc_service and everything[opc_id]["port"] == 4840
+    assert everything[ssh_id]["service"] == "ssh-unmanaged" and everything[ssh_id]["port"] == 22
     assert (await api.get(f"/gds/inventory/{gds_server}:4843")).json()["id"] == gds_id
     response = await api.post("/inventory", json={"table": "gds", "add": {"server": gds_server, "port": 4843}})
     assert response.status_code == 409

@@ -15,29 +15,22 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from certlm.app import create_app
-from certlm.config import Settings
 from certlm.pki_backends import PkiBackend, ServerValidation
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import csr_pem, ec_key, pkcs12_base64, self_signed
+from tests.crypto_factory import Credential, csr_pem, ec_key, pem, pkcs12_base64, self_signed
+from tests.support import in_process_settings
 
 PKI_PASSWORD = "Pki-Pa55-4e1c9d"
 EST_PKCS12_PASSWORD = "Est-P12-Pa55-8b21"
 EST_PKCS12 = pkcs12_base64(EST_PKCS12_PASSWORD, common_name="est-client")
-TLS_CA, TLS_CA_KEY = self_signed(ec_key(), common_name="TLS Root")
-TLS_CA_PEM = TLS_CA.public_bytes(serialization.Encoding.PEM).decode()
+TLS_ROOT = Credential(*self_signed(ec_key(), common_name="TLS Root"))
+TLS_CA = TLS_ROOT.certificate
+TLS_CA_PEM = pem(TLS_CA)
 CRL_THIS_UPDATE = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
 
 
 def tls_crl_pem(number: int = 7) -> str:
-    crl = (
-        x509.CertificateRevocationListBuilder()
-        .issuer_name(TLS_CA.subject)
-        .last_update(CRL_THIS_UPDATE)
-        .next_update(CRL_THIS_UPDATE + timedelta(days=30))
-        .add_extension(x509.CRLNumber(number), critical=False)
-        .sign(TLS_CA_KEY, hashes.SHA256())
-    )
-    return crl.public_bytes(serialization.Encoding.PEM).decode()
+    return pem(TLS_ROOT.crl(number=number, last_update=CRL_THIS_UPDATE))
 
 
 def est_client_certificate() -> x509.Certificate:
@@ -565,9 +558,7 @@ class ValidatingPki(PkiBackend):
 
 @pytest.fixture
 async def local_app(tmp_path: Path, license_keys):
-    settings = Settings.from_env(
-        env={}, data_dir=tmp_path / "data", license_public_key_file=license_keys.public_key_file
-    )
+    settings = in_process_settings(tmp_path / "data", license_keys)
     app = create_app(settings)
     host = app.extensions["certlm"]
     host.pki_backends.add(ValidatingPki)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ipaddress
 import os
 import secrets
 import sqlite3
@@ -19,11 +18,11 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certlm.secretbox import SecretBox
 from tests.conftest import start_service
-from tests.crypto_factory import ec_key, rsa_key, self_signed
+from tests.crypto_factory import certificate, ec_key, host_names, rsa_key, self_signed
 from tests.support import RunningService
 
 PENDING_NOTICE = "takes effect at the next restart"
@@ -52,27 +51,19 @@ def server_certificate(
     *,
     not_before: timedelta = timedelta(minutes=-5),
     not_after: timedelta = timedelta(days=365),
-    extended_key_usage: tuple[x509.ObjectIdentifier, ...] | None = (ExtendedKeyUsageOID.SERVER_AUTH,),
+    extended_key_usage: tuple[x509.ObjectIdentifier, ...] = (ExtendedKeyUsageOID.SERVER_AUTH,),
 ) -> x509.Certificate:
     """A self-signed certificate for 127.0.0.1 and localhost, valid from ``now + not_before``."""
     now = datetime.now(UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now + not_before)
-        .not_valid_after(now + not_after)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
+    return certificate(
+        "127.0.0.1",
+        key.public_key(),
+        key,
+        not_before=now + not_before,
+        not_after=now + not_after,
+        san=host_names("localhost", "127.0.0.1"),
+        extended_key_usage=extended_key_usage,
     )
-    if extended_key_usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage(list(extended_key_usage)), critical=False)
-    return builder.sign(key, hashes.SHA256())
 
 
 def make_upload(key=None, certificate: x509.Certificate | None = None, password: str | None = None) -> Upload:

@@ -16,21 +16,21 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-from certlm.config import Settings
 from certlm.errors import APIError
 from certlm.secretbox import SecretBox
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import csr_pem, ec_key, rsa_key, self_signed, tampered_csr_pem
-from tests.support import licensed_app_in_process
-
-DEVICE_URI = "urn:plant-7:press-line:opcua-server"
-DEVICE_DNS = ("press-7.plant.local", "press-7")
-DEVICE_IPS = ("192.0.2.77", "2001:db8::77")
-
-
-def device_csr(key=None, **overrides) -> str:
-    arguments = {"common_name": "Press 7", "uri": DEVICE_URI, "dns": DEVICE_DNS, "ips": DEVICE_IPS} | overrides
-    return csr_pem(key or rsa_key(2048), **arguments)
+from tests.crypto_factory import (
+    DEVICE_DNS,
+    DEVICE_IPS,
+    DEVICE_URI,
+    device_csr,
+    device_csr_pem,
+    ec_key,
+    rsa_key,
+    self_signed,
+    tampered_csr_pem,
+)
+from tests.support import in_process_settings, licensed_app_in_process
 
 
 async def sign(client, profile: str, csr: str) -> x509.Certificate:
@@ -64,9 +64,9 @@ def assert_issued_by(certificate: x509.Certificate, ca: x509.Certificate) -> Non
 
 async def test_server_certificate_profile(service, api) -> None:
     key = rsa_key(2048)
-    csr = x509.load_pem_x509_csr(device_csr(key).encode())
+    csr = device_csr(key)
     before = datetime.now(UTC)
-    certificate = await sign(api, "server", device_csr(key))
+    certificate = await sign(api, "server", device_csr_pem(key))
     _, ca = await internal_ca(service)
 
     assert_issued_by(certificate, ca)
@@ -100,7 +100,7 @@ async def test_server_certificate_profile(service, api) -> None:
 
 
 async def test_client_certificate_profile(service, api) -> None:
-    certificate = await sign(api, "client", device_csr(dns=(), ips=()))
+    certificate = await sign(api, "client", device_csr_pem(dns=(), ips=()))
     _, ca = await internal_ca(service)
     assert_issued_by(certificate, ca)
     assert extension(certificate, x509.ExtendedKeyUsage).value == x509.ExtendedKeyUsage(
@@ -113,7 +113,7 @@ async def test_client_certificate_profile(service, api) -> None:
 
 async def test_ec_key_gets_key_agreement_instead_of_encipherment(service, api) -> None:
     key = ec.generate_private_key(ec.SECP384R1())
-    certificate = await sign(api, "server", device_csr(key))
+    certificate = await sign(api, "server", device_csr_pem(key))
     _, ca = await internal_ca(service)
     assert_issued_by(certificate, ca)
     usage = extension(certificate, x509.KeyUsage).value
@@ -122,7 +122,7 @@ async def test_ec_key_gets_key_agreement_instead_of_encipherment(service, api) -
 
 
 async def test_root_ca_and_the_default_internal_entry(service, api) -> None:
-    await sign(api, "client", device_csr())
+    await sign(api, "client", device_csr_pem())
     pki_id, ca = await internal_ca(service)
     entry = (await api.get(f"/pki/inventory/{pki_id}")).json()
     assert (entry["name"], entry["pki_connection"], entry["creator_id"]) == ("Internal CA", "localhost:0", "system")
@@ -140,7 +140,7 @@ async def test_root_ca_and_the_default_internal_entry(service, api) -> None:
     async with service.client(api_key=None) as anonymous:
         later_ca = x509.load_pem_x509_certificate((await anonymous.get(f"/pki/ca/{later['pki_id']}")).content)
     assert later_ca.subject != ca.subject and later_ca.public_key() != ca.public_key()
-    assert_issued_by(await sign(api, "server", device_csr()), ca)
+    assert_issued_by(await sign(api, "server", device_csr_pem()), ca)
     internal_entries = [e for e in (await api.get("/pki/inventory")).json() if e["pki_type_id"] == 1]
     assert [e["pki_id"] for e in internal_entries] == [pki_id, later["pki_id"]]
     assert (await internal_ca(service))[1] == ca
@@ -153,12 +153,12 @@ async def test_root_ca_and_the_default_internal_entry(service, api) -> None:
         ("client", tampered_csr_pem(), "signature does not verify"),
         ("server", "not a CSR", "not a valid PEM certificate signing request"),
         ("server", self_signed()[0].public_bytes(serialization.Encoding.PEM).decode(), "not a valid PEM"),
-        ("server", device_csr(rsa_key(1024)), "at least 2048 bits"),
-        ("client", device_csr(rsa_key(1024)), "at least 2048 bits"),
-        ("server", device_csr(ec.generate_private_key(ec.SECP192R1())), "curve secp192r1"),
-        ("server", device_csr(uri=None), "no subject alternative name URI"),
-        ("client", device_csr(uri=None, dns=(), ips=()), "no subject alternative name URI"),
-        ("server", device_csr(dns=(), ips=()), "no subject alternative name DNS name or IP address"),
+        ("server", device_csr_pem(rsa_key(1024)), "at least 2048 bits"),
+        ("client", device_csr_pem(rsa_key(1024)), "at least 2048 bits"),
+        ("server", device_csr_pem(ec.generate_private_key(ec.SECP192R1())), "curve secp192r1"),
+        ("server", device_csr_pem(uri=None), "no subject alternative name URI"),
+        ("client", device_csr_pem(uri=None, dns=(), ips=()), "no subject alternative name URI"),
+        ("server", device_csr_pem(dns=(), ips=()), "no subject alternative name DNS name or IP address"),
     ],
 )
 async def test_sign_rejects_csrs_the_ca_must_not_sign(api, profile: str, csr: str, message: str) -> None:
@@ -185,7 +185,7 @@ def empty_subject_csr() -> str:
         pytest.param({"csr_pem": None}, id="null"),
         pytest.param({"csr_pem": 1}, id="int"),
         pytest.param({"csr_pem": ""}, id="empty"),
-        pytest.param({"csr_pem": device_csr(), "profile": "server"}, id="unknown-field"),
+        pytest.param({"csr_pem": device_csr_pem(), "profile": "server"}, id="unknown-field"),
         pytest.param({"csr_pem": empty_subject_csr()}, id="empty-subject"),
     ],
 )
@@ -197,7 +197,7 @@ async def test_sign_rejects_bad_bodies(api, body: dict) -> None:
 
 
 async def test_ca_download_formats_without_api_key(service, api) -> None:
-    await sign(api, "client", device_csr())
+    await sign(api, "client", device_csr_pem())
     pki_id, ca = await internal_ca(service)
     async with service.client(api_key=None) as anonymous:
         pem = await anonymous.get(f"/pki/ca/{pki_id}", params={"format": "pem"})
@@ -217,7 +217,7 @@ async def test_ca_download_formats_without_api_key(service, api) -> None:
 
 
 async def test_crl_download_without_api_key(service, api) -> None:
-    await sign(api, "client", device_csr())
+    await sign(api, "client", device_csr_pem())
     pki_id, ca = await internal_ca(service)
     async with service.client(api_key=None) as anonymous:
         pem = await anonymous.get(f"/pki/crl/{pki_id}")
@@ -242,7 +242,7 @@ async def test_crl_download_without_api_key(service, api) -> None:
 async def test_crl_distribution_point_and_issuer_url_with_public_url(make_service) -> None:
     service = await make_service(env={"CERTLM_PUBLIC_URL": "https://certlm.plant.example:5000/"})
     async with service.client() as client:
-        certificate = await sign(client, "server", device_csr())
+        certificate = await sign(client, "server", device_csr_pem())
     pki_id, ca = await internal_ca(service)
     assert_issued_by(certificate, ca)
     points = extension(certificate, x509.CRLDistributionPoints).value
@@ -256,7 +256,7 @@ async def test_crl_distribution_point_and_issuer_url_with_public_url(make_servic
 
 
 async def test_ca_private_key_is_stored_only_encrypted(service, api) -> None:
-    await sign(api, "server", device_csr())
+    await sign(api, "server", device_csr_pem())
     pki_id, ca = await internal_ca(service)
     database = service.data_dir / "certlm.sqlite3"
     with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
@@ -282,7 +282,7 @@ async def test_ca_private_key_is_stored_only_encrypted(service, api) -> None:
 async def test_ca_survives_restart_on_both_engines(make_service, database_url: str | None) -> None:
     service = await make_service(database_url=database_url)
     async with service.client() as client:
-        certificate = await sign(client, "server", device_csr())
+        certificate = await sign(client, "server", device_csr_pem())
     pki_id, ca = await internal_ca(service)
     async with service.client(api_key=None) as anonymous:
         crl = (await anonymous.get(f"/pki/crl/{pki_id}", params={"format": "der"})).content
@@ -292,7 +292,7 @@ async def test_ca_survives_restart_on_both_engines(make_service, database_url: s
     async with service.client(api_key=None) as anonymous:
         assert (await anonymous.get(f"/pki/crl/{pki_id}", params={"format": "der"})).content == crl
     async with service.client() as client:
-        assert_issued_by(await sign(client, "client", device_csr()), ca)
+        assert_issued_by(await sign(client, "client", device_csr_pem()), ca)
     assert_issued_by(certificate, ca_after_restart)
 
 
@@ -300,7 +300,7 @@ async def test_sign_answers_501_without_the_internal_ca_plugin(make_service) -> 
     service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_internal,example_vendor"})
     async with service.client() as client:
         assert [t["pki_type"] for t in (await client.get("/pki")).json()] == ["none", "est", "cmp"]
-        response = await client.post("/pki/sign-server-csr", json={"csr_pem": device_csr()})
+        response = await client.post("/pki/sign-server-csr", json={"csr_pem": device_csr_pem()})
         assert response.status_code == 501
         assert response.json() == {"error": "no installed plugin provides pki type 1"}
         assert (await client.get("/pki/inventory")).json() == [], "no entry is created for a missing CA"
@@ -313,12 +313,7 @@ async def test_sign_answers_501_without_the_internal_ca_plugin(make_service) -> 
 async def local_app(tmp_path: Path, license_keys):
     """The app in this process with 30-day certificates. SQLite only: tortoise caches SQL per model, so one
     process cannot switch to PostgreSQL after it; the engines are compared over HTTP above."""
-    settings = Settings.from_env(
-        env={},
-        data_dir=tmp_path / "data",
-        license_public_key_file=license_keys.public_key_file,
-        extra={VALIDITY_SETTING: 30},
-    )
+    settings = in_process_settings(tmp_path / "data", license_keys, extra={VALIDITY_SETTING: 30})
     async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
         yield client, headers, host.pki_backends.get(1)
 
@@ -331,7 +326,7 @@ async def local_crl(client, pki_id: int) -> x509.CertificateRevocationList:
 
 async def test_revocation_is_published_on_the_next_crl(local_app) -> None:
     client, headers, backend = local_app
-    response = await client.post("/pki/sign-server-csr", json={"csr_pem": device_csr()}, headers=headers)
+    response = await client.post("/pki/sign-server-csr", json={"csr_pem": device_csr_pem()}, headers=headers)
     assert response.status_code == 200
     certificate = x509.load_pem_x509_certificate((await response.get_json())["certificate_pem"].encode())
     assert certificate.not_valid_after_utc - certificate.not_valid_before_utc == timedelta(days=30, minutes=5)
@@ -363,7 +358,7 @@ async def test_revocation_is_published_on_the_next_crl(local_app) -> None:
 
 async def test_unspecified_reason_is_left_out_of_the_crl_entry(local_app) -> None:
     client, headers, backend = local_app
-    response = await client.post("/pki/sign-client-csr", json={"csr_pem": device_csr()}, headers=headers)
+    response = await client.post("/pki/sign-client-csr", json={"csr_pem": device_csr_pem()}, headers=headers)
     certificate = x509.load_pem_x509_certificate((await response.get_json())["certificate_pem"].encode())
     entry = await PkiEntry.get(pki_type=1)
     await backend.revoke(entry, certificate, x509.ReasonFlags.unspecified)
@@ -373,7 +368,7 @@ async def test_unspecified_reason_is_left_out_of_the_crl_entry(local_app) -> Non
 
 async def test_deleting_the_entry_deletes_its_ca(local_app) -> None:
     client, headers, _ = local_app
-    response = await client.post("/pki/sign-client-csr", json={"csr_pem": device_csr()}, headers=headers)
+    response = await client.post("/pki/sign-client-csr", json={"csr_pem": device_csr_pem()}, headers=headers)
     assert response.status_code == 200
     entry = await PkiEntry.get(pki_type=1)
     assert await InternalCa.filter(pki_entry_id=entry.id).exists()
@@ -395,7 +390,7 @@ def test_root_signatures_use_pkcs1v15_sha256() -> None:
 async def test_concurrent_first_signatures_share_one_ca(make_service) -> None:
     service = await make_service()
     async with service.client() as client:
-        certificates = await asyncio.gather(*(sign(client, "client", device_csr()) for _ in range(6)))
+        certificates = await asyncio.gather(*(sign(client, "client", device_csr_pem()) for _ in range(6)))
         entries = [e for e in (await client.get("/pki/inventory")).json() if e["pki_type_id"] == 1]
     assert len(entries) == 1
     _, ca = await internal_ca(service)

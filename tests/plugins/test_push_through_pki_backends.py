@@ -5,26 +5,23 @@ the way that PKI does it. Swapping an entry's PKI is a PATCH of its ``pki`` and 
 from __future__ import annotations
 
 import base64
-import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 import pytest
-from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
+from certlm_opcua_simulator import SimulatedDevice
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.hazmat.primitives import serialization
 
-from tests.conftest import start_service
+from tests.conftest import StartDevice
+from tests.crypto_factory import DEVICE_KEY_USAGE, SERVER_AND_CLIENT, host_names
+from tests.plugins.gds_push.conftest import ADMIN
 from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, IssuingCmpServer, TestPki, http_error, refusing
 from tests.plugins.pki_est.est_server import EstTestServer
-from tests.support import LicenseKeys, RunningService, free_port
 
-ADMIN = {"username": "admin", "password": "admin-pw"}
 CMP_REFERENCE, CMP_SECRET = "certlm-ra", "plant-cmp-secret"
 TIMEOUTS = {
     "CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3",
@@ -34,18 +31,8 @@ TIMEOUTS = {
 
 
 @pytest.fixture(scope="module")
-async def service(tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys) -> AsyncIterator[RunningService]:
-    running = await start_service(tmp_path_factory, license_keys, env=TIMEOUTS, name="pki-push")
-    try:
-        yield running
-    finally:
-        await running.stop()
-
-
-@pytest.fixture
-async def api(service: RunningService) -> AsyncIterator[httpx.AsyncClient]:
-    async with service.client() as client:
-        yield client
+def service_env() -> dict[str, str]:
+    return TIMEOUTS
 
 
 @pytest.fixture
@@ -58,22 +45,9 @@ async def est_server(tmp_path: Path) -> AsyncIterator[EstTestServer]:
         await server.stop()
 
 
-async def start_device(tmp_path: Path, **options) -> SimulatedDevice:
-    config = SimulatorConfig(
-        state_dir=tmp_path / "device", port=free_port(), auto_accept=True, apply_delay_s=0.2, **options
-    )
-    device = SimulatedDevice(config)
-    await device.start()
-    return device
-
-
 @pytest.fixture
-async def device(tmp_path: Path) -> AsyncIterator[SimulatedDevice]:
-    simulated = await start_device(tmp_path)
-    try:
-        yield simulated
-    finally:
-        await simulated.stop()
+async def device(simulated_device: StartDevice) -> SimulatedDevice:
+    return await simulated_device()
 
 
 async def create_pki(api: httpx.AsyncClient, **fields) -> int:
@@ -150,35 +124,29 @@ async def test_est_enrolls_renews_and_serves_its_chain(
     assert deleted.json()["cert_revoked"] is False
 
 
-async def test_est_makes_the_key_for_a_device_that_cannot(
-    api: httpx.AsyncClient, est_server: EstTestServer, tmp_path: Path
+@pytest.mark.parametrize(
+    ("serverkeygen", "key_made_by", "last_operation"),
+    [(True, "key pair made by the PKI", "serverkeygen"), (False, "certlm's is used", "simpleenroll")],
+    ids=["est-server-makes-the-key", "certlm-makes-the-key"],
+)
+async def test_a_device_that_cannot_make_a_key_gets_one_from_est_or_certlm(
+    api: httpx.AsyncClient,
+    est_server: EstTestServer,
+    simulated_device: StartDevice,
+    serverkeygen: bool,
+    key_made_by: str,
+    last_operation: str,
 ) -> None:
-    device = await start_device(tmp_path, can_create_csr=False)
-    try:
-        await register(api, device, await est_pki(api, est_server))
-        result = await push(api, device)
-        enroll_step = next(step for step in result["steps"] if step["step"] == "enroll")
-        assert "key pair made by the PKI" in enroll_step["message"]
-        assert operations(est_server).count("serverkeygen") == 1
-        device.certificate.verify_directly_issued_by(est_server.ca_certificates[0])
-    finally:
-        await device.stop()
-
-
-async def test_est_server_without_key_generation_leaves_it_to_certlm(
-    api: httpx.AsyncClient, est_server: EstTestServer, tmp_path: Path
-) -> None:
-    est_server.serverkeygen = False
-    device = await start_device(tmp_path, can_create_csr=False)
-    try:
-        await register(api, device, await est_pki(api, est_server))
-        result = await push(api, device)
-        enroll_step = next(step for step in result["steps"] if step["step"] == "enroll")
-        assert "certlm's is used" in enroll_step["message"]
-        assert operations(est_server)[-1] == "simpleenroll"
-        device.certificate.verify_directly_issued_by(est_server.ca_certificates[0])
-    finally:
-        await device.stop()
+    """The EST server makes the key where it offers server-side key generation; where not, certlm makes it."""
+    est_server.serverkeygen = serverkeygen
+    device = await simulated_device(can_create_csr=False)
+    await register(api, device, await est_pki(api, est_server))
+    result = await push(api, device)
+    enroll_step = next(step for step in result["steps"] if step["step"] == "enroll")
+    assert key_made_by in enroll_step["message"]
+    assert operations(est_server)[-1] == last_operation
+    assert operations(est_server).count("serverkeygen") == 1, "certlm asks the EST server for a key once"
+    device.certificate.verify_directly_issued_by(est_server.ca_certificates[0])
 
 
 async def test_an_est_pki_never_validated_and_without_tls_ca_is_not_trusted_blindly(
@@ -224,47 +192,24 @@ async def test_swapping_the_pki_is_a_patch_of_the_entry(
 def cmp_certificate_for(device: SimulatedDevice, pki: TestPki, crl_url: str) -> x509.Certificate:
     """What the CMP CA issues to the device: its subject and key, its ApplicationUri and address in the SAN, and
     where the CA publishes its CRL (a device that checks revocation wants that CRL in its trust list)."""
-    now = datetime.now(UTC)
     current = device.certificate
-    names = [x509.UniformResourceIdentifier(device.application_uri), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    distribution_point = x509.DistributionPoint([x509.UniformResourceIdentifier(crl_url)], None, None, None)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(current.subject)
-        .issuer_name(pki.ca_certificate.subject)
-        .public_key(current.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(True, True, True, True, False, False, False, False, False), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(pki.ca_key.public_key()), critical=False)
-        .add_extension(x509.CRLDistributionPoints([distribution_point]), critical=False)
-        .sign(pki.ca_key, hashes.SHA256())
+    return pki.ca.issue(
+        current.subject,
+        current.public_key(),
+        ca=False,
+        days=30,
+        key_usage=DEVICE_KEY_USAGE,
+        extended_key_usage=SERVER_AND_CLIENT,
+        san=[x509.UniformResourceIdentifier(device.application_uri), *host_names("127.0.0.1")],
+        crl_url=crl_url,
+        key_identifiers=True,
     )
-
-
-def empty_crl(pki: TestPki) -> bytes:
-    """The CA's current CRL, revoking nothing, DER."""
-    now = datetime.now(UTC)
-    crl = (
-        x509.CertificateRevocationListBuilder()
-        .issuer_name(pki.ca_certificate.subject)
-        .last_update(now - timedelta(minutes=5))
-        .next_update(now + timedelta(days=7))
-        .sign(pki.ca_key, hashes.SHA256())
-    )
-    return crl.public_bytes(serialization.Encoding.DER)
 
 
 async def serve_crl(pki: TestPki) -> HttpRelay:
     """The CA's CRL distribution point: an HTTP server answering its current CRL (a device that checks revocation
     wants the CRL of each CA of its chain in its trust list, and certlm fetches it from here)."""
-    crl = empty_crl(pki)
+    crl = pki.ca.crl(days=7).public_bytes(serialization.Encoding.DER)  # revoking nothing
 
     async def answer(body: bytes) -> tuple[bytes, str]:
         return crl, "application/pkix-crl"
@@ -291,22 +236,23 @@ class CmpPlant:
 
 
 @pytest.fixture
-async def cmp_plant(api: httpx.AsyncClient, tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[CmpPlant]]]:
+async def cmp_plant(
+    api: httpx.AsyncClient, tmp_path: Path, simulated_device: StartDevice
+) -> AsyncIterator[Callable[..., Awaitable[CmpPlant]]]:
     """Set up a ``CmpPlant``; the arguments choose how the mock hands out the CA certificate (``-rsp_extracerts``
     or ``-rsp_capubs``) and anything else it should do. The mock answers every request with one fixed certificate,
     so the device keeps its key (a secure element) and the mock is given the certificate for that key."""
     started: list[CmpPlant] = []
 
     async def start(chain_option: str = "-rsp_extracerts", *options: str) -> CmpPlant:
-        device = await start_device(tmp_path, fixed_key=True)
+        device = await simulated_device(fixed_key=True)
         pki = TestPki.create(tmp_path / "cmp")
         crl_distribution_point = await serve_crl(pki)
         issued = cmp_certificate_for(device, pki, f"http://{crl_distribution_point.address}/ca.crl")
         server = CmpMockServer(
             tmp_path / "cmp",
             "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}",
-            "-rsp_cert", str(pki.write("issued.pem", issued)),
-            chain_option, str(pki.write("ca.pem", pki.ca_certificate)),
+            *pki.answering(issued), chain_option, str(pki.write("ca.pem", pki.ca_certificate)),
             *options,
         ).start()  # fmt: skip
         pki_id = await create_pki(
@@ -322,7 +268,6 @@ async def cmp_plant(api: httpx.AsyncClient, tmp_path: Path) -> AsyncIterator[Cal
     for plant in started:
         plant.server.stop()
         await plant.crl_distribution_point.stop()
-        await plant.device.stop()
 
 
 async def test_cmp_enrolls_renews_and_revokes_on_decommission(api: httpx.AsyncClient, cmp_plant) -> None:
@@ -359,12 +304,12 @@ async def test_cmp_server_down_at_decommission_keeps_the_entry(api: httpx.AsyncC
 
 
 async def test_cmp_server_without_genm_and_p10cr_enrolls_a_device_that_cannot_make_keys(
-    api: httpx.AsyncClient, tmp_path: Path
+    api: httpx.AsyncClient, tmp_path: Path, simulated_device: StartDevice
 ) -> None:
     """Issue 10's server (ir, cr, rr, certConf, pollReq; an HTTP 500 page for anything else) and a device that takes a
     pushed key: certlm makes the key and sends ir, the chain comes with the answer (caPubs), and the device applies
     and presents the certificate. Its renewal, kur being refused too, is a new ir."""
-    device = await start_device(tmp_path, can_create_csr=False)
+    device = await simulated_device(can_create_csr=False)
     pki = TestPki.create(tmp_path / "cmp-ir-cr")
     crl_distribution_point = await serve_crl(pki)
     pki.crl_url = f"http://{crl_distribution_point.address}/ca.crl"
@@ -407,7 +352,6 @@ async def test_cmp_server_without_genm_and_p10cr_enrolls_a_device_that_cannot_ma
         await server.stop()
         issuing.stop()
         await crl_distribution_point.stop()
-        await device.stop()
 
 
 async def test_a_certificate_without_its_chain_never_reaches_the_device(api: httpx.AsyncClient, cmp_plant) -> None:

@@ -4,26 +4,26 @@ refuses such a certificate before it reaches the device."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 from certlm_opcua_simulator import SimulatedDevice
 from cryptography import x509
 
+from tests.conftest import StartDevice
 from tests.plugins import test_push_through_pki_backends as pki_push
 from tests.plugins.pki_est.est_server import EstTestServer
-from tests.plugins.test_push_through_pki_backends import ADMIN, est_pki, push, register, start_device
+from tests.plugins.test_push_through_pki_backends import ADMIN, est_pki, push, register
 
-# The fixtures of the push-through-PKI tests: a certlm service for this module, its client, an EST server, a device.
-service, api, est_server, device = pki_push.service, pki_push.api, pki_push.est_server, pki_push.device
+# The fixtures of the push-through-PKI tests: the settings of this module's service, an EST server, a device.
+service_env, est_server, device = pki_push.service_env, pki_push.est_server, pki_push.device
 
 DROPPED = "DNS:localhost, IP:127.0.0.1, which certlm requested"
 NOT_NAMED = "the certificate does not name IP:127.0.0.1, which certlm reaches the device at"
 
 
 async def test_names_the_pki_dropped_are_a_warning_then_an_error_when_required(
-    api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice, tmp_path: Path
+    api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice, simulated_device: StartDevice
 ) -> None:
     est_server.uri_san_only = True
     pki_id = await est_pki(api, est_server)
@@ -51,25 +51,22 @@ async def test_names_the_pki_dropped_are_a_warning_then_an_error_when_required(
     # Required: a device whose CSR names them is refused before it gets such a certificate.
     required = await api.patch(f"/pki/inventory/{pki_id}", json={"require_requested_names": True})
     assert required.status_code == 200 and required.json()["require_requested_names"] is True
-    second = await start_device(tmp_path / "second")
-    try:
-        await register(api, second, pki_id)
-        factory = second.certificate
-        body = {"server": "127.0.0.1", "port": second.config.port, **ADMIN}
-        refused = await api.post("/gds/push/onboarding", json=body)
-        assert refused.status_code == 422, refused.text
-        error = refused.json()["error"]
-        assert DROPPED in error and "require_requested_names" in error and "was not installed" in error
-        assert "the PKI cannot revoke it through certlm" in error  # EST has no revocation
-        failed = refused.json()["result"]["steps"][-1]
-        assert (failed["step"], failed["status"]) == ("enroll", "BadRequestNotAllowed")
-        assert refused.json()["result"]["device_changed"] is False and second.certificate == factory
+    second = await simulated_device()
+    await register(api, second, pki_id)
+    factory = second.certificate
+    body = {"server": "127.0.0.1", "port": second.config.port, **ADMIN}
+    refused = await api.post("/gds/push/onboarding", json=body)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert DROPPED in error and "require_requested_names" in error and "was not installed" in error
+    assert "the PKI cannot revoke it through certlm" in error  # EST has no revocation
+    failed = refused.json()["result"]["steps"][-1]
+    assert (failed["step"], failed["status"]) == ("enroll", "BadRequestNotAllowed")
+    assert refused.json()["result"]["device_changed"] is False and second.certificate == factory
 
-        # A PKI that keeps the names passes the same check without a word.
-        est_server.uri_san_only = False
-        onboarded = await api.post("/gds/push/onboarding", json=body)
-        assert onboarded.status_code == 200, onboarded.text
-        assert "warnings" not in onboarded.json()["result"]
-        assert (await api.get(f"/gds/inventory/crt/{quote(second.url, safe='')}")).json()["warnings"] == []
-    finally:
-        await second.stop()
+    # A PKI that keeps the names passes the same check without a word.
+    est_server.uri_san_only = False
+    onboarded = await api.post("/gds/push/onboarding", json=body)
+    assert onboarded.status_code == 200, onboarded.text
+    assert "warnings" not in onboarded.json()["result"]
+    assert (await api.get(f"/gds/inventory/crt/{quote(second.url, safe='')}")).json()["warnings"] == []

@@ -8,6 +8,7 @@ import sqlite3
 from certlm.storage.migrations import CURRENT_VERSION
 
 PKI_COLUMNS_SINCE_5 = ("redirect_origins", "require_requested_names", "learned_capabilities")
+INVENTORY_COLUMNS_SINCE_6 = ("cert_revocation_status", "cert_revocation_reason")
 LEGACY_LAST_RESULT = '{"operation": "push", "success": true, "at": "2025-01-01T00:00:00+00:00"}'
 
 
@@ -26,10 +27,13 @@ async def test_data_survives_restart_on_both_engines(make_service, database_url)
 
 def _downgrade_sqlite_to_version_1(path) -> None:
     """Turn a current database back into what version 1 looked like: rules without cron columns, inventory
-    entries without a device description or pinned certificate, one last_result record per entry."""
+    entries without a device description, pinned certificate or revocation status, one last_result record per
+    entry."""
     with sqlite3.connect(path) as db:
         db.execute("ALTER TABLE inventory_entry DROP COLUMN device_description")
         db.execute("ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der")
+        for column in INVENTORY_COLUMNS_SINCE_6:
+            db.execute(f"ALTER TABLE inventory_entry DROP COLUMN {column}")
         for column in PKI_COLUMNS_SINCE_5:
             db.execute(f"ALTER TABLE pki_entry DROP COLUMN {column}")
         db.execute(
@@ -64,7 +68,8 @@ async def test_version_1_sqlite_database_is_upgraded_in_place(make_service) -> N
     await service.start()
     assert {"cron", "duration_minutes"} <= _rule_columns_sqlite(database)
     with sqlite3.connect(database) as db:
-        assert "device_description" in {row[1] for row in db.execute("PRAGMA table_info(inventory_entry)")}
+        inventory_columns = {row[1] for row in db.execute("PRAGMA table_info(inventory_entry)")}
+        assert {"device_description", *INVENTORY_COLUMNS_SINCE_6} <= inventory_columns
         # The certificate a push used to require is now the entry's pin; its last result is filed by operation.
         pinned, last_result = db.execute(
             "SELECT pinned_certificate_der, last_result FROM inventory_entry WHERE server = 'plc-1'"
@@ -92,6 +97,7 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
         "ALTER TABLE maintenance_rule DROP COLUMN cron; ALTER TABLE maintenance_rule DROP COLUMN duration_minutes;"
         "ALTER TABLE inventory_entry DROP COLUMN device_description;"
         "ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der;"
+        + "".join(f"ALTER TABLE inventory_entry DROP COLUMN {column};" for column in INVENTORY_COLUMNS_SINCE_6)
         + "".join(f"ALTER TABLE pki_entry DROP COLUMN {column};" for column in PKI_COLUMNS_SINCE_5)
         + "INSERT INTO inventory_entry (protocol, service, server, port, device_status, certificate_der, last_result,"
         " created_at, updated_at) VALUES ('gds', 'gds-push-generic', 'plc-1', 4840, 1, '\\x30820102', "
@@ -110,7 +116,7 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
     inventory_columns = postgres.query(
         url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'inventory_entry'"
     ).split()
-    assert "device_description" in inventory_columns
+    assert {"device_description", *INVENTORY_COLUMNS_SINCE_6} <= set(inventory_columns)
     pki_columns = postgres.query(
         url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'pki_entry'"
     ).split()

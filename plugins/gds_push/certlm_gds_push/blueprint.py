@@ -10,6 +10,7 @@ from quart_schema import validate_querystring
 
 from certlm.certs import to_pem
 from certlm.errors import NotFound
+from certlm.host import current_host
 from certlm.responses import DownloadQuery
 from certlm_gds_push.identity import client_identity, stored_client_identity
 
@@ -23,7 +24,7 @@ _MIMETYPES = {"pem": "application/x-pem-file", "der": "application/pkix-cert"}
 @blueprint.before_app_serving
 async def create_client_identity() -> None:
     try:
-        identity = await client_identity()
+        identity = await client_identity(current_host().services)
     except Exception:
         # The internal CA could not sign (for example a broken CA entry): the service still starts, the identity
         # is created at first use, and /gds/crt answers 404 until then.

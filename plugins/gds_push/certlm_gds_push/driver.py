@@ -39,12 +39,11 @@ from certlm_gds_push.connection import (
     server_endpoints,
     usable_endpoints,
 )
-from certlm_gds_push.push import (
+from certlm_gds_push.push_flow import known_device_check, run_push
+from certlm_gds_push.server_configuration import (
     RSA_SHA256_APPLICATION_CERTIFICATE_TYPE,
     ServerConfiguration,
-    known_device_check,
     part12_subject,
-    push_certificate,
     type_name,
 )
 from certlm_gds_push.trustlist import TrustListFile, from_data_type
@@ -85,6 +84,9 @@ class GdsPushDriver(DeviceDriver):
 
     service = "gds-push-generic"
     protocol = "gds"
+    extra_tables = ("opc",)
+    url_scheme = "opc.tcp"
+    default_port = 4840
     generic = True
 
     # What a specific driver may change.
@@ -114,7 +116,7 @@ class GdsPushDriver(DeviceDriver):
 
     async def client_identity(self) -> identity.ClientIdentity:
         """certlm's client application certificate and key, from the host's database (needs the app context)."""
-        return await identity.client_identity()
+        return await identity.client_identity(self.services)
 
     @asynccontextmanager
     async def session(
@@ -187,7 +189,9 @@ class GdsPushDriver(DeviceDriver):
             return from_data_type(await trust_file.read(mask), mask)
 
     async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
-        return await push_certificate(self, target, request, pki)
+        """The Part 12 push flow (``push_flow``) in one session; at first contact (``request.identify``) the
+        description it reads selects the driver, and a ``GdsPushDriver`` selected goes on in that session."""
+        return await run_push(self, target, request, pki)
 
     # Reading the device, in an open session. A specific driver overrides what its device offers differently.
 

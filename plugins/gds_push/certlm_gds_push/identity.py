@@ -1,8 +1,9 @@
 """certlm's own OPC UA client application: the instance certificate and key it presents to every device.
 
-Created at first start and kept in the database (key encrypted), so every instance sharing the database presents
-the same certificate and a device that trusts it keeps trusting it across restarts. It is issued by the internal
-CA when an internal CA PKI entry exists at that moment, else self-signed as OPC UA Part 6 allows.
+Created at first start and kept in the plugin's table (key encrypted with the host's secrets), so every instance
+sharing the database presents the same certificate and a device that trusts it keeps trusting it across restarts.
+It is issued by the internal CA (``HostServices.issue_client_certificate``) when one is configured at that moment,
+else self-signed as OPC UA Part 6 allows.
 """
 
 from __future__ import annotations
@@ -19,10 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tortoise.exceptions import IntegrityError
 
-from certlm.host import current_host
-from certlm.pki_backends import CLIENT_PROFILE
-from certlm.pki_entries import INTERNAL_PKI_TYPE
-from certlm.storage.models import PkiEntry
+from certlm.registry import HostServices
 from certlm_gds_push.models import OpcUaClientIdentity
 
 log = logging.getLogger(__name__)
@@ -70,28 +68,25 @@ async def stored_client_identity() -> OpcUaClientIdentity | None:
     return await OpcUaClientIdentity.get_or_none(id=1)
 
 
-async def client_identity() -> ClientIdentity:
-    """certlm's client identity, created when there is none (first start, or after the database was wiped).
-    Needs the app context (it reads the host)."""
-    host = current_host()
+async def client_identity(services: HostServices) -> ClientIdentity:
+    """certlm's client identity, created when there is none (first start, or after the database was wiped)."""
     stored = await stored_client_identity()
     if stored is None:
         async with _creation_lock:
             stored = await stored_client_identity()
             if stored is None:
-                uri = host.settings.extra.get("gds_client_application_uri") or default_application_uri()
-                stored = await _create(uri)
+                uri = services.settings.extra.get("gds_client_application_uri") or default_application_uri()
+                stored = await _create(uri, services)
     # Decrypting and parsing once per stored certificate, not once per device operation.
     cache_key = stored.certificate_der.hex()
     if cache_key not in _cache:
         _cache.clear()
-        _cache[cache_key] = _load(stored)
+        _cache[cache_key] = _load(stored, services)
     return _cache[cache_key]
 
 
-def _load(stored: OpcUaClientIdentity) -> ClientIdentity:
-    secrets = current_host().secrets
-    key = serialization.load_der_private_key(secrets.decrypt(stored.private_key_enc), password=None)
+def _load(stored: OpcUaClientIdentity, services: HostServices) -> ClientIdentity:
+    key = serialization.load_der_private_key(services.secrets.decrypt(stored.private_key_enc), password=None)
     assert isinstance(key, rsa.RSAPrivateKey)
     return ClientIdentity(
         application_uri=stored.application_uri,
@@ -101,8 +96,7 @@ def _load(stored: OpcUaClientIdentity) -> ClientIdentity:
     )
 
 
-async def _create(application_uri: str) -> OpcUaClientIdentity:
-    host = current_host()
+async def _create(application_uri: str, services: HostServices) -> OpcUaClientIdentity:
     key = await asyncio.to_thread(rsa.generate_private_key, public_exponent=65537, key_size=CLIENT_KEY_BITS)
     hostname = socket.gethostname()
     subject = x509.Name(
@@ -112,19 +106,19 @@ async def _create(application_uri: str) -> OpcUaClientIdentity:
         ]
     )
     san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(application_uri), x509.DNSName(hostname)])
-    ca_entry = None
-    if host.pki_backends.known(INTERNAL_PKI_TYPE):
-        ca_entry = await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).order_by("id").first()
-    if ca_entry is not None:
-        csr = (
-            x509.CertificateSigningRequestBuilder()
-            .subject_name(subject)
-            .add_extension(san, critical=False)
-            .sign(key, hashes.SHA256())
-        )
-        enrollment = await host.pki_backends.get(INTERNAL_PKI_TYPE).enroll(ca_entry, csr, CLIENT_PROFILE)
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(subject)
+        .add_extension(san, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    enrollment = await services.issue_client_certificate(csr)
+    if enrollment is not None:
         certificate, chain = enrollment.certificate, enrollment.chain
-        log.info("created certlm's OPC UA client certificate, issued by PKI entry %s", ca_entry.id)
+        log.info(
+            "created certlm's OPC UA client certificate, issued by the internal CA %s",
+            certificate.issuer.rfc4514_string(),
+        )
     else:
         certificate, chain = _self_signed(key, subject, san), ()
         log.info("created certlm's self-signed OPC UA client certificate (no internal CA configured)")
@@ -133,7 +127,7 @@ async def _create(application_uri: str) -> OpcUaClientIdentity:
         application_uri=application_uri,
         certificate_der=certificate.public_bytes(serialization.Encoding.DER),
         chain_der=[c.public_bytes(serialization.Encoding.DER).hex() for c in chain],
-        private_key_enc=host.secrets.encrypt(
+        private_key_enc=services.secrets.encrypt(
             key.private_bytes(
                 serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
             )

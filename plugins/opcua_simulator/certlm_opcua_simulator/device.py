@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from .address_space import CopyOnReadNodes, standard_nodes
 from .config import SimulatorConfig
 from .pki import TrustList, create_self_signed_certificate, der_of, load_certificate_der, thumbprint
-from .push import Caller, PushManagement, current_caller
+from .push_management import Caller, PushManagement, current_caller
 from .store import DeviceState, StateFolder
 
 _logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class _UserManager(UserManager):
         certificate: Any = None,
     ) -> User | None:
         # None refuses the login with BadUserAccessDenied. Every login gets its own user object, whose
-        # identity then stands for the session (see push.Caller).
+        # identity then stands for the session (see push_management.Caller).
         if username is not None:
             entry = self._users.get(username)
             if entry is None or not hmac.compare_digest(entry[0].encode(), (password or "").encode()):
@@ -73,6 +73,12 @@ class _UserManager(UserManager):
 class _DeviceSession(InternalSession):
     iserver: _DeviceInternalServer
 
+    async def get_endpoints(
+        self, params: ua.GetEndpointsParameters | None = None, sockname: tuple[str, int] | None = None
+    ) -> list[ua.EndpointDescription]:
+        # CreateSession's answer lists the endpoints as well; only a GetEndpoints request counts as one.
+        return await InternalServer.get_endpoints(self.iserver, params, sockname)
+
     def activate_session(self, params: ua.ActivateSessionParameters, peer_certificate: bytes | None) -> Any:
         # asyncua hands the channel's client application certificate to the user manager for anonymous
         # logins too; only an X.509 identity token (whose certificate asyncua puts in instead) is a user.
@@ -84,11 +90,20 @@ class _DeviceSession(InternalSession):
 
 
 class _DeviceInternalServer(InternalServer):
-    """asyncua's internal server, telling the device when a session closes."""
+    """asyncua's internal server, telling the device when a session closes and counting the sessions and endpoint
+    lists clients ask for (what a client costs a device)."""
 
     def __init__(self, user_manager: UserManager) -> None:
         super().__init__(user_manager=user_manager)
         self.session_closed: Callable[[Any], None] = lambda user: None
+        self.sessions_created = 0
+        self.endpoint_requests = 0
+
+    async def get_endpoints(
+        self, params: ua.GetEndpointsParameters | None = None, sockname: tuple[str, int] | None = None
+    ) -> list[ua.EndpointDescription]:
+        self.endpoint_requests += 1
+        return await super().get_endpoints(params, sockname)
 
     async def load_standard_address_space(self, shelf_file: Path | None = None) -> None:
         # The nodes are shared with every device of the process (see address_space); _nodes is where
@@ -96,6 +111,8 @@ class _DeviceInternalServer(InternalServer):
         self.aspace._nodes = CopyOnReadNodes(await asyncio.to_thread(standard_nodes))
 
     def create_session(self, name: str, user: User | None = None, external: bool = False) -> InternalSession:
+        if external:  # the server's own internal session is no client's
+            self.sessions_created += 1
         return _DeviceSession(
             self,
             self.aspace,
@@ -114,7 +131,7 @@ class ChannelRuleset(PermissionRuleset):
 
     def check_validity(self, user: User, action_type_id: ua.NodeId, body: Any) -> bool:
         # asyncua runs this in the connection's task just before it processes the request, so the
-        # method callbacks of that request see the caller (push.current_caller).
+        # method callbacks of that request see the caller (push_management.current_caller).
         current_caller.set(Caller(user, self.mode))
         return True
 
@@ -153,6 +170,27 @@ class SimulatedDevice:
     def rejected(self) -> list[bytes]:
         """Client certificates (DER) refused so far, oldest first, as GetRejectedList returns them."""
         return list(self._started_state().rejected)
+
+    @property
+    def sessions_created(self) -> int:
+        """Sessions clients created since the device started (CreateSession requests answered)."""
+        return self._started_iserver().sessions_created
+
+    @property
+    def endpoint_requests(self) -> int:
+        """GetEndpoints requests answered since the device started."""
+        return self._started_iserver().endpoint_requests
+
+    def _started_iserver(self) -> _DeviceInternalServer:
+        if self._server is None:
+            raise RuntimeError("the device has not been started")
+        assert isinstance(self._server.iserver, _DeviceInternalServer)
+        return self._server.iserver
+
+    @property
+    def installed_certificates(self) -> list[str]:
+        """The serials (hex) of the certificates pushed to the device and installed, oldest first."""
+        return StateFolder(self.config.device_state_dir).installations()
 
     @property
     def listening(self) -> bool:

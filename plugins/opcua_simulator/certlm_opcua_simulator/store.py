@@ -20,6 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from .pki import TrustList, der_of, load_pem_bundle, pem_bundle
 
+INSTALLATION_LOG = "installed-certificates.log"
+
 
 @dataclass
 class DeviceState:
@@ -74,6 +76,17 @@ class StateFolder:
         self._write("private-key.pem", key_pem, mode=0o600)
         self._write("certificate.pem", pem_bundle([der_of(state.certificate)]))
         self._write("issuers.pem", pem_bundle(state.issuers))
+
+    def record_installation(self, certificate: x509.Certificate) -> None:
+        """Append the serial of a certificate the device installed (pushed, not its first self-signed one) to
+        ``installed-certificates.log``: how a test in another process counts the pushes a device accepted."""
+        with (self.path / INSTALLATION_LOG).open("a") as log:
+            log.write(f"{certificate.serial_number:x}\n")
+
+    def installations(self) -> list[str]:
+        """The serials ``record_installation`` logged, oldest first."""
+        path = self.path / INSTALLATION_LOG
+        return path.read_text().split() if path.exists() else []
 
     def save_trust_list(self, trust_list: TrustList) -> None:
         self._write("trust-list.bin", trust_list.encode())

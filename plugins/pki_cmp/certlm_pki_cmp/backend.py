@@ -55,7 +55,7 @@ from pyasn1_alt_modules import rfc9480
 from certlm import pki_client
 from certlm.certs import is_self_signed, issued_by, issuer_chain, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
-from certlm.pki_backends import CertificateProfile, Enrollment, PkiBackend
+from certlm.pki_backends import CertificateProfile, Enrollment, EnrollmentRequest, PkiBackend
 from certlm.storage.models import PkiEntry
 from certlm_pki_cmp import messages, protection
 from certlm_pki_cmp.capabilities import LearnedCapabilities, TypeRefused, type_refusal
@@ -134,15 +134,8 @@ class CmpPki(PkiBackend):
 
     # --- enrollment ---------------------------------------------------------------------------------------------
 
-    async def enroll(
-        self,
-        entry: PkiEntry,
-        csr: x509.CertificateSigningRequest,
-        profile: CertificateProfile,
-        *,
-        renewing: x509.Certificate | None = None,
-        private_key: CertificateIssuerPrivateKeyTypes | None = None,
-    ) -> Enrollment:
+    async def issue(self, entry: PkiEntry, request: EnrollmentRequest) -> Enrollment:
+        csr, private_key = request.csr, request.private_key
         # certlm vouches for the CSR whenever it sends raVerified, and a CA would refuse it anyway.
         if not csr.is_signature_valid:
             raise CsrRejected("CSR signature does not verify")
@@ -150,24 +143,24 @@ class CmpPki(PkiBackend):
             raise CsrRejected("the private key given for the CSR is not the CSR's key")
         credentials = self._credentials(entry)
         learned = LearnedCapabilities.of(entry)
-        requests = self._requests(csr, profile, credentials, renewing, private_key)
+        attempts = self._requests(csr, request.profile, credentials, request.renewing, private_key)
         # A type refused within REFUSAL_LIFETIME goes last: tried again only when nothing else is left, since the
         # lesson may be stale and failing is all that not asking would achieve.
-        requests.sort(key=lambda request: learned.refusal(request.kind) is not None)
+        attempts.sort(key=lambda attempt: learned.refusal(attempt.kind) is not None)
         refused: dict[str, str] = {}
         try:
-            for request in requests:
+            for attempt in attempts:
                 try:
-                    certificate, candidates = await self._enroll(entry, credentials, request)
+                    certificate, candidates = await self._enroll(entry, credentials, attempt)
                 except TypeRefused as refusal:
                     log.info("CMP server of PKI entry %s refused %s: %s", entry.id, refusal.kind, refusal.answer)
                     refused[refusal.kind] = refusal.answer
                     learned.refused(refusal.kind, refusal.answer)
                     continue
                 except ServerRefused as rejected:
-                    by = " from certlm as RA" if request.ra_verified and credentials.signs else ""
+                    by = " from certlm as RA" if attempt.ra_verified and credentials.signs else ""
                     raise rejected.as_api_error(entry.id, f"rejected the request{by}") from None
-                learned.accepted(request.kind)
+                learned.accepted(attempt.kind)
                 chain = await self._chain(entry, credentials, learned, certificate, candidates)
                 return Enrollment(certificate=certificate, chain=tuple(chain))
         finally:

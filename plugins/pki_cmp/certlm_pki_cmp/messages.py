@@ -3,7 +3,6 @@ pyasn1-alt-modules, converted to and from ``cryptography`` objects through DER. 
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +14,8 @@ from pyasn1.codec.der import decoder, encoder
 from pyasn1.error import PyAsn1Error
 from pyasn1.type import char, univ
 from pyasn1_alt_modules import rfc2986, rfc4211, rfc5280, rfc9480
+
+from certlm.certs import with_host_names
 
 # RFC 4210 §5.1.1: pvno 2 (cmp2000) unless a message needs the RFC 9480 features of cmp2021.
 PVNO = 2
@@ -270,14 +271,9 @@ def csr_extensions(csr: x509.CertificateSigningRequest, hosts: tuple[str, ...] =
     for extension in extensions:
         if extension.oid == ExtensionOID.SUBJECT_ALTERNATIVE_NAME:
             names = list(extension.value)
-    for host in hosts:
-        try:
-            name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
-        except ValueError:
-            name = x509.DNSName(host)
-        if name not in names:
-            names.append(name)
-    san = x509.Extension(ExtensionOID.SUBJECT_ALTERNATIVE_NAME, False, x509.SubjectAlternativeName(names))
+    san = x509.Extension(
+        ExtensionOID.SUBJECT_ALTERNATIVE_NAME, False, x509.SubjectAlternativeName(with_host_names(names, hosts))
+    )
     others = [extension for extension in extensions if extension.oid != ExtensionOID.SUBJECT_ALTERNATIVE_NAME]
     return [*others, san]
 

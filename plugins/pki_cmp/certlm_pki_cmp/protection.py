@@ -19,7 +19,7 @@ from pyasn1.error import PyAsn1Error
 from pyasn1.type import univ
 from pyasn1_alt_modules import rfc4210, rfc5280, rfc8018
 
-from certlm.certs import issued_by
+from certlm.certs import extension_value, issued_by
 
 # Sent: RFC 9481 §6.1 names SHA-256 and HMAC-SHA256; OpenSSL's server accepts up to 100000 PBM iterations.
 MAC_ITERATIONS = 10_000
@@ -256,10 +256,8 @@ def verified_signer_chain(
 
 
 def is_ca(certificate: x509.Certificate) -> bool:
-    try:
-        return certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    except x509.ExtensionNotFound:
-        return False
+    constraints = extension_value(certificate, x509.BasicConstraints)
+    return constraints is not None and constraints.ca
 
 
 def _check_validity(certificate: x509.Certificate, now: datetime) -> None:
@@ -269,7 +267,5 @@ def _check_validity(certificate: x509.Certificate, now: datetime) -> None:
 
 def may_sign(certificate: x509.Certificate) -> bool:
     """Whether the key usage (when present) allows digital signatures, as CMP protection requires."""
-    try:
-        return certificate.extensions.get_extension_for_class(x509.KeyUsage).value.digital_signature
-    except x509.ExtensionNotFound:
-        return True
+    usage = extension_value(certificate, x509.KeyUsage)
+    return usage is None or usage.digital_signature

@@ -4,10 +4,6 @@ verified against the entry's ``tls_ca`` (else the system's trust store)."""
 
 from __future__ import annotations
 
-from types import TracebackType
-
-import aiohttp
-
 from certlm import pki_client
 from certlm.errors import UpstreamUnavailable
 from certlm.registry import HostServices
@@ -40,28 +36,17 @@ class HttpErrorAnswer(UpstreamUnavailable):
         return f"HTTP {self.status_code}: {self.text}" if self.text else f"HTTP {self.status_code}"
 
 
-class CmpTransport:
+class CmpTransport(pki_client.PkiHttpSession):
     """An HTTP session to one PKI entry's CMP endpoint; use it as an async context manager per transaction
     so the messages of a transaction share a connection where the server keeps it open."""
 
     def __init__(self, entry: PkiEntry, services: HostServices) -> None:
+        super().__init__(pki_client.request_timeout(services))
         self.server = pki_client.pki_server(entry, "CMP", "http")
         self.url = endpoint_url(entry)
         self._peer = f"CMP server of PKI entry {entry.id} at {self.url}"
         self._trust = "the entry's tls_ca" if entry.tls_ca else "the system's trust store (the entry has no tls_ca)"
         self._tls = pki_client.ssl_context(entry) if self.server.uses_tls else None
-        self._timeout = pki_client.request_timeout(services)
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> CmpTransport:
-        self._session = aiohttp.ClientSession(timeout=self._timeout)
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        if self._session is not None:
-            await self._session.close()
 
     def _unavailable(self, problem: str) -> UpstreamUnavailable:
         return UpstreamUnavailable(f"{self._peer}: {problem}")
@@ -70,9 +55,8 @@ class CmpTransport:
         """The body of the server's answer to ``request``: a CMP message, whatever the HTTP status (RFC 6712 §3.3).
         ``HttpErrorAnswer`` for an HTTP error status without one; ``UpstreamUnavailable`` when the server is
         unreachable, too slow, or answers anything else."""
-        assert self._session is not None, "use CmpTransport as an async context manager"
-        with pki_client.reported_transport_failures(self._peer, self.server, "the request", self._timeout, self._trust):
-            async with self._session.post(
+        with pki_client.reported_transport_failures(self._peer, self.server, "the request", self.timeout, self._trust):
+            async with self.session.post(
                 self.url,
                 data=request,
                 headers={"Content-Type": CONTENT_TYPE, "Accept": CONTENT_TYPE},

@@ -12,12 +12,18 @@ import ssl
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes, PublicKeyTypes
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 from certlm import pki_client
 from certlm.certs import crl_signed_by, issued_by, issuer_chain, load_crl, sha1_fingerprint, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
-from certlm.pki_backends import CertificateProfile, Enrollment, KeyedEnrollment, PkiBackend, ServerValidation
+from certlm.pki_backends import (
+    Enrollment,
+    EnrollmentRequest,
+    KeyedEnrollment,
+    PkiBackend,
+    ServerValidation,
+)
 from certlm.storage.models import PkiEntry
 from certlm_pki_est import csrattrs
 from certlm_pki_est.client import EstClient, EstEndpoint, OtherOrigins
@@ -119,24 +125,17 @@ class EstPki(PkiBackend):
             raise NotFound(f"No CRL distribution point available for PKI entry {entry.id}: {advice}")
         return await pki_client.fetch_crl(urls, stored, self.services)
 
-    async def enroll(
-        self,
-        entry: PkiEntry,
-        csr: x509.CertificateSigningRequest,
-        profile: CertificateProfile,
-        *,
-        renewing: x509.Certificate | None = None,
-        private_key: CertificateIssuerPrivateKeyTypes | None = None,
-    ) -> Enrollment:
+    async def issue(self, entry: PkiEntry, request: EnrollmentRequest) -> Enrollment:
         """``simpleenroll``, or ``simplereenroll`` when renewing a certificate with the CSR's subject (RFC 7030
         §4.2.2 lets a re-enrollment change only the key; a new subject is a new enrollment). The server's
         ``csrattrs`` are fetched first: when certlm made the key it re-signs the CSR as they ask."""
         endpoint = self._endpoint(entry)
+        csr = request.csr
         async with self._enrollment_client(entry, endpoint) as client:
             attributes = await client.csr_attributes()
-            if attributes and private_key is not None:
-                csr = csrattrs.follow(attributes, csr, private_key)
-            renew = renewing is not None and renewing.subject == csr.subject
+            if attributes and request.private_key is not None:
+                csr = csrattrs.follow(attributes, csr, request.private_key)
+            renew = request.renewing is not None and request.renewing.subject == csr.subject
             try:
                 certificates = await client.enroll(csr, renew=renew)
             except CsrRejected as error:
@@ -148,19 +147,12 @@ class EstPki(PkiBackend):
                 ) from None
         return self._enrollment(entry, endpoint, csr.public_key(), certificates, "the CSR's public key")
 
-    async def enroll_server_key(
-        self,
-        entry: PkiEntry,
-        csr: x509.CertificateSigningRequest,
-        profile: CertificateProfile,
-        *,
-        renewing: x509.Certificate | None = None,
-    ) -> KeyedEnrollment:
+    async def issue_with_server_key(self, entry: PkiEntry, request: EnrollmentRequest) -> KeyedEnrollment:
         """``serverkeygen`` (RFC 7030 §4.4); EST has no re-enrollment form of it. The key comes back as an
         unencrypted PKCS#8 protected by the TLS session, the only form certlm asks for."""
         endpoint = self._endpoint(entry)
         async with self._enrollment_client(entry, endpoint) as client:
-            key, certificates = await client.server_keygen(csr)
+            key, certificates = await client.server_keygen(request.csr)
         enrollment = self._enrollment(entry, endpoint, key.public_key(), certificates, "the key it generated")
         return KeyedEnrollment(enrollment.certificate, enrollment.chain, private_key=key)
 

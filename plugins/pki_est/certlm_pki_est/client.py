@@ -10,7 +10,6 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
 
 import aiohttp
 from cryptography import x509
@@ -76,7 +75,7 @@ class _Answer:
         return self.headers.get("Content-Type")
 
 
-class EstClient:
+class EstClient(pki_client.PkiHttpSession):
     """One conversation with an EST server. ``tls`` decides what the server's certificate is verified against
     (``trust`` says that in words, for error messages); ``basic_auth`` (user name and password) and the client
     certificate in ``tls`` are the credentials (``credentials`` names them without revealing them). They go to
@@ -95,30 +94,18 @@ class EstClient:
         basic_auth: tuple[str, str] | None = None,
         credentials: str = "no credentials",
     ) -> None:
+        # EST keeps no state between requests (a pending enrollment is retried with the whole request), and a
+        # redirect may lead to another port of the same host.
+        super().__init__(timeout, keep_cookies=False)
         self.endpoint = endpoint
         self._tls = tls
         self._trust = trust
-        self._timeout = timeout
         self._pending_wait_s = pending_wait_s
         self._other_origins = other_origins
         self._other_origin_tls: ssl.SSLContext | None = None
         self._vetted: set[str] = set()
         self._authorization = aiohttp.encode_basic_auth(*basic_auth) if basic_auth else None
         self._credentials = credentials
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> EstClient:
-        # EST keeps no state between requests (a pending enrollment is retried with the whole request), and cookies
-        # do not tell ports apart (RFC 6265 §8.5): a jar would hand one origin's cookies to another on the same host.
-        self._session = aiohttp.ClientSession(timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar())
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     async def ca_certificates(self) -> list[x509.Certificate]:
         """``/cacerts`` (RFC 7030 §4.1): the CA certificates, in the order the server sent them."""
@@ -233,15 +220,14 @@ class EstClient:
         self, hop: pki_client.RedirectHop, method: str, headers: dict[str, str], body: bytes | None, operation: str
     ) -> _Answer:
         """One HTTP exchange: with the entry's credentials at ``pki_connection``'s origin, without them elsewhere."""
-        assert self._session is not None, "use EstClient in 'async with'"
         if hop.same_origin:
             peer, tls = f"EST server {hop.server.where}", self._tls
             if self._authorization:
                 headers = headers | {"Authorization": self._authorization}
         else:
             peer, tls = f"EST server {hop.server.where} (redirected from {self.endpoint.where})", self._other_tls()
-        with pki_client.reported_transport_failures(peer, hop.server, operation, self._timeout, self._trust):
-            async with self._session.request(
+        with pki_client.reported_transport_failures(peer, hop.server, operation, self.timeout, self._trust):
+            async with self.session.request(
                 method, hop.url, data=body, headers=headers, ssl=tls, allow_redirects=False
             ) as response:
                 return _Answer(

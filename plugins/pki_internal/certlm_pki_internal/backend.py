@@ -9,12 +9,11 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
 from certlm.errors import APIError
-from certlm.pki_backends import CertificateProfile, Enrollment, PkiBackend
+from certlm.pki_backends import Enrollment, EnrollmentRequest, PkiBackend
 from certlm.registry import HostServices
 from certlm.storage.models import PkiEntry
 from certlm_pki_internal import ca
@@ -91,25 +90,19 @@ class InternalPki(PkiBackend):
         authority = await self._authority(entry)
         return [x509.load_pem_x509_certificate(authority.certificate_pem.encode())]
 
-    async def enroll(
-        self,
-        entry: PkiEntry,
-        csr: x509.CertificateSigningRequest,
-        profile: CertificateProfile,
-        *,
-        renewing: x509.Certificate | None = None,
-        private_key: CertificateIssuerPrivateKeyTypes | None = None,
-    ) -> Enrollment:
+    async def issue(self, entry: PkiEntry, request: EnrollmentRequest) -> Enrollment:
         # A renewal is an enrollment like any other here: the CSR's own signature is the proof of possession
         # and the CA's policy does not depend on the old certificate.
         authority = await self._authority(entry)
         ca_certificate, ca_key = self._signing_material(authority)
-        certificate = ca.issue(csr, profile, ca_certificate, ca_key, self._policy(entry), datetime.now(UTC))
+        certificate = ca.issue(
+            request.csr, request.profile, ca_certificate, ca_key, self._policy(entry), datetime.now(UTC)
+        )
         await IssuedCertificate.create(
             ca_id=authority.id,
             serial_number=f"{certificate.serial_number:X}",
             subject_dn=certificate.subject.rfc4514_string(),
-            profile=profile.name,
+            profile=request.profile.name,
             not_valid_after=certificate.not_valid_after_utc,
         )
         return Enrollment(certificate=certificate, chain=(ca_certificate,))

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-from certlm.certs import host_general_name
+from certlm.certs import key_usage, with_host_names
 from certlm.errors import CsrRejected
 from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
 
@@ -73,20 +73,7 @@ def create_root(key: rsa.RSAPrivateKey, pki_id: int, now: datetime) -> x509.Cert
         .not_valid_before(now - CLOCK_SKEW_ALLOWANCE)
         .not_valid_after(now + ROOT_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(key_usage(key_cert_sign=True, crl_sign=True), critical=True)
         .add_extension(ski, critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
         .sign(key, SIGNATURE_HASH)
@@ -106,16 +93,12 @@ def _key_usage(public_key: object) -> x509.KeyUsage:
     rsa_key = isinstance(public_key, rsa.RSAPublicKey)
     # OPC UA Part 6: RSA application certificates sign, and encrypt keys and data (asymmetric
     # encryption of the secure channel nonces). ECDH keys agree on keys instead of encrypting them.
-    return x509.KeyUsage(
+    return key_usage(
         digital_signature=True,
         content_commitment=rsa_key,
         key_encipherment=rsa_key,
         data_encipherment=rsa_key,
         key_agreement=isinstance(public_key, ec.EllipticCurvePublicKey),
-        key_cert_sign=False,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
     )
 
 
@@ -162,9 +145,7 @@ def check_csr(csr: x509.CertificateSigningRequest, profile: CertificateProfile) 
 
 def _with_hosts(san: x509.SubjectAlternativeName, hosts: tuple[str, ...]) -> x509.SubjectAlternativeName:
     """``san`` plus the hosts the device is reached at that it does not name yet (DNS names or IP addresses)."""
-    names = list(san)
-    names += [name for name in map(host_general_name, hosts) if name not in names]
-    return x509.SubjectAlternativeName(names)
+    return x509.SubjectAlternativeName(with_host_names(san, hosts))
 
 
 def issue(

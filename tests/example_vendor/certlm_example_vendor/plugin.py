@@ -29,6 +29,8 @@ from certlm.errors import UpstreamUnavailable
 class AcmeWidgetDriver(DeviceDriver):
     service = "gds-push-acme-widget"
     protocol = "gds"
+    url_scheme = "opc.tcp"
+    default_port = 4840
     supported_devices = (
         SupportedDevice(vendor="ACME", device_name="Widget PLC 3000", firmware_versions=("2.4", "2.5")),
     )

@@ -3,35 +3,33 @@ identity without a database, and drivers that present it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
-from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
+from certlm_opcua_simulator import SimulatedDevice
 from cryptography import x509
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certlm.config import Settings
 from certlm.drivers import DeviceTarget, PkiMaterial
 from certlm.errors import CsrRejected
 from certlm.pki_backends import Enrollment
 from certlm.registry import HostServices
 from certlm.secretbox import SecretBox
-from tests.support import free_port
+from tests.crypto_factory import SERVER_AND_CLIENT, certificate, device_key_usage, make_ca, name, rsa_key
+from tests.support import free_port, in_process_settings, stop_process
 
 PEER_DIR = Path("/work/shared/peers/node-opcua-gds")
 CLIENT_APPLICATION_URI = "urn:certlm-test:opcua-client"
@@ -81,13 +79,7 @@ class NodeOpcuaPeer:
         raise RuntimeError(f"the node-opcua peer was not ready within {timeout}s:\n{self.log()}")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 15)
         self.process = None
 
     def restart(self, **env: str) -> None:
@@ -95,6 +87,15 @@ class NodeOpcuaPeer:
         self.stop()
         self.env = env
         self.start()
+
+    @contextmanager
+    def restarted(self, **env: str) -> Iterator[NodeOpcuaPeer]:
+        """The peer restarted with ``env`` for the block, and with its defaults again after it."""
+        self.restart(**env)
+        try:
+            yield self
+        finally:
+            self.restart()
 
     def trust(self, certificate: x509.Certificate, crl: x509.CertificateRevocationList | None = None) -> None:
         """Pre-trust a certificate (and its CRL) as an operator would: files in the peer's trusted folders, read
@@ -129,72 +130,39 @@ def node_opcua_peer(tmp_path_factory: pytest.TempPathFactory, opcua_test_ca: Opc
         peer.stop()
 
 
-def build_certificate(
-    subject: x509.Name,
-    public_key: rsa.RSAPublicKey,
-    issuer: x509.Name,
-    signing_key: rsa.RSAPrivateKey,
-    *,
-    ca: bool = False,
+def opcua_certificate_options(
     san: x509.SubjectAlternativeName | None = None,
-    usage: tuple[x509.ObjectIdentifier, ...] = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
-) -> x509.Certificate:
-    """An OPC UA Part 6 style certificate, back-dated five minutes: node-opcua refuses one whose notBefore lies in
-    the future, and clocks differ."""
-    now = datetime.now(UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(public_key)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=365 if ca else 90))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=not ca,
-                key_encipherment=not ca,
-                data_encipherment=not ca,
-                key_agreement=False,
-                key_cert_sign=ca or issuer == subject,  # a self-signed certificate signs itself
-                crl_sign=ca,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()), critical=False)
-    )
-    if not ca:
-        builder = builder.add_extension(x509.ExtendedKeyUsage(list(usage)), critical=False)
-    if san is not None:
-        builder = builder.add_extension(san, critical=False)
-    return builder.sign(signing_key, hashes.SHA256())
+    usage: tuple[x509.ObjectIdentifier, ...] = SERVER_AND_CLIENT,
+    *,
+    self_signed: bool = False,
+) -> dict[str, Any]:
+    """``crypto_factory.certificate``'s options for an OPC UA Part 6 application instance certificate."""
+    return {
+        "ca": False,
+        "days": 90,
+        "key_usage": device_key_usage(self_signed=self_signed),
+        "extended_key_usage": usage,
+        "san": san,
+        "key_identifiers": True,
+    }
 
 
 class OpcUaTestCa:
     """A one-level CA made in the test: it issues device (server) certificates for CSRs and has an empty CRL."""
 
     def __init__(self, name: str = "certlm test CA") -> None:
-        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        self.certificate = build_certificate(subject, self.key.public_key(), subject, self.key, ca=True)
-        now = datetime.now(UTC)
-        self.crl = (
-            x509.CertificateRevocationListBuilder()
-            .issuer_name(subject)
-            .last_update(now - timedelta(minutes=5))
-            .next_update(now + timedelta(days=30))
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
-            .add_extension(x509.CRLNumber(1), critical=False)
-            .sign(self.key, hashes.SHA256())
-        )
+        self.credential = make_ca(name, key=rsa_key())
+        self.key, self.certificate = self.credential.key, self.credential.certificate
+        self.crl = self.credential.crl(number=1, authority_key_identifier=True)
 
-    def issue(self, subject: x509.Name, public_key: rsa.RSAPublicKey, **options) -> x509.Certificate:
-        return build_certificate(subject, public_key, self.certificate.subject, self.key, **options)
+    def issue(
+        self,
+        subject: x509.Name | str,
+        public_key: rsa.RSAPublicKey,
+        san: x509.SubjectAlternativeName | None = None,
+        usage: tuple[x509.ObjectIdentifier, ...] = SERVER_AND_CLIENT,
+    ) -> x509.Certificate:
+        return self.credential.issue(subject, public_key, **opcua_certificate_options(san, usage))
 
     async def enroll(self, csr: x509.CertificateSigningRequest, private_key: object = None) -> Enrollment:
         """The server profile: the CSR's subject and SAN, the CA as chain."""
@@ -221,21 +189,16 @@ def opcua_test_ca() -> OpcUaTestCa:
 
 def make_client_identity(ca: OpcUaTestCa | None, application_uri: str = CLIENT_APPLICATION_URI) -> ClientIdentity:
     """certlm's client application: issued by ``ca``, or self-signed without one."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name(
-        [
-            x509.NameAttribute(NameOID.COMMON_NAME, "certlm test client"),
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "certlm"),
-        ]
-    )
+    key = rsa_key()
+    subject = name("certlm test client", organization="certlm")
     san = x509.SubjectAlternativeName(
         [x509.UniformResourceIdentifier(application_uri), x509.DNSName(socket.gethostname())]
     )
     if ca is None:
-        certificate = build_certificate(subject, key.public_key(), subject, key, san=san)
-        return ClientIdentity(application_uri, certificate, key)
-    certificate = ca.issue(subject, key.public_key(), san=san, usage=(ExtendedKeyUsageOID.CLIENT_AUTH,))
-    return ClientIdentity(application_uri, certificate, key, chain=(ca.certificate,))
+        options = opcua_certificate_options(san, self_signed=True)
+        return ClientIdentity(application_uri, certificate(subject, key.public_key(), key, **options), key)
+    issued = ca.issue(subject, key.public_key(), san=san, usage=(ExtendedKeyUsageOID.CLIENT_AUTH,))
+    return ClientIdentity(application_uri, issued, key, chain=(ca.certificate,))
 
 
 @pytest.fixture(scope="session")
@@ -244,11 +207,8 @@ def client_identity(opcua_test_ca: OpcUaTestCa) -> ClientIdentity:
 
 
 def host_services(data_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> HostServices:
-    settings = Settings.from_env(
-        env={},
-        data_dir=data_dir,
-        device_connect_timeout_s=connect_timeout_s,
-        device_operation_timeout_s=OPERATION_TIMEOUT_S,
+    settings = in_process_settings(
+        data_dir, device_connect_timeout_s=connect_timeout_s, device_operation_timeout_s=OPERATION_TIMEOUT_S
     )
     return HostServices(settings=settings, secrets=SecretBox(Fernet.generate_key()))
 
@@ -275,28 +235,6 @@ def driver(services: HostServices, client_identity: ClientIdentity) -> GdsPushDr
 
 def target_for(url: str, port: int, **extra) -> DeviceTarget:
     return DeviceTarget(entry_id=None, server="127.0.0.1", port=port, url=url, **extra)
-
-
-StartDevice = Callable[..., Awaitable[SimulatedDevice]]
-
-
-@pytest.fixture
-async def simulated_device(tmp_path: Path) -> AsyncIterator[StartDevice]:
-    """Starts simulated devices in this process (``SimulatorConfig`` options as keywords); stops them afterwards.
-    They accept any client while their trust list is empty, and reopen their endpoints 0.1 s after ApplyChanges."""
-    started: list[SimulatedDevice] = []
-
-    async def start(**options: Any) -> SimulatedDevice:
-        options = {"auto_accept": True, "apply_delay_s": 0.1, **options}
-        device = SimulatedDevice(SimulatorConfig(state_dir=tmp_path / "devices", port=free_port(), **options))
-        await device.start()
-        started.append(device)
-        return device
-
-    try:
-        yield start
-    finally:
-        await asyncio.gather(*(device.stop() for device in started))
 
 
 def device_target(device: SimulatedDevice, **extra: Any) -> DeviceTarget:

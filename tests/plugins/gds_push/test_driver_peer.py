@@ -174,11 +174,8 @@ async def test_push_with_a_subject_and_the_client_certificate_in_the_trust_list(
 @pytest.fixture
 def stock_trust_list_peer(node_opcua_peer: NodeOpcuaPeer) -> Iterator[NodeOpcuaPeer]:
     """The peer without its TrustList shim: stock node-opcua answers CloseAndUpdate with Good and changes nothing."""
-    node_opcua_peer.restart(TRUSTLIST_SHIM="0")
-    try:
-        yield node_opcua_peer
-    finally:
-        node_opcua_peer.restart()
+    with node_opcua_peer.restarted(TRUSTLIST_SHIM="0") as peer:
+        yield peer
 
 
 async def test_trust_list_the_device_did_not_apply_fails_the_verification(
@@ -234,11 +231,8 @@ async def test_operator_without_security_admin_is_refused_at_the_first_push_meth
 @pytest.fixture
 def strict_peer(node_opcua_peer: NodeOpcuaPeer) -> Iterator[NodeOpcuaPeer]:
     """The peer refusing client certificates it does not trust (AUTO_ACCEPT=0), restored afterwards."""
-    node_opcua_peer.restart(AUTO_ACCEPT="0")
-    try:
-        yield node_opcua_peer
-    finally:
-        node_opcua_peer.restart()
+    with node_opcua_peer.restarted(AUTO_ACCEPT="0") as peer:
+        yield peer
 
 
 async def test_untrusted_client_is_refused_and_lands_in_the_rejected_folder(

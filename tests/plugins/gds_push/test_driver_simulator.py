@@ -22,10 +22,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from certlm.certs import to_der
 from certlm.drivers import PushFailed, PushRequest, TrustList
 from certlm.registry import HostServices
+from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import (
     ADMIN,
     OpcUaTestCa,
-    StartDevice,
     device_target,
     driver_for,
     make_client_identity,

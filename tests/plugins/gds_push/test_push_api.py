@@ -5,7 +5,7 @@ mid-push, device refusing CSR, trust list too large, PKI refusing the request)."
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote
@@ -16,33 +16,25 @@ from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 
 from certlm.certs import sha1_fingerprint
-from tests.conftest import start_service
-from tests.plugins.gds_push.conftest import NodeOpcuaPeer
-from tests.support import LicenseKeys, RunningService, free_port
+from tests.conftest import StartDevice
+from tests.plugins.gds_push.conftest import ADMIN, NodeOpcuaPeer
+from tests.support import RunningService, free_port
 
-ADMIN = {"username": "admin", "password": "admin-pw"}
 DEVICE_TIMEOUTS = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20"}
 
 
 @pytest.fixture(scope="module")
-async def gds_service(
-    tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys
-) -> AsyncIterator[RunningService]:
-    """A licensed certlm with an internal CA, whose own OPC UA client certificate is therefore CA-issued."""
-    running = await start_service(tmp_path_factory, license_keys, env=DEVICE_TIMEOUTS, name="gds")
-    async with running.client() as api:
+def service_env() -> dict[str, str]:
+    return DEVICE_TIMEOUTS
+
+
+@pytest.fixture(scope="module")
+async def service(service: RunningService) -> RunningService:
+    """The module's certlm with an internal CA, whose own OPC UA client certificate is therefore CA-issued."""
+    async with service.client() as api:
         response = await api.post("/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0", "name": "CA"})
         assert response.status_code == 200, response.text
-    try:
-        yield running
-    finally:
-        await running.stop()
-
-
-@pytest.fixture
-async def api(gds_service: RunningService) -> AsyncIterator[httpx.AsyncClient]:
-    async with gds_service.client() as client:
-        yield client
+    return service
 
 
 @pytest.fixture
@@ -51,13 +43,8 @@ def device_config(tmp_path: Path) -> SimulatorConfig:
 
 
 @pytest.fixture
-async def device(device_config: SimulatorConfig) -> AsyncIterator[SimulatedDevice]:
-    simulated = SimulatedDevice(device_config)
-    await simulated.start()
-    try:
-        yield simulated
-    finally:
-        await simulated.stop()
+async def device(simulated_device: StartDevice, device_config: SimulatorConfig) -> SimulatedDevice:
+    return await simulated_device(device_config)
 
 
 def body_for(device: SimulatedDevice, **extra) -> dict:
@@ -402,19 +389,15 @@ async def test_device_without_csr_support_gets_a_key_made_by_certlm(
 
 
 async def test_trust_list_too_large_is_refused_before_the_device_changes(
-    api: httpx.AsyncClient, device_config: SimulatorConfig
+    api: httpx.AsyncClient, simulated_device: StartDevice
 ) -> None:
-    small = SimulatedDevice(replace(device_config, max_trust_list_size=512))
-    await small.start()
-    try:
-        before = small.certificate
-        response = await api.post("/gds/push/onboarding", json=body_for(small, **ADMIN))
-        assert response.status_code == 500
-        assert "too large" in response.json()["error"]
-        assert response.json()["result"]["device_changed"] is False
-        assert small.certificate == before
-    finally:
-        await small.stop()
+    small = await simulated_device(max_trust_list_size=512)
+    before = small.certificate
+    response = await api.post("/gds/push/onboarding", json=body_for(small, **ADMIN))
+    assert response.status_code == 500
+    assert "too large" in response.json()["error"]
+    assert response.json()["result"]["device_changed"] is False
+    assert small.certificate == before
 
 
 async def test_unreachable_device_answers_within_the_time_out(api: httpx.AsyncClient) -> None:
@@ -426,28 +409,24 @@ async def test_unreachable_device_answers_within_the_time_out(api: httpx.AsyncCl
 
 
 async def test_pki_refusing_the_request_answers_422_and_leaves_the_device_alone(
-    api: httpx.AsyncClient, device_config: SimulatorConfig
+    api: httpx.AsyncClient, simulated_device: StartDevice
 ) -> None:
     # An old device whose CSRs carry 1024-bit keys: the internal CA refuses them.
-    weak = SimulatedDevice(replace(device_config, csr_key_bits=1024))
-    await weak.start()
-    try:
-        before = weak.certificate
-        response = await api.post("/gds/push/onboarding", json=body_for(weak, **ADMIN))
-        assert response.status_code == 422, response.text
-        assert "2048" in response.json()["error"] or "key" in response.json()["error"]
-        failed = [step for step in response.json()["result"]["steps"] if not step["ok"]]
-        assert [step["step"] for step in failed] == ["enroll"]
-        assert failed[0]["status"] == "BadRequestNotAllowed"
-        assert weak.certificate == before
-        # First contact pinned the certificate the device presents; it is the entry's current certificate.
-        entry = (await api.get(f"/gds/inventory/{path_for(weak)}")).json()
-        assert base64.b64decode(entry["cert_base64"]) == before.public_bytes(_der())
-        assert response.json()["result"]["first_contact"].startswith(
-            f"first contact: device presented {before.subject.rfc4514_string()}, SHA-1 {sha1_fingerprint(before)}"
-        )
-    finally:
-        await weak.stop()
+    weak = await simulated_device(csr_key_bits=1024)
+    before = weak.certificate
+    response = await api.post("/gds/push/onboarding", json=body_for(weak, **ADMIN))
+    assert response.status_code == 422, response.text
+    assert "2048" in response.json()["error"] or "key" in response.json()["error"]
+    failed = [step for step in response.json()["result"]["steps"] if not step["ok"]]
+    assert [step["step"] for step in failed] == ["enroll"]
+    assert failed[0]["status"] == "BadRequestNotAllowed"
+    assert weak.certificate == before
+    # First contact pinned the certificate the device presents; it is the entry's current certificate.
+    entry = (await api.get(f"/gds/inventory/{path_for(weak)}")).json()
+    assert base64.b64decode(entry["cert_base64"]) == before.public_bytes(_der())
+    assert response.json()["result"]["first_contact"].startswith(
+        f"first contact: device presented {before.subject.rfc4514_string()}, SHA-1 {sha1_fingerprint(before)}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -456,10 +435,8 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeOpcuaPeer]:
     directory = tmp_path_factory.mktemp("rest-peer")
     server = NodeOpcuaPeer(pki_dir=directory / "pki", log_path=directory / "peer.log")
     server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield server
+    server.stop()
 
 
 async def test_whole_lifecycle_against_the_node_opcua_peer(api: httpx.AsyncClient, peer: NodeOpcuaPeer) -> None:

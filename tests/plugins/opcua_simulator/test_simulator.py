@@ -25,11 +25,11 @@ from certlm_opcua_simulator.config import DEFAULT_SECURITY_POLICIES
 from certlm_opcua_simulator.store import StateFolder
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import pkcs12
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from tests.crypto_factory import ec_key, rsa_key
+from tests.crypto_factory import Credential, certificate, ec_key, rsa_key
 from tests.support import free_port
 
 DER = serialization.Encoding.DER
@@ -45,11 +45,8 @@ READ, WRITE_ERASING = 1, 6
 # Certificates made for the tests
 
 
-@dataclass
-class Identity:
-    certificate: x509.Certificate
-    key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
-
+@dataclass(frozen=True)
+class Identity(Credential):
     @property
     def der(self) -> bytes:
         return self.certificate.public_bytes(DER)
@@ -57,10 +54,6 @@ class Identity:
     @property
     def key_der(self) -> bytes:
         return self.key.private_bytes(DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
 def issue(
@@ -73,26 +66,15 @@ def issue(
     not_before: datetime | None = None,
     days: int = 30,
 ) -> x509.Certificate:
-    """A certificate for ``key``, signed by ``issuer`` (self-signed when None)."""
-    now = datetime.now(UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(issuer.certificate.subject if issuer else _name(common_name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before or now - timedelta(minutes=5))
-        .not_valid_after((not_before or now) + timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
+    """A certificate for ``key``, signed by ``issuer`` (self-signed when None); ``uri`` makes it an application
+    instance certificate (that URI and localhost, client and server use)."""
+    options = {"ca": ca, "not_before": not_before, "days": days, "key_identifiers": ca}
     if uri:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri), x509.DNSName("localhost")]),
-            critical=False,
-        ).add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
-    return builder.sign(issuer.key if issuer else key, hashes.SHA256())
+        options |= {"san": [x509.UniformResourceIdentifier(uri), x509.DNSName("localhost")]}
+        options |= {"extended_key_usage": (ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH)}
+    if issuer is None:
+        return certificate(common_name, key.public_key(), key, **options)
+    return issuer.issue(common_name, key.public_key(), **options)
 
 
 def make_ca(common_name: str, issuer: Identity | None = None) -> Identity:
@@ -106,36 +88,11 @@ def make_client(common_name: str = "client", issuer: Identity | None = None) -> 
 
 
 def make_crl(ca: Identity, revoked: tuple[x509.Certificate, ...] = ()) -> bytes:
-    now = datetime.now(UTC)
-    builder = (
-        x509.CertificateRevocationListBuilder()
-        .issuer_name(ca.certificate.subject)
-        .last_update(now - timedelta(minutes=5))
-        .next_update(now + timedelta(days=7))
-    )
-    for certificate in revoked:
-        builder = builder.add_revoked_certificate(
-            x509.RevokedCertificateBuilder().serial_number(certificate.serial_number).revocation_date(now).build()
-        )
-    return builder.sign(ca.key, hashes.SHA256()).public_bytes(DER)
+    return ca.crl(revoked, days=7).public_bytes(DER)
 
 
 def sign_request(ca: Identity, request_der: bytes, days: int = 30) -> x509.Certificate:
-    request = x509.load_der_x509_csr(request_der)
-    assert request.is_signature_valid
-    now = datetime.now(UTC)
-    san = request.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    return (
-        x509.CertificateBuilder()
-        .subject_name(request.subject)
-        .issuer_name(ca.certificate.subject)
-        .public_key(request.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=1))
-        .not_valid_after(now + timedelta(days=days))
-        .add_extension(san, critical=False)
-        .sign(ca.key, hashes.SHA256())
-    )
+    return ca.sign_request(x509.load_der_x509_csr(request_der), days=days)
 
 
 def trust_list(

@@ -19,25 +19,26 @@ much as the CMP ones.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import ssl
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
-from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID, NameOID
+from cryptography.x509.oid import ExtensionOID
 from pyasn1.codec.der import decoder, encoder
 from pyasn1_alt_modules import rfc2986, rfc5280, rfc9480
+
+from tests.crypto_factory import DEVICE_KEY_USAGE, SERVER_AND_CLIENT, Credential, ec_key, host_names, make_ca
+from tests.support import free_port, stop_process
 
 CMP_CONTENT_TYPE = "application/pkixcmp"
 # Django's page for an unhandled error with DEBUG off; the Django-based server of issue 10 answers genm with HTTP 500.
@@ -45,12 +46,6 @@ DJANGO_SERVER_ERROR = (
     b'\n<!doctype html>\n<html lang="en">\n<head>\n  <title>Server Error (500)</title>\n</head>\n<body>\n'
     b"  <h1>Server Error (500)</h1><p></p>\n</body>\n</html>\n"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_port(port: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
@@ -64,10 +59,6 @@ def wait_for_port(port: int, timeout: float, alive: Callable[[], bool] = lambda:
         except OSError:
             time.sleep(0.02)
     raise RuntimeError(f"nothing accepted connections on 127.0.0.1:{port} within {timeout} s")
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
 @dataclass
@@ -85,23 +76,12 @@ class TestPki:
     @classmethod
     def create(cls, directory: Path, common_name: str = "Plant CMP Test CA", crl_url: str | None = None) -> TestPki:
         directory.mkdir(parents=True, exist_ok=True)
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.now(UTC)
-        ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-        certificate = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name))
-            .issuer_name(_name(common_name))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
-            .add_extension(ski, critical=False)
-            .sign(key, hashes.SHA256())
-        )
-        return cls(directory, key, certificate, crl_url)
+        ca = make_ca(common_name, days=30)
+        return cls(directory, ca.key, ca.certificate, crl_url)  # type: ignore[arg-type]
+
+    @property
+    def ca(self) -> Credential:
+        return Credential(self.ca_certificate, self.ca_key)
 
     def issue(
         self,
@@ -115,40 +95,35 @@ class TestPki:
         days: int = 10,
     ) -> x509.Certificate:
         """A certificate for ``public_key``, signed by this CA (or by ``issuer``: an intermediate)."""
-        issuer_certificate, issuer_key = issuer or (self.ca_certificate, self.ca_key)
         self._serial += 1
-        now = datetime.now(UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name))
-            .issuer_name(issuer_certificate.subject)
-            .public_key(public_key)
-            .serial_number(self._serial)
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        return Credential(*(issuer or (self.ca_certificate, self.ca_key))).issue(
+            common_name,
+            public_key,
+            ca=ca,
+            serial_number=self._serial,
+            days=days,
+            extended_key_usage=() if ca else SERVER_AND_CLIENT,
+            san=host_names(*hosts, *ips),
+            crl_url=self.crl_url,
+            key_identifiers=True,
         )
-        if ca:
-            builder = builder.add_extension(
-                x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-            )
-        else:
-            builder = builder.add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False,
-            )
-        names = [x509.DNSName(host) for host in hosts] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-        if names:
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        if self.crl_url:
-            point = x509.DistributionPoint([x509.UniformResourceIdentifier(self.crl_url)], None, None, None)
-            builder = builder.add_extension(x509.CRLDistributionPoints([point]), critical=False)
-        return builder.sign(issuer_key, hashes.SHA256())
+
+    def answering(self, certificate: x509.Certificate, *extra_certificates: x509.Certificate) -> tuple[str, ...]:
+        """A mock's arguments to answer with ``certificate`` (``-rsp_cert``), with ``extra_certificates`` in the
+        extraCerts of its answers."""
+        arguments = ("-rsp_cert", str(self.write(f"answer-{certificate.serial_number:x}.pem", certificate)))
+        if extra_certificates:
+            path = self.write(f"extra-{extra_certificates[0].serial_number:x}.pem", *extra_certificates)
+            arguments += ("-rsp_extracerts", str(path))
+        return arguments
+
+    def trusted_signers(self) -> tuple[str, ...]:
+        """A mock's arguments to accept requests signed by a certificate of this CA."""
+        return ("-srv_trusted", str(self.write("trusted.pem", self.ca_certificate)))
 
     def tls_server_context(self) -> ssl.SSLContext:
         """A TLS server context for 127.0.0.1 with a certificate from this CA."""
-        key = ec.generate_private_key(ec.SECP256R1())
+        key = ec_key()
         certificate = self.issue(key.public_key(), "cmp-tls-relay", ips=("127.0.0.1",))
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.write("tls-relay.crt.pem", certificate), self.write("tls-relay.key.pem", key))
@@ -206,13 +181,7 @@ class CmpMockServer:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 5)
         self.process = None
 
     def log(self) -> str:
@@ -398,33 +367,19 @@ class IssuingCmpServer:
         self._started: list[CmpMockServer] = []
 
     def certify(self, request: CertificationRequest) -> x509.Certificate:
-        now = datetime.now(UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(request.subject)
-            .issuer_name(self.pki.ca_certificate.subject)
-            .public_key(request.public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(True, True, True, True, False, False, False, False, False), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False,
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.pki.ca_key.public_key()), critical=False
-            )
+        # The request's SAN goes into the certificate as the requester encoded it.
+        san = x509.UnrecognizedExtension(ExtensionOID.SUBJECT_ALTERNATIVE_NAME, request.san) if request.san else None
+        certificate = self.pki.ca.issue(
+            request.subject,
+            request.public_key,
+            ca=False,
+            days=30,
+            key_usage=DEVICE_KEY_USAGE,
+            extended_key_usage=SERVER_AND_CLIENT,
+            crl_url=self.pki.crl_url,
+            key_identifiers=True,
+            extensions=(san,) if san else (),
         )
-        if request.san is not None:
-            builder = builder.add_extension(
-                x509.UnrecognizedExtension(ExtensionOID.SUBJECT_ALTERNATIVE_NAME, request.san), critical=False
-            )
-        if self.pki.crl_url:
-            point = x509.DistributionPoint([x509.UniformResourceIdentifier(self.pki.crl_url)], None, None, None)
-            builder = builder.add_extension(x509.CRLDistributionPoints([point]), critical=False)
-        certificate = builder.sign(self.pki.ca_key, hashes.SHA256())
         self.issued.append(certificate)
         return certificate
 

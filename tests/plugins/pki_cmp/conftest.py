@@ -1,4 +1,5 @@
-"""Fixtures of the CMP plugin tests: certlm in this process, a test PKI, and ``openssl cmp`` mock servers."""
+"""Fixtures of the CMP plugin tests: certlm in this process, a test PKI, ``openssl cmp`` mock servers, and what the
+tests read from them."""
 
 from __future__ import annotations
 
@@ -12,17 +13,20 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
+from pyasn1.codec.der import decoder
+from pyasn1_alt_modules import rfc9480
 
-from certlm.config import Settings
 from certlm.pki_backends import PkiBackend
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import ec_key
 from tests.plugins.broken_server import start_broken_server  # noqa: F401 - a fixture for this package's tests
 from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, TestPki
-from tests.support import licensed_app_in_process
+from tests.support import in_process_settings, licensed_app_in_process
 
 SECRET = "plant-shared-secret-7"
 REFERENCE = "certlm-ra-7"
+# A mock that protects its answers with a MAC over SECRET (its own reference: certlm does not check the sender).
+MAC_SERVER = ("-srv_ref", "ca-ref", "-srv_secret", f"pass:{SECRET}")
 # Kept short so that time-out and polling tests stay quick.
 REQUEST_TIMEOUT_S = 2.0
 PENDING_WAIT_S = 6.0
@@ -44,12 +48,8 @@ class CmpHarness:
 
 @pytest.fixture
 async def cmp_app(tmp_path: Path, license_keys) -> AsyncIterator[CmpHarness]:
-    settings = Settings.from_env(
-        env={},
-        data_dir=tmp_path / "data",
-        license_public_key_file=license_keys.public_key_file,
-        pki_request_timeout_s=REQUEST_TIMEOUT_S,
-        pki_pending_wait_s=PENDING_WAIT_S,
+    settings = in_process_settings(
+        tmp_path / "data", license_keys, pki_request_timeout_s=REQUEST_TIMEOUT_S, pki_pending_wait_s=PENDING_WAIT_S
     )
     async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
         yield CmpHarness(client, headers, host.pki_backends.get(3))
@@ -74,6 +74,14 @@ class Party:
             b"cmp", self.key, self.certificate, None, serialization.BestAvailableEncryption(password.encode())
         )
         return base64.b64encode(blob).decode()
+
+    def entry_fields(self) -> dict[str, str]:
+        """The PKI entry fields that make certlm sign its requests as this party."""
+        return {"est_client_pkcs12_base64": self.pkcs12_base64(), "est_client_pkcs12_password": "p12-pass"}
+
+    def mock_signer(self, pki: TestPki) -> tuple[str, ...]:
+        """A mock's arguments to sign its answers as this party and accept requests signed by ``pki``'s certificates."""
+        return ("-srv_cert", str(self.certificate_file), "-srv_key", str(self.key_file), *pki.trusted_signers())
 
 
 def make_party(pki: TestPki, name: str) -> Party:
@@ -108,6 +116,17 @@ def start_mock(tmp_path: Path) -> Iterator[Callable[..., CmpMockServer]]:
 
 
 @pytest.fixture
+def start_mac_mock(test_pki: TestPki, start_mock: Callable[..., CmpMockServer]) -> Callable[..., CmpMockServer]:
+    """Start a mock that protects its answers with a MAC (``MAC_SERVER``) and answers every request with a
+    certificate of the test PKI for ``key``; ``options`` are more of the mock's arguments."""
+
+    def start(key: Any, *options: str) -> CmpMockServer:
+        return start_mock(*MAC_SERVER, *test_pki.answering(test_pki.issue(key.public_key(), "d")), *options)
+
+    return start
+
+
+@pytest.fixture
 async def start_relay() -> AsyncIterator[Callable[..., Any]]:
     started: list[HttpRelay] = []
 
@@ -119,3 +138,24 @@ async def start_relay() -> AsyncIterator[Callable[..., Any]]:
     yield start
     for relay in started:
         await relay.stop()
+
+
+def received(server: CmpMockServer) -> list[str]:
+    """The request types the mock logged, in order."""
+    return [line.split("received ", 1)[1].strip() for line in server.log().splitlines() if "DEBUG: received " in line]
+
+
+def decoded(body: bytes) -> rfc9480.PKIMessage:
+    message, rest = decoder.decode(body, asn1Spec=rfc9480.PKIMessage())
+    assert not rest
+    return message
+
+
+def signed(body: bytes) -> bool:
+    """Whether a captured request is signature-protected (ECDSA with SHA-256: the test credentials are EC)."""
+    return str(decoded(body)["header"]["protectionAlg"]["algorithm"]) == "1.2.840.10045.4.3.2"
+
+
+async def mac_entry(cmp_app: CmpHarness, server: CmpMockServer | HttpRelay, **fields: Any) -> PkiEntry:
+    """A PKI entry for ``server`` that protects its requests with a MAC over SECRET."""
+    return await cmp_app.create_entry(pki_connection=server.address, username=REFERENCE, password=SECRET, **fields)

@@ -16,9 +16,9 @@ from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.pki_backends import SERVER_PROFILE
 from certlm.pki_client import stored_ca_certificates
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import ec_key, rsa_key
+from tests.crypto_factory import device_csr, ec_key, rsa_key
 from tests.plugins.pki_cmp.cmp_server import forward_to, http_error, refusing
-from tests.plugins.pki_cmp.test_enrollment import MAC_SERVER, decoded, device_csr, mac_entry, received
+from tests.plugins.pki_cmp.conftest import MAC_SERVER, decoded, mac_entry, received
 
 DJANGO_500 = "HTTP 500: Server Error (500)"
 
@@ -33,7 +33,7 @@ async def learned(cmp_app, entry: PkiEntry) -> dict:
 def error_mock(start_mock, test_pki, *options: str):
     """A mock answering every request with a CMP error message (failInfo badRequest), as OpenSSL's server answers a
     body type it does not implement."""
-    return start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
+    return start_mock(*MAC_SERVER, *test_pki.answering(test_pki.ca_certificate),
                       "-send_error", *options)  # fmt: skip
 
 
@@ -42,11 +42,7 @@ async def test_genm_refused_the_chain_comes_with_the_enrollment_and_is_cached(
 ) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-60")
-    server = start_mock(
-        *MAC_SERVER,
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-        "-rsp_extracerts", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
-    )  # fmt: skip
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued, test_pki.ca_certificate))
     relay = await start_relay(refusing(forward_to(server), {"genm"}, http_error()))
     entry = await mac_entry(cmp_app, relay)
 
@@ -78,10 +74,10 @@ async def test_genm_refused_the_chain_comes_with_the_enrollment_and_is_cached(
 
 
 async def test_genm_refused_with_a_cmp_error_while_the_issuer_is_unknown(
-    cmp_app, test_pki, start_mock, start_relay
+    cmp_app, start_mac_mock, test_pki, start_mock, start_relay
 ) -> None:
     key = ec_key()
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))))
+    server = start_mac_mock(key)
     refuser = error_mock(start_mock, test_pki)
     relay = await start_relay(refusing(forward_to(server), {"genm"}, forward_to(refuser)))
     entry = await mac_entry(cmp_app, relay)
@@ -102,14 +98,12 @@ async def ra_entry_refusing_p10cr(cmp_app, test_pki, start_mock, start_relay, ra
     answers ``issued`` and accepts raVerified; the mock, the relay and the entry."""
     server = start_mock(
         *MAC_SERVER,
-        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-        "-rsp_extracerts", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
+        *test_pki.trusted_signers(),
+        *test_pki.answering(issued, test_pki.ca_certificate),
         "-accept_raverified",
     )  # fmt: skip
     relay = await start_relay(refusing(forward_to(server), {"p10cr"}, http_error()))
-    entry = await mac_entry(cmp_app, relay, est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+    entry = await mac_entry(cmp_app, relay, **ra_party.entry_fields())
     return server, relay, entry
 
 
@@ -143,7 +137,7 @@ async def test_p10cr_refused_ir_with_the_key_certlm_made(cmp_app, test_pki, star
     issued = test_pki.issue(key.public_key(), "device-62", issuer=(intermediate, intermediate_key))
     server = start_mock(
         *MAC_SERVER,
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
+        *test_pki.answering(issued),
         "-rsp_capubs", str(test_pki.write("capubs.pem", test_pki.ca_certificate)),
         "-rsp_extracerts", str(test_pki.write("extra.pem", intermediate)),
     )  # fmt: skip
@@ -166,11 +160,7 @@ async def test_p10cr_refused_ir_with_the_key_certlm_made(cmp_app, test_pki, star
 async def test_an_unprotected_cmp_error_counts_like_an_http_error(cmp_app, test_pki, start_mock, start_relay) -> None:
     key = rsa_key(2048)
     issued = test_pki.issue(key.public_key(), "device-63")
-    server = start_mock(
-        *MAC_SERVER,
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-        "-rsp_extracerts", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
-    )  # fmt: skip
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued, test_pki.ca_certificate))
     refuser = error_mock(start_mock, test_pki, "-send_unprot_err")
     relay = await start_relay(refusing(forward_to(server), {"p10cr"}, forward_to(refuser)))
     entry = await mac_entry(cmp_app, relay)
@@ -185,10 +175,10 @@ async def test_an_unprotected_cmp_error_counts_like_an_http_error(cmp_app, test_
     assert refusal["accepted"] is False and refusal["answer"].endswith("(unprotected answer)")
 
 
-async def test_nothing_fits_names_the_refused_types_and_the_fix(cmp_app, test_pki, start_mock, start_relay) -> None:
+async def test_nothing_fits_names_the_refused_types_and_the_fix(cmp_app, start_mac_mock, start_relay) -> None:
     """The server of issue 10 (ir and cr only), a device that makes its own key, no RA certificate."""
     key = ec_key()
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))))
+    server = start_mac_mock(key)
     relay = await start_relay(refusing(forward_to(server), {"genm", "p10cr", "kur"}, http_error()))
     entry = await mac_entry(cmp_app, relay)
 
@@ -212,11 +202,7 @@ async def test_nothing_fits_names_the_refused_types_and_the_fix(cmp_app, test_pk
 async def test_kur_refused_renewal_falls_back_to_ir(cmp_app, test_pki, start_mock, start_relay) -> None:
     key = rsa_key(2048)
     old = test_pki.issue(key.public_key(), "device-64")
-    server = start_mock(
-        *MAC_SERVER,
-        "-rsp_cert", str(test_pki.write("old.pem", old)),
-        "-rsp_extracerts", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
-    )  # fmt: skip
+    server = start_mock(*MAC_SERVER, *test_pki.answering(old, test_pki.ca_certificate))
     relay = await start_relay(refusing(forward_to(server), {"genm", "p10cr", "kur"}, http_error()))
     entry = await mac_entry(cmp_app, relay)
 
@@ -317,12 +303,11 @@ async def test_a_real_rejection_is_no_refusal_of_the_type(cmp_app, test_pki, sta
     key = ec_key()
     server = start_mock(
         *MAC_SERVER,
-        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
-        "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
+        *test_pki.trusted_signers(),
+        *test_pki.answering(test_pki.issue(key.public_key(), "d")),
         "-pkistatus", "2", "-failure", "9", "-statusstring", "POP does not verify",
     )  # fmt: skip
-    entry = await mac_entry(cmp_app, server, est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+    entry = await mac_entry(cmp_app, server, **ra_party.entry_fields())
     with pytest.raises(APIError, match=r"^CMP server rejected the request: badPOP \(POP does not verify\)$"):
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
     assert received(server) == ["P10CR"], "no fallback to cr"

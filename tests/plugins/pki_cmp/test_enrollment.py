@@ -7,46 +7,21 @@ import time
 import pytest
 from cryptography import x509
 from pyasn1.codec.der import decoder
-from pyasn1_alt_modules import rfc4211, rfc9480
+from pyasn1_alt_modules import rfc4211
 
 from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE
 from certlm.pki_client import stored_ca_certificates
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import csr_pem, ec_key, self_signed
+from tests.crypto_factory import device_csr, ec_key, self_signed
 from tests.plugins.pki_cmp.cmp_server import forward_to
-from tests.plugins.pki_cmp.conftest import PENDING_WAIT_S, REFERENCE, SECRET
-
-MAC_SERVER = ("-srv_ref", "ca-ref", "-srv_secret", f"pass:{SECRET}")
-
-
-def device_csr(key) -> x509.CertificateSigningRequest:
-    return x509.load_pem_x509_csr(csr_pem(key).encode())
-
-
-def received(server) -> list[str]:
-    """The request types the mock logged, in order."""
-    return [line.split("received ", 1)[1].strip() for line in server.log().splitlines() if "DEBUG: received " in line]
-
-
-def decoded(body: bytes) -> rfc9480.PKIMessage:
-    message, rest = decoder.decode(body, asn1Spec=rfc9480.PKIMessage())
-    assert not rest
-    return message
-
-
-async def mac_entry(cmp_app, server, **fields) -> PkiEntry:
-    return await cmp_app.create_entry(pki_connection=server.address, username=REFERENCE, password=SECRET, **fields)
+from tests.plugins.pki_cmp.conftest import MAC_SERVER, PENDING_WAIT_S, decoded, mac_entry, received
 
 
 async def test_p10cr_with_mac_and_explicit_confirmation(cmp_app, test_pki, start_mock) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-1")
-    server = start_mock(
-        *MAC_SERVER,
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-        "-rsp_extracerts", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
-    )  # fmt: skip
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued, test_pki.ca_certificate))
     entry = await mac_entry(cmp_app, server)
 
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
@@ -65,7 +40,7 @@ async def test_p10cr_with_mac_and_explicit_confirmation(cmp_app, test_pki, start
 async def test_implicit_confirmation_granted_skips_certconf(cmp_app, test_pki, start_mock) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-2")
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", issued)), "-grant_implicitconf")
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued), "-grant_implicitconf")
     entry = await mac_entry(cmp_app, server)
 
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), CLIENT_PROFILE)
@@ -76,11 +51,9 @@ async def test_implicit_confirmation_granted_skips_certconf(cmp_app, test_pki, s
     assert received(server) == ["P10CR", "GENM"]
 
 
-async def test_ir_popo_made_with_another_key_is_refused_by_the_ca(cmp_app, test_pki, start_mock) -> None:
+async def test_ir_popo_made_with_another_key_is_refused_by_the_ca(cmp_app, start_mac_mock) -> None:
     key = ec_key()
-    server = start_mock(
-        *MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", test_pki.issue(key.public_key(), "d")))
-    )
+    server = start_mac_mock(key)
     entry = await mac_entry(cmp_app, server)
     with pytest.raises(APIError, match="not the CSR's key"):
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=ec_key())
@@ -94,7 +67,7 @@ async def test_ir_popo_made_with_another_key_is_refused_by_the_ca(cmp_app, test_
 async def test_kur_names_the_certificate_it_renews(cmp_app, test_pki, start_mock, start_relay) -> None:
     key = ec_key()
     old = test_pki.issue(key.public_key(), "device-4")
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("old.pem", old)), "-accept_raverified")
+    server = start_mock(*MAC_SERVER, *test_pki.answering(old), "-accept_raverified")
     relay = await start_relay(forward_to(server))
     entry = await mac_entry(cmp_app, relay)
 
@@ -115,7 +88,7 @@ async def test_kur_with_key_made_by_certlm_signs_the_popo(cmp_app, test_pki, sta
     key = ec_key()
     old = test_pki.issue(key.public_key(), "device-5")
     # Without -accept_raverified: the mock verifies the signature POPO.
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("old.pem", old)))
+    server = start_mock(*MAC_SERVER, *test_pki.answering(old))
     entry = await mac_entry(cmp_app, server)
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, renewing=old, private_key=key)
     assert enrollment.certificate == old
@@ -125,9 +98,7 @@ async def test_kur_with_key_made_by_certlm_signs_the_popo(cmp_app, test_pki, sta
 async def test_polling_honours_check_after(cmp_app, test_pki, start_mock) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-6")
-    server = start_mock(
-        *MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", issued)), "-poll_count", "2", "-check_after", "1"
-    )
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued), "-poll_count", "2", "-check_after", "1")
     entry = await mac_entry(cmp_app, server)
     started = time.monotonic()
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
@@ -143,7 +114,7 @@ async def test_polling_gives_up_after_the_pending_wait(cmp_app, test_pki, start_
     issued = test_pki.issue(key.public_key(), "device-7")
     check_after = int(PENDING_WAIT_S) + 5
     server = start_mock(
-        *MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", issued)),
+        *MAC_SERVER, *test_pki.answering(issued),
         "-poll_count", "3", "-check_after", str(check_after),
     )  # fmt: skip
     entry = await mac_entry(cmp_app, server)
@@ -156,11 +127,7 @@ async def test_polling_gives_up_after_the_pending_wait(cmp_app, test_pki, start_
 async def test_certificate_for_another_key_is_rejected_with_certconf(cmp_app, test_pki, start_mock) -> None:
     key = ec_key()
     foreign = test_pki.issue(ec_key().public_key(), "device-8")
-    server = start_mock(
-        *MAC_SERVER,
-        "-rsp_cert", str(test_pki.write("foreign.pem", foreign)),
-        "-rsp_extracerts", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
-    )  # fmt: skip
+    server = start_mock(*MAC_SERVER, *test_pki.answering(foreign, test_pki.ca_certificate))
     entry = await mac_entry(cmp_app, server)
 
     with pytest.raises(UpstreamUnavailable, match="for another public key than requested; certlm refused it"):
@@ -174,7 +141,7 @@ async def test_certificate_for_another_key_is_rejected_with_certconf(cmp_app, te
 async def test_revocation(cmp_app, test_pki, start_mock) -> None:
     key = ec_key()
     certificate = test_pki.issue(key.public_key(), "device-9")
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", certificate)))
+    server = start_mock(*MAC_SERVER, *test_pki.answering(certificate))
     entry = await mac_entry(cmp_app, server)
 
     await cmp_app.backend.revoke(entry, certificate, x509.ReasonFlags.key_compromise)
@@ -192,8 +159,7 @@ async def test_revoking_a_certificate_of_another_ca_is_refused_locally(cmp_app, 
     issued = test_pki.issue(key.public_key(), "device-11")
     server = start_mock(
         *MAC_SERVER,
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-        "-rsp_extracerts", str(test_pki.write("ca.pem", test_pki.ca_certificate)),
+        *test_pki.answering(issued, test_pki.ca_certificate),
         "-grant_implicitconf",
     )  # fmt: skip
     entry = await mac_entry(cmp_app, server)
@@ -205,7 +171,7 @@ async def test_revoking_a_certificate_of_another_ca_is_refused_locally(cmp_app, 
 
 
 async def test_ca_certificates_ask_the_server_with_genm(cmp_app, test_pki, start_mock) -> None:
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("ca.pem", test_pki.ca_certificate)))
+    server = start_mock(*MAC_SERVER, *test_pki.answering(test_pki.ca_certificate))
     entry = await mac_entry(cmp_app, server)
 
     with pytest.raises(NotFound) as missing:
@@ -220,7 +186,7 @@ async def test_ca_certificates_ask_the_server_with_genm(cmp_app, test_pki, start
 
 
 async def test_crl_needs_a_known_ca(cmp_app, start_mock, test_pki) -> None:
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("ca.pem", test_pki.ca_certificate)))
+    server = start_mock(*MAC_SERVER, *test_pki.answering(test_pki.ca_certificate))
     entry = await mac_entry(cmp_app, server)
     response = await cmp_app.client.get(f"/pki/crl/{entry.id}")
     assert response.status_code == 404

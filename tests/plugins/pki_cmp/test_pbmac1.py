@@ -14,10 +14,9 @@ from pyasn1_alt_modules import rfc8018, rfc9480
 
 from certlm.errors import UpstreamUnavailable
 from certlm.pki_backends import SERVER_PROFILE
-from tests.crypto_factory import ec_key
+from tests.crypto_factory import device_csr, ec_key
 from tests.plugins.pki_cmp.cmp_server import forward_to
-from tests.plugins.pki_cmp.conftest import SECRET
-from tests.plugins.pki_cmp.test_enrollment import MAC_SERVER, decoded, device_csr, mac_entry, received
+from tests.plugins.pki_cmp.conftest import MAC_SERVER, SECRET, decoded, mac_entry, received
 
 HMAC_SHA256 = univ.ObjectIdentifier("1.2.840.113549.2.9")
 ITERATIONS = 2048
@@ -77,7 +76,7 @@ async def test_pbmac1_answer_switches_the_transaction_to_pbmac1(cmp_app, test_pk
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-30")
     # The mock cannot check PBMAC1: the relay does, so the mock lets the certConf through unchecked.
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", issued)), "-accept_unprotected")
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued), "-accept_unprotected")
     forward = forward_to(server)
 
     async def relay_handler(request: bytes) -> tuple[bytes, str]:
@@ -98,9 +97,9 @@ async def test_pbmac1_answer_switches_the_transaction_to_pbmac1(cmp_app, test_pk
     assert pbmac1_verifies(confirmation)
 
 
-async def test_pbmac1_with_another_secret_is_rejected(cmp_app, test_pki, start_mock, start_relay) -> None:
+async def test_pbmac1_with_another_secret_is_rejected(cmp_app, start_mac_mock, start_relay) -> None:
     key = ec_key()
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))))
+    server = start_mac_mock(key)
     forward = forward_to(server)
 
     async def relay_handler(request: bytes) -> tuple[bytes, str]:

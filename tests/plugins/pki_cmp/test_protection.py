@@ -5,25 +5,25 @@ from __future__ import annotations
 import re
 
 import pytest
-from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from pyasn1.codec.der import encoder
 
 from certlm.errors import APIError, CsrRejected, UpstreamUnavailable
 from certlm.pki_backends import SERVER_PROFILE
-from tests.crypto_factory import ec_key
-from tests.plugins.pki_cmp.cmp_server import CMP_CONTENT_TYPE, TestPki, forward_to, free_port, sleeping
-from tests.plugins.pki_cmp.conftest import REFERENCE, REQUEST_TIMEOUT_S, SECRET, make_party
-from tests.plugins.pki_cmp.test_enrollment import MAC_SERVER, decoded, device_csr, mac_entry, received
-
-
-def signed(body: bytes) -> bool:
-    """Whether a captured request is signature-protected (ECDSA with SHA-256: the test credentials are EC)."""
-    return str(decoded(body)["header"]["protectionAlg"]["algorithm"]) == "1.2.840.10045.4.3.2"
-
-
-def pem(certificate: x509.Certificate) -> str:
-    return certificate.public_bytes(serialization.Encoding.PEM).decode()
+from tests.crypto_factory import device_csr, ec_key, pem
+from tests.plugins.pki_cmp.cmp_server import CMP_CONTENT_TYPE, TestPki, forward_to, sleeping
+from tests.plugins.pki_cmp.conftest import (
+    MAC_SERVER,
+    REFERENCE,
+    REQUEST_TIMEOUT_S,
+    SECRET,
+    decoded,
+    mac_entry,
+    make_party,
+    received,
+    signed,
+)
+from tests.support import free_port
 
 
 async def test_signed_request_with_mac_protected_answer(
@@ -31,15 +31,10 @@ async def test_signed_request_with_mac_protected_answer(
 ) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-20")
-    server = start_mock(
-        *MAC_SERVER,
-        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-    )  # fmt: skip
+    server = start_mock(*MAC_SERVER, *test_pki.trusted_signers(), *test_pki.answering(issued))
     relay = await start_relay(forward_to(server))
     # Both credentials: requests are signed, the password verifies the server's MAC.
-    entry = await mac_entry(cmp_app, relay, est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+    entry = await mac_entry(cmp_app, relay, **ra_party.entry_fields())
 
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
 
@@ -50,8 +45,7 @@ async def test_signed_request_with_mac_protected_answer(
     # The mock does check the signatures: a signer it does not trust is refused. OpenSSL says only badRequest, which
     # is also how it refuses a message type, so certlm tries its other request (cr) and then names both answers.
     impostor = make_party(TestPki.create(tmp_path / "other-pki", "Other CA"), "impostor")
-    entry = await mac_entry(cmp_app, server, est_client_pkcs12_base64=impostor.pkcs12_base64(),
-                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+    entry = await mac_entry(cmp_app, server, **impostor.entry_fields())
     with pytest.raises(UpstreamUnavailable) as refused:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE, private_key=key)
     assert re.match(
@@ -68,16 +62,11 @@ async def test_signatures_both_ways_over_https(
 ) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-21")
-    server = start_mock(
-        "-srv_cert", str(cmp_server_party.certificate_file), "-srv_key", str(cmp_server_party.key_file),
-        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-    )  # fmt: skip
+    server = start_mock(*cmp_server_party.mock_signer(test_pki), *test_pki.answering(issued))
     relay = await start_relay(forward_to(server), test_pki.tls_server_context())
     entry = await cmp_app.create_entry(
         pki_connection=f"https://{relay.address}",
-        est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-        est_client_pkcs12_password="p12-pass",
+        **ra_party.entry_fields(),
         tls_ca=[pem(test_pki.ca_certificate)],
     )
 
@@ -94,14 +83,11 @@ async def test_signatures_both_ways_over_https(
 async def test_signed_answer_without_tls_ca_is_rejected(cmp_app, test_pki, start_mock, ra_party, cmp_server_party):
     key = ec_key()
     server = start_mock(
-        "-srv_cert", str(cmp_server_party.certificate_file), "-srv_key", str(cmp_server_party.key_file),
-        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
-        "-rsp_cert", str(test_pki.write("issued.pem", test_pki.issue(key.public_key(), "device-22"))),
-    )  # fmt: skip
+        *cmp_server_party.mock_signer(test_pki), *test_pki.answering(test_pki.issue(key.public_key(), "device-22"))
+    )
     entry = await cmp_app.create_entry(
         pki_connection=server.address,
-        est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-        est_client_pkcs12_password="p12-pass",
+        **ra_party.entry_fields(),
     )
     with pytest.raises(UpstreamUnavailable, match="has no tls_ca to verify the signer: set tls_ca"):
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
@@ -114,15 +100,12 @@ async def test_signed_answer_from_an_untrusted_signer_is_rejected(
     key = ec_key()
     impostor = make_party(TestPki.create(tmp_path / "other-pki", "Other CA"), "impostor")
     server = start_mock(
-        "-srv_cert", str(impostor.certificate_file), "-srv_key", str(impostor.key_file),
-        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
-        "-rsp_cert", str(test_pki.write("issued.pem", test_pki.issue(key.public_key(), "device-23"))),
-    )  # fmt: skip
+        *impostor.mock_signer(test_pki), *test_pki.answering(test_pki.issue(key.public_key(), "device-23"))
+    )
     relay = await start_relay(forward_to(server), test_pki.tls_server_context())
     entry = await cmp_app.create_entry(
         pki_connection=f"https://{relay.address}",
-        est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-        est_client_pkcs12_password="p12-pass",
+        **ra_party.entry_fields(),
         tls_ca=[pem(test_pki.ca_certificate)],
     )
     with pytest.raises(UpstreamUnavailable, match="CN=impostor does not chain to a configured trust anchor"):
@@ -136,10 +119,9 @@ async def test_registration_authority_when_the_ca_refuses_p10cr(
     """A CA that takes no p10cr (here: a second mock refusing everything with badRequest gets the p10cr)."""
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-24")
-    trusted = str(test_pki.write("trusted.pem", test_pki.ca_certificate))
-    refusing = start_mock(*MAC_SERVER, "-srv_trusted", trusted, "-rsp_cert", str(test_pki.write("i.pem", issued)),
+    refusing = start_mock(*MAC_SERVER, *test_pki.trusted_signers(), *test_pki.answering(issued),
                           "-pkistatus", "2", "-failure", "2", "-statusstring", "p10cr not supported")  # fmt: skip
-    accepting = start_mock(*MAC_SERVER, "-srv_trusted", trusted, "-rsp_cert", str(test_pki.write("i.pem", issued)),
+    accepting = start_mock(*MAC_SERVER, *test_pki.trusted_signers(), *test_pki.answering(issued),
                            "-accept_raverified")  # fmt: skip
     to_refusing, to_accepting = forward_to(refusing), forward_to(accepting)
 
@@ -148,8 +130,7 @@ async def test_registration_authority_when_the_ca_refuses_p10cr(
         return await (to_refusing if kind == "p10cr" else to_accepting)(body)
 
     relay = await start_relay(route)
-    entry = await mac_entry(cmp_app, relay, est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-                            est_client_pkcs12_password="p12-pass")  # fmt: skip
+    entry = await mac_entry(cmp_app, relay, **ra_party.entry_fields())
 
     enrollment = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
 
@@ -165,15 +146,13 @@ async def test_registration_authority_when_the_ca_refuses_p10cr(
     assert public_key["subjectPublicKey"].asOctets() == key.public_key().public_bytes(
         serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
     )
-    subject = x509.Name.from_rfc4514_string("CN=device-1")
     # A Name in a CertTemplate is explicitly tagged (a CHOICE cannot be implicitly tagged).
-    assert encoder.encode(template["subject"])[2:] == subject.public_bytes()
+    assert encoder.encode(template["subject"])[2:] == device_csr(key).subject.public_bytes()
 
 
-async def test_refused_p10cr_without_an_ra_certificate(cmp_app, test_pki, start_mock) -> None:
+async def test_refused_p10cr_without_an_ra_certificate(cmp_app, start_mac_mock) -> None:
     key = ec_key()
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
-                        "-pkistatus", "2", "-failure", "2", "-statusstring", "p10cr not supported")  # fmt: skip
+    server = start_mac_mock(key, "-pkistatus", "2", "-failure", "2", "-statusstring", "p10cr not supported")
     entry = await mac_entry(cmp_app, server)
     with pytest.raises(APIError) as refused:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
@@ -186,9 +165,9 @@ async def test_refused_p10cr_without_an_ra_certificate(cmp_app, test_pki, start_
     )
 
 
-async def test_wrong_secret(cmp_app, test_pki, start_mock) -> None:
+async def test_wrong_secret(cmp_app, start_mac_mock) -> None:
     key = ec_key()
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))))
+    server = start_mac_mock(key)
     entry = await cmp_app.create_entry(pki_connection=server.address, username=REFERENCE, password="not-the-secret")
     with pytest.raises(UpstreamUnavailable, match="the server did not accept the credentials") as failed:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
@@ -197,20 +176,18 @@ async def test_wrong_secret(cmp_app, test_pki, start_mock) -> None:
     assert received(server) == ["P10CR"]
 
 
-async def test_rejection_names_status_and_failure(cmp_app, test_pki, start_mock) -> None:
+async def test_rejection_names_status_and_failure(cmp_app, start_mac_mock) -> None:
     key = ec_key()
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
-                        "-pkistatus", "2", "-failure", "9", "-statusstring", "POP does not verify")  # fmt: skip
+    server = start_mac_mock(key, "-pkistatus", "2", "-failure", "9", "-statusstring", "POP does not verify")
     entry = await mac_entry(cmp_app, server)
     with pytest.raises(CsrRejected) as rejected:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
     assert rejected.value.message == "CMP server rejected the request: badPOP (POP does not verify)"
 
 
-async def test_error_message_is_reported(cmp_app, test_pki, start_mock) -> None:
+async def test_error_message_is_reported(cmp_app, start_mac_mock) -> None:
     key = ec_key()
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))),
-                        "-send_error")  # fmt: skip
+    server = start_mac_mock(key, "-send_error")
     entry = await mac_entry(cmp_app, server)
     # badRequest is how OpenSSL refuses a message type too: certlm tries each request it can make, then says what the
     # server answered to each, and what would give it one more to try.
@@ -257,9 +234,9 @@ async def test_answers_that_are_not_cmp(cmp_app, start_relay, body, content_type
         await cmp_app.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
 
 
-async def test_altered_answer_is_rejected(cmp_app, test_pki, start_mock, start_relay) -> None:
+async def test_altered_answer_is_rejected(cmp_app, start_mac_mock, start_relay) -> None:
     key = ec_key()
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("i.pem", test_pki.issue(key.public_key(), "d"))))
+    server = start_mac_mock(key)
     forward = forward_to(server)
 
     async def alter(request: bytes) -> tuple[bytes, str]:

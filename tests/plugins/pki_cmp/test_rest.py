@@ -8,9 +8,8 @@ from cryptography import x509
 from certlm.errors import APIError
 from certlm.pki_backends import SERVER_PROFILE
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import ec_key
-from tests.plugins.pki_cmp.conftest import REFERENCE, SECRET
-from tests.plugins.pki_cmp.test_enrollment import MAC_SERVER, device_csr, received
+from tests.crypto_factory import device_csr, ec_key
+from tests.plugins.pki_cmp.conftest import MAC_SERVER, REFERENCE, SECRET, received
 
 
 async def test_cmp_is_a_pki_type(cmp_app) -> None:
@@ -89,7 +88,7 @@ async def test_entry_without_credentials_is_stored_and_refused_when_used(
 ) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-30")
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", issued)))
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued))
     created = await cmp_app.client.post(
         "/pki/inventory", json={"pki_type": 3, "pki_connection": server.address, **credentials}, headers=cmp_app.headers
     )

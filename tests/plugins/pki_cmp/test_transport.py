@@ -10,11 +10,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from certlm.pki_backends import SERVER_PROFILE
-from tests.crypto_factory import ec_key, self_signed
-from tests.plugins.pki_cmp.cmp_server import forward_to, free_port
-from tests.plugins.pki_cmp.conftest import REFERENCE, REQUEST_TIMEOUT_S, SECRET
-from tests.plugins.pki_cmp.test_enrollment import MAC_SERVER, device_csr, received
-from tests.plugins.pki_cmp.test_protection import pem, signed
+from tests.crypto_factory import device_csr, ec_key, pem, self_signed
+from tests.plugins.pki_cmp.cmp_server import forward_to
+from tests.plugins.pki_cmp.conftest import MAC_SERVER, REFERENCE, REQUEST_TIMEOUT_S, SECRET, received, signed
+from tests.support import free_port
 
 
 async def never_answered(body: bytes) -> tuple[bytes, str]:
@@ -33,16 +32,11 @@ async def test_host_port_is_plain_http_and_tls_ca_still_anchors_signed_answers(
 ) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-40")
-    server = start_mock(
-        "-srv_cert", str(cmp_server_party.certificate_file), "-srv_key", str(cmp_server_party.key_file),
-        "-srv_trusted", str(test_pki.write("trusted.pem", test_pki.ca_certificate)),
-        "-rsp_cert", str(test_pki.write("issued.pem", issued)),
-    )  # fmt: skip
+    server = start_mock(*cmp_server_party.mock_signer(test_pki), *test_pki.answering(issued))
     # The mock speaks plain HTTP only: tls_ca does not make certlm try HTTPS.
     entry = await cmp_app.create_entry(
         pki_connection=server.address,
-        est_client_pkcs12_base64=ra_party.pkcs12_base64(),
-        est_client_pkcs12_password="p12-pass",
+        **ra_party.entry_fields(),
         tls_ca=[pem(test_pki.ca_certificate)],
     )
 
@@ -56,7 +50,7 @@ async def test_host_port_is_plain_http_and_tls_ca_still_anchors_signed_answers(
 async def test_explicit_http(cmp_app, test_pki, start_mock, scheme: str) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-41")
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", issued)))
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued))
     entry = await cmp_app.create_entry(pki_connection=scheme + server.address, username=REFERENCE, password=SECRET)
     assert (await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)).certificate == issued
 
@@ -64,7 +58,7 @@ async def test_explicit_http(cmp_app, test_pki, start_mock, scheme: str) -> None
 async def test_https_chosen_by_pki_connection(cmp_app, test_pki, start_mock, start_relay) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-42")
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("issued.pem", issued)))
+    server = start_mock(*MAC_SERVER, *test_pki.answering(issued))
     relay = await start_relay(forward_to(server), test_pki.tls_server_context())
     entry = await cmp_app.create_entry(
         pki_connection=f"https://{relay.address}",
@@ -107,7 +101,7 @@ async def test_tls_certificate_not_issued_by_tls_ca(cmp_app, test_pki, start_rel
 
 
 async def test_https_to_a_plain_http_server(cmp_app, test_pki, start_mock) -> None:
-    server = start_mock(*MAC_SERVER, "-rsp_cert", str(test_pki.write("ca.pem", test_pki.ca_certificate)))
+    server = start_mock(*MAC_SERVER, *test_pki.answering(test_pki.ca_certificate))
     status, error = await ca_download_error(cmp_app, f"https://{server.address}")
     assert status == 502
     assert re.fullmatch(

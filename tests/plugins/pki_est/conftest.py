@@ -13,10 +13,9 @@ from cryptography import x509
 
 from certlm.config import Settings
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import csr_pem
 from tests.plugins.broken_server import start_broken_server  # noqa: F401 - a fixture for this package's tests
 from tests.plugins.pki_est.est_server import EstTestServer
-from tests.support import licensed_app_in_process
+from tests.support import in_process_settings, licensed_app_in_process
 
 # Small, so that the time-out and pending tests are quick; loopback enrollments take milliseconds.
 REQUEST_TIMEOUT_S = 3.0
@@ -58,10 +57,9 @@ class LocalCertlm:
 
 @pytest.fixture(scope="module")
 async def certlm(tmp_path_factory: pytest.TempPathFactory, license_keys) -> AsyncIterator[LocalCertlm]:
-    settings = Settings.from_env(
-        env={},
-        data_dir=tmp_path_factory.mktemp("certlm-est") / "data",
-        license_public_key_file=license_keys.public_key_file,
+    settings = in_process_settings(
+        tmp_path_factory.mktemp("certlm-est") / "data",
+        license_keys,
         pki_request_timeout_s=REQUEST_TIMEOUT_S,
         pki_pending_wait_s=PENDING_WAIT_S,
     )
@@ -88,13 +86,6 @@ async def make_est_server(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitab
 @pytest.fixture
 async def est_server(make_est_server) -> EstTestServer:
     return await make_est_server()
-
-
-def device_csr(key, common_name: str = "Press 7") -> x509.CertificateSigningRequest:
-    """An OPC UA server CSR as a device makes it (applicationUri, DNS name and address)."""
-    return x509.load_pem_x509_csr(
-        csr_pem(key, common_name=common_name, uri="urn:plant-7:press:opcua", dns=("press-7.plant.local",)).encode()
-    )
 
 
 def same_key(certificate: x509.Certificate, key) -> bool:

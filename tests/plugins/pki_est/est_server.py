@@ -14,7 +14,6 @@ import asyncio
 import base64
 import binascii
 import hmac
-import ipaddress
 import secrets
 import ssl
 from dataclasses import dataclass
@@ -27,13 +26,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import pkcs7, pkcs12
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from pyasn1.codec.der import decoder, encoder
 from pyasn1.type import univ
 from pyasn1_alt_modules import rfc7030
 
 from certlm.errors import APIError
 from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE
+from tests.crypto_factory import Credential, certificate, ec_key, host_names, name
 
 CERTS_ONLY = "application/pkcs7-mime; smime-type=certs-only"
 ENROLL_OPERATIONS = ("simpleenroll", "simplereenroll", "serverkeygen")
@@ -61,20 +61,13 @@ class SeenRequest:
     method: str
 
 
-@dataclass
-class _Authority:
-    certificate: x509.Certificate
-    key: ec.EllipticCurvePrivateKey
-    crl_name: str
+@dataclass(frozen=True)
+class _Authority(Credential):
+    crl_name: str = ""
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "EST Test"),
-        ]
-    )
+    return name(common_name, organization="EST Test")
 
 
 def _certificate(
@@ -87,43 +80,17 @@ def _certificate(
     hosts: tuple[str, ...] = (),
 ) -> x509.Certificate:
     """A CA or TLS server certificate; ``issuer`` None makes it self-signed."""
-    now = datetime.now(UTC)
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    signer_ski = (
-        ski
-        if issuer is None
-        else issuer.certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    )
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject if issuer is None else issuer.certificate.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=30 if is_ca else 20))
-        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
-        .add_extension(ski, critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(signer_ski), critical=False)
-    )
-    if is_ca:
-        builder = builder.add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )
-    else:
-        names: list[x509.GeneralName] = []
-        for host in hosts:
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                names.append(x509.DNSName(host))
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False).add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
-    if cdp:
-        point = x509.DistributionPoint([x509.UniformResourceIdentifier(cdp)], None, None, None)
-        builder = builder.add_extension(x509.CRLDistributionPoints([point]), critical=False)
-    return builder.sign(key if issuer is None else issuer.key, hashes.SHA256())
+    options = {
+        "ca": is_ca,
+        "days": 30 if is_ca else 20,
+        "extended_key_usage": () if is_ca else (ExtendedKeyUsageOID.SERVER_AUTH,),
+        "san": host_names(*hosts),
+        "crl_url": cdp,
+        "key_identifiers": True,
+    }
+    if issuer is None:
+        return certificate(subject, key.public_key(), key, **options)
+    return issuer.issue(subject, key.public_key(), **options)
 
 
 def _pem(certificates: list[x509.Certificate]) -> str:
@@ -326,31 +293,31 @@ class EstTestServer:
     # ----- PKI
 
     def _make_pki(self) -> None:
-        root_key = ec.generate_private_key(ec.SECP256R1())
+        root_key = ec_key()
         # The root names its own CRL: /pki/crl finds it from the CA certificate /cacerts delivers.
         root = _certificate(_name("EST Test Root CA"), root_key, None, is_ca=True, cdp=self.crl_url("root"))
         self.root = _Authority(root, root_key, "root")
         self.issuing = self.root
         if self.intermediate:
-            key = ec.generate_private_key(ec.SECP256R1())
+            key = ec_key()
             certificate = _certificate(
                 _name("EST Test Issuing CA"), key, self.root, is_ca=True, cdp=self.crl_url("root")
             )
             self.issuing = _Authority(certificate, key, "issuing")
-        tls_ca_key = ec.generate_private_key(ec.SECP256R1())
+        tls_ca_key = ec_key()
         self.tls_ca = _Authority(
             _certificate(_name("EST Test TLS CA"), tls_ca_key, None, is_ca=True), tls_ca_key, "tls"
         )
-        self._tls_key = ec.generate_private_key(ec.SECP256R1())
+        self._tls_key = ec_key()
         tls_issuer = self.issuing if self.tls_issued_by_est_ca else self.tls_ca
         self.tls_certificate = _certificate(
             _name("est.test"), self._tls_key, tls_issuer, is_ca=False, hosts=("127.0.0.1", "localhost"),
             cdp=self.crl_url("tls"),
         )  # fmt: skip
-        self._mirror_key = ec.generate_private_key(ec.SECP256R1())
+        self._mirror_key = ec_key()
         mirror_ca = self.tls_ca
         if not self.mirror_tls_trusted:
-            untrusted_key = ec.generate_private_key(ec.SECP256R1())
+            untrusted_key = ec_key()
             untrusted = _certificate(_name("EST Test Untrusted TLS CA"), untrusted_key, None, is_ca=True)
             mirror_ca = _Authority(untrusted, untrusted_key, "untrusted")
         self._mirror_issuer = mirror_ca.certificate
@@ -358,7 +325,7 @@ class EstTestServer:
             _name("est-mirror.test"), self._mirror_key, mirror_ca, is_ca=False, hosts=("127.0.0.1", "localhost"),
             cdp=self.crl_url("tls"),
         )  # fmt: skip
-        self._client_key = ec.generate_private_key(ec.SECP256R1())
+        self._client_key = ec_key()
         client_csr = (
             x509.CertificateSigningRequestBuilder()
             .subject_name(_name("certlm EST RA"))
@@ -617,14 +584,18 @@ class EstTestServer:
             return web.Response(body=b"<html>definitely not base64!</html>", headers={"Content-Type": CERTS_ONLY})
         return self._certs_only(certificates)
 
-    async def _simpleenroll(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
-        csr = await self._read_csr(request)
+    async def _enroll(self, csr: x509.CertificateSigningRequest) -> web.Response:
+        """The answer to an enrollment for ``csr``, after any scripted delay or refusal; 400 with the CA's reason
+        where it does not issue."""
         if (early := await self._before_enrolling()) is not None:
             return early
         try:
             return self._enrolled(self._issue(csr))
         except APIError as error:
             return web.Response(status=400, text=error.message)
+
+    async def _simpleenroll(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
+        return await self._enroll(await self._read_csr(request))
 
     async def _simplereenroll(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
         csr = await self._read_csr(request)
@@ -633,12 +604,7 @@ class EstTestServer:
         known = {certificate.subject for certificate in self.issued} | ({peer.subject} if peer else set())
         if csr.subject not in known:
             return web.Response(status=400, text=f"no certificate with subject {csr.subject.rfc4514_string()} to renew")
-        if (early := await self._before_enrolling()) is not None:
-            return early
-        try:
-            return self._enrolled(self._issue(csr))
-        except APIError as error:
-            return web.Response(status=400, text=error.message)
+        return await self._enroll(csr)
 
     async def _serverkeygen(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
         csr = await self._read_csr(request)
@@ -650,7 +616,7 @@ class EstTestServer:
         if isinstance(placeholder, rsa.RSAPublicKey):
             key = rsa.generate_private_key(65537, placeholder.key_size)
         else:
-            key = ec.generate_private_key(ec.SECP256R1())
+            key = ec_key()
         builder = x509.CertificateSigningRequestBuilder().subject_name(csr.subject)
         for extension in csr.extensions:
             builder = builder.add_extension(extension.value, extension.critical)

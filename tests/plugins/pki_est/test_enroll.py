@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from certlm.errors import CsrRejected, UnsupportedOperation, UpstreamUnavailable
 from certlm.pki_backends import SERVER_PROFILE
-from tests.crypto_factory import ec_key, rsa_key, self_signed
-from tests.plugins.pki_est.conftest import device_csr, same_key
+from tests.crypto_factory import device_csr, ec_key, rsa_key, self_signed
+from tests.plugins.pki_est.conftest import same_key
 from tests.plugins.pki_est.est_server import csr_attributes_der
 
 ECDSA_WITH_SHA384 = "1.2.840.10045.4.3.3"

@@ -12,8 +12,7 @@ from certlm.config import Settings
 from certlm.errors import UpstreamUnavailable
 from certlm.pki_backends import SERVER_PROFILE
 from certlm.registry import HostServices
-from tests.crypto_factory import ec_key, self_signed
-from tests.plugins.pki_est.conftest import device_csr
+from tests.crypto_factory import device_csr, ec_key, self_signed
 from tests.support import free_port
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tests.crypto_factory import ec_key
-from tests.plugins.pki_est.conftest import device_csr, same_key
+from tests.crypto_factory import device_csr, ec_key
+from tests.plugins.pki_est.conftest import same_key
 
 PKI_TIMEOUT_S = 30
 

@@ -13,8 +13,8 @@ from certlm.errors import UpstreamUnavailable
 from certlm.pki_backends import SERVER_PROFILE
 from certlm.pki_client import MAX_REDIRECTS
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import ec_key
-from tests.plugins.pki_est.conftest import device_csr, same_key
+from tests.crypto_factory import device_csr, ec_key
+from tests.plugins.pki_est.conftest import same_key
 from tests.plugins.pki_est.est_server import ENROLL_OPERATIONS, EstTestServer
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from certlm.errors import APIError
 from certlm.pki_backends import SERVER_PROFILE
-from tests.crypto_factory import ec_key
-from tests.plugins.pki_est.conftest import REQUEST_TIMEOUT_S, device_csr, same_key
+from tests.crypto_factory import device_csr, ec_key
+from tests.plugins.pki_est.conftest import REQUEST_TIMEOUT_S, same_key
 from tests.support import free_port
 
 

@@ -354,6 +354,7 @@ class PushManagement:
         self._state.issuers = pending.issuers
         self._csr_key = None
         self._store.save_certificate(self._state)
+        self._store.record_installation(pending.certificate)
 
     async def apply_changes(self, caller: Caller) -> list[ua.Variant]:
         transaction = self._own_transaction(caller)

@@ -1,0 +1,118 @@
+"""What ``GET /metrics`` tells Prometheus: each device's certificate (notAfter, renewal_days, revocation), which devices
+cannot be reached, and this instance's scheduler activity.
+
+Device figures are read from the inventory at each scrape, so every instance sharing a database answers the same
+for them. Scheduler figures (scans, their duration, renewals and monitor reads by outcome) are counted by the
+instance that did the work: Prometheus sums them over the instances it scrapes.
+"""
+
+from __future__ import annotations
+
+from cryptography import x509
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from certlm.inventory import DEVICE_STATUS_ACTIVE, entry_url
+from certlm.schedulers import ScanReport, Scheduler
+from certlm.storage.models import DeviceSchedule, InventoryEntry
+from certlm.system import system_settings
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class SchedulerMetrics:
+    """This instance's scheduler counters, fed by ``Scheduler.on_scan_finished``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.runs = Counter("certlm_scheduler_runs", "Scheduler scans run", ["scheduler"], registry=self.registry)
+        self.duration = Histogram(
+            "certlm_scheduler_run_duration_seconds",
+            "How long a scheduler scan took",
+            ["scheduler"],
+            buckets=(1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600),
+            registry=self.registry,
+        )
+        self.last_success = Gauge(
+            "certlm_scheduler_last_success_timestamp_seconds",
+            "When the last scan of the scheduler finished",
+            ["scheduler"],
+            registry=self.registry,
+        )
+        self.devices = Counter(
+            "certlm_scheduler_device_outcomes",
+            "Devices a scheduler scan looked at, by what came of it (renewed, failed, read, unreachable, ...)",
+            ["scheduler", "outcome"],
+            registry=self.registry,
+        )
+
+    def scan_finished(self, scheduler: Scheduler, report: ScanReport, duration_s: float) -> None:
+        self.runs.labels(scheduler.name).inc()
+        self.duration.labels(scheduler.name).observe(duration_s)
+        self.last_success.labels(scheduler.name).set_to_current_time()
+        for outcome, count in report.outcomes.items():
+            self.devices.labels(scheduler.name, outcome).inc(count)
+
+
+async def exposition(scheduler_metrics: SchedulerMetrics) -> bytes:
+    """The metrics in the Prometheus text format: the inventory's now, and this instance's counters."""
+    devices = CollectorRegistry()
+    for family in await _device_families():
+        devices.register(_Fixed(family))
+    return generate_latest(devices) + generate_latest(scheduler_metrics.registry)
+
+
+class _Fixed:
+    """A collector of one metric family computed before the scrape (the inventory is read asynchronously)."""
+
+    def __init__(self, family: GaugeMetricFamily) -> None:
+        self.family = family
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        return [self.family]
+
+
+async def _device_families() -> list[GaugeMetricFamily]:
+    labels = ["device", "name", "service"]
+    not_after = GaugeMetricFamily(
+        "certlm_certificate_not_after_timestamp_seconds", "When the device's certificate expires", labels=labels
+    )
+    renewal_days = GaugeMetricFamily(
+        "certlm_certificate_renewal_days", "Days before expiry at which the device is renewed", labels=labels
+    )
+    revoked = GaugeMetricFamily(
+        "certlm_certificate_revoked", "1 when the last check found the certificate revoked, 0 when not", labels=labels
+    )
+    revocation_status = GaugeMetricFamily(
+        "certlm_certificate_revocation_status", "The CRL check status id (GET /crl/systeminfo)", labels=labels
+    )
+    unreachable = GaugeMetricFamily(
+        "certlm_device_unreachable", "1 when the monitor could not reach the device at its last read", labels=labels
+    )
+    changed = GaugeMetricFamily(
+        "certlm_device_certificate_changed",
+        "1 when the device presents a certificate certlm did not install",
+        labels=labels,
+    )
+    default_days = (await system_settings()).gds_push_scheduler_renewal_days
+    schedules = {row.entry_id: row for row in await DeviceSchedule.all()}  # type: ignore[attr-defined]
+    total_unreachable = 0
+    for entry in await InventoryEntry.filter(device_status=DEVICE_STATUS_ACTIVE):
+        values = [entry_url(entry), entry.name or "", entry.service]
+        schedule = schedules.get(entry.id)
+        if entry.certificate_der:
+            certificate = x509.load_der_x509_certificate(entry.certificate_der)
+            not_after.add_metric(values, certificate.not_valid_after_utc.timestamp())
+            renewal_days.add_metric(values, entry.renewal_days if entry.renewal_days is not None else default_days)
+        if entry.cert_revoked is not None:
+            revoked.add_metric(values, 1 if entry.cert_revoked else 0)
+        if entry.cert_revocation_status is not None:
+            revocation_status.add_metric(values, entry.cert_revocation_status)
+        if schedule is not None:
+            is_unreachable = schedule.unreachable_since is not None
+            total_unreachable += is_unreachable
+            unreachable.add_metric(values, 1 if is_unreachable else 0)
+            changed.add_metric(values, 1 if schedule.certificate_changed_at is not None else 0)
+    total = GaugeMetricFamily("certlm_devices_unreachable", "Active devices the monitor could not reach")
+    total.add_metric([], total_unreachable)
+    return [not_after, renewal_days, revoked, revocation_status, unreachable, changed, total]

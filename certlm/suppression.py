@@ -1,0 +1,95 @@
+"""When the maintenance windows suppress automated operations: now, until when, and what is coming.
+
+The schedulers ask this module before every scan. Each window is evaluated exactly as ``POST /maintenance/test``
+evaluates it (``certlm.maintenance.window_contains``); this module only loads the windows once per scan and walks
+time to find where a suppression starts and ends, which the point-in-time evaluation cannot say by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from certlm.maintenance import window_contains
+from certlm.storage.models import MaintenanceRule, MaintenanceWindow
+
+# How finely time is walked to find where a suppression starts or ends. A boundary is found to within
+# ``BOUNDARY_PRECISION``; a window shorter than ``COARSE_STEP`` may be missed by a look-ahead (never by "now").
+COARSE_STEP = timedelta(minutes=5)
+BOUNDARY_PRECISION = timedelta(seconds=1)
+# How far a suppression's end is searched for; a window longer than this is treated as ending there.
+LONGEST_SUPPRESSION = timedelta(days=35)
+
+
+@dataclass(frozen=True)
+class Suppression:
+    """A stretch of time during which at least one active window suppresses automated operations."""
+
+    window_id: int
+    window_name: str
+    start: datetime
+    end: datetime
+
+    def describe(self) -> str:
+        until = self.end.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return f"maintenance window {self.window_name!r} (id {self.window_id}) until {until}"
+
+
+class MaintenanceCalendar:
+    """The active windows with their rules, loaded once; answers for any moment."""
+
+    def __init__(self, windows: list[tuple[MaintenanceWindow, list[MaintenanceRule]]]) -> None:
+        self._windows = windows
+
+    @classmethod
+    async def load(cls) -> MaintenanceCalendar:
+        windows = await MaintenanceWindow.filter(status="active").order_by("id")
+        rules: dict[int, list[MaintenanceRule]] = {}
+        for rule in await MaintenanceRule.filter(window_id__in=[w.id for w in windows]).order_by("id"):
+            rules.setdefault(rule.window_id, []).append(rule)  # type: ignore[attr-defined]
+        return cls([(window, rules.get(window.id, [])) for window in windows])
+
+    def window_at(self, moment: datetime) -> MaintenanceWindow | None:
+        """The first (by id) window that suppresses automated operations at ``moment``, or None."""
+        for window, rules in self._windows:
+            if window_contains(window, rules, moment).inside:
+                return window
+        return None
+
+    def suppression_at(self, moment: datetime) -> Suppression | None:
+        """The suppression ``moment`` is in, with when it ends (the end of every overlapping window), or None."""
+        window = self.window_at(moment)
+        if window is None:
+            return None
+        moment = moment.astimezone(UTC)
+        end = self._first(moment, lambda at: self.window_at(at) is None, moment + LONGEST_SUPPRESSION)
+        return Suppression(window.id, window.name, moment, end)
+
+    def next_suppression(self, after: datetime, within: timedelta) -> Suppression | None:
+        """The first suppression that starts after ``after`` and no later than ``after + within``."""
+        if not self._windows:
+            return None
+        after = after.astimezone(UTC)
+        start = self._first(after, lambda at: self.window_at(at) is not None, after + within)
+        if start > after + within:
+            return None
+        return self.suppression_at(start)
+
+    def _first(self, after: datetime, condition, limit: datetime) -> datetime:  # type: ignore[no-untyped-def]
+        """The first moment after ``after`` at which ``condition`` holds (to ``BOUNDARY_PRECISION``); a moment past
+        ``limit`` when it does not hold up to there."""
+        # In UTC: arithmetic on datetimes of a zone with daylight saving would count wall-clock time.
+        at, limit = after.astimezone(UTC), limit.astimezone(UTC)
+        while at <= limit:
+            step_end = at + COARSE_STEP
+            if condition(step_end):
+                low, high = at, step_end
+                while high - low > BOUNDARY_PRECISION:
+                    middle = low + (high - low) / 2
+                    if condition(middle):
+                        high = middle
+                    else:
+                        low = middle
+                return high
+            at = step_end
+        return limit + COARSE_STEP

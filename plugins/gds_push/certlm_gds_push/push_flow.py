@@ -1,0 +1,587 @@
+"""The GDS push flow: one enrollment in one session with the device, through OPC UA Part 12 push management.
+
+connect → identify (an operator's first contact) → describe → create_signing_request (or generate_key) → enroll →
+fetch_crls → write_trust_list → update_certificate → apply_changes → verify. The trust list goes first, as Part 12
+(v1.05, 7.7) and the OPC Foundation's push client do: servers refuse to open it while a certificate update is
+pending, and servers that check revocation refuse a certificate whose CA and CRL they do not hold yet. Every list
+certlm writes keeps certlm trusted, so a failure after it was written still leaves a device certlm can reach. A
+device that needs ApplyChanges keeps running on what it had until then: a failure before that point cancels the
+pending changes, and its ``PushFailed`` says whether the device was changed (a device that applies a trust list or
+certificate at once is). Verification is a second session: the device must present the issued certificate on it,
+and its trust list must read back as written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, NoReturn, Protocol, runtime_checkable
+
+from asyncua import ua
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import pkcs12
+
+from certlm.certs import host_general_name, issued_by, sha1_fingerprint, to_der
+from certlm.drivers import (
+    DeviceDescription,
+    DeviceDriver,
+    DeviceTarget,
+    DriverSelection,
+    PkiMaterial,
+    PushFailed,
+    PushOutcome,
+    PushRequest,
+    StepOutcome,
+    TrustList,
+)
+from certlm.errors import UnsupportedOperation
+from certlm.pki_backends import Enrollment
+from certlm_gds_push.connection import (
+    DeviceError,
+    DeviceSession,
+    DeviceTimeouts,
+    ServerCheck,
+    SessionSecurity,
+    explain,
+    status_name,
+)
+from certlm_gds_push.identity import ClientIdentity
+from certlm_gds_push.server_configuration import ServerConfiguration
+from certlm_gds_push.trustlist import TrustListFile, encode, from_data_type, to_data_type
+
+log = logging.getLogger(__name__)
+
+# Answers to CreateSigningRequest meaning "this device cannot make a CSR": certlm makes the key pair instead.
+NO_CSR_STATUSES = frozenset({"BadNotSupported", "BadNotImplemented", "BadMethodInvalid"})
+# certlm writes the lists it owns: trusted certificates and their CRLs. The issuer lists stay as the device has them.
+WRITTEN_LISTS = TrustList.MASK_BITS["trusted_certificates"] | TrustList.MASK_BITS["trusted_crls"]
+GENERATED_KEY_BITS = 2048
+VERIFY_RETRY_S = 0.5
+
+
+@runtime_checkable
+class PushDriver(Protocol):
+    """What the flow asks of the driver it runs for: ``GdsPushDriver``, whose subclasses are the device- and
+    firmware-specific drivers, implements it."""
+
+    service: ClassVar[str]
+    device_makes_csr: ClassVar[bool]
+    apply_settle_s: ClassVar[float]
+
+    @property
+    def timeouts(self) -> DeviceTimeouts: ...
+
+    async def client_identity(self) -> ClientIdentity: ...
+
+    def session(
+        self, target: DeviceTarget, security: SessionSecurity = ..., check_server: ServerCheck | None = None
+    ) -> AbstractAsyncContextManager[DeviceSession]: ...
+
+    async def read_build_info(self, session: DeviceSession) -> dict[str, str]: ...
+
+    async def read_description(self, session: DeviceSession) -> DeviceDescription: ...
+
+    def certificate_type(self, description: DeviceDescription) -> ua.NodeId: ...
+
+    def private_key_format(self, description: DeviceDescription) -> str: ...
+
+    def trust_list_limit(self, description: DeviceDescription) -> int: ...
+
+    def csr_subject(self, subject: str | None) -> str: ...
+
+    async def after_apply_changes(self, session: DeviceSession) -> None: ...
+
+
+async def run_push(driver: PushDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
+    """Enroll a new application certificate for the device's DefaultApplicationGroup; see the module docstring.
+
+    With ``request.identify`` (an operator's first contact) the description read in this session selects the
+    driver: the push goes on with it in the same session when it is a ``PushDriver``, else it is handed over."""
+    run = StepLog()
+    async with AsyncExitStack() as connection:
+        async with run.step("connect") as note:
+            session = await connection.enter_async_context(
+                driver.session(target, SessionSecurity.ENCRYPTED, known_device_check(request))
+            )
+            run.presented_certificate = session.server_certificate
+            note.message = f"{session.endpoint.name}, the device presents {_name(session.server_certificate)}"
+        description: DeviceDescription | None = None
+        if request.identify is not None:
+            selected, description = await identified(run, driver, session, request.identify)
+            if not isinstance(selected, PushDriver):
+                await connection.aclose()
+                return await hand_over(run, selected, target, request, pki, description)
+            if not describes_alike(selected, driver):
+                description = None  # the selected driver reads the device its own way
+            driver = selected
+        configuration = ServerConfiguration(session)  # the well-known NodeIds, should describe fail
+        try:
+            async with run.step("describe") as note:
+                if description is None:
+                    description = await driver.read_description(session)
+                configuration = await ServerConfiguration.locate(session)
+                if not configuration.present:
+                    raise DeviceError(
+                        "the device has no ServerConfiguration object: it does not offer Part 12 push management",
+                        "BadNotSupported",
+                    )
+                certificate_type = driver.certificate_type(description)
+                device = description.identity
+                note.message = f"{device.manufacturer} {device.product} {device.firmware}"
+
+            # What certlm can refuse on its own it refuses before the device is asked for anything.
+            identity = await driver.client_identity()
+            trust_list = planned_trust_list(request, pki, identity)
+            try:
+                check_trust_list(trust_list, driver.trust_list_limit(description))
+            except DeviceError as error:
+                run.fail("write_trust_list", error)
+
+            enrollment, private_key, key_format = await obtain_certificate(
+                run, driver, session, configuration, certificate_type, description, target, request, pki
+            )
+            trust_list = await trust_list_for_chain(run, driver, description, request, pki, identity, enrollment)
+            await install(
+                run, driver, session, configuration, certificate_type, trust_list, enrollment, private_key, key_format
+            )
+        except PushFailed:
+            if not run.changed_device:
+                await configuration.cancel_changes()
+            raise
+
+    async with run.step("verify") as note:
+        await asyncio.sleep(driver.apply_settle_s)
+        async with session_presenting(driver, target, enrollment.certificate) as session:
+            endpoint = session.endpoint
+            trust_list_read_back = await confirm_trust_list(session, configuration.group_id, trust_list)
+        note.message = f"the device presents the issued certificate on {endpoint.name}; {trust_list_read_back}"
+    return PushOutcome(
+        presented_certificate=run.presented_certificate,
+        certificate=enrollment.certificate,
+        chain=enrollment.chain,
+        trust_list=trust_list,
+        security_policy=endpoint.policy_bit,
+        security_mode=endpoint.mode_bit,
+        steps=run.steps,
+        description=description,
+    )
+
+
+async def identified(
+    run: StepLog, driver: PushDriver, session: DeviceSession, identify: DriverSelection
+) -> tuple[DeviceDriver, DeviceDescription]:
+    """The ``identify`` step: the device describes itself in the push's session and the host selects its driver."""
+    async with run.step("identify") as note:
+        description = await driver.read_description(session)
+        selected = await identify(description)
+        note.message = f"driver {selected.service}"
+    return selected, description
+
+
+def describes_alike(driver: PushDriver, other: PushDriver) -> bool:
+    """Whether ``driver`` reads a device's description as ``other`` does, so that the description ``other`` read
+    stands for it."""
+    return all(
+        getattr(type(driver), name) is getattr(type(other), name) for name in ("read_build_info", "read_description")
+    )
+
+
+async def hand_over(
+    run: StepLog,
+    selected: DeviceDriver,
+    target: DeviceTarget,
+    request: PushRequest,
+    pki: PkiMaterial,
+    description: DeviceDescription,
+) -> PushOutcome:
+    """The push of a driver that is no ``PushDriver``, after this flow identified the device: it must meet the device
+    this session met (pinned), and its steps follow the ones so far."""
+    presented = run.presented_certificate
+    assert presented is not None  # the session was open
+    handed = replace(request, identify=None, trust_on_first_use=False, pinned_certificate=to_der(presented))
+    try:
+        outcome = await selected.push(target, handed, pki)
+    except PushFailed as failure:
+        raise PushFailed(
+            failure.message,
+            run.steps + failure.steps,
+            changed_device=failure.changed_device,
+            presented_certificate=presented,
+        ) from failure.__cause__
+    return replace(
+        outcome,
+        steps=run.steps + outcome.steps,
+        presented_certificate=presented,
+        description=outcome.description or description,
+    )
+
+
+async def obtain_certificate(
+    run: StepLog,
+    driver: PushDriver,
+    session: DeviceSession,
+    configuration: ServerConfiguration,
+    certificate_type: ua.NodeId,
+    description: DeviceDescription,
+    target: DeviceTarget,
+    request: PushRequest,
+    pki: PkiMaterial,
+) -> tuple[Enrollment, rsa.RSAPrivateKey | None, str]:
+    """The steps up to the issued certificate: a CSR from the device (or a key pair certlm makes, and the format the
+    device takes it in), signed by the PKI; the key is None when the device holds it."""
+    csr: x509.CertificateSigningRequest | None = None
+    if driver.device_makes_csr:
+        async with run.step("create_signing_request") as note:
+            subject = driver.csr_subject(request.subject)
+            try:
+                csr = x509.load_der_x509_csr(await configuration.create_signing_request(certificate_type, subject))
+            except ua.UaStatusCodeError as error:
+                if status_name(error) not in NO_CSR_STATUSES:
+                    raise
+                note.status = status_name(error)
+                note.message = "the device cannot make a CSR: certlm makes the key pair"
+            else:
+                note.message = f"subject {subject!r}" if subject else "the device's current subject"
+    private_key: rsa.RSAPrivateKey | None = None
+    key_format = ""
+    if csr is None:
+        async with run.step("generate_key") as note:
+            key_format = driver.private_key_format(description)
+            private_key = await asyncio.to_thread(
+                rsa.generate_private_key, public_exponent=65537, key_size=GENERATED_KEY_BITS
+            )
+            csr = certlm_csr(private_key, request.subject, session, target)
+            note.message = f"RSA {GENERATED_KEY_BITS} key pair made in certlm, sent as {key_format}"
+
+    async with run.step("enroll") as note:
+        enrollment, private_key = await enroll(pki, csr, private_key, note)
+        note.message = f"issued {_name(enrollment.certificate)}{note.message}"
+    for warning in enrollment.warnings:
+        run.warn("check_names", warning)
+
+    if not issuer_known(enrollment.certificate, (*enrollment.chain, *pki.ca_certificates)):
+        run.fail(
+            "enroll",
+            DeviceError(
+                f"the PKI issued {_name(enrollment.certificate)} but sent no certificate of its issuer "
+                f"{enrollment.certificate.issuer.rfc4514_string()}, and none is known: the device could not "
+                "verify it",
+                "BadCertificateChainIncomplete",
+            ),
+        )
+    return enrollment, private_key, key_format
+
+
+async def trust_list_for_chain(
+    run: StepLog,
+    driver: PushDriver,
+    description: DeviceDescription,
+    request: PushRequest,
+    pki: PkiMaterial,
+    identity: ClientIdentity,
+    enrollment: Enrollment,
+) -> TrustList:
+    """The trust list to write, now that the chain is known (a PKI may hand it out only with a certificate, as CMP
+    caPubs): it gets the chain and the CRL of every CA on it, since a device that checks revocation needs them all."""
+    crls = pki.crls
+    if pki.chain_crls is not None:
+        async with run.step("fetch_crls") as note:
+            chain_crls = await pki.chain_crls(enrollment)
+            crls = chain_crls.crls
+            note.message = f"{len(crls)} CRLs for the chain" + "".join(
+                f"; {missing} (devices that check revocation will refuse the certificate)"
+                for missing in chain_crls.missing
+            )
+    trust_list = planned_trust_list(request, pki, identity, enrollment.chain, crls)
+    try:
+        check_trust_list(trust_list, driver.trust_list_limit(description))
+    except DeviceError as error:
+        run.fail("write_trust_list", error)
+    return trust_list
+
+
+async def install(
+    run: StepLog,
+    driver: PushDriver,
+    session: DeviceSession,
+    configuration: ServerConfiguration,
+    certificate_type: ua.NodeId,
+    trust_list: TrustList,
+    enrollment: Enrollment,
+    private_key: rsa.RSAPrivateKey | None,
+    key_format: str,
+) -> None:
+    """Write the trust list, then the certificate, then ApplyChanges when either asked for it."""
+    async with run.step("write_trust_list") as note:
+        trust_file = await TrustListFile.locate(session, configuration.group_id)
+        apply_required = await trust_file.write(to_data_type(trust_list, WRITTEN_LISTS))
+        # A device that applies CloseAndUpdate at once is changed from here on (and still trusts certlm).
+        run.changed_device |= not apply_required
+        note.message = (
+            f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} "
+            f"CRLs, {_pending_or_applied(apply_required)}"
+        )
+
+    async with run.step("update_certificate") as note:
+        key_blob = private_key_blob(private_key, key_format, enrollment) if private_key else b""
+        certificate_pending = await configuration.update_certificate(certificate_type, enrollment, key_format, key_blob)
+        run.changed_device |= not certificate_pending
+        apply_required |= certificate_pending
+        note.message = _pending_or_applied(certificate_pending)
+
+    async with run.step("apply_changes") as note:
+        if apply_required:
+            await apply_changes(run, configuration)
+            await driver.after_apply_changes(session)
+        else:
+            note.message = "not needed: the device applied the changes at once"
+
+
+async def apply_changes(run: StepLog, configuration: ServerConfiguration) -> None:
+    # Unless the device answers with a refusal it may have switched: it counts as changed from the call on.
+    run.changed_device = True
+    try:
+        await configuration.apply_changes()
+    except ua.UaStatusCodeError:
+        run.changed_device = False
+        raise
+
+
+def _pending_or_applied(pending: bool) -> str:
+    return "pending until ApplyChanges" if pending else "applied by the device at once"
+
+
+@dataclass
+class StepNote:
+    """What a step reports when it succeeds."""
+
+    message: str = ""
+    status: str = ""
+
+
+@dataclass
+class StepLog:
+    """The steps of one push as they happen. The first failure becomes ``PushFailed``, raised from the original
+    error, with every step so far and whether the device was already changed."""
+
+    steps: list[StepOutcome] = field(default_factory=list)
+    changed_device: bool = False
+    presented_certificate: x509.Certificate | None = None
+
+    @asynccontextmanager
+    async def step(self, name: str) -> AsyncIterator[StepNote]:
+        note, started = StepNote(), time.monotonic()
+        try:
+            yield note
+        except PushFailed:
+            raise
+        except Exception as error:
+            self.fail(name, error, started)
+        self.steps.append(StepOutcome(name, True, time.monotonic() - started, note.status, note.message))
+
+    def warn(self, name: str, message: str) -> None:
+        """A step that goes through with something the operator should know."""
+        self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=True))
+
+    def fail(self, name: str, error: Exception, started: float | None = None) -> NoReturn:
+        seconds = time.monotonic() - started if started is not None else 0.0
+        message = failed_step_message(name, error)
+        self.steps.append(StepOutcome(name, False, seconds, status_name(error), message))
+        raise PushFailed(
+            message,
+            list(self.steps),
+            changed_device=self.changed_device,
+            presented_certificate=self.presented_certificate,
+        ) from error
+
+
+def failed_step_message(step: str, error: BaseException) -> str:
+    """``"<step> failed: <why>"``, without repeating a prefix the error's own message already has."""
+    prefix = f"{step} failed: "
+    return explain(error) if explain(error).startswith(prefix) else prefix + explain(error)
+
+
+def known_device_check(request: PushRequest) -> ServerCheck | None:
+    """Unless the request trusts the device on first contact, it must present the pinned certificate or one issued
+    by the PKI's CAs; a device that presents anything else gets nothing, not even the user's password."""
+    if request.trust_on_first_use:
+        return None
+
+    def check(certificate: x509.Certificate) -> None:
+        if request.pinned_certificate is not None and to_der(certificate) == request.pinned_certificate:
+            return
+        if any(issued_by(certificate, ca) for ca in request.trusted_cas):
+            return
+        expected = []
+        if request.pinned_certificate is not None:
+            pinned = x509.load_der_x509_certificate(request.pinned_certificate)
+            expected.append(f"its pinned certificate {_name(pinned)}")
+        if request.trusted_cas:
+            cas = "; ".join(_name(ca) for ca in request.trusted_cas)
+            expected.append(f"a certificate issued by the PKI's CA {cas}")
+        raise DeviceError(
+            f"the device presents {_name(certificate)}, but certlm expects {' or '.join(expected) or 'a pinned one'}"
+            ": nothing was sent to it. If the device was replaced or reset, re-onboard it (POST /gds/push/onboarding)"
+            " to accept the certificate it presents now",
+            "BadCertificateUntrusted",
+        )
+
+    return check
+
+
+async def enroll(
+    pki: PkiMaterial, csr: x509.CertificateSigningRequest, private_key: rsa.RSAPrivateKey | None, note: StepNote
+) -> tuple[Enrollment, rsa.RSAPrivateKey | None]:
+    """The issued certificate, and the key the device gets when certlm (not the device) holds it. For a device that
+    cannot make keys, a PKI that makes them (EST serverkeygen) is asked to; the key made here is the fallback."""
+    if private_key is None or pki.enroll_server_key is None:
+        return await pki.enroll(csr, private_key), private_key
+    try:
+        keyed = await pki.enroll_server_key(csr)
+    except UnsupportedOperation as error:
+        note.message = f"; the PKI did not make the key ({error.message}), certlm's is used"
+        return await pki.enroll(csr, private_key), private_key
+    if not isinstance(keyed.private_key, rsa.RSAPrivateKey):
+        raise DeviceError(
+            f"the PKI made a {type(keyed.private_key).__name__} key; the device's certificate type needs RSA",
+            "BadCertificateInvalid",
+        )
+    note.message = f"; key pair made by the PKI ({keyed.private_key.key_size}-bit RSA)"
+    return keyed, keyed.private_key
+
+
+def issuer_known(certificate: x509.Certificate, candidates: Iterable[x509.Certificate]) -> bool:
+    """Whether ``certificate`` is self-signed or one of ``candidates`` issued it (signature checked)."""
+    return any(issued_by(certificate, issuer) for issuer in (certificate, *candidates))
+
+
+def planned_trust_list(
+    request: PushRequest,
+    pki: PkiMaterial,
+    identity: ClientIdentity,
+    chain: tuple[x509.Certificate, ...] = (),
+    crls: tuple[x509.CertificateRevocationList, ...] | None = None,
+) -> TrustList:
+    """The trusted lists certlm writes: the PKI's CA chain and CRLs, plus certlm's client certificate or its issuers
+    as the request asks. The device must keep accepting certlm after ApplyChanges, or no later renewal could reach
+    it: when neither the request nor the PKI's chain makes it trust certlm, certlm's own certificate is added (the
+    narrowest trust that does; ``issuer`` widens it to certlm's CA so renewals of certlm's certificate keep working).
+    """
+    trusted = [to_der(ca) for ca in (*pki.ca_certificates, *chain)]
+    if request.add_issuer or (request.onboarding and not identity.self_signed):
+        trusted += [to_der(issuer) for issuer in identity.chain]
+    if request.add_client_certificate or not _trusts(trusted, identity):
+        trusted.append(identity.certificate_der)
+    crl_ders = [crl.public_bytes(serialization.Encoding.DER) for crl in (pki.crls if crls is None else crls)]
+    return TrustList(trusted_certificates=_unique(trusted), trusted_crls=_unique(crl_ders))
+
+
+def _trusts(trusted: list[bytes], identity: ClientIdentity) -> bool:
+    return identity.certificate_der in trusted or any(to_der(issuer) in trusted for issuer in identity.chain)
+
+
+def check_trust_list(trust_list: TrustList, limit: int) -> None:
+    """Refuse a trust list the device cannot hold, before anything is sent."""
+    size = len(encode(to_data_type(trust_list, WRITTEN_LISTS)))
+    if limit and size > limit:
+        raise DeviceError(
+            f"trust list too large: {size} bytes, the device accepts at most {limit}", "BadRequestTooLarge"
+        )
+
+
+def _unique(items: Iterable[bytes]) -> list[bytes]:
+    return list(dict.fromkeys(items))
+
+
+def certlm_csr(
+    key: rsa.RSAPrivateKey, subject: str | None, session: DeviceSession, target: DeviceTarget
+) -> x509.CertificateSigningRequest:
+    """A CSR for a key certlm made: the requested subject (else the device's current one), the device's
+    ApplicationUri as URI SAN and the address certlm reaches it at."""
+    try:
+        name = x509.Name.from_rfc4514_string(subject) if subject else session.server_certificate.subject
+    except ValueError as error:
+        raise DeviceError(f"subject {subject!r} is not an RFC 4514 distinguished name", "BadInvalidArgument") from error
+    names = [
+        x509.UniformResourceIdentifier(session.endpoint.description.Server.ApplicationUri),
+        host_general_name(target.server),
+    ]
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(name)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def private_key_blob(key: rsa.RSAPrivateKey, key_format: str, enrollment: Enrollment) -> bytes:
+    """A key certlm made, as UpdateCertificate's privateKey: PEM (PKCS#8) or PFX (PKCS#12 without a password, since
+    UpdateCertificate has none to pass)."""
+    if key_format == "PEM":
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    return pkcs12.serialize_key_and_certificates(
+        None, key, enrollment.certificate, list(enrollment.chain) or None, serialization.NoEncryption()
+    )
+
+
+@asynccontextmanager
+async def session_presenting(
+    driver: PushDriver, target: DeviceTarget, issued: x509.Certificate
+) -> AsyncIterator[DeviceSession]:
+    """A SignAndEncrypt session on which the device presents ``issued``: reconnect with fresh clients until it does,
+    within the operation time-out (a device restarts its endpoints some time after ApplyChanges)."""
+    issued_der = to_der(issued)
+
+    def check(certificate: x509.Certificate) -> None:
+        if to_der(certificate) != issued_der:
+            raise DeviceError(
+                f"the device still presents {_name(certificate)}, not the issued certificate", "BadCertificateInvalid"
+            )
+
+    deadline = time.monotonic() + driver.timeouts.operation_s
+    async with AsyncExitStack() as stack:
+        while True:
+            try:
+                session = await stack.enter_async_context(driver.session(target, SessionSecurity.ENCRYPTED, check))
+                break
+            except Exception:
+                if time.monotonic() + VERIFY_RETRY_S > deadline:
+                    raise
+            await asyncio.sleep(VERIFY_RETRY_S)
+        yield session
+
+
+async def confirm_trust_list(session: DeviceSession, group_id: ua.NodeId, written: TrustList) -> str:
+    """Read the trusted lists back and raise when they are not what was written (stock node-opcua, for one, answers
+    CloseAndUpdate with Good and keeps its old list). A device that does not let them be read is only noted."""
+    try:
+        trust_file = await TrustListFile.locate(session, group_id)
+        on_device = from_data_type(await trust_file.read(WRITTEN_LISTS), WRITTEN_LISTS)
+    except Exception as error:
+        return f"its trust list could not be read back ({explain(error)})"
+    # Devices store a trust list as they like (node-opcua as files named by thumbprint): the order may change.
+    if _as_stored(on_device) != _as_stored(written):
+        raise DeviceError(
+            "the device presents the issued certificate, but its trusted certificates and CRLs are not the ones "
+            f"written ({len(on_device.trusted_certificates)} certificates and {len(on_device.trusted_crls)} CRLs "
+            f"instead of {len(written.trusted_certificates)} and {len(written.trusted_crls)}): it did not apply "
+            "CloseAndUpdate",
+            "BadInvalidState",
+        )
+    return "its trust list reads back as written"
+
+
+def _as_stored(trust_list: TrustList) -> tuple[list[bytes], list[bytes]]:
+    return sorted(trust_list.trusted_certificates), sorted(trust_list.trusted_crls)
+
+
+def _name(certificate: x509.Certificate) -> str:
+    return f"{certificate.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(certificate)})"

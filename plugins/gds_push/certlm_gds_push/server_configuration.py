@@ -1,0 +1,169 @@
+"""A device's ServerConfiguration object (OPC UA Part 12): its DefaultApplicationGroup, the push management methods
+and the properties that describe what the device can do, as the push flow and the driver's reads use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from asyncua import ua
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from certlm.certs import to_der
+from certlm.pki_backends import Enrollment
+from certlm_gds_push.connection import DeviceError, DeviceSession, status_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_APPLICATION_GROUP = ua.NodeId(ua.ObjectIds.ServerConfiguration_CertificateGroups_DefaultApplicationGroup)
+RSA_SHA256_APPLICATION_CERTIFICATE_TYPE = ua.NodeId(ua.ObjectIds.RsaSha256ApplicationCertificateType)
+
+
+class ServerConfiguration:
+    """The device's ServerConfiguration object and its DefaultApplicationGroup, found by browsing from the Server
+    object; where a browse path does not resolve, the well-known ns=0 NodeId stands in."""
+
+    METHODS = ("CreateSigningRequest", "UpdateCertificate", "ApplyChanges", "CancelChanges")
+    PROPERTIES = ("SupportedPrivateKeyFormats", "MaxTrustListSize", "ServerCapabilities")
+
+    def __init__(self, session: DeviceSession) -> None:
+        self.session = session
+        self.present = False
+        self.node_id = ua.NodeId(ua.ObjectIds.ServerConfiguration)
+        self.groups_id = ua.NodeId(ua.ObjectIds.ServerConfiguration_CertificateGroups)
+        self.group_id = DEFAULT_APPLICATION_GROUP
+        self.nodes = {
+            name: ua.NodeId(getattr(ua.ObjectIds, f"ServerConfiguration_{name}"))
+            for name in self.METHODS + self.PROPERTIES
+        }
+
+    @classmethod
+    async def locate(cls, session: DeviceSession) -> ServerConfiguration:
+        """Resolve every node the push flow uses in one TranslateBrowsePathsToNodeIds request."""
+        configuration = cls(session)
+        names = cls.METHODS + cls.PROPERTIES
+        found = await session.translate(
+            ua.NodeId(ua.ObjectIds.Server),
+            ["0:ServerConfiguration"],
+            ["0:ServerConfiguration", "0:CertificateGroups"],
+            ["0:ServerConfiguration", "0:CertificateGroups", "0:DefaultApplicationGroup"],
+            *(["0:ServerConfiguration", f"0:{name}"] for name in names),
+        )
+        configuration.present = found[0] is not None
+        configuration.node_id = found[0] or configuration.node_id
+        configuration.groups_id = found[1] or configuration.groups_id
+        configuration.group_id = found[2] or configuration.group_id
+        configuration.nodes |= {name: node_id for name, node_id in zip(names, found[3:], strict=True) if node_id}
+        return configuration
+
+    async def capabilities(self) -> dict[str, Any]:
+        """SupportedPrivateKeyFormats, MaxTrustListSize, ServerCapabilities and the certificate groups with their
+        CertificateTypes, as JSON data; ``{"push_management": False}`` when the device has no ServerConfiguration."""
+        if not self.present:
+            return {"push_management": False}
+        key_formats, max_size, server_capabilities = await self.session.read_values(
+            [self.nodes[name] for name in self.PROPERTIES]
+        )
+        groups = await self.session.children(self.groups_id)
+        type_nodes = await self.session.translate(
+            self.groups_id,
+            *([f"{group.BrowseName.NamespaceIndex}:{group.BrowseName.Name}", "0:CertificateTypes"] for group in groups),
+        )
+        present = [node for node in type_nodes if node is not None]
+        types_by_node = dict(zip(present, await self.session.read_values(present), strict=True))
+        return {
+            "push_management": True,
+            "supported_private_key_formats": list(key_formats or []),
+            "max_trust_list_size": int(max_size or 0),
+            "server_capabilities": list(server_capabilities or []),
+            "certificate_groups": [
+                {
+                    "name": group.BrowseName.Name,
+                    "node_id": group.NodeId.to_string(),
+                    "certificate_types": [type_name(t) for t in types_by_node.get(node) or []],
+                }
+                for group, node in zip(groups, type_nodes, strict=True)
+            ],
+        }
+
+    async def _call(self, method: str, *arguments: ua.Variant) -> list[Any]:
+        return await self.session.call(self.node_id, self.nodes[method], *arguments)
+
+    async def create_signing_request(self, certificate_type: ua.NodeId, subject: str) -> bytes:
+        """A CSR (DER) for a new key pair the device makes, regeneratePrivateKey with the 32 bytes of client entropy
+        Part 12 asks for as nonce; an empty ``subject`` keeps the device's current one."""
+        (csr,) = await self._call(
+            "CreateSigningRequest",
+            ua.Variant(self.group_id, ua.VariantType.NodeId),
+            ua.Variant(certificate_type, ua.VariantType.NodeId),
+            ua.Variant(subject, ua.VariantType.String),
+            ua.Variant(True, ua.VariantType.Boolean),
+            ua.Variant(os.urandom(32), ua.VariantType.ByteString),
+        )
+        return csr
+
+    async def update_certificate(
+        self, certificate_type: ua.NodeId, enrollment: Enrollment, key_format: str, key: bytes
+    ) -> bool:
+        """Install the issued certificate with its issuer chain (and the key, when certlm made it); whether the device
+        needs ApplyChanges."""
+        outputs = await self._call(
+            "UpdateCertificate",
+            ua.Variant(self.group_id, ua.VariantType.NodeId),
+            ua.Variant(certificate_type, ua.VariantType.NodeId),
+            ua.Variant(to_der(enrollment.certificate), ua.VariantType.ByteString),
+            ua.Variant([to_der(issuer) for issuer in enrollment.chain], ua.VariantType.ByteString),
+            ua.Variant(key_format, ua.VariantType.String),
+            ua.Variant(key, ua.VariantType.ByteString),
+        )
+        return bool(outputs and outputs[0])
+
+    async def apply_changes(self) -> None:
+        await self._call("ApplyChanges")
+
+    async def cancel_changes(self) -> None:
+        """Discard pending changes, best effort: closing the session right after discards them as well."""
+        url = self.session.client.server_url.geturl()
+        try:
+            await asyncio.wait_for(self._call("CancelChanges"), self.session.timeouts.connect_s)
+        except ua.UaStatusCodeError as error:
+            # Devices without CancelChanges, and devices with nothing pending, are fine.
+            if status_name(error) not in {"BadMethodInvalid", "BadNotImplemented", "BadNotSupported", "BadNothingToDo"}:
+                log.warning("CancelChanges on %s: %s", url, status_name(error))
+        except Exception as error:
+            log.info("CancelChanges on %s: %s", url, status_name(error))
+
+
+def type_name(node_id: ua.NodeId) -> str:
+    """A certificate type as capabilities show it: its ns=0 name, else the NodeId string."""
+    if node_id.NamespaceIndex == 0 and node_id.Identifier in ua.ObjectIdNames:
+        return ua.ObjectIdNames[node_id.Identifier]
+    return node_id.to_string()
+
+
+def part12_subject(subject: str | None, separator: str = "/") -> str:
+    """An RFC 4514 DN (``CN=a,O=b``, escapes allowed) as CreateSigningRequest's subjectName (``CN=a/O=b``, values with
+    the separator or ``=`` in double quotes, Part 12 7.10.7); ``""`` keeps the device's current subject."""
+    if not subject:
+        return ""
+    try:
+        name = x509.Name.from_rfc4514_string(subject)
+    except ValueError as error:
+        raise DeviceError(f"subject {subject!r} is not an RFC 4514 distinguished name", "BadInvalidArgument") from error
+    parts = []
+    for rdn in reversed(name.rdns):  # RFC 4514 lists the most specific RDN first; keep the order the user wrote
+        for attribute in rdn:
+            value = str(attribute.value)
+            if '"' in value:
+                raise DeviceError(
+                    f"subject value {value!r} holds a '\"', which Part 12 cannot express", "BadInvalidArgument"
+                )
+            if separator in value or "=" in value:
+                value = f'"{value}"'
+            key = "S" if attribute.oid == NameOID.STATE_OR_PROVINCE_NAME else attribute.rfc4514_attribute_name
+            parts.append(f"{key}={value}")
+    return separator.join(parts)

@@ -1,0 +1,165 @@
+"""What a push costs a device: the push identifies a device in its own session at first contact, so an onboarding
+opens one encrypted session for identification and push and one to verify, each after one GetEndpoints request.
+Counted by the simulated device itself."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from certlm_gds_push.driver import GdsPushDriver
+from certlm_gds_push.identity import ClientIdentity
+from certlm_opcua_simulator.driver import SimulatedPlcDriver
+from cryptography import x509
+
+from certlm.certs import to_der
+from certlm.drivers import (
+    DeviceDescription,
+    DeviceDriver,
+    DeviceTarget,
+    PkiMaterial,
+    PushFailed,
+    PushOutcome,
+    PushRequest,
+    StepOutcome,
+    TrustList,
+)
+from certlm.errors import CsrRejected
+from certlm.registry import HostServices
+from tests.conftest import StartDevice
+from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for
+
+DEVICE_TIMEOUTS = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20"}
+
+
+@pytest.fixture(scope="module")
+def service_env() -> dict[str, str]:
+    return DEVICE_TIMEOUTS
+
+
+async def test_first_contact_onboarding_opens_one_session_to_push_and_one_to_verify(
+    api: httpx.AsyncClient, simulated_device: StartDevice
+) -> None:
+    created = await api.post("/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0", "name": "CA"})
+    assert created.status_code == 200, created.text
+    device = await simulated_device()
+    body = {"server": "127.0.0.1", "port": device.config.port, **ADMIN}
+
+    onboarded = await api.post("/gds/push/onboarding", json=body)
+
+    assert onboarded.status_code == 200, onboarded.text
+    steps = [step["step"] for step in onboarded.json()["result"]["steps"]]
+    assert steps[:3] == ["connect", "identify", "describe"] and steps[-1] == "verify"
+    identify = onboarded.json()["result"]["steps"][1]
+    assert identify["message"] == "driver gds-push-certlm-simulated-plc"
+    # Before, identification had a session of its own and the read-back after ApplyChanges another: four.
+    assert (device.sessions_created, device.endpoint_requests) == (2, 2)
+    entry = (await api.get(f"/gds/inventory/127.0.0.1:{device.config.port}")).json()
+    assert entry["service"] == "gds-push-certlm-simulated-plc"
+
+    renewed = await api.post("/gds/push/change", json={"server": "127.0.0.1", "port": device.config.port})
+
+    assert renewed.status_code == 200, renewed.text
+    assert "identify" not in [step["step"] for step in renewed.json()["result"]["steps"]]
+    assert (device.sessions_created, device.endpoint_requests) == (4, 4)
+
+
+class HostSelection:
+    """The host's side of ``PushRequest.identify``: what the device said, and the driver the test selects."""
+
+    def __init__(self, driver: DeviceDriver) -> None:
+        self.driver = driver
+        self.descriptions: list[DeviceDescription] = []
+
+    async def __call__(self, description: DeviceDescription) -> DeviceDriver:
+        self.descriptions.append(description)
+        return self.driver
+
+
+def first_contact(identify: HostSelection) -> PushRequest:
+    return PushRequest(onboarding=True, trust_on_first_use=True, identify=identify)
+
+
+async def test_the_specific_driver_selected_goes_on_in_the_same_session(
+    simulated_device: StartDevice,
+    driver: GdsPushDriver,
+    services: HostServices,
+    client_identity: ClientIdentity,
+    opcua_test_ca: OpcUaTestCa,
+) -> None:
+    device = await simulated_device()
+    factory_certificate = device.certificate
+    selection = HostSelection(driver_for(SimulatedPlcDriver, client_identity, services))
+
+    outcome = await driver.push(device_target(device, **ADMIN), first_contact(selection), opcua_test_ca.material())
+
+    [description] = selection.descriptions
+    assert description.identity.product == "Simulated PLC" and description.certificate == factory_certificate
+    assert outcome.description == description, "described once, by the driver that identified the device"
+    assert [step.step for step in outcome.steps[:3]] == ["connect", "identify", "describe"]
+    assert outcome.steps[1].message == "driver gds-push-certlm-simulated-plc"
+    assert outcome.presented_certificate == factory_certificate and device.certificate == outcome.certificate
+    assert (device.sessions_created, device.endpoint_requests) == (2, 2)
+
+
+class RecordingDriver(DeviceDriver):
+    """A driver of another kind than the OPC UA push flow: it records what it was asked to push."""
+
+    service = "test-recording"
+    protocol = "gds"
+    requests: list[tuple[DeviceTarget, PushRequest]]
+
+    def __init__(self, services: HostServices, failure: Exception | None = None) -> None:
+        super().__init__(services)
+        self.requests = []
+        self.failure = failure
+
+    async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
+        self.requests.append((target, request))
+        steps = [StepOutcome("vendor_push", self.failure is None, 0.0)]
+        if self.failure is not None:
+            raise PushFailed("vendor_push failed", steps) from self.failure
+        certificate = x509.load_der_x509_certificate(request.pinned_certificate or b"")
+        return PushOutcome(certificate, (), TrustList(), 0, 0, steps)
+
+
+async def test_a_driver_outside_the_push_flow_takes_over_with_the_device_pinned(
+    simulated_device: StartDevice, driver: GdsPushDriver, services: HostServices, opcua_test_ca: OpcUaTestCa
+) -> None:
+    device = await simulated_device()
+    factory_certificate = device.certificate
+    vendor = RecordingDriver(services)
+    target = device_target(device, **ADMIN)
+
+    outcome = await driver.push(target, first_contact(HostSelection(vendor)), opcua_test_ca.material())
+
+    [(handed_target, handed)] = vendor.requests
+    assert handed_target is target and handed.onboarding
+    # The device this session met is the one the other driver may talk to, and it identifies nothing again.
+    assert (handed.trust_on_first_use, handed.pinned_certificate, handed.identify) == (
+        False,
+        to_der(factory_certificate),
+        None,
+    )
+    assert [step.step for step in outcome.steps] == ["connect", "identify", "vendor_push"]
+    assert outcome.presented_certificate == factory_certificate and outcome.description is not None
+    assert device.certificate == factory_certificate and device.trust_list.is_empty()
+    assert device.sessions_created == 1
+
+
+async def test_a_failing_takeover_reports_every_step_and_its_cause(
+    simulated_device: StartDevice, driver: GdsPushDriver, services: HostServices, opcua_test_ca: OpcUaTestCa
+) -> None:
+    device = await simulated_device()
+    cause = CsrRejected("the PKI refuses this request (test)")
+    request = first_contact(HostSelection(RecordingDriver(services, failure=cause)))
+
+    with pytest.raises(PushFailed) as failed:
+        await driver.push(device_target(device, **ADMIN), request, opcua_test_ca.material())
+
+    assert [(step.step, step.ok) for step in failed.value.steps] == [
+        ("connect", True),
+        ("identify", True),
+        ("vendor_push", False),
+    ]
+    assert failed.value.__cause__ is cause, "the host answers 422 from the cause"
+    assert failed.value.presented_certificate == device.certificate

@@ -1,0 +1,97 @@
+"""Device leases: one holder at a time, across processes sharing one PostgreSQL; an expired lease is taken over and
+its holder named as interrupted; a busy device answers 409 after the wait."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from certlm import leases
+from certlm.config import Settings
+from certlm.leases import DeviceBusy, device_lease, extend, try_claim
+from certlm.storage.models import DeviceSchedule, InventoryEntry
+from tests.support import LicenseKeys, licensed_app_in_process
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+async def entry_id(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[int]:
+    settings = Settings.from_env(
+        env={}, data_dir=tmp_path / "data", license_public_key_file=license_keys.public_key_file
+    )
+    async with licensed_app_in_process(settings, license_keys) as (client, _, _), client.app.app_context():
+        entry = await InventoryEntry.create(protocol="gds", service="gds-push-generic", server="plc-1", port=4840)
+        yield entry.id
+
+
+async def test_a_lease_has_one_holder_until_it_is_released_or_expires(entry_id: int) -> None:
+    first = await try_claim(entry_id, holder="instance-a")
+    assert first is not None and first.interrupted_holder is None
+    assert await try_claim(entry_id, holder="instance-b") is None
+    assert await extend(entry_id, holder="instance-a") is True
+    assert await extend(entry_id, holder="instance-b") is False  # not b's to extend
+    # instance-a crashes: its lease runs out, and the next claimant learns whose operation was cut off.
+    await DeviceSchedule.filter(entry_id=entry_id).update(lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    taken = await try_claim(entry_id, holder="instance-b")
+    assert taken is not None and taken.interrupted_holder == "instance-a"
+    await leases.release(entry_id, holder="instance-b")
+    assert (await try_claim(entry_id, holder="instance-c")).interrupted_holder is None
+
+
+async def test_a_device_another_instance_works_on_answers_409_after_the_wait(entry_id: int) -> None:
+    assert await try_claim(entry_id, holder="other-instance") is not None
+    started = time.monotonic()
+    with pytest.raises(DeviceBusy) as refused:
+        async with device_lease(entry_id, wait_s=0.5):
+            pytest.fail("the lease of another instance was taken")
+    assert refused.value.status == 409 and "other-instance" in refused.value.message
+    assert 0.5 <= time.monotonic() - started < 5
+    # Once the other instance is done, the same call goes through, and releases the lease after the block.
+    await leases.release(entry_id, holder="other-instance")
+    async with device_lease(entry_id, wait_s=0.5) as claim:
+        assert claim.entry_id == entry_id
+        async with device_lease(entry_id, wait_s=0):  # re-entrant within the task: a push the scheduler started
+            pass
+    assert (await DeviceSchedule.get(entry_id=entry_id)).lease_holder is None
+
+
+async def test_callers_in_one_instance_queue_for_the_device(entry_id: int) -> None:
+    order = []
+
+    async def operate(name: str) -> None:
+        async with device_lease(entry_id, wait_s=0):
+            order.append(f"{name} in")
+            await asyncio.sleep(0.05)  # holds the device while the other caller is queued
+            order.append(f"{name} out")
+
+    await asyncio.gather(operate("a"), operate("b"))
+    assert order == ["a in", "a out", "b in", "b out"]
+
+
+def test_instances_on_one_postgresql_claim_each_device_once(postgres) -> None:
+    url = postgres.create_database()
+    command = [sys.executable, "-m", "tests.lease_claimer", url]
+    setup = subprocess.run([*command, "setup", "60"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert setup.returncode == 0, setup.stderr
+    ids = json.loads(setup.stdout)
+    start = str(time.time() + 4)  # all four have their connections open by then
+    racers = [
+        subprocess.Popen([*command, start, "60"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    won = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        won.append(json.loads(out))
+    claimed = [entry_id for claims in won for entry_id in claims]
+    assert sorted(claimed) == sorted(ids), "every device claimed exactly once"

@@ -1,0 +1,416 @@
+"""Revocation checking (``certlm.revocation``): each of the thirteen CRL check statuses with a CA and CRL made for it,
+which status wins when several apply, the CRL cache honouring nextUpdate, and a device of the internal CA whose
+certificate is revoked, as monitoring and the certificate detail show it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+
+from certlm import crl_status
+from certlm.certs import key_usage
+from certlm.config import Settings
+from certlm.errors import UpstreamUnavailable
+from certlm.pki_backends import PkiBackend
+from certlm.revocation import CrlCache, RevocationCheck, check, revocation_of
+from certlm.storage.models import InventoryEntry, PkiEntry
+from tests.crypto_factory import Credential, certificate, ec_key, make_ca
+from tests.support import LicenseKeys, free_port, licensed_app_in_process
+
+NOW = datetime.now(UTC)
+ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
+
+
+def device_of(ca: Credential, **options) -> x509.Certificate:
+    return ca.issue("press-7", ec_key().public_key(), ca=False, key_identifiers=True, **options)
+
+
+def crl_of(
+    ca: Credential,
+    revoked: dict[x509.Certificate, x509.ReasonFlags | None] | None = None,
+    *,
+    this_update: datetime = NOW - timedelta(minutes=5),
+    next_update: datetime = NOW + timedelta(days=7),
+    signed_by: Credential | None = None,
+    names_key_of: Credential | None = None,
+) -> x509.CertificateRevocationList:
+    """``ca``'s CRL listing ``revoked`` (a reason, or None for an entry without CRLReason), signed by ``signed_by``
+    (default ``ca``), naming the key of ``names_key_of`` (default the signer) as its authority key identifier."""
+    signer = signed_by or ca
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca.certificate.subject)
+        .last_update(this_update)
+        .next_update(next_update)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key((names_key_of or signer).key.public_key()),
+            critical=False,
+        )
+    )
+    for listed, reason in (revoked or {}).items():
+        entry = x509.RevokedCertificateBuilder().serial_number(listed.serial_number).revocation_date(NOW)
+        if reason is not None:
+            entry = entry.add_extension(x509.CRLReason(reason), critical=False)
+        builder = builder.add_revoked_certificate(entry.build())
+    return builder.sign(signer.key, hashes.SHA256())
+
+
+def der(item: x509.Certificate | x509.CertificateRevocationList) -> bytes:
+    return item.public_bytes(serialization.Encoding.DER)
+
+
+@pytest.fixture(scope="module")
+def root() -> Credential:
+    return make_ca("Plant Root CA")
+
+
+@pytest.fixture(scope="module")
+def device(root: Credential) -> x509.Certificate:
+    return device_of(root)
+
+
+def status_name(outcome: RevocationCheck) -> str:
+    return crl_status.crl_check_status(outcome.status_id).name
+
+
+# One test per status, each with the CA and CRL made for it.
+
+
+def test_not_revoked(root: Credential, device: x509.Certificate) -> None:
+    other = device_of(root)
+    outcome = check(device, [root.certificate], [crl_of(root, {other: x509.ReasonFlags.superseded})], NOW)
+    assert status_name(outcome) == "not_revoked"
+    assert outcome.reason is None and outcome.is_revoked is False
+    assert f"serial {device.serial_number:X} is not on the CRL" in outcome.detail
+
+
+def test_revoked_with_the_reason_of_the_crl_entry(root: Credential, device: x509.Certificate) -> None:
+    crl = crl_of(root, {device: x509.ReasonFlags.key_compromise})
+    outcome = check(device, [root.certificate], [crl], NOW)
+    assert status_name(outcome) == "revoked" and outcome.is_revoked is True
+    assert outcome.reason is x509.ReasonFlags.key_compromise and outcome.reason_id == 1
+    assert outcome.revoked_at == NOW.replace(microsecond=0)
+
+
+def test_revoked_without_a_reason_is_unspecified(root: Credential, device: x509.Certificate) -> None:
+    outcome = check(device, [root.certificate], [crl_of(root, {device: None})], NOW)
+    assert status_name(outcome) == "revoked"
+    assert outcome.reason is x509.ReasonFlags.unspecified and outcome.reason_id == 0
+
+
+def test_taken_off_hold_is_not_revoked(root: Credential, device: x509.Certificate) -> None:
+    outcome = check(device, [root.certificate], [crl_of(root, {device: x509.ReasonFlags.remove_from_crl})], NOW)
+    assert status_name(outcome) == "not_revoked"
+
+
+def test_certificate_missing(root: Credential) -> None:
+    assert status_name(check(None, [root.certificate], [crl_of(root)], NOW)) == "certificate_missing"
+
+
+def test_crl_missing(root: Credential, device: x509.Certificate) -> None:
+    outcome = check(device, [root.certificate], [], NOW)
+    assert status_name(outcome) == "crl_missing" and outcome.detail == "the PKI published no CRL"
+
+
+def test_ca_missing(root: Credential, device: x509.Certificate) -> None:
+    stranger = make_ca("Another Plant CA")
+    outcome = check(device, [stranger.certificate], [crl_of(stranger)], NOW)
+    assert status_name(outcome) == "ca_missing"
+    assert "CN=Plant Root CA" in outcome.detail
+
+
+def test_cert_chain_invalid_when_the_issuer_did_not_sign_it(root: Credential) -> None:
+    # Named after the root, signed by another key: a forgery, or a CA that was re-keyed.
+    forged = certificate("press-7", ec_key().public_key(), ec_key(), issuer=root.certificate.subject, ca=False)
+    outcome = check(forged, [root.certificate], [crl_of(root)], NOW)
+    assert status_name(outcome) == "cert_chain_invalid"
+    assert "does not verify with the key of CN=Plant Root CA" in outcome.detail
+
+
+def test_cert_chain_invalid_when_the_path_above_the_issuer_does_not_verify(root: Credential) -> None:
+    intermediate = make_ca("Line CA", issuer=make_ca("Plant Root CA"))  # a root of the same name, another key
+    outcome = check(device_of(intermediate), [intermediate.certificate, root.certificate], [crl_of(intermediate)], NOW)
+    assert status_name(outcome) == "cert_chain_invalid"
+    assert "the signature of CN=Line CA does not verify" in outcome.detail
+
+
+def test_cert_chain_invalid_when_the_issuer_is_no_ca() -> None:
+    not_a_ca = make_ca("Press 7 itself", ca=False)
+    outcome = check(device_of(not_a_ca), [not_a_ca.certificate], [crl_of(not_a_ca)], NOW)
+    assert status_name(outcome) == "cert_chain_invalid"
+    assert "is not a CA" in outcome.detail
+
+
+def test_ca_crlsign_missing() -> None:
+    ca = make_ca("Issuing Only CA", key_usage=key_usage(digital_signature=True, key_cert_sign=True))
+    outcome = check(device_of(ca), [ca.certificate], [crl_of(ca)], NOW)
+    assert status_name(outcome) == "ca_crlsign_missing"
+
+
+def test_crl_issuer_mismatch_when_no_crl_names_the_issuer(root: Credential, device: x509.Certificate) -> None:
+    outcome = check(device, [root.certificate], [crl_of(make_ca("Another Plant CA"))], NOW)
+    assert status_name(outcome) == "crl_issuer_mismatch"
+    assert "the PKI's CRLs are of CN=Another Plant CA" in outcome.detail
+
+
+def test_crl_issuer_mismatch_when_the_crl_is_of_another_key_of_that_name(
+    root: Credential, device: x509.Certificate
+) -> None:
+    namesake = make_ca("Plant Root CA")
+    outcome = check(device, [root.certificate], [crl_of(namesake)], NOW)
+    assert status_name(outcome) == "crl_issuer_mismatch"
+    assert "another key of that name" in outcome.detail
+
+
+def test_crl_signature_invalid(root: Credential, device: x509.Certificate) -> None:
+    # The CRL names the root and the root's key, but another key signed it.
+    forged = crl_of(root, {device: None}, signed_by=make_ca("Plant Root CA"), names_key_of=root)
+    outcome = check(device, [root.certificate], [forged], NOW)
+    assert status_name(outcome) == "crl_signature_invalid"
+
+
+@pytest.mark.parametrize(
+    ("this_update", "next_update"),
+    [(NOW + timedelta(hours=1), NOW + timedelta(days=7)), (NOW - timedelta(days=8), NOW - timedelta(days=1))],
+    ids=["not yet valid", "expired"],
+)
+def test_crl_time_invalid(
+    root: Credential, device: x509.Certificate, this_update: datetime, next_update: datetime
+) -> None:
+    crl = crl_of(root, {device: x509.ReasonFlags.key_compromise}, this_update=this_update, next_update=next_update)
+    outcome = check(device, [root.certificate], [crl], NOW)
+    assert status_name(outcome) == "crl_time_invalid" and outcome.is_revoked is None
+
+
+@pytest.mark.parametrize("broken", ["certificate", "ca", "crl"])
+def test_parsing_error(root: Credential, device: x509.Certificate, broken: str) -> None:
+    garbage = b"\x30\x03\x02\x01"
+    inputs = {"certificate": der(device), "ca": der(root.certificate), "crl": der(crl_of(root))} | {broken: garbage}
+    outcome = check(inputs["certificate"], [inputs["ca"]], [inputs["crl"]], NOW)
+    assert status_name(outcome) == "parsing_error"
+
+
+def test_der_and_pem_bytes_are_checked_like_parsed_objects(root: Credential, device: x509.Certificate) -> None:
+    crl = crl_of(root, {device: x509.ReasonFlags.superseded})
+    pem = root.certificate.public_bytes(serialization.Encoding.PEM)
+    outcome = check(der(device), [pem], [der(crl)], NOW)
+    assert status_name(outcome) == "revoked" and outcome.reason is x509.ReasonFlags.superseded
+
+
+def test_self_signed() -> None:
+    own_key = ec_key()
+    factory = certificate("press-7 factory certificate", own_key.public_key(), own_key)
+    assert status_name(check(factory, [], [], NOW)) == "self_signed"
+
+
+def test_unknown_without_a_source_of_crls(root: Credential, device: x509.Certificate) -> None:
+    assert status_name(check(device, [root.certificate], None, NOW)) == "unknown"
+
+
+# Which status wins when several apply: the order of the module docstring.
+
+
+def test_a_self_signed_certificate_needs_no_pki() -> None:
+    own_key = ec_key()
+    factory = certificate("factory", own_key.public_key(), own_key)
+    assert status_name(check(factory, [], None, NOW)) == "self_signed"
+
+
+def test_a_missing_ca_wins_over_a_missing_crl(device: x509.Certificate) -> None:
+    assert status_name(check(device, [], [], NOW)) == "ca_missing"
+
+
+def test_an_out_of_date_crl_tells_nothing_about_revocation(root: Credential, device: x509.Certificate) -> None:
+    expired = crl_of(root, {device: None}, this_update=NOW - timedelta(days=9), next_update=NOW - timedelta(days=2))
+    assert status_name(check(device, [root.certificate], [expired], NOW)) == "crl_time_invalid"
+
+
+def test_the_newest_current_crl_decides(root: Credential, device: x509.Certificate) -> None:
+    older = crl_of(root, this_update=NOW - timedelta(days=2))
+    newer = crl_of(root, {device: x509.ReasonFlags.cessation_of_operation}, this_update=NOW - timedelta(hours=1))
+    outcome = check(device, [root.certificate], [newer, older], NOW)
+    assert outcome.reason is x509.ReasonFlags.cessation_of_operation
+
+
+def test_an_intermediate_ca_is_checked_up_to_the_root(root: Credential) -> None:
+    intermediate = make_ca("Line CA", issuer=root)
+    issued = device_of(intermediate)
+    crl = crl_of(intermediate, {issued: x509.ReasonFlags.affiliation_changed})
+    assert check(issued, [intermediate.certificate, root.certificate], [crl], NOW).reason_id == 3
+    # A PKI that hands out only its issuing CA: that CA is the trust anchor.
+    assert status_name(check(issued, [intermediate.certificate], [crl], NOW)) == "revoked"
+
+
+# The CRL cache: one fetch per PKI entry until the CRL's nextUpdate.
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class CountingPki(PkiBackend):
+    """A PKI whose CRL is whatever the test sets (an exception is raised), counting the fetches."""
+
+    pki_type = 99
+    name = "counting"
+
+    def __init__(self, ca: Credential) -> None:
+        super().__init__(services=None)  # type: ignore[arg-type]
+        self.ca = ca
+        self.current: x509.CertificateRevocationList | Exception = crl_of(ca)
+        self.fetches = 0
+
+    async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+        return [self.ca.certificate]
+
+    async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
+        self.fetches += 1
+        await asyncio.sleep(0)  # a fetch takes a while: concurrent checks must wait for the same one
+        if isinstance(self.current, Exception):
+            raise self.current
+        return self.current
+
+
+def pki_entry(updated_at: datetime = NOW) -> PkiEntry:
+    return PkiEntry(id=7, pki_type=CountingPki.pki_type, pki_connection="ca.plant:443", updated_at=updated_at)
+
+
+async def test_the_crl_is_kept_until_its_next_update(root: Credential) -> None:
+    clock, backend = Clock(), CountingPki(root)
+    backend.current = crl_of(root, next_update=NOW + timedelta(minutes=30))
+    cache = CrlCache(clock=clock)
+    await asyncio.gather(*(cache.sources(pki_entry(), backend) for _ in range(5)))
+    assert backend.fetches == 1
+    clock.now = NOW + timedelta(minutes=29)
+    await cache.sources(pki_entry(), backend)
+    assert backend.fetches == 1
+    clock.now = NOW + timedelta(minutes=31)
+    await cache.sources(pki_entry(), backend)
+    assert backend.fetches == 2
+
+
+async def test_a_long_lived_crl_is_fetched_again_within_the_maximum_age(root: Credential) -> None:
+    clock, backend = Clock(), CountingPki(root)  # nextUpdate in a week, as the internal CA's
+    cache = CrlCache(clock=clock, max_age=timedelta(hours=1))
+    await cache.sources(pki_entry(), backend)
+    clock.now = NOW + timedelta(minutes=61)
+    await cache.sources(pki_entry(), backend)
+    assert backend.fetches == 2
+
+
+async def test_a_changed_or_forgotten_pki_entry_is_fetched_again(root: Credential) -> None:
+    backend, cache = CountingPki(root), CrlCache(clock=Clock())
+    await cache.sources(pki_entry(), backend)
+    await cache.sources(pki_entry(updated_at=NOW + timedelta(seconds=1)), backend)
+    assert backend.fetches == 2
+    cache.forget(7)
+    await cache.sources(pki_entry(updated_at=NOW + timedelta(seconds=1)), backend)
+    assert backend.fetches == 3
+
+
+async def test_an_unreachable_pki_is_asked_again_after_a_few_minutes(root: Credential) -> None:
+    clock, backend = Clock(), CountingPki(root)
+    backend.current = UpstreamUnavailable("ca.plant:443: connection refused")
+    cache = CrlCache(clock=clock, short_age=timedelta(minutes=5))
+    sources = await cache.sources(pki_entry(), backend)
+    assert sources.crls == () and sources.problems == ("PKI entry 7 gave no CRL: ca.plant:443: connection refused",)
+    clock.now = NOW + timedelta(minutes=4)
+    await cache.sources(pki_entry(), backend)
+    assert backend.fetches == 1
+    clock.now = NOW + timedelta(minutes=6)
+    backend.current = crl_of(root)
+    assert (await cache.sources(pki_entry(), backend)).crls == (backend.current,)
+
+
+# Through the app: an entry without a PKI, and a device of the internal CA revoked for a compromised key.
+
+
+@pytest.fixture
+async def app(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[tuple]:
+    settings = Settings.from_env(
+        env={},
+        data_dir=tmp_path / "data",
+        license_public_key_file=license_keys.public_key_file,
+        device_connect_timeout_s=3.0,
+        device_operation_timeout_s=15.0,
+    )
+    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
+        created = await client.post(
+            "/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0"}, headers=headers
+        )
+        assert created.status_code == 200
+        yield client, headers, host
+
+
+@pytest.fixture
+async def plc(tmp_path: Path) -> AsyncIterator[SimulatedDevice]:
+    config = SimulatorConfig(state_dir=tmp_path / "device", port=free_port(), auto_accept=True, apply_delay_s=0.1)
+    simulated = SimulatedDevice(config)
+    await simulated.start()
+    try:
+        yield simulated
+    finally:
+        await simulated.stop()
+
+
+async def test_an_entry_without_a_pki_has_an_unknown_status(app, device: x509.Certificate) -> None:
+    client, _, _ = app
+    async with client.app.app_context():
+        entry = await InventoryEntry.create(protocol="gds", service="gds-push-generic", server="plc-9", port=4840)
+        outcome = await revocation_of(entry, der(device))
+    assert status_name(outcome) == "unknown" and outcome.detail == "the entry has no PKI"
+
+
+async def test_a_revoked_device_certificate_shows_revoked_with_its_reason(app, plc: SimulatedDevice) -> None:
+    client, headers, host = app
+    address = {"server": "127.0.0.1", "port": plc.config.port}
+    onboarded = await client.post("/gds/push/onboarding", json={**address, **ADMIN}, headers=headers)
+    assert onboarded.status_code == 200, await onboarded.get_data(as_text=True)
+    detail_path = f"/gds/inventory/crt/{quote(plc.url, safe='')}"
+    detail = await (await client.get(detail_path, headers=headers)).get_json()
+    assert detail["certificate_revocation"]["name"] == "not_revoked"
+    assert detail["certificate_revocation_reason"] is None
+
+    # The operator learns that the device's key leaked and revokes its certificate at the internal CA.
+    async with client.app.app_context():
+        pki = await PkiEntry.get(pki_type=1)
+        await host.pki_backends.get(1).revoke(pki, plc.certificate, x509.ReasonFlags.key_compromise)
+
+    monitor_body = {"server": "127.0.0.1", "port": str(plc.config.port)}  # the spec's port is a string here
+    monitored = await client.post("/gds/monitor/crt", json=monitor_body, headers=headers)
+    assert monitored.status_code == 200, await monitored.get_data(as_text=True)
+    detail = await (await client.get(detail_path, headers=headers)).get_json()
+    assert detail["certificate_revocation"] == {
+        "id": crl_status.REVOKED,
+        "name": "revoked",
+        "description": "Certificate is on the issuer's CRL",
+        "is_revoked": True,
+    }
+    assert detail["certificate_revocation_reason"] == {
+        "id": 1,
+        "name": "keyCompromise",
+        "description": "The private key was compromised",
+    }
+    entry = await (await client.get(f"/gds/inventory/{quote(plc.url, safe='')}", headers=headers)).get_json()
+    assert entry["cert_revoked"] is True
+
+    # Monitoring without the CRL check forgets what the last check said, as it always did.
+    unchecked = await client.post("/gds/monitor/crt", json={**monitor_body, "disable_crl_check": True}, headers=headers)
+    assert unchecked.status_code == 200
+    detail = await (await client.get(detail_path, headers=headers)).get_json()
+    assert detail["certificate_revocation"]["name"] == "unknown"
+    assert detail["certificate_revocation_reason"] is None
+    entry = await (await client.get(f"/gds/inventory/{quote(plc.url, safe='')}", headers=headers)).get_json()
+    assert entry["cert_revoked"] is None

@@ -1,0 +1,424 @@
+"""The renewal and monitor schedulers against simulated devices: switched on through ``POST /systeminfo``, they renew
+what is due (once), stop for a maintenance window, and record what the devices present and which cannot be reached."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
+from cryptography import x509
+from prometheus_client.parser import text_string_to_metric_families
+
+from certlm.config import Settings
+from certlm.schedulers import ScanContext, ScanReport, Scheduler
+from certlm.storage.models import PkiEntry
+from tests.support import LicenseKeys, eventually, free_port, licensed_app_in_process
+
+ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
+
+
+class Plant:
+    """certlm in this process with an internal CA, and its API."""
+
+    def __init__(self, client: Any, headers: dict[str, str], host: Any) -> None:
+        self.client, self.headers, self.host = client, headers, host
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        response = await self.client.open(path, method=method, json=body, headers=self.headers)
+        return response.status_code, await response.get_json()
+
+    async def onboard(self, device: SimulatedDevice) -> None:
+        status, body = await self.call(
+            "POST", "/gds/push/onboarding", {"server": "127.0.0.1", "port": device.config.port, **ADMIN}
+        )
+        assert status == 200, body
+
+    async def entry(self, device: SimulatedDevice) -> dict[str, Any]:
+        status, body = await self.call("GET", f"/gds/inventory/{quote(device.url, safe='')}")
+        assert status == 200, body
+        return body
+
+    async def set_renewal_days(self, device: SimulatedDevice, days: int) -> None:
+        status, body = await self.call(
+            "PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port, "renewal_days": days}
+        )
+        assert status == 200, body
+
+    async def last_push(self, device: SimulatedDevice) -> dict[str, Any] | None:
+        status, body = await self.call("GET", f"/gds/push/{quote(device.url, safe='')}")
+        return body if status == 200 else None
+
+    async def system(self) -> dict[str, Any]:
+        return (await self.call("GET", "/systeminfo"))[1]
+
+
+@pytest.fixture
+async def plant(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[Plant]:
+    settings = Settings.from_env(
+        env={},
+        data_dir=tmp_path / "data",
+        license_public_key_file=license_keys.public_key_file,
+        device_connect_timeout_s=3.0,
+        device_operation_timeout_s=15.0,
+        scheduler_retry_base_s=3600.0,
+    )
+    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
+        plant = Plant(client, headers, host)
+        status, body = await plant.call("POST", "/pki/inventory", {"pki_type": 1, "pki_connection": "localhost:0"})
+        assert status == 200, body
+        yield plant
+
+
+@pytest.fixture
+async def devices(tmp_path: Path) -> AsyncIterator[list[SimulatedDevice]]:
+    started = []
+    try:
+        for n in range(2):
+            config = SimulatorConfig(
+                state_dir=tmp_path / f"device-{n}", port=free_port(), auto_accept=True, apply_delay_s=0.1
+            )
+            device = SimulatedDevice(config)
+            await device.start()
+            started.append(device)
+        yield started
+    finally:
+        for device in started:
+            await device.stop()
+
+
+async def scans_finished(plant: Plant, scheduler: str) -> str | None:
+    return (await plant.system())[f"{scheduler}_scheduler_last_run"]
+
+
+async def test_the_renewal_scheduler_is_stopped_until_switched_on_and_tells_when_it_runs_next(plant: Plant) -> None:
+    info = await plant.system()
+    assert info["gds_push_scheduler_status"] == "stopped" and info["gds_push_scheduler_next_run"] is None
+    status, _ = await plant.call(
+        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 3600}
+    )
+    assert status == 200
+
+    async def idle() -> dict[str, Any] | None:
+        info = await plant.system()
+        return info if info["gds_push_scheduler_status"] == "idle" else None
+
+    info = await eventually(idle, "idle renewal scheduler")
+    next_run = datetime.fromisoformat(info["gds_push_scheduler_next_run"])
+    assert timedelta(minutes=59) < next_run - datetime.now(UTC) <= timedelta(hours=1)
+    assert info["gds_push_scheduler_detail"] == f"next run at {next_run.isoformat(timespec='seconds')}".replace(
+        "+00:00", "Z"
+    )
+    # Switched off, it says so at once, on every instance within a few seconds.
+    await plant.call("POST", "/systeminfo", {"gds_push_scheduler_active": False})
+    assert (await eventually(plant.system, "system info"))["gds_push_scheduler_status"] == "stopped"
+
+
+async def test_a_due_device_is_renewed_once_and_a_pki_lifetime_below_renewal_days_is_reported_once(
+    plant: Plant, devices: list[SimulatedDevice]
+) -> None:
+    due, fresh = devices
+    await plant.onboard(due)
+    await plant.onboard(fresh)
+    onboarded_serial = (await plant.entry(due))["cert_base64"]
+    assert len(due.installed_certificates) == 1
+    # The internal CA issues for a year: renewal_days 400 makes the device due now, and its successor too.
+    await plant.set_renewal_days(due, 400)
+    # The other device is as due, but inactive: the schedulers never touch it.
+    await plant.set_renewal_days(fresh, 400)
+    status, body = await plant.call(
+        "PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": fresh.config.port, "device_status": 0}
+    )
+    assert status == 200, body
+
+    await plant.call(
+        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
+    )
+
+    async def renewed_by_scheduler() -> dict[str, Any] | None:
+        record = await plant.last_push(due)
+        return record if record and record["result"]["trigger"] == "scheduler" else None
+
+    record = await eventually(renewed_by_scheduler, "renewal by the scheduler")
+    assert record["success"] is True, record
+    assert (await plant.entry(due))["cert_base64"] != onboarded_serial
+    first_scan = await scans_finished(plant, "gds_push")
+
+    # Several scans later: not renewed again, and the configuration error stands on the device's schedule.
+    async def later_scans() -> bool:
+        last = await scans_finished(plant, "gds_push")
+        return last is not None and datetime.fromisoformat(last) > datetime.fromisoformat(first_scan) + timedelta(
+            seconds=2
+        )
+
+    await eventually(later_scans, "two more renewal scans")
+    assert len(due.installed_certificates) == 2
+    assert len(fresh.installed_certificates) == 1  # inactive: left alone
+    schedule = (await plant.entry(due))["schedule"]
+    assert "no more than renewal_days (400)" in schedule["renewal_config_error"]
+    assert schedule["renewal_failures"] == 0
+    assert await plant.last_push(fresh) is None  # onboarded, never pushed to since
+
+    # Fixing the configuration ends the error; the device is renewed at its normal time again.
+    await plant.set_renewal_days(due, 30)
+    await eventually(later_scans, "another renewal scan")
+    assert len(due.installed_certificates) == 2
+
+
+async def test_a_maintenance_window_suppresses_renewals_until_it_closes(
+    plant: Plant, devices: list[SimulatedDevice]
+) -> None:
+    device = devices[0]
+    await plant.onboard(device)
+    await plant.set_renewal_days(device, 400)
+    now = datetime.now(UTC)
+    status, window = await plant.call(
+        "POST",
+        "/maintenance/inventory",
+        {"name": "Line 3 shutdown", "status": "active", "window_type": "one_time", "timezone": "UTC"},
+    )
+    assert status in (200, 201), window
+    closes = now + timedelta(seconds=6)
+    status, rule = await plant.call(
+        "POST",
+        "/maintenance/rule",
+        {
+            "maintenance_window_id": window["id"],
+            "start_at": (now - timedelta(hours=1)).isoformat(),
+            "end_at": closes.isoformat(),
+        },
+    )
+    assert status in (200, 201), rule
+    await plant.call(
+        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
+    )
+
+    async def suppressed() -> dict[str, Any] | None:
+        info = await plant.system()
+        return info if info["gds_push_scheduler_status"] == "suppressed" else None
+
+    info = await eventually(suppressed, "suppressed renewal scheduler")
+    assert "'Line 3 shutdown'" in info["gds_push_scheduler_detail"]
+    assert len(device.installed_certificates) == 1
+
+    async def renewed() -> dict[str, Any] | None:
+        return await plant.last_push(device)
+
+    record = await eventually(renewed, "renewal after the window", timeout=40)
+    assert record["success"] is True and record["result"]["trigger"] == "scheduler"
+    assert datetime.fromisoformat(record["result"]["at"]) >= closes - timedelta(seconds=1)
+    assert len(device.installed_certificates) == 2
+
+
+async def test_the_monitor_records_what_devices_present_and_which_cannot_be_reached(
+    plant: Plant, devices: list[SimulatedDevice]
+) -> None:
+    online, offline = devices
+    await plant.onboard(online)
+    await plant.onboard(offline)
+    await offline.stop()
+    await plant.call(
+        "POST", "/systeminfo", {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": 1}
+    )
+
+    async def both_seen() -> tuple[dict, dict] | None:
+        seen, missed = (await plant.entry(online))["schedule"], (await plant.entry(offline))["schedule"]
+        return (seen, missed) if seen and missed and seen["last_seen"] and missed["unreachable_since"] else None
+
+    seen, missed = await eventually(both_seen, "a monitor scan over both devices")
+    assert seen["unreachable_since"] is None and seen["certificate_changed_at"] is None
+    assert missed["last_seen"] is None and missed["unreachable_reason"]
+    listed = {entry["port"]: entry["schedule"] for entry in (await plant.call("GET", "/gds/inventory"))[1]}
+    assert listed[offline.config.port]["unreachable_since"] == missed["unreachable_since"]
+    info = await plant.system()
+    assert info["monitor_scheduler_status"] in ("idle", "running")
+    # The renewal scheduler was never switched on.
+    assert info["gds_push_scheduler_status"] == "stopped"
+
+
+async def test_a_failing_scan_is_the_status_until_a_scan_succeeds(plant: Plant) -> None:
+    outcomes = [RuntimeError("database went away"), None]
+
+    async def scan(context: ScanContext) -> ScanReport:
+        failure = outcomes.pop(0)
+        if failure is not None:
+            raise failure
+        return ScanReport(devices=0)
+
+    clock = [datetime(2026, 11, 25, 12, 0, tzinfo=UTC)]
+    scheduler = Scheduler("gds_push", scan, clock=lambda: clock[0])
+    await plant.call(
+        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 600}
+    )
+    async with plant.client.app.app_context():
+        with pytest.raises(RuntimeError):
+            await scheduler.tick()
+        scheduler.record_failure(RuntimeError("database went away"))
+        assert scheduler.status.state == "error"
+        assert scheduler.status.detail == "RuntimeError: database went away; next run at 2026-11-25T12:01:00Z"
+        clock[0] += timedelta(seconds=30)
+        await scheduler.tick()  # waiting for the retry: still the error
+        assert scheduler.status.state == "error"
+        clock[0] += timedelta(seconds=31)
+        await scheduler.tick()
+        assert scheduler.status.state == "idle"
+        assert scheduler.status.detail == "next run at 2026-11-25T12:11:01Z"
+
+
+async def test_metrics_tell_prometheus_which_certificates_expire_and_which_devices_are_unreachable(
+    plant: Plant, devices: list[SimulatedDevice]
+) -> None:
+    online, offline = devices
+    await plant.onboard(online)
+    await plant.onboard(offline)
+    await offline.stop()
+    await plant.call(
+        "POST", "/systeminfo", {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": 1}
+    )
+
+    async def scraped() -> dict[tuple[str, tuple], float] | None:
+        # Prometheus sends the API key as a Bearer token.
+        response = await plant.client.get("/metrics", headers={"Authorization": f"Bearer {plant.host.api_key}"})
+        assert response.status_code == 200
+        assert response.content_type.startswith("text/plain; version=0.0.4")
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(await response.get_data(as_text=True))
+            for sample in family.samples
+        }
+        runs = [value for (name, labels), value in samples.items() if name == "certlm_scheduler_runs_total"]
+        return samples if runs and samples[("certlm_devices_unreachable", ())] == 1 else None
+
+    samples = await eventually(scraped, "metrics after a monitor scan")
+
+    def device_value(name: str, device: SimulatedDevice) -> float:
+        return next(
+            value for (metric, labels), value in samples.items() if metric == name and ("device", device.url) in labels
+        )
+
+    assert device_value("certlm_device_unreachable", offline) == 1
+    assert device_value("certlm_device_unreachable", online) == 0
+    assert (
+        device_value("certlm_certificate_not_after_timestamp_seconds", online)
+        == online.certificate.not_valid_after_utc.timestamp()
+    )
+    assert device_value("certlm_certificate_renewal_days", online) == 30
+    assert device_value("certlm_certificate_revoked", online) == 0
+    assert samples[("certlm_scheduler_runs_total", (("scheduler", "monitor"),))] >= 1
+    unauthorised = await plant.client.get("/metrics")
+    assert unauthorised.status_code == 401
+
+
+async def test_devices_are_renewed_from_a_swapped_pki_and_when_revoked(
+    plant: Plant, devices: list[SimulatedDevice]
+) -> None:
+    swapped, revoked = devices
+    await plant.onboard(swapped)
+    await plant.onboard(revoked)
+    status, new_pki = await plant.call("POST", "/pki/inventory", {"pki_type": 1, "pki_connection": "localhost:0"})
+    assert status == 200, new_pki
+    status, body = await plant.call(
+        "PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": swapped.config.port, "pki": new_pki["pki_id"]}
+    )
+    assert status == 200, body
+    # The other device's key leaked: its certificate is revoked at the PKI, which the monitor finds on the CRL.
+    async with plant.client.app.app_context():
+        first_pki = await PkiEntry.get(id=1)
+        await plant.host.pki_backends.get(1).revoke(first_pki, revoked.certificate, x509.ReasonFlags.key_compromise)
+    status, body = await plant.call(
+        "POST", "/gds/monitor/crt", {"server": "127.0.0.1", "port": str(revoked.config.port)}
+    )
+    assert status == 200, body
+    assert (await plant.entry(revoked))["cert_revoked"] is True
+
+    await plant.call(
+        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
+    )
+
+    async def both_renewed() -> bool:
+        records = [await plant.last_push(device) for device in devices]
+        return all(record and record["result"]["trigger"] == "scheduler" for record in records)
+
+    await eventually(both_renewed, "renewals of both devices")
+    swapped_entry, revoked_entry = await plant.entry(swapped), await plant.entry(revoked)
+    assert swapped_entry["pki_endpoint"] == str(new_pki["pki_id"])
+    assert swapped.certificate.issuer != revoked.certificate.issuer  # the new PKI's root signed it
+    assert revoked_entry["cert_revoked"] is False
+    assert len(swapped.installed_certificates) == 2 and len(revoked.installed_certificates) == 2
+
+
+async def test_a_certificate_changed_behind_certlms_back_is_shown_and_not_overwritten(
+    plant: Plant, devices: list[SimulatedDevice], tmp_path: Path
+) -> None:
+    device = devices[0]
+    await plant.onboard(device)
+    # Someone resets the device to a factory certificate with the vendor's tool.
+    await device.stop()
+    for name in ("certificate.pem", "private-key.pem", "issuers.pem"):
+        (device.config.device_state_dir / name).unlink(missing_ok=True)
+    await device.start()
+    await plant.set_renewal_days(device, 400)  # due, were it still certlm's certificate
+    await plant.call(
+        "POST", "/systeminfo", {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": 1}
+    )
+
+    async def noticed() -> dict | None:
+        schedule = (await plant.entry(device))["schedule"]
+        return schedule if schedule and schedule["certificate_changed_at"] else None
+
+    await eventually(noticed, "the monitor noticing the foreign certificate")
+    await plant.call(
+        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
+    )
+    first = await plant.system()
+
+    async def two_renewal_scans() -> bool:
+        last = (await plant.system())["gds_push_scheduler_last_run"]
+        return (
+            last is not None
+            and last != first["gds_push_scheduler_last_run"]
+            and (first["gds_push_scheduler_last_run"] is not None)
+        )
+
+    await eventually(two_renewal_scans, "renewal scans")
+    assert await plant.last_push(device) is None  # the scheduler left it alone
+    assert len(device.installed_certificates) == 1
+    # The operator looks at the device and onboards it again: it is certlm's once more.
+    await plant.onboard(device)
+    assert (await plant.entry(device))["schedule"]["certificate_changed_at"] is None
+
+
+async def test_a_certificate_due_during_a_long_coming_shutdown_is_renewed_before_it(
+    plant: Plant, devices: list[SimulatedDevice]
+) -> None:
+    device = devices[0]
+    await plant.onboard(device)
+    # Due in 25 days (a year's certificate, renewal_days 340); the plant shuts down in ten minutes for six weeks.
+    await plant.set_renewal_days(device, 340)
+    now = datetime.now(UTC)
+    status, window = await plant.call(
+        "POST",
+        "/maintenance/inventory",
+        {"name": "Annual shutdown", "status": "active", "window_type": "one_time", "timezone": "Europe/Berlin"},
+    )
+    assert status in (200, 201), window
+    status, rule = await plant.call(
+        "POST",
+        "/maintenance/rule",
+        {
+            "maintenance_window_id": window["id"],
+            "start_at": (now + timedelta(minutes=10)).isoformat(),
+            "end_at": (now + timedelta(days=42)).isoformat(),
+        },
+    )
+    assert status in (200, 201), rule
+    await plant.call(
+        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 3600}
+    )
+    record = await eventually(lambda: plant.last_push(device), "the early renewal")
+    assert record["success"] is True and record["result"]["trigger"] == "scheduler"
+    assert len(device.installed_certificates) == 2
