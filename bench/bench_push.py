@@ -6,7 +6,7 @@ For each N it starts a real ``certlm serve`` (SQLite, internal CA) and ``certlm-
 ``POST /gds/push/onboarding`` for every device with at most ``--concurrency`` calls in flight. It prints devices per
 second, the median and 95th percentile of each push step (from ``debug: true``), and certlm's own CPU seconds per
 enrollment next to the cost of the cryptography an enrollment cannot avoid, measured in this process in the same
-run: the CA's RSA-3072 signature and the CSR check, and per OPC UA session (three per onboarding: identify, push,
+run: the CA's RSA-3072 signature and the CSR check, and per OPC UA session (two per onboarding: identify and push,
 verify) the client's RSA-2048 private-key operations (OpenSecureChannel signature and decryption, the
 ActivateSession signature) and public-key operations. The device's key generation runs in the simulator process
 and is excluded.
@@ -17,53 +17,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
+from common import LicenseKeys, Simulators, cpu_seconds, start_certlm
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
-from certlm.licensing import generate_key_pair, issue_license, load_private_key
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-SESSIONS_PER_ONBOARDING = 3
-STEPS = ("identify", "connect", "describe", "create_signing_request", "enroll", "fetch_crls", "write_trust_list",
+SESSIONS_PER_ONBOARDING = 2
+STEPS = ("connect", "identify", "describe", "create_signing_request", "enroll", "fetch_crls", "write_trust_list",
          "update_certificate", "apply_changes", "verify")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def free_port_range(count: int) -> int:
-    """The first of ``count`` consecutive free ports below the ephemeral range, so no outgoing connection takes one."""
-    for first in range(20000, 32000 - count, count):
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def crypto_baseline_seconds(rounds: int = 20) -> float:
@@ -96,64 +65,13 @@ def crypto_baseline_seconds(rounds: int = 20) -> float:
     return (time.process_time() - started) / rounds
 
 
-async def wait_ready(process: subprocess.Popen, lines: int, timeout: float) -> list[str]:
-    ready: list[str] = []
-    deadline = time.monotonic() + timeout
-    while len(ready) < lines:
-        if time.monotonic() > deadline or process.poll() is not None:
-            raise RuntimeError(f"simulators not ready: {len(ready)} of {lines}")
-        line = await asyncio.to_thread(process.stdout.readline)
-        if line.startswith("READY "):
-            ready.append(line.split()[1])
-    return ready
-
-
-async def start_service(workdir: Path) -> tuple[subprocess.Popen, str, str]:
-    data_dir = workdir / "certlm"
-    secrets = data_dir / "secrets"
-    generate_key_pair(secrets)
-    license_b64 = issue_license(
-        load_private_key(secrets / "license_private_key.pem"),
-        company="bench", features=["core"], licensed_endpoints=100000, validity_start=date.today(),
-        validity_end=date.today() + timedelta(days=30), license_type="trial",
-    )  # fmt: skip
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CERTLM_")}
-    env.update(CERTLM_DATA_DIR=str(data_dir), CERTLM_LICENSE_PUBLIC_KEY_FILE=str(secrets / "license_public_key.pem"))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "certlm", "--log-level", "WARNING", "serve", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(workdir / "certlm.log", "wb"),  # noqa: SIM115
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            try:
-                async with http.get(base + "/systeminfo") as response:
-                    if response.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-        api_key = (secrets / "certlm_api_key.txt").read_text().strip()
-        headers = {"X-API-Key": api_key}
-        async with http.post(base + "/systeminfo/lic", json={"license_b64": license_b64}, headers=headers) as r:
-            assert r.status == 201, await r.text()
-        body = {"pki_type": 1, "pki_connection": "localhost:0", "name": "bench CA"}
-        async with http.post(base + "/pki/inventory", json=body, headers=headers) as r:
-            assert r.status == 200, await r.text()
-    return process, base, api_key
-
-
 async def run_size(count: int, concurrency: int, workdir: Path, baseline: float) -> None:
-    service, base, api_key = await start_service(workdir / f"n{count}")
-    first_port = free_port_range(count)
-    simulators = subprocess.Popen(
-        [str(BIN / "certlm-simulate"), "--count", str(count), "--port", str(first_port), "--state-dir",
-         str(workdir / f"n{count}" / "devices"), "--auto-accept", "--apply-delay", "0.2"],
-        stdout=subprocess.PIPE, stderr=open(workdir / f"simulators-{count}.log", "wb"), text=True,  # noqa: SIM115
-    )  # fmt: skip
+    license_keys = LicenseKeys.create(workdir / f"n{count}" / "license")
+    service = await start_certlm(workdir / f"n{count}" / "data", license_keys)
+    base, api_key = service.url, service.api_key
+    simulators = Simulators(count, 1, workdir / f"n{count}" / "devices", "--apply-delay", "0.2")
     try:
-        urls = await wait_ready(simulators, count, timeout=30 + 3 * count)
+        urls = await simulators.start()
         gate = asyncio.Semaphore(concurrency)
         step_times: dict[str, list[float]] = {}
         failures: list[str] = []
@@ -171,9 +89,9 @@ async def run_size(count: int, concurrency: int, workdir: Path, baseline: float)
 
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(headers={"X-API-Key": api_key}, timeout=timeout) as http:
-            cpu_before, started = cpu_seconds(service.pid), time.monotonic()
+            cpu_before, started = cpu_seconds(service.process.pid), time.monotonic()
             await asyncio.gather(*(enroll(http, url) for url in urls))
-            wall, cpu = time.monotonic() - started, cpu_seconds(service.pid) - cpu_before
+            wall, cpu = time.monotonic() - started, cpu_seconds(service.process.pid) - cpu_before
         enrolled = count - len(failures)
         print(f"\nN={count} concurrency={concurrency}: {enrolled}/{count} enrolled in {wall:.2f} s "
               f"= {enrolled / wall:.2f} devices/s")  # fmt: skip
@@ -190,9 +108,8 @@ async def run_size(count: int, concurrency: int, workdir: Path, baseline: float)
             print(f"  certlm CPU per enrollment: {per_enrollment:.4f} s; unavoidable crypto: {baseline:.4f} s; "
                   f"ratio {per_enrollment / baseline:.1f}x")  # fmt: skip
     finally:
-        for process in (simulators, service):
-            process.terminate()
-            process.wait(timeout=30)
+        simulators.stop()
+        await service.stop()
 
 
 async def main() -> None:

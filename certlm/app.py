@@ -38,7 +38,7 @@ BLUEPRINT_MODULES: tuple[str, ...] = (
     "certlm.blueprints.push",
     "certlm.blueprints.monitoring",
     "certlm.blueprints.certificate_detail",
-    "certlm.blueprints.trustlists",
+    "certlm.blueprints.trust_lists",
     "certlm.blueprints.pki",
     "certlm.blueprints.maintenance",
     "certlm.blueprints.admin",

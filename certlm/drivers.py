@@ -231,6 +231,16 @@ class PushFailed(Exception):
         self.presented_certificate = presented_certificate
 
 
+@dataclass(frozen=True)
+class DeviceReading:
+    """What the monitor scheduler reads from a device certlm is in contact with, on one visit; a part the driver does
+    not offer is None."""
+
+    trust_list: TrustList | None = None
+    firmware: FirmwareInfo | None = None
+    status: str | None = None
+
+
 class DeviceDriver:
     """Base class of a device management driver. Subclass it, set the class attributes, override the
     operations the device supports; an operation left alone answers 501 naming the service.
@@ -312,6 +322,23 @@ class DeviceDriver:
     async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
         """The device's trust list, the parts selected by ``mask`` (``TrustList.MASK_BITS``); others empty."""
         raise self._unsupported("reading the trust list")
+
+    async def read_device(self, target: DeviceTarget) -> DeviceReading:
+        """The trust list (all parts), firmware and status for the monitor scheduler, which visits every device each
+        scan: override it to read them in one session. The default asks ``read_trust_list``, ``read_firmware`` and
+        ``read_status`` in turn and leaves out what raises ``UnsupportedOperation``."""
+        parts: dict[str, Any] = {}
+        reads = {
+            "trust_list": lambda: self.read_trust_list(target, TrustList.ALL),
+            "firmware": lambda: self.read_firmware(target),
+            "status": lambda: self.read_status(target),
+        }
+        for part, read in reads.items():
+            try:
+                parts[part] = await read()
+            except UnsupportedOperation:
+                continue
+        return DeviceReading(**parts)
 
     async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
         """Enroll a new application certificate in one session: CSR from the device (or a key made here when

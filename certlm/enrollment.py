@@ -88,7 +88,7 @@ class PushError(APIError):
     """A push that did not complete; the body carries the steps it got through."""
 
 
-def trustlist_record(trust_list: TrustList) -> dict[str, list[str]]:
+def trust_list_record(trust_list: TrustList) -> dict[str, list[str]]:
     """A trust list as ``InventoryEntry.trustlist`` stores it (the spec's Trust list entry keys, base64 DER)."""
 
     def encoded(items: list[bytes]) -> list[str]:
@@ -497,13 +497,13 @@ async def _record_success(
     # A certificate just issued is on no CRL; the monitor checks it from now on.
     store_revocation(entry, RevocationCheck(crl_status.NOT_REVOKED, "issued by this push"))
     entry.last_changed_certificate_date = datetime.now(UTC)
-    entry.trustlist = trustlist_record(outcome.trust_list)
+    entry.trustlist = trust_list_record(outcome.trust_list)
     result = {
         "url": target.url,
         "service": entry.service,
         "pki_endpoint": str(pki.id),
         "certificate": _certificate_summary(outcome.certificate),
-        "trustlist": {key: len(items) for key, items in trustlist_record(outcome.trust_list).items()},
+        "trustlist": {key: len(items) for key, items in trust_list_record(outcome.trust_list).items()},
         "security_policy": outcome.security_policy,
         "security_mode": outcome.security_mode,
         "steps": _steps_view(outcome.steps, debug),

@@ -27,7 +27,7 @@ LICENSED_PROTOCOLS = ("gds", "opc", "ssh")
 DEVICE_STATUS_ACTIVE = 1
 DEVICE_STATUS_DELETED = 2
 # The keys of ``InventoryEntry.trustlist``: each holds a list of strings (certificates or CRLs, base64 DER).
-TRUSTLIST_KEYS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
+TRUST_LIST_FIELDS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
 # The longest device password a request body may carry.
 MAX_SECRET_CHARS = 1024
 
@@ -405,25 +405,25 @@ async def entry_out(entry: InventoryEntry) -> InventoryEntryOut:
     return InventoryEntryOut(**await render_entry(entry))
 
 
-def trustlist_view(entry: InventoryEntry) -> TrustListOut:
+def trust_list_view(entry: InventoryEntry) -> TrustListOut:
     """The trust list last read from the device; empty lists where none was read."""
     stored = entry.trustlist if isinstance(entry.trustlist, dict) else {}
     return TrustListOut(
         url=entry_url(entry),
-        **{key: [str(item) for item in stored.get(key) or []] for key in TRUSTLIST_KEYS},
+        **{key: [str(item) for item in stored.get(key) or []] for key in TRUST_LIST_FIELDS},
     )
 
 
-def trustlist_keys(mask: int) -> list[str]:
+def trust_list_fields(mask: int) -> list[str]:
     """The stored trust list keys a ``trustlist`` bitmask selects (bit order as ``TrustList.MASK_BITS``)."""
-    return [key for key, bit in zip(TRUSTLIST_KEYS, TrustList.MASK_BITS.values(), strict=True) if mask & bit]
+    return [key for key, bit in zip(TRUST_LIST_FIELDS, TrustList.MASK_BITS.values(), strict=True) if mask & bit]
 
 
 def _forget(entry: InventoryEntry, mask: int) -> bool:
     stored = dict(entry.trustlist or {})
     if not stored:
         return False
-    for key in trustlist_keys(mask):
+    for key in trust_list_fields(mask):
         stored.pop(key, None)
     entry.trustlist = stored or None
     return True

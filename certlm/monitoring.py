@@ -10,11 +10,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
+from tortoise.expressions import Q
 
 from certlm.certs import issued_by, to_der
 from certlm.crl_status import crl_check_status
-from certlm.drivers import CertificateReading, DeviceDriver, DeviceTarget, FirmwareInfo, TrustList
-from certlm.enrollment import record_operation, trustlist_record
+from certlm.drivers import CertificateReading, DeviceDriver, DeviceTarget, FirmwareInfo
+from certlm.enrollment import record_operation, trust_list_record
 from certlm.errors import APIError, UnsupportedOperation
 from certlm.host import current_host
 from certlm.hostspec import parse_host_or_url
@@ -26,7 +27,7 @@ from certlm.inventory import (
     device_url,
     find_entry,
     find_entry_at,
-    trustlist_keys,
+    trust_list_fields,
 )
 from certlm.leases import ensure_rows
 from certlm.revocation import crl_cache, revocation_of, store_revocation
@@ -119,9 +120,9 @@ async def read_firmware_and_store(
 async def read_trust_list_and_store(entry: InventoryEntry, target: DeviceTarget, mask: int) -> dict[str, list[str]]:
     """Read the device's trust list (the parts ``mask`` selects) live and store those parts in its entry."""
     trust_list = await current_host().drivers.get(entry.service).read_trust_list(target, mask)
-    read = trustlist_record(trust_list)
+    read = trust_list_record(trust_list)
     stored = dict(entry.trustlist or {})
-    stored.update({key: read[key] for key in trustlist_keys(mask)})
+    stored.update({key: read[key] for key in trust_list_fields(mask)})
     entry.trustlist = stored
     await entry.save(update_fields=["trustlist", "updated_at"])
     return read
@@ -140,10 +141,18 @@ async def monitor_scan(context: ScanContext) -> ScanReport:
     await ensure_rows([entry.id for entry in entries])
     limit = asyncio.Semaphore(current_host().settings.scheduler_concurrency)
 
+    # Instances sharing the database share the scan: each device goes to the instance that claims it first, and is
+    # not claimed again within half an interval.
+    claimable_before = context.started - context.interval / 2
+
     async def watch(entry: InventoryEntry) -> None:
         async with limit:
             if context.suppressed_now():
                 report.count("suppressed")
+                return
+            free = Q(monitored_at__isnull=True) | Q(monitored_at__lt=claimable_before)
+            if not await DeviceSchedule.filter(Q(entry_id=entry.id) & free).update(monitored_at=context.clock()):
+                report.count("read_elsewhere")
                 return
             report.count(await monitor_device(entry, context.clock()))
 
@@ -175,8 +184,8 @@ async def monitor_device(entry: InventoryEntry, now: datetime, trigger: str = "s
     if unexpected is not None:
         await _record_monitor(entry, now, trigger, "certificate_changed", unexpected)
         return "certificate_changed"
-    problems = await _read_what_the_driver_offers(driver, target, entry) if entry.pinned_certificate_der else []
-    await _record_monitor(entry, now, trigger, "read", "; ".join(problems) or None)
+    detail = await _read_the_rest(driver, target, entry) if entry.pinned_certificate_der else None
+    await _record_monitor(entry, now, trigger, "read", detail)
     return "read"
 
 
@@ -219,21 +228,22 @@ async def _issued_by_entry_pki(entry: InventoryEntry, certificate: x509.Certific
     return any(issued_by(certificate, ca) for ca in sources.ca_chain)
 
 
-async def _read_what_the_driver_offers(driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry) -> list[str]:
-    """Trust list, firmware and status, each where the driver offers it; what failed, as text (the scan goes on)."""
-    problems = []
-    reads = (
-        ("trust list", lambda: read_trust_list_and_store(entry, target, TrustList.ALL)),
-        ("firmware", lambda: read_firmware_and_store(driver, target, entry)),
-    )
-    for what, read in reads:
-        try:
-            await read()
-        except UnsupportedOperation:
-            continue
-        except APIError as error:
-            problems.append(f"{what}: {error.message}")
-    return problems
+async def _read_the_rest(driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry) -> str | None:
+    """Trust list, firmware and status in the driver's one visit (``DeviceDriver.read_device``), stored; what failed,
+    as text: the scan goes on."""
+    try:
+        reading = await driver.read_device(target)
+    except APIError as error:
+        return f"reading trust list, firmware and status failed: {error.message}"
+    fields = ["updated_at"]
+    if reading.trust_list is not None:
+        entry.trustlist = trust_list_record(reading.trust_list)
+        fields.append("trustlist")
+    if reading.firmware is not None:
+        entry.firmware_version, entry.device_name = reading.firmware.firmware_version, reading.firmware.device_name
+        fields += ["firmware_version", "device_name"]
+    await entry.save(update_fields=fields)
+    return f"status {reading.status}" if reading.status else None
 
 
 async def _record_monitor(entry: InventoryEntry, now: datetime, trigger: str, outcome: str, detail: str | None) -> None:

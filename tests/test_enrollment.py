@@ -31,7 +31,7 @@ from certlm.enrollment import (
     push_certificate,
     record_operation,
     stored_identity,
-    trustlist_record,
+    trust_list_record,
 )
 from certlm.errors import APIError
 from certlm.inventory import create_entry, find_entry_at
@@ -68,7 +68,7 @@ def device_certificate(issuer, *hosts: str, crl_url: str | None = None) -> x509.
 
 def test_a_trust_list_is_recorded_as_base64_der() -> None:
     trust_list = TrustList(trusted_certificates=[b"\x30\x01"], trusted_crls=[], issuer_certificates=[b"\x30\x02"])
-    assert trustlist_record(trust_list) == {
+    assert trust_list_record(trust_list) == {
         "trustlist_trusted_ca": [base64.b64encode(b"\x30\x01").decode()],
         "trustlist_trusted_crl": [],
         "trustlist_issuer_ca": [base64.b64encode(b"\x30\x02").decode()],

@@ -14,7 +14,7 @@ from certlm.drivers import TrustList
 from certlm.errors import APIError, NotFound
 from certlm.hostspec import HostSpec
 from certlm.inventory import (
-    TRUSTLIST_KEYS,
+    TRUST_LIST_FIELDS,
     canonical_server,
     checked_server,
     create_entry,
@@ -23,7 +23,7 @@ from certlm.inventory import (
     forget_stored_trust_lists,
     register_or_update,
     save_credentials,
-    trustlist_keys,
+    trust_list_fields,
     verified_pkcs12,
 )
 from certlm.storage.models import DeviceCredential, InventoryEntry
@@ -127,19 +127,19 @@ def test_a_pkcs12_upload_is_kept_only_when_its_password_opens_it() -> None:
         verified_pkcs12(pkcs12_base64(P12_PASSWORD), "wrong", "userinfo_pkcs12_base64")
 
 
-def test_trustlist_keys_follow_the_trust_list_mask_bits() -> None:
-    assert trustlist_keys(TrustList.ALL) == list(TRUSTLIST_KEYS)
-    assert trustlist_keys(TrustList.MASK_BITS["trusted_crls"] | TrustList.MASK_BITS["issuer_crls"]) == [
+def test_trust_list_fields_follow_the_trust_list_mask_bits() -> None:
+    assert trust_list_fields(TrustList.ALL) == list(TRUST_LIST_FIELDS)
+    assert trust_list_fields(TrustList.MASK_BITS["trusted_crls"] | TrustList.MASK_BITS["issuer_crls"]) == [
         "trustlist_trusted_crl",
         "trustlist_issuer_crl",
     ]
-    assert trustlist_keys(0) == []
+    assert trust_list_fields(0) == []
 
 
 async def test_forgetting_stored_trust_lists_touches_only_the_parts_masked_of_gds_entries(
     in_process: InProcessApp,
 ) -> None:
-    full = {key: ["MIIB"] for key in TRUSTLIST_KEYS}
+    full = {key: ["MIIB"] for key in TRUST_LIST_FIELDS}
     crls_only = {"trustlist_trusted_crl": ["MIIC"], "trustlist_issuer_crl": ["MIID"]}
     crls = TrustList.MASK_BITS["trusted_crls"] | TrustList.MASK_BITS["issuer_crls"]
     async with in_process.context():

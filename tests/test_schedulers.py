@@ -221,6 +221,10 @@ async def test_the_monitor_records_what_devices_present_and_which_cannot_be_reac
     await plant.onboard(online)
     await plant.onboard(offline)
     await offline.stop()
+    status, _ = await plant.call("DELETE", "/gds/monitor/trustlist", {})  # forget what the onboarding stored
+    assert status == 200
+    forgotten = {tl["url"]: tl for tl in (await plant.call("GET", "/gds/inventory/trustlist"))[1]}
+    assert forgotten[online.url]["trustlist_trusted_ca"] == []
     await plant.call(
         "POST", "/systeminfo", {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": 1}
     )
@@ -234,6 +238,9 @@ async def test_the_monitor_records_what_devices_present_and_which_cannot_be_reac
     assert missed["last_seen"] is None and missed["unreachable_reason"]
     listed = {entry["port"]: entry["schedule"] for entry in (await plant.call("GET", "/gds/inventory"))[1]}
     assert listed[offline.config.port]["unreachable_since"] == missed["unreachable_since"]
+    # The device certlm is in contact with was read whole: its trust list is stored again, as the device holds it.
+    trust_lists = {tl["url"]: tl for tl in (await plant.call("GET", "/gds/inventory/trustlist"))[1]}
+    assert len(trust_lists[online.url]["trustlist_trusted_ca"]) == len(online.trust_list.trusted_certificates) > 0
     info = await plant.system()
     assert info["monitor_scheduler_status"] in ("idle", "running")
     # The renewal scheduler was never switched on.

@@ -40,7 +40,7 @@ from certlm.inventory import (
     reject_duplicate,
     render_entries,
     save_credentials,
-    trustlist_view,
+    trust_list_view,
     update_entry,
     verified_pkcs12,
 )
@@ -153,9 +153,9 @@ async def list_ssh_entries() -> list[InventoryEntryOut]:
 
 @blueprint.get("/gds/inventory/trustlist")
 @validate_response(list[TrustListOut])
-async def list_trustlists() -> list[TrustListOut]:
+async def list_trust_lists() -> list[TrustListOut]:
     """The trust lists last read from the listed GDS entries; empty lists where none was read."""
-    return [trustlist_view(entry) for entry in await listed_entries((GDS,))]
+    return [trust_list_view(entry) for entry in await listed_entries((GDS,))]
 
 
 async def _store_gds_entry(data: GdsEntryIn, entry: InventoryEntry | None = None) -> InventoryEntry:

@@ -163,6 +163,8 @@ class DeviceSchedule(Model):
     # When the monitor found the device presenting a certificate certlm did not install; cleared by an operator's
     # push or onboarding.
     certificate_changed_at = fields.DatetimeField(null=True)
+    # When a monitor scan last claimed the device: instances sharing the database read each device once a scan.
+    monitored_at = fields.DatetimeField(null=True)
     updated_at = fields.DatetimeField(auto_now=True)
 
     class Meta:

@@ -26,7 +26,7 @@ from asyncua.crypto import security_policies, uacrypto
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.certs import sha1_fingerprint, to_der
+from certlm.certs import sha1_fingerprint
 from certlm.config import Settings
 from certlm.drivers import DeviceTarget
 from certlm.errors import APIError, CsrRejected, DeviceFailure, UnsupportedOperation, UpstreamUnavailable
@@ -385,14 +385,17 @@ async def _connect(
     client.application_uri = identity.application_uri  # must equal the certificate's URI SAN
     client.name = client.description = "certlm"
     if endpoint.secure:
-        await client.set_security(
-            endpoint.policy,
-            identity.certificate_der,
-            identity.private_key_der,
-            server_certificate=to_der(endpoint.certificate),
-            mode=endpoint.description.SecurityMode,
-            certificate_chain=[to_der(issuer) for issuer in identity.chain],
+        # The policy is built from the identity's parsed key and certificates, as asyncua's set_security would after
+        # parsing them from bytes for every session: cryptography checks an RSA key's math on each load (tens of ms
+        # of CPU on the event loop, most of what a monitor read cost).
+        client.security_policy = endpoint.policy(
+            endpoint.certificate,
+            identity.certificate,
+            identity.private_key,
+            endpoint.description.SecurityMode,
+            host_cert_chain=list(identity.chain),
         )
+        client.uaclient.set_security(client.security_policy)
     _set_user(client, target)
     async with client.uaclient.subscribe_state() as states:
         try:

@@ -20,6 +20,7 @@ from certlm.drivers import (
     DeviceDescription,
     DeviceDriver,
     DeviceIdentity,
+    DeviceReading,
     DeviceTarget,
     FirmwareInfo,
     PkiMaterial,
@@ -46,7 +47,7 @@ from certlm_gds_push.server_configuration import (
     part12_subject,
     type_name,
 )
-from certlm_gds_push.trustlist import TrustListFile, from_data_type
+from certlm_gds_push.trust_list import TrustListFile, from_data_type
 
 DI_NAMESPACE = "http://opcfoundation.org/UA/DI/"
 # The DI nameplate and identification properties read_plc_info reports for each device of a DeviceSet.
@@ -157,8 +158,11 @@ class GdsPushDriver(DeviceDriver):
     async def read_status(self, target: DeviceTarget) -> str:
         """ServerStatus.State by name (``Running``), followed by the operating state where the driver knows it."""
         async with self._reading(target, "reading the device status") as session:
-            (state,) = await session.read_values([ua.NodeId(ua.ObjectIds.Server_ServerStatus_State)])
-            operating_state = await self.read_operating_state(session)
+            return await self._status(session)
+
+    async def _status(self, session: DeviceSession) -> str:
+        (state,) = await session.read_values([ua.NodeId(ua.ObjectIds.Server_ServerStatus_State)])
+        operating_state = await self.read_operating_state(session)
         status = ua.ServerState(state).name if state in set(ua.ServerState) else f"Unknown ({state})"
         return f"{status}, {operating_state}" if operating_state else status
 
@@ -187,6 +191,17 @@ class GdsPushDriver(DeviceDriver):
             configuration = await ServerConfiguration.locate(session)
             trust_file = await TrustListFile.locate(session, configuration.group_id)
             return from_data_type(await trust_file.read(mask), mask)
+
+    async def read_device(self, target: DeviceTarget) -> DeviceReading:
+        """Trust list, firmware and status in one signed session: what the monitor reads each scan."""
+        async with self._reading(target, "reading the device", SessionSecurity.SIGNED) as session:
+            configuration = await ServerConfiguration.locate(session)
+            trust_file = await TrustListFile.locate(session, configuration.group_id)
+            trust_list = from_data_type(await trust_file.read(TrustList.ALL), TrustList.ALL)
+            build_info = await self.read_build_info(session)
+            status = await self._status(session)
+        firmware = FirmwareInfo(firmware_version=build_info["software_version"], device_name=build_info["product"])
+        return DeviceReading(trust_list=trust_list, firmware=firmware, status=status)
 
     async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
         """The Part 12 push flow (``push_flow``) in one session; at first contact (``request.identify``) the

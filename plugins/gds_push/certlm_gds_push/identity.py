@@ -46,12 +46,6 @@ class ClientIdentity:
         return self.certificate.public_bytes(serialization.Encoding.DER)
 
     @property
-    def private_key_der(self) -> bytes:
-        return self.private_key.private_bytes(
-            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-
-    @property
     def self_signed(self) -> bool:
         return not self.chain
 

@@ -53,7 +53,7 @@ from certlm_gds_push.connection import (
 )
 from certlm_gds_push.identity import ClientIdentity
 from certlm_gds_push.server_configuration import ServerConfiguration
-from certlm_gds_push.trustlist import TrustListFile, encode, from_data_type, to_data_type
+from certlm_gds_push.trust_list import TrustListFile, encode, from_data_type, to_data_type
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from certlm.inventory import (
     forget_stored_trust_list,
     forget_stored_trust_lists,
     gds_entry_at,
-    trustlist_keys,
+    trust_list_fields,
 )
 from certlm.monitoring import overlay, read_trust_list_and_store
 from certlm.responses import OperationResult, StrictBody, operation_result
 
-blueprint = Blueprint("trustlists", __name__)
+blueprint = Blueprint("trust_lists", __name__)
 
 
 class TrustListReadIn(EntryAddress):
@@ -58,7 +58,7 @@ async def read_trust_list(data: TrustListReadIn) -> dict[str, Any]:
     credentials = data.model_dump(include={"username", "password", "security_policy", "security_mode"})
     target = overlay(await device_target(entry), **credentials)
     read = await read_trust_list_and_store(entry, target, data.trustlist)
-    counts = {key: len(read[key]) for key in trustlist_keys(data.trustlist)}
+    counts = {key: len(read[key]) for key in trust_list_fields(data.trustlist)}
     return operation_result(f"trust list of {target.url} read and stored", {"url": target.url, "counts": counts})
 
 

@@ -1,0 +1,337 @@
+"""Scheduler benchmark: a monitor scan and a renewal wave over N simulated OPC UA devices, one instance on SQLite and
+two instances on one PostgreSQL.
+
+    .venv/bin/python bench/bench_scheduler.py [--devices 1000] [--simulators 4] [--concurrency 8] [--skip-postgres]
+
+Each setup starts ``--devices`` simulated devices in ``--simulators`` ``certlm-simulate`` processes and real
+``certlm serve`` processes with an internal CA, and onboards every device (``POST /gds/push/onboarding``, at most
+``--concurrency`` calls in flight). Then:
+
+- monitor scan: the monitor scheduler is switched on with a long interval on every instance and the benchmark polls
+  ``GET /systeminfo`` until each instance's first scan has finished. The scan's duration is the instance's own
+  ``certlm_scheduler_run_duration_seconds`` (``GET /metrics``), its outcomes ``certlm_scheduler_device_outcomes_total``;
+- renewal wave: a second internal CA replaces the first on every entry (``PATCH /gds/inventory``), which makes every
+  device due, and the renewal scheduler is switched on; the wave lasts until every device has logged its second
+  installed certificate (``<state>/<port>/installed-certificates.log``, counted on the devices' side).
+
+For both it prints devices per second, certlm's CPU seconds and peak resident memory (from /proc, per instance)
+and the simulators' CPU seconds. The one-instance figures are the baseline of the two-instance run; the target is a
+monitor scan of 1,000 devices within 60 s (the same rate for other sizes). A missed target prints MISSED; the exit
+code is 0 either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import ADMIN, LicenseKeys, PostgresServer, ProcessMeter, RunningService, Simulators, Usage, start_certlm
+from prometheus_client.parser import text_string_to_metric_families
+
+from certlm.config import Settings
+
+TARGET_S_PER_1000 = 60.0
+POLL_S = 0.5
+LONG_INTERVAL_S = 24 * 3600  # one scan per measurement: the next would be due tomorrow
+MB = 1024 * 1024
+
+
+@dataclass
+class Measurement:
+    """One measured phase over ``devices`` devices on one or more instances."""
+
+    what: str
+    devices: int
+    done: int
+    wall_s: float
+    scan_s: list[float]  # each instance's own scan duration (/metrics)
+    outcomes: list[dict[str, int]]  # each instance's device outcomes
+    certlm_cpu_s: list[float]
+    certlm_peak_rss: list[int]
+    simulators_cpu_s: float
+    duration_s: float  # the figure compared: the slowest instance's scan, or the wave's wall time
+
+    @property
+    def devices_per_s(self) -> float:
+        return self.done / self.duration_s if self.duration_s else 0.0
+
+    def print(self) -> None:
+        instances = len(self.certlm_cpu_s)
+        print(f"  {self.what}: {self.done}/{self.devices} devices in {self.duration_s:.1f} s = "
+              f"{self.devices_per_s:.1f} devices/s (wall {self.wall_s:.1f} s)")  # fmt: skip
+        for index in range(instances):
+            outcomes = ", ".join(f"{name} {count}" for name, count in sorted(self.outcomes[index].items()))
+            cpu = self.certlm_cpu_s[index]
+            print(f"    instance {index + 1}: scan {self.scan_s[index]:.1f} s, certlm CPU {cpu:.1f} s "
+                  f"({100 * cpu / self.wall_s:.0f} % of a core), peak RSS "
+                  f"{self.certlm_peak_rss[index] / MB:.0f} MB; outcomes: {outcomes or 'none'}")  # fmt: skip
+        cpu = sum(self.certlm_cpu_s)
+        per_device = f", {1000 * cpu / self.done:.1f} ms per device" if self.done else ""
+        print(f"    certlm CPU {cpu:.1f} s in all{per_device}; simulators CPU {self.simulators_cpu_s:.1f} s")
+
+
+@dataclass
+class Setup:
+    """The instances of one configuration and the devices they manage."""
+
+    label: str
+    instances: list[RunningService]
+    simulators: Simulators
+    ports: list[int]  # the devices onboarded
+    concurrency: int
+
+    @property
+    def main(self) -> RunningService:
+        return self.instances[0]
+
+    def meters(self) -> tuple[ProcessMeter, ProcessMeter]:
+        certlm = ProcessMeter([instance.process.pid for instance in self.instances])
+        simulators = ProcessMeter(self.simulators.pids)
+        certlm.start()
+        simulators.start()
+        return certlm, simulators
+
+    async def switch(self, **settings: object) -> None:
+        """Change scheduler settings through every instance, so that each wakes now rather than within 5 s."""
+        for instance in self.instances:
+            async with instance.client() as api:
+                answer = await api.post("/systeminfo", json=settings)
+                assert answer.status_code == 200, answer.text
+
+    async def systeminfo(self) -> list[dict]:
+        answers = []
+        for instance in self.instances:
+            async with instance.client() as api:
+                answers.append((await api.get("/systeminfo")).json())
+        return answers
+
+    async def scheduler_metrics(self, scheduler: str) -> tuple[list[float], list[dict[str, int]]]:
+        """Each instance's total scan seconds and device outcomes of ``scheduler``, from ``GET /metrics``."""
+        durations, outcomes = [], []
+        for instance in self.instances:
+            async with instance.client(api_key=None, headers={"Authorization": f"Bearer {instance.api_key}"}) as api:
+                text = (await api.get("/metrics")).text
+            duration, counts = 0.0, {}
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.labels.get("scheduler") != scheduler:
+                        continue
+                    if sample.name == "certlm_scheduler_run_duration_seconds_sum":
+                        duration = sample.value
+                    elif sample.name == "certlm_scheduler_device_outcomes_total":
+                        counts[sample.labels["outcome"]] = int(sample.value)
+            durations.append(duration)
+            outcomes.append(counts)
+        return durations, outcomes
+
+
+async def poll_until(
+    condition: Callable[[], Awaitable[bool]], timeout: float, meters: tuple[ProcessMeter, ...]
+) -> bool:
+    """Poll ``condition`` (sampling memory between polls) until true; False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            return False
+        for meter in meters:
+            meter.sample()
+        await asyncio.sleep(POLL_S)
+    return True
+
+
+async def run_until(
+    setup: Setup, settings: dict[str, object], condition: Callable[[], Awaitable[bool]], timeout: float
+) -> tuple[bool, float, dict[int, Usage], float]:
+    """Switch a scheduler on with ``settings`` and poll until ``condition``: whether it held within ``timeout``,
+    the seconds it took, each instance's CPU and peak memory, and the simulators' CPU seconds."""
+    certlm, simulators = setup.meters()
+    started = time.monotonic()
+    await setup.switch(**settings)
+    finished = await poll_until(condition, timeout, (certlm, simulators))
+    wall = time.monotonic() - started
+    usage = certlm.usage()
+    return finished, wall, usage, sum(u.cpu_s for u in simulators.usage().values())
+
+
+async def onboard(setup: Setup, urls: list[str]) -> None:
+    """Onboard every device (spread over the instances); keep those that succeeded in ``setup.ports``."""
+    gate = asyncio.Semaphore(setup.concurrency)
+    failures: list[str] = []
+    clients = [instance.client() for instance in setup.instances]
+
+    async def one(index: int, url: str) -> None:
+        port = int(url.rsplit(":", 1)[1])
+        async with gate:
+            answer = await clients[index % len(clients)].post(
+                "/gds/push/onboarding", json={"server": "127.0.0.1", "port": port, **ADMIN}
+            )
+        if answer.status_code == 200:
+            setup.ports.append(port)
+        else:
+            failures.append(f"{url}: {answer.status_code} {answer.text[:200]}")
+
+    started = time.monotonic()
+    async with contextlib.AsyncExitStack() as stack:
+        for client in clients:
+            await stack.enter_async_context(client)
+        await asyncio.gather(*(one(index, url) for index, url in enumerate(urls)))
+    wall = time.monotonic() - started
+    setup.ports.sort()
+    print(
+        f"  onboarded {len(setup.ports)}/{len(urls)} devices in {wall:.1f} s = {len(setup.ports) / wall:.1f} devices/s"
+    )
+    for failure in failures[:5]:
+        print("    failed:", failure)
+
+
+async def measure_monitor(setup: Setup) -> Measurement:
+    """Switch the monitor on and wait until each instance's first scan has finished."""
+
+    async def scanned() -> bool:
+        return all(info["monitor_scheduler_last_run"] and info["monitor_scheduler_status"] == "idle"
+                   for info in await setup.systeminfo())  # fmt: skip
+
+    switch_on = {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": LONG_INTERVAL_S}
+    finished, wall, usage, simulators_cpu = await run_until(setup, switch_on, scanned, 120 + 2.0 * len(setup.ports))
+    await setup.switch(monitor_scheduler_active=False)
+    durations, outcomes = await setup.scheduler_metrics("monitor")
+    # The scan reads every active entry, onboarded or not (a failed onboarding leaves one).
+    scanned_devices = max(sum(counts.values()) for counts in outcomes) or len(setup.ports)
+    done = min(counts.get("read", 0) for counts in outcomes)
+    if not finished:
+        print(f"  the monitor scan did not finish within {wall:.0f} s")
+    return Measurement(
+        "monitor scan", scanned_devices, done, wall, durations, outcomes, [u.cpu_s for u in usage.values()],
+        [u.peak_rss for u in usage.values()], simulators_cpu, max(durations) if finished else wall,
+    )  # fmt: skip
+
+
+async def measure_renewal(setup: Setup) -> Measurement:
+    """Swap every entry's PKI for a new internal CA, switch the renewal scheduler on, and wait until every device
+    installed its second certificate."""
+    async with setup.main.client() as api:
+        created = await api.post("/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0"})
+        assert created.status_code == 200, created.text
+        new_pki = created.json()["pki_id"]
+        gate = asyncio.Semaphore(setup.concurrency)
+
+        async def move(port: int) -> None:
+            async with gate:
+                moved = await api.patch("/gds/inventory", json={"server": "127.0.0.1", "port": port, "pki": new_pki})
+            assert moved.status_code == 200, moved.text
+
+        await asyncio.gather(*(move(port) for port in setup.ports))
+
+    def renewed() -> int:
+        return sum(setup.simulators.installations(port) >= 2 for port in setup.ports)
+
+    async def all_renewed() -> bool:
+        return await asyncio.to_thread(renewed) == len(setup.ports)
+
+    switch_on = {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": LONG_INTERVAL_S}
+    finished, wall, usage, simulators_cpu = await run_until(setup, switch_on, all_renewed, 120 + 3.0 * len(setup.ports))
+    if not finished:
+        print(f"  the renewal wave did not finish within {wall:.0f} s")
+
+    async def scans_over() -> bool:
+        return all(info["gds_push_scheduler_status"] == "idle" for info in await setup.systeminfo())
+
+    await poll_until(scans_over, 120, ())  # the outcomes are counted when a scan ends
+    await setup.switch(gds_push_scheduler_active=False)
+    durations, outcomes = await setup.scheduler_metrics("gds_push")
+    return Measurement(
+        "renewal wave", len(setup.ports), renewed(), wall, durations, outcomes, [u.cpu_s for u in usage.values()],
+        [u.peak_rss for u in usage.values()], simulators_cpu, wall,
+    )  # fmt: skip
+
+
+async def run_setup(
+    label: str, args: argparse.Namespace, workdir: Path, license_keys: LicenseKeys, database_url: str | None,
+    instances: int,
+) -> tuple[Measurement, Measurement]:  # fmt: skip
+    print(f"\n== {label} ==")
+    simulators = Simulators(args.devices, args.simulators, workdir / "devices", "--apply-delay", "0.2")
+    services: list[RunningService] = []
+    try:
+        started = time.monotonic()
+        urls = await simulators.start()
+        print(f"  {len(urls)} devices listening in {len(simulators.processes)} simulator processes "
+              f"after {time.monotonic() - started:.0f} s")  # fmt: skip
+        services.append(await start_certlm(workdir / "data-1", license_keys, database_url=database_url))
+        for index in range(2, instances + 1):
+            other = start_certlm(workdir / f"data-{index}", license_keys, database_url=database_url,
+                                 secrets_from=services[0].data_dir)  # fmt: skip
+            services.append(await other)
+        setup = Setup(label, services, simulators, [], args.concurrency)
+        await onboard(setup, urls)
+        monitor = await measure_monitor(setup)
+        monitor.print()
+        renewal = await measure_renewal(setup)
+        renewal.print()
+        return monitor, renewal
+    finally:
+        simulators.stop()
+        for service in services:
+            await service.stop()
+
+
+def target_line(monitor: Measurement, label: str) -> str:
+    target = TARGET_S_PER_1000 * monitor.devices / 1000
+    met = monitor.done == monitor.devices and monitor.duration_s <= target
+    scaled = "" if monitor.devices == 1000 else f", i.e. {TARGET_S_PER_1000:.0f} s per 1000 devices"
+    return (f"monitor scan of {monitor.devices} devices{label}: {monitor.duration_s:.1f} s "
+            f"(target {target:.3g} s{scaled}){'' if met else '  MISSED'}")  # fmt: skip
+
+
+def ratio_line(what: str, two: Measurement, one: Measurement) -> str:
+    return (
+        f"{what}, two instances / one instance: duration {two.duration_s / one.duration_s:.2f}x, devices/s "
+        f"{two.devices_per_s / one.devices_per_s if one.devices_per_s else float('nan'):.2f}x, certlm CPU "
+        f"{sum(two.certlm_cpu_s) / sum(one.certlm_cpu_s):.2f}x, peak RSS per instance "
+        f"{max(two.certlm_peak_rss) / max(one.certlm_peak_rss):.2f}x"
+    )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=1000)
+    parser.add_argument("--simulators", type=int, default=4, help="simulator processes the devices are spread over")
+    parser.add_argument("--concurrency", type=int, default=8, help="onboarding calls in flight")
+    parser.add_argument("--skip-postgres", action="store_true", help="measure one instance on SQLite only")
+    args = parser.parse_args()
+    print(f"{args.devices} devices in {args.simulators} simulator processes; onboarding concurrency "
+          f"{args.concurrency}; certlm's scheduler_concurrency {Settings.scheduler_concurrency}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="certlm-bench-scheduler-") as tmp:
+        workdir = Path(tmp)
+        license_keys = LicenseKeys.create(workdir / "license")
+        one = await run_setup("one instance, SQLite", args, workdir / "sqlite", license_keys, None, 1)
+        two = None
+        if not args.skip_postgres:
+            postgres = PostgresServer()
+            postgres.start()
+            try:
+                two = await run_setup(
+                    "two instances, one PostgreSQL", args, workdir / "postgres", license_keys,
+                    postgres.create_database(), 2,
+                )  # fmt: skip
+            finally:
+                postgres.stop()
+    print("\n== summary ==")
+    print(target_line(one[0], ""))
+    if two is not None:
+        print(target_line(two[0], ", two instances on PostgreSQL"))
+        print(ratio_line("monitor scan", two[0], one[0]))
+        print(ratio_line("renewal wave", two[1], one[1]))
+    for label, renewal in (("", one[1]), (", two instances on PostgreSQL", two and two[1])):
+        if renewal and renewal.done < renewal.devices:
+            print(f"renewal wave{label}: {renewal.done}/{renewal.devices} devices renewed  MISSED")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

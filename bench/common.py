@@ -1,0 +1,194 @@
+"""What the benchmarks share: a licensed ``certlm serve`` with an internal CA, simulated devices in several processes,
+and a process's CPU time and resident memory read from /proc (Linux).
+
+The service and the throw-away PostgreSQL are the test suite's (``tests.support``), so a benchmark runs certlm the
+way the tests do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the service and PostgreSQL helpers live in the test suite
+POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
+if POSTGRES_BIN.is_dir():  # initdb and pg_ctl are not on Debian's PATH
+    os.environ["PATH"] = f"{POSTGRES_BIN}{os.pathsep}{os.environ['PATH']}"
+
+from tests.support import LicenseKeys, PostgresServer, RunningService, stop_process  # noqa: E402
+
+SIMULATE = str(Path(sys.executable).with_name("certlm-simulate"))
+ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
+
+__all__ = ["ADMIN", "LicenseKeys", "PostgresServer", "ProcessMeter", "RunningService", "Simulators", "start_certlm"]
+
+
+def free_port_range(count: int) -> int:
+    """The first of ``count`` consecutive free ports below the ephemeral range, so no outgoing connection takes one."""
+    for first in range(20000, 32000 - count, count):
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_bytes(pid: int, field_name: str) -> int:
+    """A field of /proc/<pid>/status in bytes: ``VmRSS`` (resident now) or ``VmHWM`` (peak resident)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field_name)
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Start a new peak (VmHWM) from the current resident size (Linux 4.0+); False when not allowed."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class Usage:
+    cpu_s: float
+    peak_rss: int
+
+
+@dataclass
+class ProcessMeter:
+    """CPU seconds and peak resident memory of each of ``pids`` from ``start()`` on. The peak is the kernel's VmHWM
+    reset at the start, or where that is not allowed the largest VmRSS seen by ``sample()``."""
+
+    pids: list[int]
+    _cpu_at_start: dict[int, float] = field(default_factory=dict)
+    _peak: dict[int, int] = field(default_factory=dict)
+    _hwm_reset: dict[int, bool] = field(default_factory=dict)
+
+    def start(self) -> None:
+        for pid in self.pids:
+            self._hwm_reset[pid] = reset_peak_rss(pid)
+            self._cpu_at_start[pid] = cpu_seconds(pid)
+            self._peak[pid] = memory_bytes(pid, "VmRSS")
+
+    def sample(self) -> None:
+        for pid in self.pids:
+            self._peak[pid] = max(self._peak[pid], memory_bytes(pid, "VmRSS"))
+
+    def usage(self) -> dict[int, Usage]:
+        """Per pid since ``start()``."""
+        self.sample()
+        result = {}
+        for pid in self.pids:
+            peak = max(self._peak[pid], memory_bytes(pid, "VmHWM")) if self._hwm_reset[pid] else self._peak[pid]
+            result[pid] = Usage(cpu_seconds(pid) - self._cpu_at_start[pid], peak)
+        return result
+
+
+async def start_certlm(
+    data_dir: Path,
+    license_keys: LicenseKeys,
+    *,
+    database_url: str | None = None,
+    secrets_from: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> RunningService:
+    """A running ``certlm serve`` (console at WARNING). Without ``secrets_from`` it is the first instance of its
+    database: licensed, with an internal CA as PKI entry 1. With it (another instance's data directory) it shares that
+    instance's API key and at-rest key, as instances on one database must."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if secrets_from is not None:
+        shutil.copytree(secrets_from / "secrets", data_dir / "secrets")
+    service = RunningService(data_dir, license_keys, database_url, {"CERTLM_LOG_LEVEL": "warning", **(env or {})})
+    await service.start(timeout=60)
+    if secrets_from is None:
+        await service.install_license(license_keys.issue(endpoints=100000, license_type="trial"))
+        async with service.client() as api:
+            created = await api.post(
+                "/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0", "name": "bench CA"}
+            )
+            assert created.status_code == 200, created.text
+    return service
+
+
+class Simulators:
+    """``count`` simulated devices split over ``processes`` ``certlm-simulate`` processes (one process holds its
+    devices in one event loop, so several use more than one core), each with its own port range and state folders
+    in ``state_dir/<port>``."""
+
+    def __init__(self, count: int, processes: int, state_dir: Path, *options: str) -> None:
+        self.state_dir = state_dir
+        self.processes: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+        sizes = (count // processes + (index < count % processes) for index in range(processes))
+        self._sizes = [size for size in sizes if size]
+        self._options = options
+
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
+
+    @property
+    def ports(self) -> list[int]:
+        return [int(url.rsplit(":", 1)[1]) for url in self.urls]
+
+    async def start(self, timeout: float | None = None) -> list[str]:
+        """Start every process and wait until each device listens; the devices' URLs."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # One range for all, sliced, since a range found free is not taken until its simulator listens.
+        port = free_port_range(sum(self._sizes))
+        for index, size in enumerate(self._sizes):
+            process = subprocess.Popen(
+                [SIMULATE, "--count", str(size), "--port", str(port), "--state-dir", str(self.state_dir),
+                 "--auto-accept", *self._options],
+                stdout=subprocess.PIPE, stderr=open(self.state_dir / f"simulator-{index}.log", "wb"), text=True,  # noqa: SIM115
+            )  # fmt: skip
+            self.processes.append(process)
+            port += size
+        waits = (
+            _ready_lines(process, size, timeout or 30 + 3 * size)
+            for process, size in zip(self.processes, self._sizes, strict=True)
+        )
+        for urls in await asyncio.gather(*waits):
+            self.urls += urls
+        return self.urls
+
+    def installations(self, port: int) -> int:
+        """How many certificates the device on ``port`` installed (its first one included)."""
+        log = self.state_dir / str(port) / "installed-certificates.log"
+        return len(log.read_text().split()) if log.exists() else 0
+
+    def stop(self) -> None:
+        for process in self.processes:
+            stop_process(process, 30)
+        self.processes = []
+
+
+async def _ready_lines(process: subprocess.Popen, lines: int, timeout: float) -> list[str]:
+    ready: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(ready) < lines:
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"simulators not ready: {len(ready)} of {lines}")
+        line = await asyncio.to_thread(process.stdout.readline)
+        if line.startswith("READY "):
+            ready.append(line.split()[1])
+    return ready
