@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import ExitStack, asynccontextmanager, closing
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -312,6 +312,12 @@ class InProcessApp:
         response = await self.client.open(path, method=method, json=body, headers=self.headers)
         return response.status_code, await response.get_json()
 
+    async def create_internal_ca(self) -> int:
+        """A PKI entry of the internal CA (its own root); its id."""
+        status, body = await self.call("POST", "/pki/inventory", {"pki_type": 1, "pki_connection": "localhost:0"})
+        assert status == 200, body
+        return body["pki_id"]
+
 
 @asynccontextmanager
 async def licensed_app_in_process(settings: Settings, license_keys: LicenseKeys) -> AsyncIterator[tuple]:
@@ -326,3 +332,34 @@ async def licensed_app_in_process(settings: Settings, license_keys: LicenseKeys)
         response = await client.post("/systeminfo/lic", json={"license_b64": license_keys.issue()}, headers=headers)
         assert response.status_code == 201
         yield client, headers, host
+
+
+@dataclass
+class Window:
+    """A maintenance window as the evaluator reads it (``certlm.maintenance.WindowSchedule``), without a database."""
+
+    id: int = 1
+    name: str = "Maintenance"
+    timezone: str = "Europe/Berlin"
+    status: str = "active"
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
+    created_at: datetime | None = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class Rule:
+    """A maintenance rule as the evaluator reads it (``certlm.maintenance.RuleSchedule``), without a database."""
+
+    id: int | None = 1
+    recurrence_type: str | None = None
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    day_of_week: int | None = None
+    day_of_month: int | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    interval_count: int | None = None
+    rrule: str | None = None
+    cron: str | None = None
+    duration_minutes: int | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
@@ -19,34 +18,10 @@ from certlm.maintenance import (
     window_contains,
     zone_named,
 )
+from tests.support import Rule, Window
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
-
-
-@dataclass
-class Window:
-    timezone: str = "Europe/Berlin"
-    status: str = "active"
-    valid_from: datetime | None = None
-    valid_until: datetime | None = None
-    created_at: datetime | None = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@dataclass
-class Rule:
-    id: int | None = 1
-    recurrence_type: str | None = None
-    start_at: datetime | None = None
-    end_at: datetime | None = None
-    day_of_week: int | None = None
-    day_of_month: int | None = None
-    start_time: str | None = None
-    end_time: str | None = None
-    interval_count: int | None = None
-    rrule: str | None = None
-    cron: str | None = None
-    duration_minutes: int | None = None
 
 
 def inside(window: Window, rule: Rule, at: datetime) -> bool:

@@ -3,7 +3,6 @@ back off, where a suppression starts and ends (across daylight saving changes)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -12,6 +11,7 @@ from cryptography import x509
 from certlm.renewal import backoff, renewal_reason
 from certlm.suppression import BOUNDARY_PRECISION, MaintenanceCalendar
 from tests.crypto_factory import Credential, ec_key, make_ca
+from tests.support import Rule, Window
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -55,33 +55,6 @@ def test_a_certificate_that_becomes_due_during_a_coming_suppression_is_renewed_b
 def test_failures_back_off_doubling_up_to_the_cap() -> None:
     waits = [backoff(n, base_s=300, max_s=3600).total_seconds() for n in range(1, 7)]
     assert waits == [300, 600, 1200, 2400, 3600, 3600]
-
-
-@dataclass
-class Window:
-    id: int
-    name: str
-    timezone: str = "Europe/Berlin"
-    status: str = "active"
-    valid_from: datetime | None = None
-    valid_until: datetime | None = None
-    created_at: datetime | None = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@dataclass
-class Rule:
-    id: int
-    recurrence_type: str | None = None
-    start_at: datetime | None = None
-    end_at: datetime | None = None
-    day_of_week: int | None = None
-    day_of_month: int | None = None
-    start_time: str | None = None
-    end_time: str | None = None
-    interval_count: int | None = None
-    rrule: str | None = None
-    cron: str | None = None
-    duration_minutes: int | None = None
 
 
 def calendar(*windows: tuple[Window, list[Rule]]) -> MaintenanceCalendar:

@@ -17,13 +17,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 
 from certlm import crl_status
 from certlm.certs import key_usage
-from certlm.config import Settings
 from certlm.errors import UpstreamUnavailable
 from certlm.pki_backends import PkiBackend
 from certlm.revocation import CrlCache, RevocationCheck, check, revocation_of
 from certlm.storage.models import InventoryEntry, PkiEntry
 from tests.crypto_factory import Credential, certificate, ec_key, make_ca
-from tests.support import LicenseKeys, free_port, licensed_app_in_process
+from tests.support import InProcessApp, free_port
 
 NOW = datetime.now(UTC)
 ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
@@ -338,20 +337,9 @@ async def test_an_unreachable_pki_is_asked_again_after_a_few_minutes(root: Crede
 
 
 @pytest.fixture
-async def app(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[tuple]:
-    settings = Settings.from_env(
-        env={},
-        data_dir=tmp_path / "data",
-        license_public_key_file=license_keys.public_key_file,
-        device_connect_timeout_s=3.0,
-        device_operation_timeout_s=15.0,
-    )
-    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
-        created = await client.post(
-            "/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0"}, headers=headers
-        )
-        assert created.status_code == 200
-        yield client, headers, host
+async def app(in_process: InProcessApp) -> tuple:
+    await in_process.create_internal_ca()
+    return in_process.client, in_process.headers, in_process.host
 
 
 @pytest.fixture

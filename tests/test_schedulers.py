@@ -3,7 +3,8 @@ what is due (once), stop for a maintenance window, and record what the devices p
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,23 +15,15 @@ from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
-from certlm.config import Settings
 from certlm.schedulers import ScanContext, ScanReport, Scheduler
 from certlm.storage.models import PkiEntry
-from tests.support import LicenseKeys, eventually, free_port, licensed_app_in_process
+from tests.support import InProcessApp, eventually, free_port
 
 ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
 
 
-class Plant:
-    """certlm in this process with an internal CA, and its API."""
-
-    def __init__(self, client: Any, headers: dict[str, str], host: Any) -> None:
-        self.client, self.headers, self.host = client, headers, host
-
-    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        response = await self.client.open(path, method=method, json=body, headers=self.headers)
-        return response.status_code, await response.get_json()
+class Plant(InProcessApp):
+    """certlm in this process with an internal CA, and the simulated devices' view of its API."""
 
     async def onboard(self, device: SimulatedDevice) -> None:
         status, body = await self.call(
@@ -42,6 +35,18 @@ class Plant:
         status, body = await self.call("GET", f"/gds/inventory/{quote(device.url, safe='')}")
         assert status == 200, body
         return body
+
+    async def maintenance_window(self, name: str, start: datetime, end: datetime, timezone: str = "UTC") -> None:
+        """An active one-time maintenance window from ``start`` to ``end``."""
+        status, window = await self.call(
+            "POST",
+            "/maintenance/inventory",
+            {"name": name, "status": "active", "window_type": "one_time", "timezone": timezone},
+        )
+        assert status in (200, 201), window
+        rule = {"maintenance_window_id": window["id"], "start_at": start.isoformat(), "end_at": end.isoformat()}
+        status, body = await self.call("POST", "/maintenance/rule", rule)
+        assert status in (200, 201), body
 
     async def set_renewal_days(self, device: SimulatedDevice, days: int) -> None:
         status, body = await self.call(
@@ -58,20 +63,10 @@ class Plant:
 
 
 @pytest.fixture
-async def plant(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[Plant]:
-    settings = Settings.from_env(
-        env={},
-        data_dir=tmp_path / "data",
-        license_public_key_file=license_keys.public_key_file,
-        device_connect_timeout_s=3.0,
-        device_operation_timeout_s=15.0,
-        scheduler_retry_base_s=3600.0,
-    )
-    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
-        plant = Plant(client, headers, host)
-        status, body = await plant.call("POST", "/pki/inventory", {"pki_type": 1, "pki_connection": "localhost:0"})
-        assert status == 200, body
-        yield plant
+async def plant(in_process: InProcessApp) -> Plant:
+    plant = Plant(in_process.client, in_process.headers, in_process.host)
+    await plant.create_internal_ca()
+    return plant
 
 
 @pytest.fixture
@@ -176,23 +171,8 @@ async def test_a_maintenance_window_suppresses_renewals_until_it_closes(
     await plant.onboard(device)
     await plant.set_renewal_days(device, 400)
     now = datetime.now(UTC)
-    status, window = await plant.call(
-        "POST",
-        "/maintenance/inventory",
-        {"name": "Line 3 shutdown", "status": "active", "window_type": "one_time", "timezone": "UTC"},
-    )
-    assert status in (200, 201), window
     closes = now + timedelta(seconds=6)
-    status, rule = await plant.call(
-        "POST",
-        "/maintenance/rule",
-        {
-            "maintenance_window_id": window["id"],
-            "start_at": (now - timedelta(hours=1)).isoformat(),
-            "end_at": closes.isoformat(),
-        },
-    )
-    assert status in (200, 201), rule
+    await plant.maintenance_window("Line 3 shutdown", now - timedelta(hours=1), closes)
     await plant.call(
         "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
     )
@@ -326,10 +306,9 @@ async def test_devices_are_renewed_from_a_swapped_pki_and_when_revoked(
     swapped, revoked = devices
     await plant.onboard(swapped)
     await plant.onboard(revoked)
-    status, new_pki = await plant.call("POST", "/pki/inventory", {"pki_type": 1, "pki_connection": "localhost:0"})
-    assert status == 200, new_pki
+    new_pki = await plant.create_internal_ca()
     status, body = await plant.call(
-        "PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": swapped.config.port, "pki": new_pki["pki_id"]}
+        "PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": swapped.config.port, "pki": new_pki}
     )
     assert status == 200, body
     # The other device's key leaked: its certificate is revoked at the PKI, which the monitor finds on the CRL.
@@ -352,7 +331,7 @@ async def test_devices_are_renewed_from_a_swapped_pki_and_when_revoked(
 
     await eventually(both_renewed, "renewals of both devices")
     swapped_entry, revoked_entry = await plant.entry(swapped), await plant.entry(revoked)
-    assert swapped_entry["pki_endpoint"] == str(new_pki["pki_id"])
+    assert swapped_entry["pki_endpoint"] == str(new_pki)
     assert swapped.certificate.issuer != revoked.certificate.issuer  # the new PKI's root signed it
     assert revoked_entry["cert_revoked"] is False
     assert len(swapped.installed_certificates) == 2 and len(revoked.installed_certificates) == 2
@@ -407,25 +386,57 @@ async def test_a_certificate_due_during_a_long_coming_shutdown_is_renewed_before
     # Due in 25 days (a year's certificate, renewal_days 340); the plant shuts down in ten minutes for six weeks.
     await plant.set_renewal_days(device, 340)
     now = datetime.now(UTC)
-    status, window = await plant.call(
-        "POST",
-        "/maintenance/inventory",
-        {"name": "Annual shutdown", "status": "active", "window_type": "one_time", "timezone": "Europe/Berlin"},
+    await plant.maintenance_window(
+        "Annual shutdown", now + timedelta(minutes=10), now + timedelta(days=42), timezone="Europe/Berlin"
     )
-    assert status in (200, 201), window
-    status, rule = await plant.call(
-        "POST",
-        "/maintenance/rule",
-        {
-            "maintenance_window_id": window["id"],
-            "start_at": (now + timedelta(minutes=10)).isoformat(),
-            "end_at": (now + timedelta(days=42)).isoformat(),
-        },
-    )
-    assert status in (200, 201), rule
     await plant.call(
         "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 3600}
     )
     record = await eventually(lambda: plant.last_push(device), "the early renewal")
     assert record["success"] is True and record["result"]["trigger"] == "scheduler"
     assert len(device.installed_certificates) == 2
+
+
+async def test_a_failing_renewal_backs_off_doubling_and_a_success_resets_it(
+    plant: Plant, devices: list[SimulatedDevice]
+) -> None:
+    device = devices[0]
+    await plant.onboard(device)
+    # The device refuses the next two certificates it is sent (a full certificate store, say), then accepts.
+    await device.stop()
+    flaky = SimulatedDevice(replace(device.config, fail_at="update_certificate", fail_count=2))
+    await flaky.start()
+    try:
+        plant.host.settings = replace(plant.host.settings, scheduler_retry_base_s=1.0, scheduler_retry_max_s=60.0)
+        await plant.set_renewal_days(flaky, 400)
+        await plant.call(
+            "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
+        )
+
+        def failures(count: int) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+            async def reached() -> dict[str, Any] | None:
+                schedule = (await plant.entry(flaky))["schedule"]
+                return schedule if schedule and schedule["renewal_failures"] == count else None
+
+            return reached
+
+        first = await eventually(failures(1), "the first failed renewal")
+        record = await plant.last_push(flaky)
+        assert record["success"] is False and record["result"]["trigger"] == "scheduler"
+        failed_at = datetime.fromisoformat(record["result"]["at"])
+        assert timedelta(0) < datetime.fromisoformat(first["renewal_retry_at"]) - failed_at <= timedelta(seconds=3)
+        second = await eventually(failures(2), "the second failed renewal")
+        failed_at = datetime.fromisoformat((await plant.last_push(flaky))["result"]["at"])
+        waits = datetime.fromisoformat(second["renewal_retry_at"]) - failed_at
+        assert timedelta(seconds=1) < waits <= timedelta(seconds=4)  # twice the first wait
+
+        async def renewed() -> dict[str, Any] | None:
+            record = await plant.last_push(flaky)
+            return record if record["success"] else None
+
+        await eventually(renewed, "the renewal that goes through")
+        schedule = (await plant.entry(flaky))["schedule"]
+        assert schedule["renewal_failures"] == 0 and schedule["renewal_retry_at"] is None
+        assert len(flaky.installed_certificates) == 2
+    finally:
+        await flaky.stop()
