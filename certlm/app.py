@@ -22,6 +22,7 @@ from certlm.pki_entries import INTERNAL_PKI_TYPE
 from certlm.plugins import build_plugin_manager
 from certlm.registry import ClientCertificateIssuer, DeviceDriverRegistry, HostServices, PkiBackendRegistry
 from certlm.renewal import renewal_scan
+from certlm.request_bodies import install_body_checks
 from certlm.schedulers import Scheduler, Schedulers
 from certlm.secretbox import SecretBox
 from certlm.storage import close_storage, open_storage
@@ -117,6 +118,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     )
     register_error_handlers(app)
     install_access_checks(app)
+    install_body_checks(app)
     model_modules = [m for modules in plugin_manager.hook.certlm_provide_model_modules() for m in modules or ()]
 
     # Registered before any blueprint, so a blueprint's own ``before_app_serving`` finds the database open.

@@ -11,6 +11,7 @@ from urllib.parse import unquote
 
 from certlm.errors import APIError
 from certlm.host import current_host
+from certlm.responses import ascii_integer
 
 # The spec's default port for an address its OPC UA routes (``/gds/...``) are given without one.
 DEFAULT_OPCUA_PORT = 4840
@@ -45,9 +46,10 @@ def valid_server(server: str) -> bool:
 
 
 def _port(text: str, original: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise APIError(f"host_or_url {original!r}: port must be an integer from 1 to 65535")
-    return int(text)
+    port = ascii_integer(text, 5)
+    if port is None or not 1 <= port <= 65535:
+        raise APIError(f"host_or_url {original[:80]!r}: port must be an integer from 1 to 65535")
+    return port
 
 
 def parse_host_or_url(value: str, schemes: Sequence[str] | None = None) -> HostSpec:

@@ -58,10 +58,19 @@ def operation_result(execution: str, result: dict[str, Any] | list[Any] | None =
     return OperationResult(success=True, execution=execution, result=result).model_dump()
 
 
+def ascii_integer(text: str, max_digits: int) -> int | None:
+    """``text`` as a whole number when it is 1 to ``max_digits`` ASCII digits, else None. ``str.isdigit`` is not
+    enough: it accepts other scripts' digits (Arabic-Indic three is an id 3) and superscripts ``int`` refuses."""
+    if not 1 <= len(text) <= max_digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
 def parse_id(value: str, name: str) -> int:
     """A positive integer path parameter; 400 naming the parameter otherwise."""
     from certlm.errors import APIError
 
-    if not value.isdigit() or int(value) < 1 or len(value) > 18:
-        raise APIError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+    number = ascii_integer(value, 18)
+    if number is None or number < 1:
+        raise APIError(f"{name} must be a positive integer, got {value[:40]!r}")
+    return number

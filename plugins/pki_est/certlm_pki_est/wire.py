@@ -107,7 +107,7 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> float
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return float(text)
     try:
         moment = email.utils.parsedate_to_datetime(text)

@@ -1,0 +1,98 @@
+"""Bodies and path parameters that answered 500 before (issue 13): each gets a 400 naming the problem, and nothing
+is stored or deleted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from certlm.request_bodies import MAX_JSON_DEPTH
+from tests.support import InProcessApp
+
+WINDOW = {"name": "Line 3 shutdown", "status": "active", "window_type": "one_time"}
+
+
+async def post_raw(app: InProcessApp, path: str, body: bytes, content_type: str = "application/json") -> tuple:
+    response = await app.client.post(path, data=body, headers={**app.headers, "Content-Type": content_type})
+    return response.status_code, await response.get_json()
+
+
+async def windows(app: InProcessApp) -> list:
+    return (await app.call("GET", "/maintenance/inventory"))[1]
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "error"),
+    [
+        (b"\xff", "application/json", "request body is not UTF-8: byte 0 is 0xff"),
+        (b'{"name": "Linie 3 \xe4"}', "application/json", "request body is not UTF-8: byte 18 is 0xe4"),
+        (json.dumps(WINDOW).encode("utf-16"), "application/json; charset=utf-16",
+         "request body: charset 'utf-16' is not accepted; send JSON in UTF-8"),
+        (b"[" * 10_000, "application/json", f"request body: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+        (json.dumps({"name": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["deep"]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}).encode(),
+         "application/json", f"request body: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+        (json.dumps({**WINDOW, "name": "Line\u00003"}).encode(), "application/json",
+         "request body: name contains a NUL character"),
+        (json.dumps({**WINDOW, "description\u0000": "x"}).encode(), "application/json",
+         "request body: a field name contains a NUL character"),
+    ],
+)  # fmt: skip
+async def test_a_body_that_is_not_utf8_json_is_refused_and_stores_nothing(
+    in_process: InProcessApp, body: bytes, content_type: str, error: str
+) -> None:
+    before = await windows(in_process)
+    status, answer = await post_raw(in_process, "/maintenance/inventory", body, content_type)
+    assert (status, answer) == (400, {"error": error})
+    assert await windows(in_process) == before
+
+
+@pytest.mark.parametrize("path", ["/systeminfo", "/gds/inventory", "/pki/inventory", "/maintenance/rule"])
+async def test_every_json_endpoint_refuses_such_bodies(in_process: InProcessApp, path: str) -> None:
+    for body in (b"\xff\xfe", b"[" * 2_000, b'{"name": "\\u0000"}'):
+        status, answer = await post_raw(in_process, path, body)
+        assert status == 400 and answer["error"].startswith("request body"), (path, body[:10], answer)
+
+
+async def test_a_utf8_body_in_the_limits_is_accepted(in_process: InProcessApp) -> None:
+    status, _ = await post_raw(
+        in_process,
+        "/maintenance/inventory",
+        json.dumps({**WINDOW, "name": "Linie 3 \u00e4"}).encode(),
+        "application/json; charset=UTF-8",
+    )
+    assert status in (200, 201)
+    assert [w["name"] for w in await windows(in_process)] == ["Linie 3 \u00e4"]
+
+
+@pytest.mark.parametrize(
+    ("id_text", "shown"),
+    [
+        ("%C2%B2", "'\u00b2'"),
+        ("%D9%A3", "'\u0663'"),
+        ("9" * 5000, "'" + "9" * 40 + "'"),
+        ("0", "'0'"),
+        ("-3", "'-3'"),
+    ],
+)
+async def test_ids_are_ascii_digits_only(in_process: InProcessApp, id_text: str, shown: str) -> None:
+    status, window = await in_process.call("POST", "/maintenance/inventory", WINDOW)
+    assert status in (200, 201)
+    for _ in range(3):  # rules 1 to 3: an Arabic-Indic three must not delete rule 3
+        rule = {
+            "maintenance_window_id": window["id"],
+            "start_at": "2026-12-01T00:00:00Z",
+            "end_at": "2026-12-02T00:00:00Z",
+        }
+        assert (await in_process.call("POST", "/maintenance/rule", rule))[0] in (200, 201)
+    status, answer = await in_process.call("DELETE", f"/maintenance/rule/{id_text}")
+    assert status == 400
+    assert answer["error"] == f"rule_id must be a positive integer, got {shown}"
+    assert [rule["id"] for rule in (await in_process.call("GET", "/maintenance/rule"))[1]] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("port", ["%C2%B2", "%D9%A3", "9" * 5000, "0", "65536"])
+async def test_a_host_or_url_port_is_ascii_digits_in_range(in_process: InProcessApp, port: str) -> None:
+    status, answer = await in_process.call("GET", f"/gds/inventory/plc-1:{port}")
+    assert status == 400
+    assert answer["error"].endswith("port must be an integer from 1 to 65535")
