@@ -32,6 +32,10 @@ SECURITY_MODE_BITS = [
     {"name": "Sign", "enum_value": 1, "bit": 0, "mask": 1},
     {"name": "SignAndEncrypt", "enum_value": 2, "bit": 1, "mask": 2},
 ]
+# Upper bounds of the scheduler settings: well inside the database's 32-bit integer columns, and beyond any sensible
+# value (a renewal a century ahead; a scan once a month).
+MAX_RENEWAL_DAYS = 36500
+MAX_SCAN_INTERVAL_S = 30 * 24 * 3600
 DEVICE_STATUS_NAMES = {0: "inactive", 1: "active", 2: "deleted"}
 OPERATING_MODE_BITS = [{"name": "run", "value": 0}, {"name": "stop", "value": 1}]
 

@@ -47,6 +47,7 @@ from certlm.inventory import (
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields
 from certlm.responses import OperationResult, StrictBody, operation_result
 from certlm.storage.models import CaCertificate, InventoryEntry, PkiEntry
+from certlm.system import MAX_RENEWAL_DAYS
 
 blueprint = Blueprint("inventory", __name__)
 
@@ -56,7 +57,6 @@ LOW_LEVEL_TABLES = ("gds", "opc", "ssh", "pki", "ca")
 INVALID_TABLE = "table must contain one of: gds, opc, ssh, pki, ca"
 # Upper bounds that keep values inside the database's 32-bit integer columns.
 MAX_ID = 2**31 - 1
-MAX_RENEWAL_DAYS = 36500
 
 
 class UserInfo(StrictBody):

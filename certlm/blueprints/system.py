@@ -14,6 +14,8 @@ from certlm.host import current_host
 from certlm.responses import PartialUpdate
 from certlm.system import (
     DEVICE_STATUS_NAMES,
+    MAX_RENEWAL_DAYS,
+    MAX_SCAN_INTERVAL_S,
     OPERATING_MODE_BITS,
     SECURITY_MODE_BITS,
     SECURITY_POLICY_BITS,
@@ -53,10 +55,10 @@ class SystemInfo(BaseModel):
 
 class SystemSettingsUpdate(PartialUpdate):
     gds_push_scheduler_active: bool | None = Field(default=None, strict=True)
-    gds_push_scheduler_renewal_days: int | None = Field(default=None, ge=0, strict=True)
-    gds_push_scheduler_scan_interval_sec: int | None = Field(default=None, ge=1, strict=True)
+    gds_push_scheduler_renewal_days: int | None = Field(default=None, ge=0, le=MAX_RENEWAL_DAYS, strict=True)
+    gds_push_scheduler_scan_interval_sec: int | None = Field(default=None, ge=1, le=MAX_SCAN_INTERVAL_S, strict=True)
     monitor_scheduler_active: bool | None = Field(default=None, strict=True)
-    monitor_scheduler_scan_interval_sec: int | None = Field(default=None, ge=1, strict=True)
+    monitor_scheduler_scan_interval_sec: int | None = Field(default=None, ge=1, le=MAX_SCAN_INTERVAL_S, strict=True)
     show_inactive_devices: bool | None = Field(default=None, strict=True)
 
 

@@ -59,6 +59,12 @@ async def test_empty_settings_body_names_the_fields(api) -> None:
         ({"gds_push_scheduler_scan_interval_sec": 1.5}, "gds_push_scheduler_scan_interval_sec"),
         ({"monitor_scheduler_active": None}, "monitor_scheduler_active"),
         ({"monitor_scheduler_scan_interval_sec": -5}, "monitor_scheduler_scan_interval_sec"),
+        # Bounded to fit the database's 32-bit columns (2**63 answered 500 on SQLite, 2**31 on PostgreSQL).
+        ({"gds_push_scheduler_renewal_days": 2**63}, "gds_push_scheduler_renewal_days"),
+        ({"gds_push_scheduler_renewal_days": 2**31}, "gds_push_scheduler_renewal_days"),
+        ({"gds_push_scheduler_renewal_days": 36501}, "gds_push_scheduler_renewal_days"),
+        ({"gds_push_scheduler_scan_interval_sec": 2**63}, "gds_push_scheduler_scan_interval_sec"),
+        ({"monitor_scheduler_scan_interval_sec": 30 * 24 * 3600 + 1}, "monitor_scheduler_scan_interval_sec"),
         ({"show_inactive_devices": "true"}, "show_inactive_devices"),
         ({"unknown_setting": True}, "unknown_setting"),
     ],
@@ -127,3 +133,17 @@ async def test_root_docs_and_aliases(service, api) -> None:
     assert spec.status_code == 200
     paths = spec.json()["paths"]
     assert "/systeminfo" in paths and "/supported-devices" in paths
+
+
+async def test_the_largest_settings_are_accepted(api) -> None:
+    largest = {
+        "gds_push_scheduler_renewal_days": 36500,
+        "gds_push_scheduler_scan_interval_sec": 30 * 24 * 3600,
+        "monitor_scheduler_scan_interval_sec": 30 * 24 * 3600,
+    }
+    before = (await api.get("/systeminfo")).json()
+    response = await api.post("/systeminfo", json=largest)
+    assert response.status_code == 200
+    assert {name: response.json()[name] for name in largest} == largest
+    restore = {name: before[name] for name in largest}
+    assert (await api.post("/systeminfo", json=restore)).status_code == 200
