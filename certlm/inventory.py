@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,11 +109,20 @@ def canonical_server(server: str) -> str:
 
 
 def checked_server(value: str) -> str:
-    """``value`` as stored (``canonical_server``); a ValueError unless it is a hostname or an IP address."""
+    """``value`` as stored (``canonical_server``); a ValueError unless it is a hostname or an IP address a device can
+    be reached at."""
     server = canonical_server(value)
     # valid_server lets any string of hex digits and colons pass as IPv6; a body must hold a real address.
     if not valid_server(server) or (":" in server and not _is_ip(server)):
         raise ValueError("must be a hostname, an IPv4 address or an IPv6 address")
+    if not _is_ip(server) and re.fullmatch(r"[0-9.]+", server):
+        # Resolvers read "0", "10.1" or "167772161" as IPv4 shorthand (inet_aton): "0" would dial 0.0.0.0.
+        raise ValueError(f"{server!r} is neither a hostname nor a dotted IPv4 address")
+    if _is_ip(server):
+        address = ipaddress.ip_address(server)
+        if address.is_unspecified or address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+            kind = "unspecified" if address.is_unspecified else "a multicast or broadcast address"
+            raise ValueError(f"{server} is {kind}: no device can be reached at it")
     return server
 
 

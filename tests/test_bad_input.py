@@ -96,3 +96,30 @@ async def test_a_host_or_url_port_is_ascii_digits_in_range(in_process: InProcess
     status, answer = await in_process.call("GET", f"/gds/inventory/plc-1:{port}")
     assert status == 400
     assert answer["error"].endswith("port must be an integer from 1 to 65535")
+
+
+@pytest.mark.parametrize(
+    ("server", "error"),
+    [
+        ("0", "'0' is neither a hostname nor a dotted IPv4 address"),
+        ("10.1", "'10.1' is neither a hostname nor a dotted IPv4 address"),
+        ("167772161", "'167772161' is neither a hostname nor a dotted IPv4 address"),
+        ("0.0.0.0", "0.0.0.0 is unspecified: no device can be reached at it"),
+        ("::", ":: is unspecified: no device can be reached at it"),
+        ("224.0.0.1", "224.0.0.1 is a multicast or broadcast address: no device can be reached at it"),
+        ("ff02::1", "ff02::1 is a multicast or broadcast address: no device can be reached at it"),
+        ("255.255.255.255", "255.255.255.255 is a multicast or broadcast address: no device can be reached at it"),
+    ],
+)
+async def test_a_server_no_device_can_have_is_refused_and_never_dialled(
+    in_process: InProcessApp, server: str, error: str
+) -> None:
+    for path, body in (
+        ("/gds/push", {"server": server, "port": 4840}),
+        ("/gds/inventory", {"server": server, "port": 4840}),
+        ("/gds/monitor/crt", {"server": server, "port": "4840"}),
+    ):
+        status, answer = await in_process.call("POST", path, body)
+        assert status == 400, (path, answer)
+        assert error in answer["error"], (path, answer)
+    assert (await in_process.call("GET", "/gds/inventory"))[1] == []
