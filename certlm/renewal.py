@@ -66,7 +66,7 @@ def renewal_reason(
     return None
 
 
-def config_key(entry: InventoryEntry, pki: PkiEntry, renewal_days: int) -> str:
+def config_key(pki: PkiEntry, renewal_days: int) -> str:
     """What a configuration error was found under: it stands until one of these changes."""
     return f"renewal_days={renewal_days};pki={pki.id}@{pki.updated_at.isoformat() if pki.updated_at else ''}"
 
@@ -130,7 +130,7 @@ class RenewalWave:
             return None
         pki: PkiEntry = entry.pki  # type: ignore[assignment]
         renewal_days = self.renewal_days(entry)
-        if schedule.renewal_config_error and schedule.renewal_config_key == config_key(entry, pki, renewal_days):
+        if schedule.renewal_config_error and schedule.renewal_config_key == config_key(pki, renewal_days):
             self.report.count("configuration_error")
             return None
         der = entry.certificate_der or entry.pinned_certificate_der
@@ -215,7 +215,7 @@ class RenewalWave:
             f"({renewal_days}): each renewal would be due again at once. Automated renewals of this device stop "
             "until renewal_days or the PKI entry changes."
         )
-        schedule.renewal_config_key = config_key(entry, pki, renewal_days)
+        schedule.renewal_config_key = config_key(pki, renewal_days)
         log.error("renewal of %s:%s: %s", entry.server, entry.port, schedule.renewal_config_error)
 
 

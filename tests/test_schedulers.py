@@ -48,6 +48,12 @@ class Plant(InProcessApp):
         status, body = await self.call("POST", "/maintenance/rule", rule)
         assert status in (200, 201), body
 
+    async def switch_on(self, scheduler: str, interval_s: int) -> None:
+        """``POST /systeminfo``: the scheduler (``gds_push`` or ``monitor``) on, scanning every ``interval_s``."""
+        body = {f"{scheduler}_scheduler_active": True, f"{scheduler}_scheduler_scan_interval_sec": interval_s}
+        status, answer = await self.call("POST", "/systeminfo", body)
+        assert status == 200, answer
+
     async def set_renewal_days(self, device: SimulatedDevice, days: int) -> None:
         status, body = await self.call(
             "PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port, "renewal_days": days}
@@ -93,10 +99,7 @@ async def scans_finished(plant: Plant, scheduler: str) -> str | None:
 async def test_the_renewal_scheduler_is_stopped_until_switched_on_and_tells_when_it_runs_next(plant: Plant) -> None:
     info = await plant.system()
     assert info["gds_push_scheduler_status"] == "stopped" and info["gds_push_scheduler_next_run"] is None
-    status, _ = await plant.call(
-        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 3600}
-    )
-    assert status == 200
+    await plant.switch_on("gds_push", 3600)  # asserts the 200
 
     async def idle() -> dict[str, Any] | None:
         info = await plant.system()
@@ -130,9 +133,7 @@ async def test_a_due_device_is_renewed_once_and_a_pki_lifetime_below_renewal_day
     )
     assert status == 200, body
 
-    await plant.call(
-        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
-    )
+    await plant.switch_on("gds_push", 1)
 
     async def renewed_by_scheduler() -> dict[str, Any] | None:
         record = await plant.last_push(due)
@@ -173,9 +174,7 @@ async def test_a_maintenance_window_suppresses_renewals_until_it_closes(
     now = datetime.now(UTC)
     closes = now + timedelta(seconds=6)
     await plant.maintenance_window("Line 3 shutdown", now - timedelta(hours=1), closes)
-    await plant.call(
-        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
-    )
+    await plant.switch_on("gds_push", 1)
 
     async def suppressed() -> dict[str, Any] | None:
         info = await plant.system()
@@ -205,9 +204,7 @@ async def test_the_monitor_records_what_devices_present_and_which_cannot_be_reac
     assert status == 200
     forgotten = {tl["url"]: tl for tl in (await plant.call("GET", "/gds/inventory/trustlist"))[1]}
     assert forgotten[online.url]["trustlist_trusted_ca"] == []
-    await plant.call(
-        "POST", "/systeminfo", {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": 1}
-    )
+    await plant.switch_on("monitor", 1)
 
     async def both_seen() -> tuple[dict, dict] | None:
         seen, missed = (await plant.entry(online))["schedule"], (await plant.entry(offline))["schedule"]
@@ -238,9 +235,7 @@ async def test_a_failing_scan_is_the_status_until_a_scan_succeeds(plant: Plant) 
 
     clock = [datetime(2026, 11, 25, 12, 0, tzinfo=UTC)]
     scheduler = Scheduler("gds_push", scan, clock=lambda: clock[0])
-    await plant.call(
-        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 600}
-    )
+    await plant.switch_on("gds_push", 600)
     async with plant.client.app.app_context():
         with pytest.raises(RuntimeError):
             await scheduler.tick()
@@ -263,9 +258,7 @@ async def test_metrics_tell_prometheus_which_certificates_expire_and_which_devic
     await plant.onboard(online)
     await plant.onboard(offline)
     await offline.stop()
-    await plant.call(
-        "POST", "/systeminfo", {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": 1}
-    )
+    await plant.switch_on("monitor", 1)
 
     async def scraped() -> dict[tuple[str, tuple], float] | None:
         # Prometheus sends the API key as a Bearer token.
@@ -321,9 +314,7 @@ async def test_devices_are_renewed_from_a_swapped_pki_and_when_revoked(
     assert status == 200, body
     assert (await plant.entry(revoked))["cert_revoked"] is True
 
-    await plant.call(
-        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
-    )
+    await plant.switch_on("gds_push", 1)
 
     async def both_renewed() -> bool:
         records = [await plant.last_push(device) for device in devices]
@@ -348,18 +339,14 @@ async def test_a_certificate_changed_behind_certlms_back_is_shown_and_not_overwr
         (device.config.device_state_dir / name).unlink(missing_ok=True)
     await device.start()
     await plant.set_renewal_days(device, 400)  # due, were it still certlm's certificate
-    await plant.call(
-        "POST", "/systeminfo", {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": 1}
-    )
+    await plant.switch_on("monitor", 1)
 
     async def noticed() -> dict | None:
         schedule = (await plant.entry(device))["schedule"]
         return schedule if schedule and schedule["certificate_changed_at"] else None
 
     await eventually(noticed, "the monitor noticing the foreign certificate")
-    await plant.call(
-        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
-    )
+    await plant.switch_on("gds_push", 1)
     first = await plant.system()
 
     async def two_renewal_scans() -> bool:
@@ -389,9 +376,7 @@ async def test_a_certificate_due_during_a_long_coming_shutdown_is_renewed_before
     await plant.maintenance_window(
         "Annual shutdown", now + timedelta(minutes=10), now + timedelta(days=42), timezone="Europe/Berlin"
     )
-    await plant.call(
-        "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 3600}
-    )
+    await plant.switch_on("gds_push", 3600)
     record = await eventually(lambda: plant.last_push(device), "the early renewal")
     assert record["success"] is True and record["result"]["trigger"] == "scheduler"
     assert len(device.installed_certificates) == 2
@@ -409,9 +394,7 @@ async def test_a_failing_renewal_backs_off_doubling_and_a_success_resets_it(
     try:
         plant.host.settings = replace(plant.host.settings, scheduler_retry_base_s=1.0, scheduler_retry_max_s=60.0)
         await plant.set_renewal_days(flaky, 400)
-        await plant.call(
-            "POST", "/systeminfo", {"gds_push_scheduler_active": True, "gds_push_scheduler_scan_interval_sec": 1}
-        )
+        await plant.switch_on("gds_push", 1)
 
         def failures(count: int) -> Callable[[], Awaitable[dict[str, Any] | None]]:
             async def reached() -> dict[str, Any] | None:
