@@ -17,6 +17,7 @@ from certlm.host import Host
 from certlm.licensing import LicenseService
 from certlm.metrics import SchedulerMetrics
 from certlm.monitoring import monitor_scan
+from certlm.openapi import CertlmOpenAPIProvider
 from certlm.pki_backends import CLIENT_PROFILE, Enrollment
 from certlm.pki_entries import INTERNAL_PKI_TYPE
 from certlm.plugins import build_plugin_manager
@@ -24,7 +25,7 @@ from certlm.registry import ClientCertificateIssuer, DeviceDriverRegistry, HostS
 from certlm.renewal import renewal_scan
 from certlm.request_bodies import install_body_checks
 from certlm.schedulers import Scheduler, Schedulers
-from certlm.secretbox import SecretBox
+from certlm.secretbox import SecretBox, private_directory
 from certlm.storage import close_storage, open_storage
 from certlm.storage.models import PkiEntry
 
@@ -65,7 +66,7 @@ def internal_ca_client_issuer(pki_backends: PkiBackendRegistry) -> ClientCertifi
 
 def create_app(settings: Settings | None = None) -> Quart:
     settings = settings or Settings.from_env()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_directory(settings.data_dir)
     secrets = SecretBox.from_key_file(settings.secrets_dir / "certlm_secret.key")
     pki_backends = PkiBackendRegistry()
     services = HostServices(
@@ -103,8 +104,10 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.extensions["certlm"] = host
 
     # /docs is certlm's own page (blueprints/docs.py): quart-schema's would load Swagger UI from the internet.
+    # CertlmOpenAPIProvider completes what quart-schema generates: every status, media type and open route.
     QuartSchema(
         app,
+        openapi_provider_class=CertlmOpenAPIProvider,
         openapi_path="/openapi.json",
         swagger_ui_path=None,
         redoc_ui_path=None,

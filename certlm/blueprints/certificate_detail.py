@@ -11,8 +11,10 @@ from quart_schema import validate_request, validate_response
 
 from certlm.certs import certificate_detail
 from certlm.enrollment import host_names_warnings
+from certlm.errors import NotFound
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import GDS, EntryAddress, entry_certificate, entry_url, find_entry, gds_entry_at
+from certlm.openapi import answers
 from certlm.revocation import stored_revocation
 from certlm.storage.models import InventoryEntry
 
@@ -76,6 +78,7 @@ async def certificate_detail_stored(host_or_url: str) -> CertificateDetailOut:
 @blueprint.post("/gds/inventory/crt")
 @validate_response(CertificateDetailOut)
 @validate_request(EntryAddress)
+@answers(NotFound)
 async def certificate_detail_by_address(data: EntryAddress) -> CertificateDetailOut:
     """Deprecated: use ``GET /gds/inventory/crt/{host_or_url}``."""
     return _certificate_detail_view(await gds_entry_at(data.server, data.port))

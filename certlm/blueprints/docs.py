@@ -16,6 +16,7 @@ from quart_schema import hide, validate_response
 
 from certlm import __version__
 from certlm.errors import NotFound
+from certlm.openapi import redirects
 from certlm.system import SOFTWARE
 
 blueprint = Blueprint("docs", __name__)
@@ -114,5 +115,6 @@ async def docs_asset(filename: str) -> Response:
 @blueprint.get("/swagger")
 @blueprint.get("/swagger-ui")
 @blueprint.get("/api/docs")
-async def docs_alias():
+@redirects(302, "To the documentation page, /docs")
+async def docs_alias() -> Response:
     return redirect("/docs", code=302)

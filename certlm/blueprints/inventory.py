@@ -21,7 +21,7 @@ from certlm.certs import (
     to_pem,
 )
 from certlm.enrollment import identify_registered, revoke_on_decommission
-from certlm.errors import APIError, NotFound
+from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
     GDS,
@@ -44,6 +44,7 @@ from certlm.inventory import (
     update_entry,
     verified_pkcs12,
 )
+from certlm.openapi import answers
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields
 from certlm.responses import OperationResult, StrictBody, operation_result
 from certlm.storage.models import CaCertificate, InventoryEntry, PkiEntry
@@ -177,6 +178,7 @@ async def _store_gds_entry(data: GdsEntryIn, entry: InventoryEntry | None = None
 @blueprint.post("/gds/inventory")
 @validate_response(InventoryEntryOut)
 @validate_request(GdsEntryIn)
+@answers(409)
 async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Add a GDS entry. 409 when the server and port are already in the GDS inventory, 403 when the
     license endpoint limit is reached. A PKCS#12 must open with its password; secrets are stored encrypted.
@@ -191,6 +193,7 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 @blueprint.patch("/gds/inventory")
 @validate_response(InventoryEntryOut)
 @validate_request(GdsEntryIn)
+@answers(NotFound, 409)
 async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Change the fields given of the GDS entry at ``server`` and ``port``; 404 if there is none."""
     entry = await _store_gds_entry(data, await gds_entry_at(data.server, data.port))
@@ -200,6 +203,7 @@ async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 @blueprint.post("/gds/inventory/user")
 @validate_response(InventoryEntryOut)
 @validate_request(UserCredentialsIn)
+@answers(409)
 async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
     """Store the credentials for a GDS entry, creating the entry when there is none (403 when that would
     exceed the license endpoint limit)."""
@@ -215,6 +219,7 @@ async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
 @blueprint.patch("/gds/inventory/user")
 @validate_response(InventoryEntryOut)
 @validate_request(UserCredentialsIn)
+@answers(NotFound)
 async def update_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
     """Change the stored credentials of an existing GDS entry; 404 if there is none."""
     entry = await gds_entry_at(data.server, data.port)
@@ -231,6 +236,7 @@ async def get_gds_entry(host_or_url: str) -> InventoryEntryOut:
 
 @blueprint.delete("/gds/inventory/<path:host_or_url>")
 @validate_response(InventoryEntryOut)
+@answers(UpstreamUnavailable)
 async def delete_gds_entry(host_or_url: str) -> InventoryEntryOut:
     """Remove a GDS entry and its stored credentials; returns the entry as it was. A certificate its PKI issued is
     revoked first (``cert_revoked`` true in the answer); when the PKI cannot revoke it, nothing is deleted."""
@@ -470,6 +476,7 @@ _TABLE_WRITERS: dict[str, tuple[RowWriter, RowWriter]] = {
 @blueprint.post("/inventory")
 @validate_response(OperationResult)
 @validate_request(LowLevelRequest)
+@answers(409)
 async def insert_row(data: LowLevelRequest) -> OperationResult:
     """Add a row to a table. Columns: gds, opc, ssh: server (required), port, name, service, device_status,
     security_policy, security_mode, renewal_days, pki_id; pki: the fields of ``POST /pki/inventory``;
@@ -484,6 +491,7 @@ async def insert_row(data: LowLevelRequest) -> OperationResult:
 @blueprint.patch("/inventory")
 @validate_response(OperationResult)
 @validate_request(LowLevelRequest)
+@answers(NotFound, 409)
 async def update_row(data: LowLevelRequest) -> OperationResult:
     """Change the columns given of one row, named by ``id`` in ``add`` (device tables also by server and
     port); 404 if there is no such row."""

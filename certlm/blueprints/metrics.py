@@ -6,11 +6,13 @@ from quart import Blueprint, Response
 
 from certlm.host import current_host
 from certlm.metrics import CONTENT_TYPE, exposition
+from certlm.openapi import downloads
 
 blueprint = Blueprint("metrics", __name__)
 
 
 @blueprint.get("/metrics")
+@downloads("text/plain", description="Prometheus text format")
 async def metrics() -> Response:
     """Per device the certificate's notAfter, renewal_days, revocation and reachability; this instance's scheduler
     scans, their durations and outcomes. An extension of the spec."""

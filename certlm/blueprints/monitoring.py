@@ -13,10 +13,11 @@ from quart_schema import validate_querystring, validate_request, validate_respon
 from certlm.certs import certificate_text, sha1_fingerprint
 from certlm.drivers import DeviceDriver, DeviceTarget
 from certlm.enrollment import host_names_warnings
-from certlm.errors import APIError
+from certlm.errors import APIError, DeviceFailure, UnsupportedOperation
 from certlm.hostspec import DEFAULT_OPCUA_PORT
 from certlm.inventory import GDS, MAX_SECRET_CHARS, EntryAddress
 from certlm.monitoring import device_at, inventory_device, read_certificate_and_store, read_firmware_and_store
+from certlm.openapi import answers
 from certlm.responses import StrictBody
 from certlm.storage.models import InventoryEntry
 
@@ -133,6 +134,7 @@ async def _read_certificate(
 @blueprint.post("/gds/monitor/crt")
 @validate_response(MonitorCrtOut)
 @validate_request(MonitorCrtIn)
+@answers(500, UnsupportedOperation)
 async def monitor_certificate(data: MonitorCrtIn) -> MonitorCrtOut:
     """Connect to the device, read the certificate it presents and store it in the inventory (when the device is
     in it; only then is ``url`` in the answer). 500 ``{error}`` when the device cannot be read."""
@@ -146,6 +148,7 @@ async def monitor_certificate(data: MonitorCrtIn) -> MonitorCrtOut:
 @blueprint.get("/gds/monitor/crt/<path:host_or_url>")
 @validate_querystring(MonitorCrtQuery)
 @validate_response(MonitorCrtOut)
+@answers(UnsupportedOperation)
 async def monitor_certificate_stored(host_or_url: str, query_args: MonitorCrtQuery) -> MonitorCrtOut:
     """Like the POST, with the entry's stored credentials; options as query parameters. 400 ``{error}`` when the
     device cannot be read."""
@@ -160,6 +163,7 @@ async def monitor_certificate_stored(host_or_url: str, query_args: MonitorCrtQue
 
 @blueprint.get("/gds/monitor/firmware/<path:host_or_url>")
 @validate_response(FirmwareOut)
+@answers(UnsupportedOperation, DeviceFailure)
 async def read_firmware(host_or_url: str) -> FirmwareOut:
     """Firmware version and device name, read live by the entry's driver."""
     driver, target, entry = await inventory_device(host_or_url)
@@ -170,6 +174,7 @@ async def read_firmware(host_or_url: str) -> FirmwareOut:
 @blueprint.post("/gds/firmware")
 @validate_response(FirmwareOut)
 @validate_request(FirmwareIn)
+@answers(UnsupportedOperation, DeviceFailure)
 async def firmware_by_address(data: FirmwareIn) -> FirmwareOut:
     """Deprecated: use ``GET /gds/monitor/firmware/{host_or_url}``. Reads live with the credentials given (or
     stored); ``allow_insecure_connection`` permits an unencrypted connection (security policy None)."""
@@ -187,6 +192,7 @@ async def firmware_by_address(data: FirmwareIn) -> FirmwareOut:
 
 @blueprint.get("/gds/monitor/status/<path:host_or_url>")
 @validate_response(StatusOut)
+@answers(UnsupportedOperation, DeviceFailure)
 async def read_status(host_or_url: str) -> StatusOut:
     """The device's server and operating state, read live by the entry's driver."""
     driver, target, _ = await inventory_device(host_or_url)
@@ -195,6 +201,7 @@ async def read_status(host_or_url: str) -> StatusOut:
 
 @blueprint.get("/gds/monitor/plc/<path:host_or_url>")
 @validate_response(PlcOut)
+@answers(UnsupportedOperation, DeviceFailure)
 async def read_plc(host_or_url: str) -> PlcOut:
     """Driver-specific PLC metadata, read live."""
     driver, target, _ = await inventory_device(host_or_url)

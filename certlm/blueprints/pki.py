@@ -16,8 +16,9 @@ from quart import Blueprint, Response
 from quart_schema import validate_querystring, validate_request, validate_response
 
 from certlm.certs import load_certificate, load_crl, load_csr, sha1_fingerprint, to_der, to_pem
-from certlm.errors import NotFound, UnsupportedOperation
+from certlm.errors import NotFound, UnsupportedOperation, UpstreamUnavailable
 from certlm.host import current_host
+from certlm.openapi import answers, downloads
 from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile, PkiBackend
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields, internal_ca_entry
 from certlm.responses import DownloadQuery, parse_id
@@ -239,6 +240,7 @@ async def _validate(pki_id: str, strict: bool) -> ValidationOut:
 
 @blueprint.get("/pki/exec/validate/<pki_id>")
 @validate_response(ValidationOut)
+@answers(UnsupportedOperation, UpstreamUnavailable)
 async def validate_pki_entry(pki_id: str) -> ValidationOut:
     """Connect to the PKI server, fetch its CA certificates and store them for ``/pki/ca``."""
     return await _validate(pki_id, strict=False)
@@ -246,6 +248,7 @@ async def validate_pki_entry(pki_id: str) -> ValidationOut:
 
 @blueprint.get("/pki/exec/validate-strict/<pki_id>")
 @validate_response(ValidationOut)
+@answers(UnsupportedOperation, UpstreamUnavailable)
 async def validate_pki_entry_strictly(pki_id: str) -> ValidationOut:
     """Like validate, and the server's TLS chain must verify against the entry's ``tls_ca``."""
     return await _validate(pki_id, strict=True)
@@ -253,6 +256,7 @@ async def validate_pki_entry_strictly(pki_id: str) -> ValidationOut:
 
 @blueprint.get("/pki/ca/<pki_id>")
 @validate_querystring(DownloadQuery)
+@downloads(_PEM_MIMETYPE, _DER_MIMETYPES["ca"], description="The CA chain (PEM) or the issuing CA (DER)")
 async def download_ca(pki_id: str, query_args: DownloadQuery) -> Response:
     """The CA chain, issuing CA first: all of it as PEM, the issuing CA alone as DER. Open: no API key."""
     entry = await _entry(pki_id)
@@ -268,6 +272,8 @@ async def download_ca(pki_id: str, query_args: DownloadQuery) -> Response:
 
 @blueprint.get("/pki/crl/<pki_id>")
 @validate_querystring(DownloadQuery)
+@downloads(_PEM_MIMETYPE, _DER_MIMETYPES["crl"], description="The CRL")
+@answers(UpstreamUnavailable)
 async def download_crl(pki_id: str, query_args: DownloadQuery) -> Response:
     """The CA's current CRL. Open: no API key."""
     entry = await _entry(pki_id)
@@ -280,6 +286,7 @@ async def download_crl(pki_id: str, query_args: DownloadQuery) -> Response:
 
 @blueprint.get("/pki/crt/<pki_id>")
 @validate_querystring(DownloadQuery)
+@downloads(_PEM_MIMETYPE, _DER_MIMETYPES["crt"], description="The EST client certificate")
 async def download_est_client_certificate(pki_id: str, query_args: DownloadQuery) -> Response:
     """The certificate of the stored EST client PKCS#12."""
     entry = await _entry(pki_id)
@@ -300,6 +307,7 @@ async def _sign(data: CsrIn, profile: CertificateProfile) -> CertificateOut:
 @blueprint.post("/pki/sign-client-csr")
 @validate_request(CsrIn)
 @validate_response(CertificateOut)
+@answers(UnsupportedOperation, UpstreamUnavailable)
 async def sign_client_csr(data: CsrIn) -> CertificateOut:
     """Sign an OPC UA client application CSR with the internal CA (EKU clientAuth)."""
     return await _sign(data, CLIENT_PROFILE)
@@ -308,6 +316,7 @@ async def sign_client_csr(data: CsrIn) -> CertificateOut:
 @blueprint.post("/pki/sign-server-csr")
 @validate_request(CsrIn)
 @validate_response(CertificateOut)
+@answers(UnsupportedOperation, UpstreamUnavailable)
 async def sign_server_csr(data: CsrIn) -> CertificateOut:
     """Sign an OPC UA server application CSR with the internal CA (EKU serverAuth and clientAuth)."""
     return await _sign(data, SERVER_PROFILE)

@@ -11,6 +11,7 @@ from quart_schema import validate_request, validate_response
 from certlm.crl_status import CRL_REASONS, CRL_STATUSES
 from certlm.errors import APIError
 from certlm.host import current_host
+from certlm.openapi import answers
 from certlm.responses import PartialUpdate
 from certlm.system import (
     DEVICE_STATUS_NAMES,
@@ -111,6 +112,7 @@ class CrlSystemInfo(BaseModel):
 
 @blueprint.get("/systeminfo")
 @validate_response(SystemInfo)
+@answers(500)
 async def get_system_info() -> SystemInfo:
     """System information and scheduler settings. Open: needs no API key."""
     try:

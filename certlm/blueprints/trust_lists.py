@@ -10,6 +10,7 @@ from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
 from certlm.drivers import TrustList
+from certlm.errors import DeviceFailure, NotFound, UnsupportedOperation
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
     GDS,
@@ -25,6 +26,7 @@ from certlm.inventory import (
     trust_list_fields,
 )
 from certlm.monitoring import overlay, read_trust_list_and_store
+from certlm.openapi import answers
 from certlm.responses import OperationResult, StrictBody, operation_result
 
 blueprint = Blueprint("trust_lists", __name__)
@@ -52,6 +54,7 @@ class TrustListDeleteIn(StrictBody):
 @blueprint.post("/gds/monitor/trustlist")
 @validate_response(OperationResult)
 @validate_request(TrustListReadIn)
+@answers(NotFound, UnsupportedOperation, DeviceFailure)
 async def read_trust_list(data: TrustListReadIn) -> dict[str, Any]:
     """Read the device's trust list (the parts the bitmask selects) and store them in its inventory entry."""
     entry = await gds_entry_at(data.server, data.port)
@@ -64,6 +67,7 @@ async def read_trust_list(data: TrustListReadIn) -> dict[str, Any]:
 
 @blueprint.get("/gds/monitor/trustlist/<path:host_or_url>")
 @validate_response(TrustListOut)
+@answers(UnsupportedOperation, DeviceFailure)
 async def live_trust_list(host_or_url: str) -> TrustListOut:
     """The device's whole trust list, read live with the entry's stored credentials and stored as the POST does.
     A device that cannot be read answers ``{error}`` (502), never stale data; the stored copy is

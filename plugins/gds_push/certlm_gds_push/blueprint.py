@@ -11,6 +11,7 @@ from quart_schema import validate_querystring
 from certlm.certs import to_pem
 from certlm.errors import NotFound
 from certlm.host import current_host
+from certlm.openapi import answers, downloads
 from certlm.responses import DownloadQuery
 from certlm_gds_push.identity import client_identity, stored_client_identity
 
@@ -35,6 +36,8 @@ async def create_client_identity() -> None:
 
 @blueprint.get("/gds/crt")
 @validate_querystring(DownloadQuery)
+@downloads(*_MIMETYPES.values(), description="certlm's OPC UA client certificate")
+@answers(NotFound)
 async def download_client_certificate(query_args: DownloadQuery) -> Response:
     """certlm's OPC UA client application instance certificate (``format`` = ``pem`` or ``der``), to put into a
     device's trust list by hand when the device does not trust certlm yet."""
