@@ -82,8 +82,8 @@ def install_access_checks(app: Quart) -> None:
         if status is None:
             raise Forbidden("no license installed: POST one to /systeminfo/lic")
         if not status.grants(CORE_FEATURE):
-            reason = status.validation_message or f"license lacks feature '{CORE_FEATURE}'"
-            raise Forbidden(f"license does not permit this: {reason}")
+            # validate_license explains every license that does not grant the feature, in a sentence.
+            raise Forbidden(f"no valid license: {status.validation_message}; install one with POST /systeminfo/lic")
 
     @app.before_request
     async def check_content_type() -> None:

@@ -1,8 +1,9 @@
-"""certlm license files: base64 of a JSON document signed with Ed25519, and their validation.
+"""certlm license files: base64 of a JSON document signed with Ed25519, their validation, and the installed license.
 
 A license file is ``base64(json({"license": {...fields...}, "signature": base64(ed25519(canonical)))})``
 where ``canonical`` is the license object as JSON with sorted keys and no spaces. The server trusts one
 public key (``CERTLM_LICENSE_PUBLIC_KEY_FILE``); the private key stays with whoever issues licenses.
+Every validation failure is reported as a sentence for the person who installed the file, never as Python's text.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -20,32 +23,86 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from certlm.errors import APIError
 from certlm.secretbox import write_private_file
+
+log = logging.getLogger(__name__)
 
 PRODUCT = "certlm"
 CORE_FEATURE = "core"
 VALIDATION_CACHE_SECONDS = 3600
-LICENSE_FIELDS = (
-    "company",
-    "product",
-    "product_version",
-    "license_type",
-    "features",
-    "licensed_endpoints",
-    "validity_start",
-    "validity_end",
-)
+# The signed fields of a license, each with what its value must be and how a person reads that.
+LICENSE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "company": (lambda value: isinstance(value, str), "a text"),
+    "product": (lambda value: isinstance(value, str), "a text"),
+    "product_version": (lambda value: isinstance(value, str), "a text"),
+    "license_type": (lambda value: isinstance(value, str), "a text"),
+    "features": (
+        lambda value: isinstance(value, list) and all(isinstance(item, str) for item in value),
+        "a list of texts",
+    ),
+    "licensed_endpoints": (
+        lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        "a whole number of at least 0",
+    ),
+    "validity_start": (lambda value: isinstance(value, str), "a date (YYYY-MM-DD)"),
+    "validity_end": (lambda value: isinstance(value, str), "a date (YYYY-MM-DD)"),
+}
 
 
 class LicenseFormatError(ValueError):
-    """The upload is not base64 at all (the one case that is refused rather than stored)."""
+    """The upload is not base64 at all, so it is not a license file whatever it holds."""
+
+
+class LicenseFileError(ValueError):
+    """Why some bytes are not a certlm license file, as the end of the sentence "the file is not a license: ..."."""
+
+
+class LicenseRefused(APIError):
+    """A license upload that does not validate while a valid license is in force: that license stays."""
+
+    status = 409
 
 
 def decode_base64(text: str) -> bytes:
+    """The bytes of a license file's text; line breaks and spaces (a wrapped file) are ignored."""
     try:
-        return base64.b64decode("".join(text.split()), validate=True)
+        content = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
         raise LicenseFormatError("license_b64 is not valid base64") from None
+    if not content:
+        raise LicenseFormatError("license_b64 is not valid base64")
+    return content
+
+
+def read_license_file(content: bytes) -> tuple[dict[str, Any], bytes, bytes]:
+    """The license document, its signature and the bytes it is signed over; ``LicenseFileError`` says why
+    ``content`` is none of that."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise LicenseFileError(
+            f"it is binary data, not text (byte {error.start} is {content[error.start]:#04x})"
+        ) from None
+    try:
+        signed = json.loads(text)
+    except RecursionError:
+        raise LicenseFileError("its JSON is nested far deeper than a license's") from None
+    except ValueError:
+        # Not JSON, or a number of more digits than Python converts.
+        raise LicenseFileError("its text is not JSON (is it another file, or only part of the license?)") from None
+    if not isinstance(signed, dict) or not {"license", "signature"} <= signed.keys():
+        raise LicenseFileError('its JSON has no "license" and "signature"')
+    document, signature_b64 = signed["license"], signed["signature"]
+    if not isinstance(document, dict):
+        raise LicenseFileError('its "license" is not a JSON object')
+    try:
+        signature = base64.b64decode(signature_b64, validate=True) if isinstance(signature_b64, str) else None
+    except (binascii.Error, ValueError):
+        signature = None
+    if not signature:
+        raise LicenseFileError('its "signature" is empty or not base64')
+    return document, signature, canonical_json(document)
 
 
 def canonical_json(document: dict[str, Any]) -> bytes:
@@ -126,6 +183,14 @@ class LicenseStatus:
     def grants(self, feature: str) -> bool:
         return self.validation_success and feature in self.features
 
+    def describe(self) -> str:
+        """Which license this is, for a person: company, type and validity."""
+        company = repr(self.company) if self.company else "an unnamed company"
+        return (
+            f"the {self.license_type or 'untyped'} license of {company}, "
+            f"valid from {self.validity_start or '?'} to {self.validity_end or '?'}"
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "validation_success": self.validation_success,
@@ -164,36 +229,48 @@ def _copy_fields(status: LicenseStatus, document: dict[str, Any]) -> None:
 
 
 def validate_license(license_b64: str, public_key_file: Path, now: datetime | None = None) -> LicenseStatus:
-    """Check format, signature, product and validity dates; the message says which check failed."""
+    """Check format, signature, fields, product, validity dates and feature ``core``; the message says, as a
+    sentence, which check failed."""
     now = now or datetime.now(UTC)
     try:
-        signed = json.loads(decode_base64(license_b64))
-        document = signed["license"]
-        signature = base64.b64decode(signed["signature"], validate=True)
-        if not isinstance(document, dict):
-            raise TypeError("license is not an object")
-    except (LicenseFormatError, ValueError, KeyError, TypeError, binascii.Error) as error:
-        return _invalid(f"license is malformed: {error}")
+        document, signature, signed_bytes = read_license_file(decode_base64(license_b64))
+    except LicenseFormatError:
+        return _invalid("the license is not a certlm license file: it is not base64 text")
+    except LicenseFileError as error:
+        return _invalid(f"the license is not a certlm license file: {error}")
     try:
         public_key = serialization.load_pem_public_key(public_key_file.read_bytes())
-    except (OSError, ValueError) as error:
-        return _invalid(f"license public key cannot be read from {public_key_file}: {error}", document)
+    except OSError as error:
+        return _invalid(
+            f"certlm cannot check licenses: its license public key {public_key_file} cannot be read "
+            f"({error.strerror or error})",
+            document,
+        )
+    except ValueError:
+        return _invalid(f"certlm cannot check licenses: {public_key_file} does not hold a PEM public key", document)
     if not isinstance(public_key, Ed25519PublicKey):
-        return _invalid(f"license public key in {public_key_file} is not an Ed25519 key", document)
+        return _invalid(f"certlm cannot check licenses: the public key in {public_key_file} is not Ed25519", document)
     try:
-        public_key.verify(signature, canonical_json(document))
+        public_key.verify(signature, signed_bytes)
     except InvalidSignature:
-        return _invalid("license signature is invalid (tampered, or signed by another key)", document)
+        return _invalid(
+            "the license signature is invalid: the file was changed after it was signed, "
+            "or it was signed by another key than the one this certlm trusts",
+            document,
+        )
     missing = [name for name in LICENSE_FIELDS if name not in document]
     if missing:
-        return _invalid(f"license lacks fields: {', '.join(missing)}", document)
-    if document.get("product") != PRODUCT:
-        return _invalid(f"license is for product {document.get('product')!r}, not {PRODUCT!r}", document)
+        return _invalid(f"the license lacks the fields {', '.join(missing)}", document)
+    for name, (is_valid, expected) in LICENSE_FIELDS.items():
+        if not is_valid(document[name]):
+            return _invalid(f"the license field {name} is not {expected}", document)
+    if document["product"] != PRODUCT:
+        return _invalid(f"the license is for the product {document['product']!r}, not {PRODUCT!r}", document)
     try:
         start = date.fromisoformat(document["validity_start"])
         end = date.fromisoformat(document["validity_end"])
-    except (TypeError, ValueError):
-        return _invalid("license validity dates are not ISO 8601 dates", document)
+    except ValueError:
+        return _invalid("the license validity dates are not dates (YYYY-MM-DD)", document)
     today = now.date()
     status = LicenseStatus(validation_success=True, validation_message=None)
     _copy_fields(status, document)
@@ -201,11 +278,14 @@ def validate_license(license_b64: str, public_key_file: Path, now: datetime | No
     status.is_expired = today > end
     status.is_currently_valid = start <= today <= end
     if status.is_expired:
-        status.validation_success = False
-        status.validation_message = f"license expired on {end.isoformat()}"
+        status.validation_message = f"the license expired on {end.isoformat()}"
     elif today < start:
-        status.validation_success = False
-        status.validation_message = f"license is not valid before {start.isoformat()}"
+        status.validation_message = f"the license is not valid before {start.isoformat()}"
+    elif CORE_FEATURE not in status.features:
+        status.validation_message = (
+            f"the license lacks feature '{CORE_FEATURE}', which every route but /systeminfo/lic needs"
+        )
+    status.validation_success = status.validation_message is None
     return status
 
 
@@ -237,3 +317,39 @@ class LicenseService:
         status = validate_license(stored.license_b64, self.public_key_file)
         self._cached = (stored.license_b64, now, status)
         return status
+
+    async def install(self, license_b64: str) -> LicenseStatus:
+        """Store a license file and return its validation, as the spec's upload does. A file that does not validate
+        never replaces a license in force: ``LicenseRefused`` (409) says why and which license stays, so a wrong
+        file pasted in a hurry cannot take the service's license away."""
+        from certlm.storage.models import StoredLicense
+
+        uploaded = validate_license(license_b64, self.public_key_file)
+        in_force = await self.current(fresh=True)
+        if in_force is not None and in_force.validation_success and not uploaded.validation_success:
+            log.warning(
+                "license upload refused (%s); %s stays in force", uploaded.validation_message, in_force.describe()
+            )
+            raise LicenseRefused(
+                f"license refused, nothing changed: {uploaded.validation_message}. "
+                f"The license in force stays: {in_force.describe()}.",
+                details={"refused_license": uploaded.as_dict(), "license_in_force": in_force.as_dict()},
+            )
+        stored_b64 = "".join(license_b64.split())
+        await StoredLicense.update_or_create(id=1, defaults={"license_b64": stored_b64})
+        self._cached = (stored_b64, time.monotonic(), uploaded)
+        if in_force is not None:
+            log.warning(
+                "license replaced: %s (%s) by %s (%s)",
+                in_force.describe(),
+                in_force.validation_message or "valid",
+                uploaded.describe(),
+                uploaded.validation_message or "valid",
+            )
+        return uploaded
+
+    async def remove(self) -> None:
+        from certlm.storage.models import StoredLicense
+
+        await StoredLicense.filter(id=1).delete()
+        self.forget()

@@ -8,8 +8,8 @@ from quart_schema import validate_request, validate_response
 
 from certlm.errors import APIError, NotFound
 from certlm.host import current_host
-from certlm.licensing import LicenseFormatError, decode_base64
-from certlm.storage.models import StoredLicense
+from certlm.licensing import LicenseFormatError, LicenseRefused, decode_base64
+from certlm.openapi import answers
 
 blueprint = Blueprint("license", __name__)
 
@@ -46,21 +46,21 @@ class LicenseRemoved(BaseModel):
 @blueprint.post("/systeminfo/lic")
 @validate_response(LicenseOut, 201)
 @validate_request(LicenseUpload)
+@answers(LicenseRefused)
 async def install_license(data: LicenseUpload) -> tuple[LicenseOut, int]:
-    """Store and validate a license file (base64). An invalid license is stored and reported as such."""
+    """Store and validate a license file (base64); the answer is its validation. 400 when it is not base64; 409
+    when it does not validate while a valid license is in force, which then stays (the answer says which)."""
     try:
         decode_base64(data.license_b64)
     except LicenseFormatError as error:
         raise APIError(str(error)) from None
-    await StoredLicense.update_or_create(id=1, defaults={"license_b64": data.license_b64.strip()})
-    host = current_host()
-    host.licenses.forget()
-    status = await host.licenses.current(fresh=True)
+    status = await current_host().licenses.install(data.license_b64)
     return LicenseOut(**status.as_dict()), 201
 
 
 @blueprint.get("/systeminfo/lic")
 @validate_response(LicenseOut)
+@answers(NotFound)
 async def show_license() -> LicenseOut:
     """The installed license, validated now."""
     status = await current_host().licenses.current(fresh=True)
@@ -73,6 +73,5 @@ async def show_license() -> LicenseOut:
 @validate_response(LicenseRemoved)
 async def remove_license() -> LicenseRemoved:
     """Remove the license; feature-gated endpoints answer 403 until another is installed."""
-    await StoredLicense.filter(id=1).delete()
-    current_host().licenses.forget()
+    await current_host().licenses.remove()
     return LicenseRemoved(validation_success=False, validation_message="License removed", features=[])
