@@ -11,6 +11,8 @@ from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import TextIO
 
+from certlm.secretbox import open_private_file, private_directory
+
 LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_LEVEL = "info"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -52,17 +54,11 @@ class ConsoleFilter(logging.Filter):
         return record.levelno >= (self.own if is_certlm_logger(record.name) else self.others)
 
 
-def _private_opener(path: str, flags: int) -> int:
-    descriptor = os.open(path, flags, 0o600)
-    os.fchmod(descriptor, 0o600)  # a file made before, under a laxer umask, becomes private too
-    return descriptor
-
-
 class PrivateRotatingFileHandler(RotatingFileHandler):
     """A size-rotated log whose files, the first and each one a rollover starts, are readable by their owner only."""
 
     def _open(self) -> TextIO:
-        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=_private_opener)
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=open_private_file)
 
 
 def configure_logging(level: str = DEFAULT_LEVEL, data_dir: Path | None = None) -> Path | None:
@@ -82,8 +78,9 @@ def configure_logging(level: str = DEFAULT_LEVEL, data_dir: Path | None = None) 
     path = None
     if data_dir is not None:
         path = log_file(data_dir)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.parent.chmod(0o700)
+        # The CLI sets logging up first: the data directory may be made here, and must not be left as it was.
+        private_directory(data_dir)
+        private_directory(path.parent)
         details = PrivateRotatingFileHandler(
             path, maxBytes=LOG_FILE_MAX_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8"
         )

@@ -13,14 +13,32 @@ from cryptography.fernet import Fernet, InvalidToken
 
 from certlm.errors import APIError
 
+PRIVATE_DIRECTORY_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def private_directory(path: Path) -> Path:
+    """Make ``path`` a directory only its owner can enter, whatever the umask, and tighten one made earlier (by
+    an older certlm or by hand, 0755)."""
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIRECTORY_MODE)
+    path.chmod(PRIVATE_DIRECTORY_MODE)
+    return path
+
+
+def open_private_file(path: str | Path, flags: int) -> int:
+    """``os.open`` for a file only its owner can read: created 0600 whatever the umask, and a file made earlier
+    under a laxer mode is tightened before anything is written to it. Usable as ``open(..., opener=...)``."""
+    descriptor = os.open(path, flags, PRIVATE_FILE_MODE)
+    os.fchmod(descriptor, PRIVATE_FILE_MODE)
+    return descriptor
+
 
 def write_private_file(path: Path, content: bytes) -> None:
-    """Create ``path`` readable by its owner only, without a moment where it is readable by others."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
+    """Write ``path`` readable by its owner only, without a moment where it is readable by others. A missing
+    directory is made private; an existing one is left as it is (it may be the operator's, e.g. ``--out``)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIRECTORY_MODE)
+    with open(path, "wb", opener=open_private_file) as handle:
         handle.write(content)
-    os.chmod(path, 0o600)
 
 
 class SecretBox:
@@ -29,9 +47,13 @@ class SecretBox:
 
     @classmethod
     def from_key_file(cls, path: Path) -> SecretBox:
+        """The key in ``path``, made on first start. Its directory (``secrets/``) holds every key certlm keeps:
+        it and the key file are made private, also when an older certlm or someone else made them laxer."""
+        private_directory(path.parent)
         if not path.exists():
             write_private_file(path, Fernet.generate_key())
-        return cls(path.read_bytes().strip())
+        with open(path, "rb", opener=open_private_file) as key_file:
+            return cls(key_file.read().strip())
 
     def encrypt(self, secret: str | bytes) -> str:
         data = secret.encode() if isinstance(secret, str) else secret

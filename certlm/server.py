@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -11,6 +12,14 @@ from collections.abc import Awaitable, Callable
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
+from hypercorn.typing import (
+    ASGIFramework,
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    Scope,
+)
 
 from certlm.app import create_app
 from certlm.config import Settings
@@ -29,6 +38,56 @@ class CertlmConfig(Config):
         if not self.ssl_enabled:
             return None
         return server_ssl_context(self.certfile, self.keyfile, self.keyfile_password, self.alpn_protocols)
+
+
+# How long an answer that closes the connection waits for the rest of the request body before closing.
+UNREAD_BODY_LINGER_S = 5.0
+
+
+class CloseAfterUnreadBody:
+    """ASGI middleware: an HTTP/1 answer that starts before the request body has arrived in full says
+    ``Connection: close``. That is every early answer to an upload: 413 for a body over ``MAX_CONTENT_LENGTH``
+    (chunked or not), 401 or 403 before it is read.
+
+    hypercorn closes such a connection once the answer is sent, since the rest of the body was never read, but
+    without the header a client puts the connection back into its pool and sends its next request into the
+    closing socket, where it fails. With it, h11 frames the answer as the connection's last and the client opens
+    a new connection. HTTP/2 ends just the stream, and forbids the header.
+
+    The answer's end is held back until the client has sent the rest of its body (read and dropped), at most
+    ``UNREAD_BODY_LINGER_S``: a socket closed with unread data is reset, and a client still sending its upload
+    then loses the answer it had not read yet.
+    """
+
+    def __init__(self, app: ASGIFramework, linger_s: float = UNREAD_BODY_LINGER_S) -> None:
+        self.app = app
+        self.linger_s = linger_s
+
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if scope["type"] != "http" or scope["http_version"] not in ("1.0", "1.1"):
+            await self.app(scope, receive, send)
+            return
+        request_over = asyncio.Event()
+        closing = False
+
+        async def receive_noting_the_end() -> ASGIReceiveEvent:
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                request_over.set()
+            return message
+
+        async def send_closing_early(message: ASGISendEvent) -> None:
+            nonlocal closing
+            if message["type"] == "http.response.start" and not request_over.is_set():
+                closing = True
+                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            elif closing and message["type"] == "http.response.body" and not message.get("more_body", False):
+                # The app's receiver is still reading (and Quart dropping) the body while this waits.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(request_over.wait(), self.linger_s)
+            await send(message)
+
+        await self.app(scope, receive_noting_the_end, send_closing_early)
 
 
 def listening_socket(host: str, port: int, backlog: int = Config.backlog) -> socket.socket:
@@ -100,4 +159,4 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await hypercorn_serve(app, config, shutdown_trigger=stop.wait)
+    await hypercorn_serve(CloseAfterUnreadBody(app), config, shutdown_trigger=stop.wait)

@@ -19,7 +19,7 @@ from tortoise.transactions import in_transaction
 
 from certlm.certs import Pkcs12Content, load_certificate, load_certificates_pem, sha1_fingerprint, to_pem
 from certlm.errors import APIError
-from certlm.secretbox import SecretBox, write_private_file
+from certlm.secretbox import SecretBox, private_directory, write_private_file
 from certlm.storage.models import TlsServerCertificate
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,7 @@ def write_server_files(record: TlsServerCertificate, secret_box: SecretBox, file
     key = serialization.load_pem_private_key(secret_box.decrypt(record.private_key_enc), password=None)
     password = secrets.token_urlsafe(32)
     chain = load_certificates_pem(record.chain_pem, "stored TLS chain") if record.chain_pem else []
+    private_directory(files.key_file.parent)
     write_private_file(
         files.key_file,
         key.private_bytes(
@@ -145,7 +146,8 @@ def write_server_files(record: TlsServerCertificate, secret_box: SecretBox, file
             serialization.BestAvailableEncryption(password.encode()),
         ),
     )
-    files.cert_file.write_text(record.certificate_pem + "".join(to_pem(certificate) for certificate in chain))
+    certificates = record.certificate_pem + "".join(to_pem(certificate) for certificate in chain)
+    write_private_file(files.cert_file, certificates.encode())
     # Load it as the server will, so that a certificate OpenSSL refuses is noticed here and not mid-start.
     server_ssl_context(files.cert_file, files.key_file, password, [])
     return ServerTls(files=files, key_password=password)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 from tortoise import Tortoise, connections
+from tortoise.backends.base.config_generator import expand_db_url
 
+from certlm.secretbox import PRIVATE_FILE_MODE, open_private_file
 from certlm.storage.migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -27,8 +31,29 @@ def tortoise_config(database_url: str, model_modules: list[str]) -> dict:
     }
 
 
+# What SQLite keeps next to the database file: write-ahead log, its shared-memory index, rollback journal.
+SQLITE_COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
+
+
+def make_sqlite_file_private(database_url: str) -> None:
+    """For a SQLite URL: create the database file readable by its owner only before SQLite opens it, and tighten
+    one made earlier. SQLite creates its -wal, -shm and -journal files with the database file's mode, so they are
+    private too; ones left by an earlier, laxer start are tightened here. Other engines keep no files here."""
+    if not database_url.startswith("sqlite://"):
+        return
+    path = expand_db_url(database_url)["credentials"]["file_path"]
+    if path == ":memory:":
+        return
+    os.close(open_private_file(path, os.O_RDWR | os.O_CREAT))
+    for suffix in SQLITE_COMPANION_SUFFIXES:
+        companion = Path(path + suffix)
+        if companion.exists():
+            companion.chmod(PRIVATE_FILE_MODE)
+
+
 async def open_storage(database_url: str, model_modules: list[str]) -> int:
     """Connect, create or migrate the schema, and return the schema version now in force."""
+    make_sqlite_file_private(database_url)
     # Global fallback: Quart serves requests in tasks that do not inherit the start-up task's context.
     await Tortoise.init(config=tortoise_config(database_url, model_modules), _enable_global_fallback=True)
     return await migrate(connections.get("default"))
