@@ -44,6 +44,9 @@ ERROR_DESCRIPTIONS = {
 }
 # Path parameters that name a stored entry: an unknown one answers 404.
 ENTRY_PARAMETERS = frozenset({"pki_id", "window_id", "rule_id", "host_or_url"})
+# Path parameters ``responses.parse_id`` reads: positive integers of at most 18 digits, 400 otherwise.
+ID_PARAMETERS = frozenset({"pki_id", "window_id", "rule_id"})
+ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 10**18 - 1}
 BINARY_SCHEMA = {"type": "string", "format": "binary"}
 
 ERRORS_ATTRIBUTE = "_certlm_error_statuses"
@@ -149,6 +152,12 @@ class CertlmOpenAPIProvider(OpenAPIProvider):
             for method, operation in path_item.items():
                 path_item[method] = complete_operation(method.upper(), rule, view, operation)
         return paths, components
+
+    def build_path_parameter(self, name: str, converter: Any) -> dict[str, Any]:
+        parameter = super().build_path_parameter(name, converter)
+        if name in ID_PARAMETERS:
+            parameter["schema"] = dict(ID_SCHEMA)
+        return parameter
 
     def build_request_body(self, model: type, source: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         request_body, definitions = super().build_request_body(model, source)

@@ -26,6 +26,7 @@ from certlm.maintenance import (
     window_contains,
     zone_named,
 )
+from certlm.openapi import answers
 from certlm.responses import PartialUpdate, parse_id, refuse_null
 from certlm.storage.models import MaintenanceRule, MaintenanceWindow
 
@@ -283,6 +284,7 @@ async def list_rules() -> list[RuleOut]:
 @blueprint.post("/maintenance/rule")
 @validate_request(RuleCreate)
 @validate_response(RuleOut, 201)
+@answers(NotFound)
 async def create_rule(data: RuleCreate) -> tuple[RuleOut, int]:
     """Add a rule to a maintenance window (404 when the window does not exist). Naive ``start_at`` and
     ``end_at`` are read in the window's time zone."""
