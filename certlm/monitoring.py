@@ -5,7 +5,9 @@ its revocation status on the entry's PKI), its firmware and its trust list. Each
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,8 +31,8 @@ from certlm.inventory import (
     find_entry_at,
     trust_list_fields,
 )
-from certlm.leases import ensure_rows
-from certlm.revocation import crl_cache, revocation_of, store_revocation
+from certlm.leases import DeviceBusy, device_lease, ensure_rows
+from certlm.revocation import REVOCATION_FIELDS, crl_cache, revocation_of, store_revocation
 from certlm.schedulers import ScanContext, ScanReport
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
 
@@ -73,6 +75,23 @@ async def device_at(
     return driver, overlay(target, **overrides), entry
 
 
+@contextlib.asynccontextmanager
+async def reading(entry: InventoryEntry | None, *, wait_s: float | None = None) -> AsyncIterator[None]:
+    """Hold the device's lease while reading it and storing what was read, with ``entry`` as the database has it once
+    the lease is held. A push to the device (a REST call or the renewal scheduler, on any instance) holds the same
+    lease: a read that overlapped it would store what the device presented before the push, over what the push
+    stored. Waits up to ``wait_s`` (default: a device operation's time-out) for another instance's operation
+    (``DeviceBusy``, 409, after that); re-entrant, so a push may read within its own lease."""
+    if entry is None:
+        yield
+        return
+    settings = current_host().settings
+    wait = settings.device_operation_timeout_s if wait_s is None else wait_s
+    async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s):
+        await entry.refresh_from_db()
+        yield
+
+
 async def read_certificate_and_store(
     driver: DeviceDriver,
     target: DeviceTarget,
@@ -84,47 +103,55 @@ async def read_certificate_and_store(
     """Read the certificate the device presents. For a device in the inventory, store it (with the time it changed),
     its revocation status on the entry's PKI (``certlm.revocation``; not checked, and stored as None, unless
     ``check_revocation``) and the outcome (``monitor_certificate``)."""
-    reading = await driver.read_certificate(target, secure_session=secure_session)
-    if entry is not None:
-        der = to_der(reading.certificate)
-        if der != entry.certificate_der:
-            entry.certificate_der = der
-            entry.last_changed_certificate_date = datetime.now(UTC)
-        revocation = await revocation_of(entry, reading.certificate) if check_revocation else None
-        store_revocation(entry, revocation)
-        record: dict[str, Any] = {
-            "success": True,
-            "security_policy": reading.security_policy,
-            "security_mode": reading.security_mode,
-            "at": datetime.now(UTC).isoformat(),
-        }
-        if revocation is not None:
-            status = crl_check_status(revocation.status_id).name
-            record["revocation"] = {"status": status, "detail": revocation.detail}
-        record_operation(entry, "monitor_certificate", record)
-        await entry.save()
-    return reading
+    async with reading(entry):
+        read = await driver.read_certificate(target, secure_session=secure_session)
+        if entry is not None:
+            await _store_certificate(entry, read, check_revocation)
+    return read
+
+
+async def _store_certificate(entry: InventoryEntry, reading: CertificateReading, check_revocation: bool) -> None:
+    der = to_der(reading.certificate)
+    if der != entry.certificate_der:
+        entry.certificate_der = der
+        entry.last_changed_certificate_date = datetime.now(UTC)
+    revocation = await revocation_of(entry, reading.certificate) if check_revocation else None
+    store_revocation(entry, revocation)
+    record: dict[str, Any] = {
+        "success": True,
+        "security_policy": reading.security_policy,
+        "security_mode": reading.security_mode,
+        "at": datetime.now(UTC).isoformat(),
+    }
+    if revocation is not None:
+        status = crl_check_status(revocation.status_id).name
+        record["revocation"] = {"status": status, "detail": revocation.detail}
+    record_operation(entry, "monitor_certificate", record)
+    await entry.save(update_fields=[*REVOCATION_FIELDS, "certificate_der", "last_changed_certificate_date",
+                                    "last_result", "updated_at"])  # fmt: skip
 
 
 async def read_firmware_and_store(
     driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry | None
 ) -> FirmwareInfo:
     """Read the device's firmware version and name; for a device in the inventory, store them in its entry."""
-    firmware = await driver.read_firmware(target)
-    if entry is not None:
-        entry.firmware_version, entry.device_name = firmware.firmware_version, firmware.device_name
-        await entry.save(update_fields=["firmware_version", "device_name", "updated_at"])
+    async with reading(entry):
+        firmware = await driver.read_firmware(target)
+        if entry is not None:
+            entry.firmware_version, entry.device_name = firmware.firmware_version, firmware.device_name
+            await entry.save(update_fields=["firmware_version", "device_name", "updated_at"])
     return firmware
 
 
 async def read_trust_list_and_store(entry: InventoryEntry, target: DeviceTarget, mask: int) -> dict[str, list[str]]:
     """Read the device's trust list (the parts ``mask`` selects) live and store those parts in its entry."""
-    trust_list = await current_host().drivers.get(entry.service).read_trust_list(target, mask)
-    read = trust_list_record(trust_list)
-    stored = dict(entry.trustlist or {})
-    stored.update({key: read[key] for key in trust_list_fields(mask)})
-    entry.trustlist = stored
-    await entry.save(update_fields=["trustlist", "updated_at"])
+    async with reading(entry):
+        trust_list = await current_host().drivers.get(entry.service).read_trust_list(target, mask)
+        read = trust_list_record(trust_list)
+        stored = dict(entry.trustlist or {})
+        stored.update({key: read[key] for key in trust_list_fields(mask)})
+        entry.trustlist = stored
+        await entry.save(update_fields=["trustlist", "updated_at"])
     return read
 
 
@@ -161,7 +188,19 @@ async def monitor_scan(context: ScanContext) -> ScanReport:
 
 
 async def monitor_device(entry: InventoryEntry, now: datetime, trigger: str = "scheduler") -> str:
-    """One device's monitor read; the outcome's name: ``read``, ``unreachable`` or ``certificate_changed``."""
+    """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``, or
+    ``leased_elsewhere`` when another instance is operating on the device (its push verifies what the device
+    presents), ``inactive`` when the entry was deactivated since the scan listed it."""
+    try:
+        async with reading(entry, wait_s=0):
+            if entry.device_status != DEVICE_STATUS_ACTIVE:
+                return "inactive"
+            return await _monitor_leased(entry, now, trigger)
+    except DeviceBusy:
+        return "leased_elsewhere"
+
+
+async def _monitor_leased(entry: InventoryEntry, now: datetime, trigger: str) -> str:
     schedule = await DeviceSchedule.get(entry_id=entry.id)
     try:
         driver = current_host().drivers.get(entry.service)

@@ -373,6 +373,10 @@ async def revocation_of(
     return outcome
 
 
+# The entry's fields ``store_revocation`` sets.
+REVOCATION_FIELDS = ("cert_revocation_status", "cert_revocation_reason", "cert_revoked")
+
+
 def store_revocation(entry: InventoryEntry, outcome: RevocationCheck | None) -> None:
     """Set ``entry``'s revocation fields from ``outcome`` (None: not checked); the caller saves the entry.
     ``cert_revoked`` follows the status, as ``crl_status.is_revoked`` says."""
