@@ -49,7 +49,7 @@ from certlm.errors import (
     UpstreamUnavailable,
 )
 from certlm.host import current_host
-from certlm.inventory import device_target, entry_url, save_credentials
+from certlm.inventory import create_entry, device_target, entry_url, find_entry_at, save_credentials
 from certlm.leases import device_lease
 from certlm.pki_backends import SERVER_PROFILE, CertificateProfile, ChainCrls, Enrollment, KeyedEnrollment, PkiBackend
 from certlm.pki_client import cdp_urls, fetch_crl
@@ -140,14 +140,13 @@ def _certificate_summary(certificate: x509.Certificate) -> dict[str, Any]:
 
 async def enrollment_pki(entry: InventoryEntry) -> PkiEntry:
     """The PKI entry that signs for ``entry``: its own, else the oldest PKI entry whose backend can enroll (then
-    assigned to the entry, so renewals keep using it)."""
+    assigned to ``entry``, and stored with it when the push succeeds, so renewals keep using it)."""
     host = current_host()
     if entry.pki_id is not None:  # type: ignore[attr-defined]
         return await PkiEntry.get(id=entry.pki_id)  # type: ignore[attr-defined]
     for candidate in await PkiEntry.all().order_by("id"):
         if host.pki_backends.known(candidate.pki_type) and _can_enroll(host.pki_backends.get(candidate.pki_type)):
             entry.pki_id = candidate.id  # type: ignore[attr-defined]
-            await entry.save(update_fields=["pki_id", "updated_at"])
             return candidate
     raise APIError(
         f"no PKI endpoint can sign for {entry.server}:{entry.port}: create one with POST /pki/inventory "
@@ -338,6 +337,32 @@ def stored_identity(entry: InventoryEntry) -> DeviceIdentity | None:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
+async def push_to_address(
+    protocol: str, server: str, port: int, settings: dict[str, Any], order: PushOrder
+) -> dict[str, Any]:
+    """``POST /gds/push`` and ``/gds/push/onboarding``: push to the device at ``server:port``, registering it (with
+    ``settings``) when it is not in the inventory.
+
+    A push that fails changes nothing but what the spec says it keeps: credentials the device accepted, and the
+    failure, recorded as the entry's last push. The entry's ``settings`` (name, security policy and mode) and the
+    PKI chosen for it are stored only with a successful push. A push refused with a 4xx (a PKI entry that cannot be
+    used as configured, a certificate request the PKI refused, a device busy elsewhere) leaves no entry behind
+    either: the device it registered is removed again."""
+    entry = await find_entry_at(server, port, protocol)
+    registered = entry is None
+    if entry is None:
+        entry = await create_entry(protocol, server, port, dict(settings))
+    else:
+        # Used by this push (``device_target``), stored by its success (``_record_success``).
+        entry.update_from_dict(settings)
+    try:
+        return await push_certificate(entry, order)
+    except APIError as error:
+        if registered and 400 <= error.status < 500:
+            await entry.delete()
+        raise
 
 
 async def push_certificate(entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:

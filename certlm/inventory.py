@@ -262,16 +262,6 @@ async def update_entry(entry: InventoryEntry, columns: dict[str, Any]) -> None:
         raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
 
 
-async def register_or_update(protocol: str, server: str, port: int, columns: dict[str, Any]) -> InventoryEntry:
-    """The entry at ``server:port`` with ``columns`` set on it: a new one (``create_entry``) when there is none."""
-    entry = await find_entry_at(server, port, protocol)
-    if entry is None:
-        return await create_entry(protocol, server, port, columns)
-    entry.update_from_dict(columns)
-    await entry.save()
-    return entry
-
-
 def verified_pkcs12(blob_b64: str, password: str | None, what: str) -> bytes:
     """The DER bytes of a base64 PKCS#12 upload, after proving that ``password`` opens it (400 otherwise)."""
     load_pkcs12_base64(blob_b64, password, what)

@@ -149,8 +149,10 @@ async def test_an_entry_without_a_pki_gets_the_oldest_that_can_enroll(in_process
     async with in_process.context():
         chosen = await enrollment_pki(entry)
         assert chosen.id == created["pki_id"]
-        # Assigned to the entry: its renewals keep using it.
-        assert (await InventoryEntry.get(id=entry.id)).pki_id == chosen.id
+        # Assigned to the entry, and stored with it by the push's success (then its renewals keep using it), not
+        # before: a push that fails changes nothing.
+        assert entry.pki_id == chosen.id
+        assert (await InventoryEntry.get(id=entry.id)).pki_id is None
         other = await PkiEntry.create(pki_type=1, pki_connection="localhost:0", name="another CA")
         entry.pki_id = other.id
         assert (await enrollment_pki(entry)).id == other.id

@@ -21,7 +21,6 @@ from certlm.inventory import (
     device_target,
     find_entry,
     forget_stored_trust_lists,
-    register_or_update,
     save_credentials,
     trust_list_fields,
     verified_pkcs12,
@@ -72,12 +71,9 @@ async def test_an_entry_is_found_by_host_and_by_host_and_port(in_process: InProc
         assert (await find_entry(HostSpec("plc-7.plant.local", 4842))).id == second.id
 
 
-async def test_registering_a_known_entry_again_updates_it(in_process: InProcessApp) -> None:
+async def test_creating_a_known_entry_again_is_a_conflict(in_process: InProcessApp) -> None:
     async with in_process.context():
-        created = await register_or_update("gds", "plc-8.plant.local", 4840, {"name": "Press 8"})
-        again = await register_or_update("gds", "plc-8.plant.local", 4840, {"name": "Press 8, line 2"})
-        assert again.id == created.id
-        assert [entry.name for entry in await InventoryEntry.filter(server="plc-8.plant.local")] == ["Press 8, line 2"]
+        await create_entry("gds", "plc-8.plant.local", 4840, {"name": "Press 8"})
         with pytest.raises(APIError) as duplicate:
             await create_entry("gds", "plc-8.plant.local", 4840, {})
         assert duplicate.value.status == 409

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
-from certlm.enrollment import ONBOARDING, PUSH, PushOrder, last_recorded, push_certificate
+from certlm.enrollment import ONBOARDING, PUSH, PushOrder, last_recorded, push_certificate, push_to_address
 from certlm.errors import NotFound
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
@@ -19,10 +19,8 @@ from certlm.inventory import (
     entry_url,
     find_entry,
     gds_entry_at,
-    register_or_update,
 )
 from certlm.responses import OperationResult
-from certlm.storage.models import InventoryEntry
 
 blueprint = Blueprint("push", __name__)
 
@@ -61,7 +59,8 @@ class PushIn(EntryAddress):
         return value
 
     def entry_columns(self) -> dict[str, Any]:
-        """The inventory columns a push stores on the entry: the security settings, and the name when given."""
+        """The inventory columns a successful push stores on the entry: the security settings, and the name when
+        given."""
         columns: dict[str, Any] = {"security_policy": self.security_policy, "security_mode": self.security_mode}
         if self.name is not None:
             columns["name"] = self.name
@@ -74,17 +73,16 @@ class RenewalIn(EntryAddress):
     debug: bool = Field(default=False, description="Add each step's duration to the result")
 
 
-async def _entry_for_push(data: PushIn) -> InventoryEntry:
-    """The entry ``data`` addresses, registered when new; the body's settings stored on it."""
-    return await register_or_update(GDS, data.server, data.port, data.entry_columns())
-
-
 def _order(data: PushIn, onboarding: bool, trigger: str) -> PushOrder:
     """The push ``data`` asks for: its fields of the same name, and the spec's ``issuer``/``trusted`` in the host's
     names."""
     same_names = data.model_dump(include={"subject", "debug", "username", "password"})
     spec_names = {"add_issuer": data.issuer, "add_client_certificate": data.trusted}
     return PushOrder(**same_names, **spec_names, onboarding=onboarding, trigger=trigger)
+
+
+async def _push(data: PushIn, order: PushOrder) -> dict[str, Any]:
+    return await push_to_address(GDS, data.server, data.port, data.entry_columns(), order)
 
 
 async def _last_recorded(host_or_url: str, operation: str) -> dict[str, Any]:
@@ -104,7 +102,7 @@ async def push(data: PushIn) -> dict[str, Any]:
     first contact the certificate the device presents is accepted and pinned; later pushes require it (or one the
     entry's PKI issued). 422 when the PKI refuses the certificate request, 500 ``{error, result: {steps}}`` for
     any other failure."""
-    return await push_certificate(await _entry_for_push(data), _order(data, False, "POST /gds/push"))
+    return await _push(data, _order(data, False, "POST /gds/push"))
 
 
 @blueprint.post("/gds/push/onboarding")
@@ -113,7 +111,7 @@ async def push(data: PushIn) -> dict[str, Any]:
 async def onboard(data: PushIn) -> dict[str, Any]:
     """First contact with a device, or again after it was replaced or reset: accept and pin the certificate it
     presents, verify the connection, store the credentials, make it trust certlm's CA, then enroll."""
-    return await push_certificate(await _entry_for_push(data), _order(data, True, "POST /gds/push/onboarding"))
+    return await _push(data, _order(data, True, "POST /gds/push/onboarding"))
 
 
 @blueprint.post("/gds/push/change")

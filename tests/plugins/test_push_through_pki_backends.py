@@ -388,6 +388,38 @@ async def test_a_cmp_pki_without_credentials_is_named_before_the_device_is_touch
     assert cmp_requests(plant.server) == []
 
 
+async def test_a_push_the_pki_refuses_stores_no_setting_and_leaves_no_new_entry(
+    api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice, simulated_device: StartDevice
+) -> None:
+    """A failed push changes nothing but what the spec keeps: the credentials the device accepted."""
+    pki_without_credentials = await create_pki(
+        api, pki_type=2, pki_connection=est_server.pki_connection, tls_ca=[est_server.tls_ca_pem]
+    )
+    await register(api, device, pki_without_credentials)
+    address = f"127.0.0.1:{device.config.port}"
+    before = (await api.get(f"/gds/inventory/{address}")).json()
+    asked = {"name": "Press 9", "security_policy": 8, "security_mode": 2}
+    response = await api.post(
+        "/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN, **asked}
+    )
+    assert response.status_code == 400, response.text
+    after = (await api.get(f"/gds/inventory/{address}")).json()
+    assert {key: after[key] for key in (*asked, "pki_endpoint")} == {
+        key: before[key] for key in (*asked, "pki_endpoint")
+    }
+    assert (before["username"], after["username"]) == (None, ADMIN["username"])  # the device accepted it
+
+    # A device the push registered is not left behind by a refused push.
+    newcomer = await simulated_device()
+    response = await api.post("/gds/push", json={"server": "127.0.0.1", "port": newcomer.config.port, **ADMIN, **asked})
+    assert response.status_code == 400, response.text
+    # Refused by the oldest PKI entry that can enroll, which the module's other tests made without credentials too.
+    assert "PKI entry" in response.json()["error"] and "has no" in response.json()["error"]
+    missing = await api.get(f"/gds/inventory/127.0.0.1:{newcomer.config.port}")
+    assert missing.status_code == 404, missing.text
+    assert newcomer.installed_certificates == []
+
+
 async def test_an_est_pki_without_credentials_is_named_when_the_push_enrolls(
     api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice
 ) -> None:
