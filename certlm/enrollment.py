@@ -342,27 +342,30 @@ def _now() -> str:
 async def push_to_address(
     protocol: str, server: str, port: int, settings: dict[str, Any], order: PushOrder
 ) -> dict[str, Any]:
-    """``POST /gds/push`` and ``/gds/push/onboarding``: push to the device at ``server:port``, registering it (with
-    ``settings``) when it is not in the inventory.
+    """``POST /gds/push`` and ``/gds/push/onboarding``: push to the device at ``server:port``, registering it when
+    it is not in the inventory.
 
-    A push that fails changes nothing but what the spec says it keeps: credentials the device accepted, and the
-    failure, recorded as the entry's last push. The entry's ``settings`` (name, security policy and mode) and the
-    PKI chosen for it are stored only with a successful push. A push refused with a 4xx (a PKI entry that cannot be
-    used as configured, a certificate request the PKI refused, a device busy elsewhere) leaves no entry behind
-    either: the device it registered is removed again."""
+    A push that fails changes nothing but what the spec says it keeps: the credentials the device accepted, with the
+    certificate it presented at first contact and the failure recorded as the entry's last push. The entry's
+    ``settings`` (name, security policy and mode) and the PKI chosen for it are stored with a successful push only,
+    and a device the push registered is removed again unless it accepted the connection."""
     entry = await find_entry_at(server, port, protocol)
     registered = entry is None
     if entry is None:
-        entry = await create_entry(protocol, server, port, dict(settings))
-    else:
-        # Used by this push (``device_target``), stored by its success (``_record_success``).
-        entry.update_from_dict(settings)
+        entry = await create_entry(protocol, server, port, {})
+    # Used by this push (``device_target``), stored by its success (``_record_success``).
+    entry.update_from_dict(settings)
     try:
         return await push_certificate(entry, order)
     except APIError as error:
-        if registered and 400 <= error.status < 500:
+        if registered and not _device_accepted_connection(error):
             await entry.delete()
         raise
+
+
+def _device_accepted_connection(error: APIError) -> bool:
+    steps = error.details.get("result", {}).get("steps", [])
+    return any(step.get("step") == "connect" and step.get("ok") for step in steps)
 
 
 async def push_certificate(entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:

@@ -388,10 +388,19 @@ async def test_a_cmp_pki_without_credentials_is_named_before_the_device_is_touch
     assert cmp_requests(plant.server) == []
 
 
-async def test_a_push_the_pki_refuses_stores_no_setting_and_leaves_no_new_entry(
+async def test_a_failed_push_stores_only_the_credentials_the_device_accepted(
+    make_service, est_server: EstTestServer, device: SimulatedDevice, simulated_device: StartDevice
+) -> None:
+    """A failed push changes nothing but what the spec keeps: the credentials the device accepted. A service of its
+    own, so that the EST entry below is the only PKI a new device can be given."""
+    service = await make_service(env=TIMEOUTS)
+    async with service.client() as api:
+        await _push_failures_change_nothing_else(api, est_server, device, simulated_device)
+
+
+async def _push_failures_change_nothing_else(
     api: httpx.AsyncClient, est_server: EstTestServer, device: SimulatedDevice, simulated_device: StartDevice
 ) -> None:
-    """A failed push changes nothing but what the spec keeps: the credentials the device accepted."""
     pki_without_credentials = await create_pki(
         api, pki_type=2, pki_connection=est_server.pki_connection, tls_ca=[est_server.tls_ca_pem]
     )
@@ -409,14 +418,22 @@ async def test_a_push_the_pki_refuses_stores_no_setting_and_leaves_no_new_entry(
     }
     assert (before["username"], after["username"]) == (None, ADMIN["username"])  # the device accepted it
 
-    # A device the push registered is not left behind by a refused push.
+    # A device the push registered is not left behind when it never accepted the connection ...
     newcomer = await simulated_device()
-    response = await api.post("/gds/push", json={"server": "127.0.0.1", "port": newcomer.config.port, **ADMIN, **asked})
-    assert response.status_code == 400, response.text
-    # Refused by the oldest PKI entry that can enroll, which the module's other tests made without credentials too.
-    assert "PKI entry" in response.json()["error"] and "has no" in response.json()["error"]
+    newcomer_address = {"server": "127.0.0.1", "port": newcomer.config.port}
+    wrong_password = {"username": "admin", "password": "not-the-password"}
+    response = await api.post("/gds/push", json={**newcomer_address, **wrong_password, **asked})
+    assert response.status_code == 500, response.text
     missing = await api.get(f"/gds/inventory/127.0.0.1:{newcomer.config.port}")
     assert missing.status_code == 404, missing.text
+    # ... and when it did, it stays registered with the credentials it accepted, not the settings asked for.
+    response = await api.post("/gds/push", json={**newcomer_address, **ADMIN, **asked})
+    assert response.status_code == 400, response.text
+    registered = (await api.get(f"/gds/inventory/127.0.0.1:{newcomer.config.port}")).json()
+    assert registered["username"] == ADMIN["username"]
+    assert (registered["name"], registered["security_policy"], registered["security_mode"]) != (
+        asked["name"], asked["security_policy"], asked["security_mode"]
+    )  # fmt: skip
     assert newcomer.installed_certificates == []
 
 
