@@ -37,9 +37,6 @@ EXAMPLES_PER_OPERATION = int(os.environ.get("CERTLM_FUZZ_EXAMPLES", "25"))
 # devices and PKIs outside 127.0.0.1 (tests/test_demo.py covers it).
 NOT_FUZZED = {("DELETE", "/systeminfo/lic"), ("POST", "/create/dummy-db")}
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
-# Their device failures (500, as the spec says, and 422) wait to be declared with ``@answers`` in
-# certlm/blueprints/push.py, which another change holds; every other status of theirs is checked.
-AWAITING_DECLARATION = {("POST", "/gds/push"), ("POST", "/gds/push/onboarding"), ("POST", "/gds/push/change")}
 
 
 class DialGuard:
@@ -155,12 +152,6 @@ def loopback_only(body: Any, closed_port: int) -> Any:
     return body
 
 
-def documented_status(ctx: Any, response: Any, case: Any) -> bool | None:
-    if (case.method.upper(), case.path) in AWAITING_DECLARATION and response.status_code in (422, 500):
-        return None
-    return status_code_conformance(ctx, response, case)
-
-
 def no_unhandled_error(ctx: Any, response: Any, case: Any) -> bool | None:
     """A 500 is documented where a route answers it on purpose; an unhandled exception never is."""
     if response.status_code == 500:
@@ -183,7 +174,7 @@ def test_api_answers_as_documented(case: Any, dial_guard: DialGuard) -> None:
     case.body = loopback_only(case.body, dial_guard.closed_port)
     case.call_and_validate(
         headers={**(case.headers or {}), **API_KEY_HEADER},
-        checks=[documented_status, content_type_conformance, response_schema_conformance, no_unhandled_error],
+        checks=[status_code_conformance, content_type_conformance, response_schema_conformance, no_unhandled_error],
     )
     assert not dial_guard.refused, f"the app tried to reach beyond 127.0.0.1: {dial_guard.refused}"
 

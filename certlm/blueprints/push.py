@@ -10,7 +10,7 @@ from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
 from certlm.enrollment import ONBOARDING, PUSH, PushOrder, last_recorded, push_certificate, push_to_address
-from certlm.errors import NotFound
+from certlm.errors import NotFound, UnsupportedOperation
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
     GDS,
@@ -20,11 +20,16 @@ from certlm.inventory import (
     find_entry,
     gds_entry_at,
 )
+from certlm.leases import DeviceBusy
+from certlm.openapi import answers
 from certlm.responses import OperationResult
 
 blueprint = Blueprint("push", __name__)
 
 MAX_SUBJECT_CHARS = 1024
+# What a push answers besides bad input: another operation on the device (409), the PKI refusing the certificate
+# request (422), a failure on the way, the device's included (500, as the spec has it), a driver without push (501).
+PUSH_FAILURES = (DeviceBusy, 422, 500, UnsupportedOperation)
 
 
 class PushIn(EntryAddress):
@@ -96,6 +101,7 @@ async def _last_recorded(host_or_url: str, operation: str) -> dict[str, Any]:
 @blueprint.post("/gds/push")
 @validate_response(OperationResult)
 @validate_request(PushIn)
+@answers(*PUSH_FAILURES)
 async def push(data: PushIn) -> dict[str, Any]:
     """Enroll a new certificate into the device and provision its trust list, in one session. Registers a device
     that is not yet in the inventory; credentials given are stored (encrypted) once the device accepted them. At
@@ -108,6 +114,7 @@ async def push(data: PushIn) -> dict[str, Any]:
 @blueprint.post("/gds/push/onboarding")
 @validate_response(OperationResult)
 @validate_request(PushIn)
+@answers(*PUSH_FAILURES)
 async def onboard(data: PushIn) -> dict[str, Any]:
     """First contact with a device, or again after it was replaced or reset: accept and pin the certificate it
     presents, verify the connection, store the credentials, make it trust certlm's CA, then enroll."""
@@ -117,6 +124,7 @@ async def onboard(data: PushIn) -> dict[str, Any]:
 @blueprint.post("/gds/push/change")
 @validate_response(OperationResult)
 @validate_request(RenewalIn)
+@answers(NotFound, *PUSH_FAILURES)
 async def force_renewal(data: RenewalIn) -> dict[str, Any]:
     """Renew the certificate of an inventory entry now, outside the scheduler's cycle, with its stored settings."""
     entry = await gds_entry_at(data.server, data.port)
