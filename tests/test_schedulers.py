@@ -3,6 +3,7 @@ what is due (once), stop for a maintenance window, and record what the devices p
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from certlm.schedulers import ScanContext, ScanReport, Scheduler
 from certlm.storage.models import PkiEntry
+from tests.plugins.gds_push.conftest import NodeOpcuaPeer
 from tests.support import InProcessApp, eventually, free_port
 
 ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
@@ -423,3 +425,43 @@ async def test_a_failing_renewal_backs_off_doubling_and_a_success_resets_it(
         assert len(flaky.installed_certificates) == 2
     finally:
         await flaky.stop()
+
+
+async def test_the_schedulers_renew_and_read_the_independent_node_opcua_peer(plant: Plant, tmp_path: Path) -> None:
+    peer = NodeOpcuaPeer(pki_dir=tmp_path / "pki", log_path=tmp_path / "peer.log")
+    await asyncio.to_thread(peer.start)
+    try:
+        status, body = await plant.call(
+            "POST", "/gds/push/onboarding", {"server": "127.0.0.1", "port": peer.port, **ADMIN}
+        )
+        assert status == 200, body
+        address = quote(peer.url, safe="")
+        onboarded = (await plant.call("GET", f"/gds/inventory/{address}"))[1]["cert_base64"]
+        status, body = await plant.call(
+            "PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": peer.port, "renewal_days": 400}
+        )
+        assert status == 200, body
+        await plant.switch_on("gds_push", 1)
+
+        async def renewed_by_scheduler() -> dict[str, Any] | None:
+            status, record = await plant.call("GET", f"/gds/push/{address}")
+            return record if status == 200 and record["result"]["trigger"] == "scheduler" else None
+
+        record = await eventually(renewed_by_scheduler, "the scheduler renewing the peer", timeout=60)
+        assert record["success"] is True, record
+        status, _ = await plant.call("POST", "/systeminfo", {"gds_push_scheduler_active": False})
+        assert status == 200
+        renewed = (await plant.call("GET", f"/gds/inventory/{address}"))[1]
+        assert renewed["cert_base64"] != onboarded
+        await plant.switch_on("monitor", 1)
+
+        async def read_by_monitor() -> dict[str, Any] | None:
+            schedule = (await plant.call("GET", f"/gds/inventory/{address}"))[1]["schedule"]
+            return schedule if schedule and schedule["last_seen"] else None
+
+        schedule = await eventually(read_by_monitor, "the monitor reading the peer", timeout=60)
+        # What the peer presents is the certificate the scheduler installed: certlm's own, not changed behind its back.
+        assert schedule["certificate_changed_at"] is None and schedule["unreachable_since"] is None
+        assert (await plant.call("GET", f"/gds/inventory/{address}"))[1]["cert_base64"] == renewed["cert_base64"]
+    finally:
+        await asyncio.to_thread(peer.stop)
