@@ -408,6 +408,50 @@ async def test_unreachable_device_answers_within_the_time_out(api: httpx.AsyncCl
     assert monitored.status_code == 500 and "error" in monitored.json()
 
 
+async def test_an_unreachable_device_answers_the_spec_s_status_or_502_with_the_reason_on_every_route(
+    api: httpx.AsyncClient, simulated_device: StartDevice
+) -> None:
+    """The spec gives 500 for the push routes and POST /gds/monitor/crt, 400 for GET /gds/monitor/crt; every other
+    live read answers 502, as any upstream failure does. Each says why."""
+    device = await simulated_device()
+    assert (await api.post("/gds/push/onboarding", json=body_for(device, **ADMIN))).status_code == 200
+    await device.stop()
+    path = path_for(device)
+    address = {"server": "127.0.0.1", "port": device.config.port}
+    answers = {
+        "POST /gds/push": await api.post("/gds/push", json={**address, **ADMIN}),
+        "POST /gds/push/onboarding": await api.post("/gds/push/onboarding", json={**address, **ADMIN}),
+        "POST /gds/push/change": await api.post("/gds/push/change", json=address),
+        "POST /gds/monitor/crt": await api.post(
+            "/gds/monitor/crt", json={"server": "127.0.0.1", "port": str(device.config.port)}
+        ),
+        "GET /gds/monitor/crt": await api.get(f"/gds/monitor/crt/{path}"),
+        "GET /gds/monitor/firmware": await api.get(f"/gds/monitor/firmware/{path}"),
+        "GET /gds/monitor/status": await api.get(f"/gds/monitor/status/{path}"),
+        "GET /gds/monitor/plc": await api.get(f"/gds/monitor/plc/{path}"),
+        "GET /gds/monitor/trustlist": await api.get(f"/gds/monitor/trustlist/{path}"),
+        "POST /gds/monitor/trustlist": await api.post("/gds/monitor/trustlist", json=address),
+        "POST /gds/firmware": await api.post("/gds/firmware", json=address),
+    }
+    statuses = {route: response.status_code for route, response in answers.items()}
+    assert statuses == {
+        "POST /gds/push": 500,
+        "POST /gds/push/onboarding": 500,
+        "POST /gds/push/change": 500,
+        "POST /gds/monitor/crt": 500,
+        "GET /gds/monitor/crt": 400,
+        "GET /gds/monitor/firmware": 502,
+        "GET /gds/monitor/status": 502,
+        "GET /gds/monitor/plc": 502,
+        "GET /gds/monitor/trustlist": 502,
+        "POST /gds/monitor/trustlist": 502,
+        "POST /gds/firmware": 502,
+    }
+    for route, response in answers.items():
+        error = response.json()["error"]
+        assert "connect" in error.lower() and str(device.config.port) in error, (route, error)
+
+
 async def test_pki_refusing_the_request_answers_422_and_leaves_the_device_alone(
     api: httpx.AsyncClient, simulated_device: StartDevice
 ) -> None:
