@@ -47,6 +47,7 @@ from certlm.inventory import (
 from certlm.openapi import answers
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields
 from certlm.responses import OperationResult, StrictBody, operation_result
+from certlm.storage import MAX_ID
 from certlm.storage.models import CaCertificate, InventoryEntry, PkiEntry
 from certlm.system import MAX_RENEWAL_DAYS
 
@@ -56,8 +57,6 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 LOW_LEVEL_TABLES = ("gds", "opc", "ssh", "pki", "ca")
 INVALID_TABLE = "table must contain one of: gds, opc, ssh, pki, ca"
-# Upper bounds that keep values inside the database's 32-bit integer columns.
-MAX_ID = 2**31 - 1
 
 
 class UserInfo(StrictBody):

@@ -28,12 +28,11 @@ from certlm.maintenance import (
 )
 from certlm.openapi import answers
 from certlm.responses import PartialUpdate, parse_id, refuse_null
+from certlm.storage import MAX_ID, row_with_id
 from certlm.storage.models import MaintenanceRule, MaintenanceWindow
 
 blueprint = Blueprint("maintenance", __name__)
 
-# Ids are 32-bit columns; a larger one cannot exist, and PostgreSQL would refuse to compare with it.
-MAX_ID = 2**31 - 1
 MIN_YEAR, MAX_YEAR = 1900, 2999
 
 
@@ -190,14 +189,14 @@ def _window_out(window: MaintenanceWindow, rules: list[MaintenanceRule]) -> Wind
 
 
 async def _window(window_id: int) -> MaintenanceWindow:
-    window = await MaintenanceWindow.get_or_none(id=window_id) if window_id <= MAX_ID else None
+    window = await row_with_id(MaintenanceWindow, window_id)
     if window is None:
         raise NotFound(f"maintenance window {window_id} not found")
     return window
 
 
 async def _rule(rule_id: int) -> MaintenanceRule:
-    rule = await MaintenanceRule.get_or_none(id=rule_id) if rule_id <= MAX_ID else None
+    rule = await row_with_id(MaintenanceRule, rule_id)
     if rule is None:
         raise NotFound(f"maintenance rule {rule_id} not found")
     return rule

@@ -22,6 +22,7 @@ from certlm.openapi import answers, downloads
 from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile, PkiBackend
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields, internal_ca_entry
 from certlm.responses import DownloadQuery, parse_id
+from certlm.storage import row_with_id
 from certlm.storage.models import PkiEntry
 
 blueprint = Blueprint("pki", __name__)
@@ -141,7 +142,7 @@ def render(entry: PkiEntry) -> PkiOut:
 
 
 async def _entry(pki_id: str) -> PkiEntry:
-    entry = await PkiEntry.get_or_none(id=parse_id(pki_id, "pki_id"))
+    entry = await row_with_id(PkiEntry, parse_id(pki_id, "pki_id"))
     if entry is None:
         raise NotFound(f"PKI entry {pki_id} not found")
     return entry

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TypeVar
 
-from tortoise import Tortoise, connections
+from tortoise import Model, Tortoise, connections
 from tortoise.backends.base.config_generator import expand_db_url
 
 from certlm.secretbox import PRIVATE_FILE_MODE, open_private_file
@@ -15,6 +16,14 @@ from certlm.storage.migrations import migrate
 log = logging.getLogger(__name__)
 
 HOST_MODEL_MODULES = ("certlm.storage.models",)
+# Ids are 32-bit columns on both engines: a larger id cannot exist, and PostgreSQL refuses to compare with one.
+MAX_ID = 2**31 - 1
+ModelT = TypeVar("ModelT", bound=Model)
+
+
+async def row_with_id(model: type[ModelT], row_id: int) -> ModelT | None:
+    """The ``model`` row with ``row_id``; None when there is none, or when no row can have that id."""
+    return await model.get_or_none(id=row_id) if 1 <= row_id <= MAX_ID else None
 
 
 def tortoise_config(database_url: str, model_modules: list[str]) -> dict:
