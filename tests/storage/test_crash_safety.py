@@ -53,6 +53,8 @@ async def test_kill_9_under_concurrent_writes_loses_no_acknowledged_row(make_ser
     # Besides what was acknowledged, at most the writes in flight at the kill (one per writer) may have landed.
     assert set(stored) <= set(attempted)
     assert len(set(stored) - set(acknowledged)) <= WRITERS
+    print(f"kill -9 after {len(acknowledged)} acknowledged writes: {len(stored)} rows stored, "
+          f"{len(set(stored) - set(acknowledged))} of them in flight at the kill")  # fmt: skip
 
 
 async def _true_when(condition: bool) -> bool | None:
