@@ -14,7 +14,9 @@ from certlm.auth import install_access_checks, load_or_create_api_key
 from certlm.config import Settings
 from certlm.errors import register_error_handlers
 from certlm.host import Host
+from certlm.identification import IdentificationQueue
 from certlm.licensing import LicenseService
+from certlm.loop_watch import LoopWatch
 from certlm.metrics import SchedulerMetrics
 from certlm.monitoring import monitor_scan
 from certlm.openapi import CertlmOpenAPIProvider
@@ -98,6 +100,7 @@ def create_app(settings: Settings | None = None) -> Quart:
         licenses=LicenseService(settings.license_public_key_file),
         schedulers=Schedulers([Scheduler("gds_push", renewal_scan), Scheduler("monitor", monitor_scan)]),
         metrics=SchedulerMetrics(),
+        identification=IdentificationQueue(settings.identify_concurrency, settings.device_connect_timeout_s),
     )
     for scheduler in host.schedulers.by_name.values():
         scheduler.on_scan_finished.append(host.metrics.scan_finished)
@@ -129,6 +132,12 @@ def create_app(settings: Settings | None = None) -> Quart:
     async def start_storage() -> None:
         host.schema_version = await open_storage(settings.database_url, model_modules)
         host.schedulers.start()
+        host.identification.start()
+
+    if settings.loop_watch:
+        loop_watch = LoopWatch(host.metrics.loop_delay_observed)
+        app.before_serving(loop_watch.start)
+        app.after_serving(loop_watch.stop)
 
     for module_name in BLUEPRINT_MODULES:
         app.register_blueprint(importlib.import_module(module_name).blueprint)
@@ -138,6 +147,7 @@ def create_app(settings: Settings | None = None) -> Quart:
 
     @app.after_serving
     async def stop_storage() -> None:
+        await host.identification.stop()
         await host.schedulers.stop()
         await close_storage()
 

@@ -27,9 +27,13 @@ class Settings:
     device_lease_s: float = 120.0
     # How many devices one scheduler scan works on at once.
     scheduler_concurrency: int = 8
+    # How many registered devices are identified at once (each holds one connection while it is).
+    identify_concurrency: int = 8
     # A device whose automated renewal failed is retried after this, doubling with each failure in a row, capped.
     scheduler_retry_base_s: float = 300.0
     scheduler_retry_max_s: float = 6 * 3600.0
+    # The event loop watchdog behind ``certlm_event_loop_stall_seconds`` (``certlm.loop_watch``).
+    loop_watch: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,12 +63,24 @@ class Settings:
             pki_pending_wait_s=_seconds(env, "CERTLM_PKI_PENDING_WAIT_S", cls.pki_pending_wait_s),
             device_lease_s=_seconds(env, "CERTLM_DEVICE_LEASE_S", cls.device_lease_s),
             scheduler_concurrency=_count(env, "CERTLM_SCHEDULER_CONCURRENCY", cls.scheduler_concurrency),
+            identify_concurrency=_count(env, "CERTLM_IDENTIFY_CONCURRENCY", cls.identify_concurrency),
             scheduler_retry_base_s=_seconds(env, "CERTLM_SCHEDULER_RETRY_BASE_S", cls.scheduler_retry_base_s),
             scheduler_retry_max_s=_seconds(
                 env, "CERTLM_SCHEDULER_RETRY_MAX_S", cls.scheduler_retry_max_s, upper=7 * 24 * 3600
             ),
+            loop_watch=_switch(env, "CERTLM_LOOP_WATCH", cls.loop_watch),
         )
         return replace(settings, **overrides)
+
+
+def _switch(env: dict[str, str], name: str, default: bool) -> bool:
+    """``on`` or ``off`` (also 1/0, true/false) from the environment; start-up fails naming the variable otherwise."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("on", "off", "1", "0", "true", "false"):
+        raise ValueError(f"{name} must be on or off, got {raw!r}")
+    return raw in ("on", "1", "true")
 
 
 def _count(env: dict[str, str], name: str, default: int, upper: int = 256) -> int:

@@ -4,7 +4,6 @@ keeps what the device ended up with. The REST push endpoints and (later) the ren
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 from dataclasses import asdict, dataclass, field, replace
@@ -546,25 +545,10 @@ async def _record_success(
 
 
 async def identify_registered(entry: InventoryEntry) -> None:
-    """Identify a device as it is registered: store the driver its description selects and pin the certificate
-    it presents (registration is an operator's first contact). A device that cannot be reached within the connect
-    time-out keeps the generic driver and no pin; its first push identifies it. The outcome is recorded as
-    ``identify``."""
-    settings = current_host().settings
-    # GetEndpoints, the session and a few reads: a registration answers within a few connect time-outs.
-    budget = 3 * settings.device_connect_timeout_s
-    try:
-        _, description = await asyncio.wait_for(choose_driver(entry, await device_target(entry)), budget)
-    except (APIError, TimeoutError) as error:
-        message = error.message if isinstance(error, APIError) else f"no answer within {budget:g} s"
-        record_operation(entry, "identify", {"success": False, "error": message, "at": _now()})
-        await entry.save(update_fields=["last_result", "updated_at"])
-        log.info("could not identify %s:%s yet: %s", entry.server, entry.port, message)
-        return
-    note = await pin_first_contact(entry, description.certificate)
-    record = {"success": True, "service": entry.service, "first_contact": note, "at": _now()}
-    record_operation(entry, "identify", record)
-    await entry.save(update_fields=["last_result", "updated_at"])
+    """Identify a device as it is registered (``identification.identify_entry``), through the host's one queue of
+    identifications: waits for it within a few connect time-outs, after which ``entry`` holds its driver and pinned
+    certificate; a device not identified by then goes on being identified in the background."""
+    await current_host().identification.identify(entry)
 
 
 async def revoke_on_decommission(entry: InventoryEntry) -> bool:

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     import pluggy
 
     from certlm.config import Settings
+    from certlm.identification import IdentificationQueue
     from certlm.licensing import LicenseService
     from certlm.metrics import SchedulerMetrics
     from certlm.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
@@ -30,6 +31,7 @@ class Host:
     licenses: LicenseService
     schedulers: Schedulers
     metrics: SchedulerMetrics
+    identification: IdentificationQueue
     schema_version: int | None = None
 
 

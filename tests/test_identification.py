@@ -1,0 +1,133 @@
+"""Identifying registered devices through one bounded queue: however many devices are registered at once, and
+however unresponsive they are, certlm holds at most ``CERTLM_IDENTIFY_CONCURRENCY`` connections to identify them,
+and every one of them is tried."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from certlm.storage.models import InventoryEntry
+from tests.support import LicenseKeys, in_process_settings, licensed_app_in_process
+
+CONCURRENCY = 4
+DEVICES = 200
+# Each identification waits this long for the silent device's answer to Hello.
+CONNECT_TIMEOUT_S = 0.1
+
+
+@dataclass
+class SilentDevices:
+    """TCP listeners on 127.0.0.1 that accept connections and never answer, counting the connections open at once."""
+
+    ports: list[int] = field(default_factory=list)
+    accepted: int = 0
+    open_now: int = 0
+    most_open: int = 0
+    connections: set[asyncio.StreamWriter] = field(default_factory=set)
+
+    async def hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        self.connections.add(writer)
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            while await reader.read(4096):  # certlm's Hello, never answered, until certlm hangs up
+                pass
+        finally:
+            self.open_now -= 1
+            self.connections.discard(writer)
+            writer.close()
+
+
+@asynccontextmanager
+async def silent_devices(count: int) -> AsyncIterator[SilentDevices]:
+    devices = SilentDevices()
+    servers = [await asyncio.start_server(devices.hold, "127.0.0.1", 0) for _ in range(count)]
+    devices.ports = [server.sockets[0].getsockname()[1] for server in servers]
+    try:
+        yield devices
+    finally:
+        for server in servers:
+            server.close()
+        for writer in devices.connections:
+            writer.close()
+        for server in servers:
+            await server.wait_closed()
+
+
+async def wait_until(condition, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        await asyncio.sleep(0.05)
+
+
+async def test_registering_many_silent_devices_holds_at_most_the_concurrency_in_connections(
+    tmp_path: Path, license_keys: LicenseKeys
+) -> None:
+    settings = in_process_settings(
+        tmp_path / "data",
+        license_keys,
+        device_connect_timeout_s=CONNECT_TIMEOUT_S,
+        identify_concurrency=CONCURRENCY,
+    )
+    async with (
+        silent_devices(DEVICES) as devices,
+        licensed_app_in_process(settings, license_keys) as (client, headers, _),
+    ):
+
+        async def register(port: int) -> int:
+            body = {"server": "127.0.0.1", "port": port, "userinfo_name": "admin", "userinfo_password": "admin-pw"}
+            response = await client.post("/gds/inventory", json=body, headers=headers)
+            return response.status_code
+
+        started = time.monotonic()
+        statuses = await asyncio.gather(*(register(port) for port in devices.ports))
+        answered_within = time.monotonic() - started
+
+        assert statuses == [200] * DEVICES
+        # A registration waits for its identification at most three connect time-outs, however long the queue.
+        assert answered_within < 3 * CONNECT_TIMEOUT_S + 10
+
+        async def every_entry_tried() -> bool:
+            entries = await InventoryEntry.filter(protocol="gds").all()
+            return len(entries) == DEVICES and all("identify" in (entry.last_result or {}) for entry in entries)
+
+        await wait_until(every_entry_tried, timeout_s=60)
+        assert devices.accepted >= DEVICES, "every device was dialled"
+        assert 1 <= devices.most_open <= CONCURRENCY
+        entries = await InventoryEntry.filter(protocol="gds").all()
+        assert {entry.last_result["identify"]["success"] for entry in entries} == {False}
+        assert {entry.service for entry in entries} == {"gds-push-generic"}
+
+
+async def test_a_device_registered_again_while_queued_is_identified_once(
+    tmp_path: Path, license_keys: LicenseKeys
+) -> None:
+    settings = in_process_settings(
+        tmp_path / "data", license_keys, device_connect_timeout_s=CONNECT_TIMEOUT_S, identify_concurrency=1
+    )
+    async with (
+        silent_devices(2) as devices,
+        licensed_app_in_process(settings, license_keys) as (client, headers, host),
+    ):
+        first, second = devices.ports
+        for port in (first, second):
+            body = {"server": "127.0.0.1", "port": port}
+            assert (await client.post("/gds/inventory", json=body, headers=headers)).status_code == 200
+        accepted_before = devices.accepted
+        entry = await InventoryEntry.get(port=second)
+        async with client.app.app_context():
+            blocker = await InventoryEntry.get(port=first)
+            # The one worker is busy with the first device; the second is asked for three times meanwhile.
+            running = host.identification.enqueue(blocker.id)
+            waits = [host.identification.enqueue(entry.id) for _ in range(3)]
+            assert all(wait is waits[0] for wait in waits)
+            await asyncio.wait_for(asyncio.gather(running, *waits), 10 * CONNECT_TIMEOUT_S + 5)
+
+        assert devices.accepted - accepted_before == 2, "each device dialled once"
