@@ -11,7 +11,9 @@ from typing import Any
 
 from cryptography import x509
 from pydantic import BaseModel, Field, field_validator
+from tortoise import connections
 from tortoise.exceptions import IntegrityError
+from tortoise.transactions import in_transaction
 
 from certlm.certs import common_name, load_pkcs12_base64, spec_datetime
 from certlm.drivers import DeviceTarget, TrustList
@@ -19,14 +21,12 @@ from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
 from certlm.hostspec import DEFAULT_OPCUA_PORT, HostSpec, address_url, valid_server
 from certlm.responses import StrictBody
+from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE, LICENSED_PROTOCOLS
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
 from certlm.system import DEVICE_STATUS_NAMES, SECURITY_MODE_BITS, SECURITY_POLICY_BITS, system_settings
 
 GDS = "gds"
-# Inventory tables whose entries count against the license's endpoint limit.
-LICENSED_PROTOCOLS = ("gds", "opc", "ssh")
 DEVICE_STATUS_ACTIVE = 1
-DEVICE_STATUS_DELETED = 2
 # The keys of ``InventoryEntry.trustlist``: each holds a list of strings (certificates or CRLs, base64 DER).
 TRUST_LIST_FIELDS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
 # The longest device password a request body may carry.
@@ -137,7 +137,7 @@ def _is_ip(server: str) -> bool:
 async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = ("gds", "opc")) -> InventoryEntry:
     """The entry a ``{host_or_url}`` names; 404 if none, 400 if a bare host matches several ports."""
     server = canonical_server(spec.server)
-    query = InventoryEntry.filter(server__iexact=server, protocol__in=protocols)
+    query = InventoryEntry.filter(server_key=server, protocol__in=protocols)
     if spec.port is not None:
         query = query.filter(port=spec.port)
     entries = await query.prefetch_related("pki")
@@ -151,7 +151,7 @@ async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = ("gds", "opc")
 
 async def find_entry_at(server: str, port: int, protocol: str) -> InventoryEntry | None:
     """The entry of one table at exactly ``server:port``, or None."""
-    return await InventoryEntry.get_or_none(server__iexact=canonical_server(server), port=port, protocol=protocol)
+    return await InventoryEntry.get_or_none(server_key=canonical_server(server), port=port, protocol=protocol)
 
 
 async def gds_entry_at(server: str, port: int) -> InventoryEntry:
@@ -203,21 +203,31 @@ def entry_url(entry: InventoryEntry) -> str:
     return device_url(entry.protocol, entry.service, entry.server, entry.port)
 
 
-async def ensure_endpoint_capacity(additional: int = 1) -> None:
-    """403 unless the license allows ``additional`` more managed endpoints.
-
-    Entries of the licensed tables count unless they are marked deleted. A license without a usable
-    ``licensed_endpoints`` allows none (fail closed).
-    """
+async def licensed_endpoint_limit() -> int:
+    """The managed endpoints the license in force allows; none without a usable ``licensed_endpoints`` (fail
+    closed)."""
     status = await current_host().licenses.current()
-    limit = status.licensed_endpoints if status and status.licensed_endpoints is not None else 0
-    used = (
-        await InventoryEntry.filter(protocol__in=LICENSED_PROTOCOLS)
-        .exclude(device_status=DEVICE_STATUS_DELETED)
-        .count()
-    )
-    if used + additional > limit:
+    return status.licensed_endpoints if status and status.licensed_endpoints is not None else 0
+
+
+async def licensed_endpoints_in_use() -> int:
+    """Entries of the licensed tables not marked deleted, as the database's triggers count them
+    (``certlm.storage.migrations.install_endpoint_count``): one row read, however large the inventory. Inside a
+    transaction that inserted an entry, it includes that entry and every concurrent insert committed before."""
+    _, rows = await connections.get("default").execute_query(f"SELECT used FROM {ENDPOINT_COUNT_TABLE} WHERE id = 1")
+    return rows[0]["used"]
+
+
+async def ensure_endpoint_capacity(additional: int = 1) -> None:
+    """403 unless the license allows ``additional`` more managed endpoints; 0 checks, after an insert in the same
+    transaction, that the entries now counted are within the limit (the transaction is then to be rolled back)."""
+    limit = await licensed_endpoint_limit()
+    if await licensed_endpoints_in_use() + additional > limit:
         raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+
+
+def counts_against_license(protocol: str, device_status: int | None) -> bool:
+    return protocol in LICENSED_PROTOCOLS and device_status != DEVICE_STATUS_DELETED
 
 
 async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
@@ -238,28 +248,31 @@ async def create_entry(protocol: str, server: str, port: int | None, columns: di
     if port is None:
         port = default_port(protocol, columns["service"])
     await reject_duplicate(server, port, protocol)
-    if protocol in LICENSED_PROTOCOLS and columns.get("device_status") != DEVICE_STATUS_DELETED:
-        await ensure_endpoint_capacity()
-    try:
-        return await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
-    except IntegrityError:
-        raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
+    async with in_transaction("default"):
+        try:
+            entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
+        except IntegrityError:
+            raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
+        if counts_against_license(protocol, entry.device_status):
+            # Checked after the insert, which counted the entry under the count row's lock: a concurrent insert, by
+            # this instance or another, waits for this transaction and then sees this entry.
+            await ensure_endpoint_capacity(0)
+    return entry
 
 
 async def update_entry(entry: InventoryEntry, columns: dict[str, Any]) -> None:
     """Apply ``columns``; reviving a deleted entry needs license room like creating one."""
-    reviving = (
-        entry.protocol in LICENSED_PROTOCOLS
-        and entry.device_status == DEVICE_STATUS_DELETED
-        and columns.get("device_status", DEVICE_STATUS_DELETED) != DEVICE_STATUS_DELETED
+    reviving = not counts_against_license(entry.protocol, entry.device_status) and counts_against_license(
+        entry.protocol, columns.get("device_status", entry.device_status)
     )
-    if reviving:
-        await ensure_endpoint_capacity()
     entry.update_from_dict(columns)
-    try:
-        await entry.save()
-    except IntegrityError:
-        raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+    async with in_transaction("default"):
+        try:
+            await entry.save()
+        except IntegrityError:
+            raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+        if reviving:
+            await ensure_endpoint_capacity(0)
 
 
 def verified_pkcs12(blob_b64: str, password: str | None, what: str) -> bytes:

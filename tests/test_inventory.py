@@ -20,6 +20,7 @@ from certlm.inventory import (
     create_entry,
     device_target,
     find_entry,
+    find_entry_at,
     forget_stored_trust_lists,
     save_credentials,
     trust_list_fields,
@@ -151,3 +152,22 @@ async def test_forgetting_stored_trust_lists_touches_only_the_parts_masked_of_gd
     assert stored[with_crls.id] is None, "nothing left of it"
     assert stored[without.id] is None
     assert stored[other_table.id] == full
+
+
+async def test_lookups_by_address_use_the_lower_case_server_key_in_any_spelling(in_process: InProcessApp) -> None:
+    async with in_process.context():
+        # Stored as a caller spelled it (the sample database and older versions did so).
+        entry = await InventoryEntry.create(protocol="gds", service="gds-unmanaged", server="PLC-30.Plant.Local")
+        assert entry.server_key == "plc-30.plant.local"
+        assert (await find_entry_at("plc-30.PLANT.local", 4840, "gds")).id == entry.id
+        assert (await find_entry(HostSpec("Plc-30.Plant.Local", None))).id == entry.id
+        with pytest.raises(APIError) as duplicate:
+            await create_entry("gds", "plc-30.plant.local", 4840, {})
+        assert duplicate.value.status == 409
+
+        # A renamed entry is found under its new name only.
+        entry.server = "PLC-31.Plant.Local"
+        await entry.save(update_fields=["server"])
+        assert (await InventoryEntry.get(id=entry.id)).server_key == "plc-31.plant.local"
+        assert await find_entry_at("plc-30.plant.local", 4840, "gds") is None
+        assert (await find_entry_at("plc-31.plant.local", 4840, "gds")).id == entry.id

@@ -16,6 +16,8 @@ from tortoise import Tortoise
 from tortoise.backends.base.client import BaseDBAsyncClient
 from tortoise.transactions import in_transaction
 
+from certlm.storage.models import SERVER_KEY_UNIQUE
+
 log = logging.getLogger(__name__)
 
 
@@ -81,6 +83,84 @@ async def _add_revocation_status_columns(connection: BaseDBAsyncClient, dialect:
             await connection.execute_script(f"ALTER TABLE inventory_entry ADD COLUMN {column} INT NULL")
 
 
+# The inventory tables whose entries count against the license's endpoint limit, and the status that does not count.
+LICENSED_PROTOCOLS = ("gds", "opc", "ssh")
+DEVICE_STATUS_DELETED = 2
+ENDPOINT_COUNT_TABLE = "licensed_endpoint_count"
+_COUNTED_SQL = (
+    f"{{row}}.protocol IN ({', '.join(repr(protocol) for protocol in LICENSED_PROTOCOLS)}) "
+    f"AND {{row}}.device_status <> {DEVICE_STATUS_DELETED}"
+)
+
+
+async def install_endpoint_count(connection: BaseDBAsyncClient, dialect: str) -> None:
+    """The licensed endpoints in use, one row kept by triggers on ``inventory_entry``: every insert, delete or status
+    change, whichever code or instance makes it, moves the count in the same transaction, under the count row's
+    lock, so that a limit check after an insert sees every concurrent insert. Counted afresh from the entries here
+    (not a model: a wipe of every model's rows leaves it, and its triggers bring it to zero)."""
+    await connection.execute_script(
+        f"CREATE TABLE IF NOT EXISTS {ENDPOINT_COUNT_TABLE} (id INT NOT NULL PRIMARY KEY, used INT NOT NULL)"
+    )
+    await connection.execute_script(
+        f"INSERT INTO {ENDPOINT_COUNT_TABLE} (id, used) VALUES (1, (SELECT count(*) FROM inventory_entry AS e "
+        f"WHERE {_COUNTED_SQL.format(row='e')})) ON CONFLICT (id) DO UPDATE SET used = excluded.used"
+    )
+    new, old = _COUNTED_SQL.format(row="NEW"), _COUNTED_SQL.format(row="OLD")
+    status_changed = (
+        "OLD.protocol IS DISTINCT FROM NEW.protocol OR OLD.device_status IS DISTINCT FROM NEW.device_status"
+    )
+    count = f"UPDATE {ENDPOINT_COUNT_TABLE} SET used = used"
+    if dialect == "sqlite":
+        await connection.execute_script(
+            f"CREATE TRIGGER IF NOT EXISTS inventory_entry_count_insert AFTER INSERT ON inventory_entry WHEN {new} "
+            f"BEGIN {count} + 1 WHERE id = 1; END;"
+            f"CREATE TRIGGER IF NOT EXISTS inventory_entry_count_delete AFTER DELETE ON inventory_entry WHEN {old} "
+            f"BEGIN {count} - 1 WHERE id = 1; END;"
+            "CREATE TRIGGER IF NOT EXISTS inventory_entry_count_update AFTER UPDATE OF protocol, device_status "
+            f"ON inventory_entry WHEN {status_changed} BEGIN {count} + ({new}) - ({old}) WHERE id = 1; END;"
+        )
+        return
+    await connection.execute_script(
+        "CREATE OR REPLACE FUNCTION certlm_count_licensed_endpoints() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        "DECLARE delta integer := 0; BEGIN "
+        f"IF TG_OP <> 'DELETE' AND {new} THEN delta := delta + 1; END IF; "
+        f"IF TG_OP <> 'INSERT' AND {old} THEN delta := delta - 1; END IF; "
+        f"IF delta <> 0 THEN {count} + delta WHERE id = 1; END IF; "
+        "RETURN NULL; END $$;"
+        "DROP TRIGGER IF EXISTS inventory_entry_count_insert_delete ON inventory_entry;"
+        "CREATE TRIGGER inventory_entry_count_insert_delete AFTER INSERT OR DELETE ON inventory_entry "
+        "FOR EACH ROW EXECUTE FUNCTION certlm_count_licensed_endpoints();"
+        "DROP TRIGGER IF EXISTS inventory_entry_count_update ON inventory_entry;"
+        "CREATE TRIGGER inventory_entry_count_update AFTER UPDATE OF protocol, device_status ON inventory_entry "
+        f"FOR EACH ROW WHEN ({status_changed}) EXECUTE FUNCTION certlm_count_licensed_endpoints();"
+    )
+
+
+async def _add_server_key_and_endpoint_count(connection: BaseDBAsyncClient, dialect: str) -> None:
+    if not await _column_exists(connection, dialect, "inventory_entry", "server_key"):
+        await connection.execute_script(
+            "ALTER TABLE inventory_entry ADD COLUMN server_key VARCHAR(255) NOT NULL DEFAULT ''"
+        )
+    await connection.execute_script(
+        "UPDATE inventory_entry SET server_key = lower(server) WHERE server_key <> lower(server)"
+    )
+    _, clashes = await connection.execute_query(
+        "SELECT server_key, port, protocol FROM inventory_entry GROUP BY server_key, port, protocol HAVING count(*) > 1"
+    )
+    if clashes:
+        named = ", ".join(f"{row['protocol']} {row['server_key']}:{row['port']}" for row in clashes)
+        raise RuntimeError(
+            f"inventory entries differ only in the case of their server ({named}): delete one of each with the "
+            "previous certlm version, then upgrade"
+        )
+    # The name generate_schemas gives the same unique index on a new database.
+    index = connection.schema_generator(connection)._get_index_name("uid", "inventory_entry", SERVER_KEY_UNIQUE)
+    await connection.execute_script(
+        f'CREATE UNIQUE INDEX IF NOT EXISTS "{index}" ON inventory_entry ({", ".join(SERVER_KEY_UNIQUE)})'
+    )
+    await install_endpoint_count(connection, dialect)
+
+
 async def _scheduler_state_table(connection: BaseDBAsyncClient, dialect: str) -> None:
     # device_schedule is a new table: generate_schemas created it before the steps ran. The step records the version.
     return None
@@ -101,6 +181,11 @@ STEPS: tuple[MigrationStep, ...] = (
         6, "inventory: the CRL check status and revocation reason of the last check", _add_revocation_status_columns
     ),
     MigrationStep(7, "schedulers: per-device state and lease (device_schedule)", _scheduler_state_table),
+    MigrationStep(
+        8,
+        "inventory: the lower-case server lookups use, and the licensed endpoint count kept by triggers",
+        _add_server_key_and_endpoint_count,
+    ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 
@@ -156,6 +241,8 @@ async def migrate(connection: BaseDBAsyncClient) -> int:
     await Tortoise.generate_schemas(safe=True)
     if version is None:
         conflict = "ON CONFLICT (id) DO NOTHING"
+        async with in_transaction("default") as tx:
+            await install_endpoint_count(tx, dialect)
         await connection.execute_query(
             f"INSERT INTO certlm_schema (id, version, updated_at) VALUES (1, {CURRENT_VERSION}, "
             f"CURRENT_TIMESTAMP) {conflict}"

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tortoise import fields
+from tortoise.backends.base.client import BaseDBAsyncClient
 from tortoise.models import Model
+
+# The unique index every lookup of an inventory entry by address uses (``certlm.inventory.find_entry_at``).
+SERVER_KEY_UNIQUE = ("server_key", "port", "protocol")
 
 
 class SchemaVersion(Model):
@@ -105,6 +111,9 @@ class InventoryEntry(Model):
     service = fields.CharField(max_length=128)
     name = fields.CharField(max_length=255, null=True)
     server = fields.CharField(max_length=255)
+    # ``server`` in lower case, set on every save: lookups by address compare it through its unique index, which a
+    # case-insensitive comparison of ``server`` cannot use.
+    server_key = fields.CharField(max_length=255)
     port = fields.IntField(default=4840)
     device_status = fields.IntField(default=1)
     pki: fields.ForeignKeyNullableRelation[PkiEntry] = fields.ForeignKeyField(
@@ -136,7 +145,19 @@ class InventoryEntry(Model):
 
     class Meta:
         table = "inventory_entry"
-        unique_together = (("server", "port", "protocol"),)
+        unique_together = (("server", "port", "protocol"), SERVER_KEY_UNIQUE)
+
+    async def save(
+        self,
+        using_db: BaseDBAsyncClient | None = None,
+        update_fields: Iterable[str] | None = None,
+        force_create: bool = False,
+        force_update: bool = False,
+    ) -> None:
+        self.server_key = self.server.lower()
+        if update_fields is not None and "server" in update_fields:
+            update_fields = [*update_fields, "server_key"]
+        await super().save(using_db, update_fields, force_create, force_update)
 
 
 class DeviceSchedule(Model):

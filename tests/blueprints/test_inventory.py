@@ -3,6 +3,7 @@ low-level /inventory tables, the license endpoint limit and secrets at rest."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -769,6 +770,38 @@ async def test_license_endpoint_limit(make_service, license_keys) -> None:
         assert (
             await api.patch("/gds/inventory", json={"server": first["server"], "device_status": 1})
         ).status_code == 200
+
+
+async def _register_at_once(apis: list[httpx.AsyncClient], count: int) -> list[int]:
+    """The statuses of ``count`` registrations sent at the same time, spread over ``apis``."""
+    posts = (
+        apis[n % len(apis)].post("/gds/inventory", json={"server": f"127.0.9.{n + 1}", "port": 1}) for n in range(count)
+    )
+    return [response.status_code for response in await asyncio.gather(*posts)]
+
+
+@pytest.mark.postgres
+async def test_the_endpoint_limit_holds_for_concurrent_registrations(make_service, database_url, license_keys) -> None:
+    service = await make_service(database_url=database_url, licensed=False)
+    await service.install_license(license_keys.issue(endpoints=5))
+    async with service.client() as api:
+        statuses = await _register_at_once([api], 20)
+        listed = (await api.get("/gds/inventory")).json()
+    assert sorted(statuses) == [200] * 5 + [403] * 15
+    assert len(listed) == 5
+
+
+@pytest.mark.postgres
+async def test_the_endpoint_limit_holds_across_instances_on_one_postgres(make_service, postgres, license_keys) -> None:
+    url = postgres.create_database()
+    first = await make_service(database_url=url, licensed=False)
+    await first.install_license(license_keys.issue(endpoints=6))
+    second = await make_service(database_url=url, licensed=False)
+    async with first.client() as one, second.client() as other:
+        statuses = await _register_at_once([one, other], 24)
+        listed = (await other.get("/gds/inventory")).json()
+    assert sorted(statuses) == [200] * 6 + [403] * 18
+    assert len(listed) == 6
 
 
 @pytest.mark.postgres

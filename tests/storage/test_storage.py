@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 from certlm.storage.migrations import CURRENT_VERSION
 
 PKI_COLUMNS_SINCE_5 = ("redirect_origins", "require_requested_names", "learned_capabilities")
 INVENTORY_COLUMNS_SINCE_6 = ("cert_revocation_status", "cert_revocation_reason")
+VERSION_8_TRIGGERS = ("inventory_entry_count_insert", "inventory_entry_count_delete", "inventory_entry_count_update")
 LEGACY_LAST_RESULT = '{"operation": "push", "success": true, "at": "2025-01-01T00:00:00+00:00"}'
 
 
@@ -25,11 +27,30 @@ async def test_data_survives_restart_on_both_engines(make_service, database_url)
         assert (service.data_dir / "certlm.sqlite3").exists()
 
 
+def _remove_version_8_sqlite(db: sqlite3.Connection) -> None:
+    """What version 8 added: the server_key column with its unique constraint (SQLite drops neither, so the table is
+    made again without them), the endpoint count table and its triggers."""
+    for trigger in VERSION_8_TRIGGERS:
+        db.execute(f"DROP TRIGGER {trigger}")
+    db.execute("DROP TABLE licensed_endpoint_count")
+    (create,) = db.execute("SELECT sql FROM sqlite_master WHERE name = 'inventory_entry'").fetchone()
+    create = re.sub(r'"server_key" VARCHAR\(255\) NOT NULL,\s*', "", create)
+    create = re.sub(r',\s*CONSTRAINT "\w+" UNIQUE \("server_key", "port", "protocol"\)', "", create)
+    columns = ", ".join(row[1] for row in db.execute("PRAGMA table_info(inventory_entry)") if row[1] != "server_key")
+    db.execute("PRAGMA foreign_keys = OFF")
+    db.execute(create.replace("inventory_entry", "inventory_entry_v7", 1))
+    db.execute(f"INSERT INTO inventory_entry_v7 ({columns}) SELECT {columns} FROM inventory_entry")
+    db.execute("DROP TABLE inventory_entry")
+    db.execute("ALTER TABLE inventory_entry_v7 RENAME TO inventory_entry")
+    db.execute("UPDATE certlm_schema SET version = 7")
+
+
 def _downgrade_sqlite_to_version_1(path) -> None:
     """Turn a current database back into what version 1 looked like: rules without cron columns, inventory
     entries without a device description, pinned certificate or revocation status, one last_result record per
     entry."""
     with sqlite3.connect(path) as db:
+        _remove_version_8_sqlite(db)
         db.execute("ALTER TABLE inventory_entry DROP COLUMN device_description")
         db.execute("ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der")
         for column in INVENTORY_COLUMNS_SINCE_6:
@@ -95,7 +116,8 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
     postgres.query(
         url,
         "ALTER TABLE maintenance_rule DROP COLUMN cron; ALTER TABLE maintenance_rule DROP COLUMN duration_minutes;"
-        "ALTER TABLE inventory_entry DROP COLUMN device_description;"
+        + POSTGRES_VERSION_8_REMOVAL
+        + "ALTER TABLE inventory_entry DROP COLUMN device_description;"
         "ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der;"
         + "".join(f"ALTER TABLE inventory_entry DROP COLUMN {column};" for column in INVENTORY_COLUMNS_SINCE_6)
         + "".join(f"ALTER TABLE pki_entry DROP COLUMN {column};" for column in PKI_COLUMNS_SINCE_5)
@@ -127,6 +149,66 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
     assert json.loads(last_result) == {"push": json.loads(LEGACY_LAST_RESULT)}
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
     assert postgres.query(url, "SELECT recurrence_type FROM maintenance_rule").strip() == "daily"
+
+
+POSTGRES_VERSION_8_REMOVAL = (
+    "DROP TABLE licensed_endpoint_count; DROP FUNCTION certlm_count_licensed_endpoints() CASCADE;"
+    "ALTER TABLE inventory_entry DROP COLUMN server_key;"
+)
+# Version 7 entries in several spellings, one of them deleted (it does not count against the license).
+VERSION_7_ENTRIES = (("PLC-20.Plant.Local", 4840, 1), ("plc-21.plant.local", 4840, 0), ("HMI-22", 4841, 2))
+
+
+def _insert_version_7_entries_sql(now: str) -> str:
+    return "".join(
+        "INSERT INTO inventory_entry (protocol, service, server, port, device_status, created_at, updated_at) "
+        f"VALUES ('gds', 'gds-push-generic', '{server}', {port}, {status}, {now}, {now});"
+        for server, port, status in VERSION_7_ENTRIES
+    )
+
+
+async def _assert_version_8_lookups_and_count(service, server_keys: set[str]) -> None:
+    """Every version 7 entry is found in any spelling, and the license counts the two that are not deleted."""
+    assert server_keys == {"plc-20.plant.local", "plc-21.plant.local", "hmi-22"}
+    await service.install_license(service.license_keys.issue(endpoints=3))
+    async with service.client() as client:
+        for server, port, _ in VERSION_7_ENTRIES:
+            found = await client.get(f"/gds/inventory/{server.swapcase()}:{port}")
+            assert found.status_code == 200 and found.json()["server"] == server, found.text
+        duplicate = await client.post("/gds/inventory", json={"server": "plc-20.plant.local", "port": 4840})
+        assert duplicate.status_code == 409, duplicate.text
+        third = await client.post("/gds/inventory", json={"server": "plc-23.plant.local", "port": 1})
+        assert third.status_code == 200, third.text
+        fourth = await client.post("/gds/inventory", json={"server": "plc-24.plant.local", "port": 1})
+        assert fourth.status_code == 403 and "3 endpoints licensed" in fourth.json()["error"]
+
+
+async def test_version_7_sqlite_database_gets_server_keys_and_the_endpoint_count(make_service) -> None:
+    service = await make_service()
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    with sqlite3.connect(database) as db:
+        _remove_version_8_sqlite(db)
+        db.executescript(_insert_version_7_entries_sql("'2025-01-01'"))
+    await service.start()
+    with sqlite3.connect(database) as db:
+        server_keys = {row[0] for row in db.execute("SELECT server_key FROM inventory_entry")}
+        assert db.execute("SELECT used FROM licensed_endpoint_count").fetchone() == (2,)
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+    await _assert_version_8_lookups_and_count(service, server_keys)
+
+
+async def test_version_7_postgres_database_gets_server_keys_and_the_endpoint_count(make_service, postgres) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await service.stop()
+    postgres.query(url, POSTGRES_VERSION_8_REMOVAL + "UPDATE certlm_schema SET version = 7;")
+    postgres.query(url, _insert_version_7_entries_sql("now()"))
+    await service.start()
+    server_keys = set(postgres.query(url, "SELECT server_key FROM inventory_entry").split())
+    assert postgres.query(url, "SELECT used FROM licensed_endpoint_count").strip() == "2"
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    await _assert_version_8_lookups_and_count(service, server_keys)
 
 
 async def test_two_instances_share_one_postgres(make_service, postgres, license_keys) -> None:
