@@ -20,8 +20,13 @@ from certlm.system import system_settings
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+# A stall of the event loop delays every request and device operation of the instance; 50 ms is the budget.
+LOOP_STALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
 class SchedulerMetrics:
-    """This instance's scheduler counters, fed by ``Scheduler.on_scan_finished``."""
+    """This instance's counters: scheduler scans, fed by ``Scheduler.on_scan_finished``, and event loop stalls, fed
+    by ``certlm.loop_watch.LoopWatch``."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -45,6 +50,25 @@ class SchedulerMetrics:
             ["scheduler", "outcome"],
             registry=self.registry,
         )
+
+        self.loop_stall = Histogram(
+            "certlm_event_loop_stall_seconds",
+            "How much later than asked the event loop watchdog's timer fired (every 10 ms)",
+            buckets=LOOP_STALL_BUCKETS,
+            registry=self.registry,
+        )
+        self.longest_loop_stall = Gauge(
+            "certlm_event_loop_longest_stall_seconds",
+            "The longest event loop stall since the instance started",
+            registry=self.registry,
+        )
+        self._longest_loop_stall_s = 0.0
+
+    def loop_delay_observed(self, delay_s: float) -> None:
+        self.loop_stall.observe(delay_s)
+        if delay_s > self._longest_loop_stall_s:
+            self._longest_loop_stall_s = delay_s
+            self.longest_loop_stall.set(delay_s)
 
     def scan_finished(self, scheduler: Scheduler, report: ScanReport, duration_s: float) -> None:
         self.runs.labels(scheduler.name).inc()

@@ -1,0 +1,84 @@
+"""The event loop watchdog: it sees the loop held, and certlm's ``GET /metrics`` shows what it saw."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from certlm.config import Settings
+from certlm.loop_watch import LoopWatch
+from tests.support import LicenseKeys, eventually, in_process_settings, licensed_app_in_process
+
+
+async def ticked(watch: LoopWatch, beyond: int) -> None:
+    async def has_ticked() -> bool:
+        return watch.ticks > beyond
+
+    await eventually(has_ticked, "tick of the loop watch", timeout=10)
+
+
+async def test_a_held_loop_is_seen_as_a_stall_of_about_that_long() -> None:
+    delays: list[float] = []
+    watch = LoopWatch(delays.append)
+    await watch.start()
+    try:
+        await ticked(watch, 0)
+        ticks = watch.ticks
+        time.sleep(0.2)  # the stall to measure: the loop runs nothing else meanwhile
+        await ticked(watch, ticks)
+    finally:
+        await watch.stop()
+    # The watch's timer was due at most one tick into the stall.
+    assert 0.2 - watch.tick_s <= watch.longest_s
+    assert max(delays) == watch.longest_s
+    assert watch.reset_longest() == max(delays)
+    assert watch.longest_s == 0
+
+
+async def stall_samples(client, headers: dict[str, str]) -> dict[str, float]:
+    response = await client.get("/metrics", headers=headers)
+    assert response.status_code == 200
+    text = await response.get_data(as_text=True)
+    return {
+        sample.name + str(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("certlm_event_loop")
+        for sample in family.samples
+    }
+
+
+@pytest.mark.parametrize("switched_on", [True, False])
+async def test_metrics_show_the_loop_stalls_unless_the_watch_is_switched_off(
+    tmp_path, license_keys: LicenseKeys, switched_on: bool
+) -> None:
+    settings = in_process_settings(tmp_path, license_keys, loop_watch=switched_on)
+    async with licensed_app_in_process(settings, license_keys) as (client, headers, _):
+
+        async def observed() -> dict[str, float] | None:
+            samples = await stall_samples(client, headers)
+            return samples if samples["certlm_event_loop_stall_seconds_count[]"] > 0 else None
+
+        if switched_on:
+            samples = await eventually(observed, "event loop stall observation", timeout=10)
+            assert samples["certlm_event_loop_longest_stall_seconds[]"] >= 0
+            assert (
+                samples["certlm_event_loop_stall_seconds_bucket[('le', '0.05')]"]
+                <= samples["certlm_event_loop_stall_seconds_count[]"]
+            )
+        else:
+            # Requests run and time passes on the loop; nothing is watching it.
+            await asyncio.gather(*(client.get("/systeminfo", headers=headers) for _ in range(5)))
+            assert (await stall_samples(client, headers))["certlm_event_loop_stall_seconds_count[]"] == 0
+
+
+@pytest.mark.parametrize("value, expected", [("off", False), ("0", False), ("ON", True), ("", True)])
+def test_the_watch_is_switched_with_certlm_loop_watch(value: str, expected: bool) -> None:
+    assert Settings.from_env({"CERTLM_LOOP_WATCH": value}).loop_watch is expected
+
+
+def test_a_loop_watch_setting_that_is_neither_on_nor_off_stops_the_start() -> None:
+    with pytest.raises(ValueError, match="CERTLM_LOOP_WATCH must be on or off"):
+        Settings.from_env({"CERTLM_LOOP_WATCH": "sometimes"})
