@@ -9,11 +9,12 @@ import calendar
 import re
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, date, datetime, time, timedelta
-from functools import cache, partial
+from functools import cache, lru_cache, partial
 from typing import NamedTuple, Protocol
 from zoneinfo import ZoneInfo, available_timezones
 
 from croniter import CroniterBadDateError, CroniterError, croniter
+from dateutil.parser import parse as parse_datetime
 from dateutil.rrule import rruleset, rrulestr
 
 DEFAULT_TIMEZONE = "Europe/Berlin"
@@ -36,6 +37,14 @@ FALLBACK_ANCHOR = date(1970, 1, 1)
 _REFERENCE_START = datetime(2000, 1, 1)
 _TIME_OF_DAY = re.compile(r"(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d)?")
 _FREQ = re.compile(r"FREQ=([A-Z]+)")
+# The Gregorian calendar repeats every 400 years, weekdays included (146,097 days are 20,871 weeks): days that
+# match a rule's BY filters in none of the years 9600-9999 match in no year at all.
+_CYCLE_START = datetime(9600, 1, 1)
+# Filters that select days; a rule with none of them falls back to its DTSTART's day (RFC 5545 §3.3.10).
+_DAY_FILTERS = ("BYMONTHDAY", "BYYEARDAY", "BYWEEKNO", "BYDAY")
+# What a search over the days a rule's filters select leaves out: these only ever drop occurrences.
+_NARROWING_PARTS = ("INTERVAL", "COUNT", "UNTIL", "BYSETPOS", "BYHOUR", "BYMINUTE", "BYSECOND")
+_ORDINAL = re.compile(r"[+-]?\d+")
 
 
 class WindowSchedule(Protocol):
@@ -341,7 +350,64 @@ def _occurs_on(occurrences: rruleset, day: date) -> bool:
 
 
 def _parse_rrule(text: str, start: datetime) -> rruleset:
-    return rrulestr(text, dtstart=start, forceset=True, cache=True)
+    """The occurrences of ``text`` from ``start`` (unless it has a DTSTART), without its RRULE and EXRULE lines whose
+    filters select no day at all: dateutil would look for their first occurrence up to the year 9999, for seconds,
+    on every query of the set (a daily rule for the 30th of February)."""
+    occurrences = rrulestr(text, dtstart=start, forceset=True, cache=True)
+    lines = text.upper().split()
+    dtstart = next((_line_value(line) for line in lines if _line_name(line) == "DTSTART"), None)
+    kept = [line for line in lines if not _never_selects_a_day(line, dtstart, start)]
+    if len(kept) == len(lines):
+        return occurrences
+    if not any(_line_name(line) in ("RRULE", "RDATE") for line in kept):
+        return rruleset()
+    return rrulestr("\n".join(kept), dtstart=start, forceset=True, cache=True)
+
+
+def _line_name(line: str) -> str:
+    # A bare "FREQ=..." is an RRULE; "RDATE;VALUE=DATE:..." is named before its parameters.
+    return line.split(":", 1)[0].split(";", 1)[0] if ":" in line else "RRULE"
+
+
+def _line_value(line: str) -> str:
+    return line.split(":", 1)[1] if ":" in line else line
+
+
+def _never_selects_a_day(line: str, dtstart: str | None, start: datetime) -> bool:
+    """Whether ``line`` is an RRULE or EXRULE whose BY filters match no day of the calendar (BYMONTH=2 with
+    BYMONTHDAY=30). Decided over one 400-year cycle, searched a year (or month) at a time; False when unsure."""
+    if _line_name(line) not in ("RRULE", "EXRULE"):
+        return False
+    parts = dict(part.partition("=")[::2] for part in _line_value(line).split(";"))
+    frequency = parts.get("FREQ")
+    if frequency not in ("DAILY", "WEEKLY", "MONTHLY", "YEARLY") or "BYEASTER" in parts:
+        # Easter dates do not repeat with the calendar; sub-daily rules are refused before they get here.
+        return False
+    probe = {name: value for name, value in parts.items() if name not in _NARROWING_PARTS}
+    if not any(name in parts for name in _DAY_FILTERS):
+        if frequency in ("DAILY", "WEEKLY"):
+            return False  # every day, or DTSTART's weekday, of the months it names: always some
+        try:
+            first = parse_datetime(dtstart) if dtstart is not None else start
+        except (ValueError, OverflowError):
+            return False  # the rule itself fails to parse, with dateutil's own message
+        probe["BYMONTHDAY"] = str(first.day)
+        if frequency == "YEARLY":
+            probe.setdefault("BYMONTH", str(first.month))
+    if frequency in ("DAILY", "WEEKLY"):
+        # Daily and weekly rules only filter days, and ignore BYDAY's ordinals: a yearly search finds the same days.
+        probe["FREQ"] = "YEARLY"
+        if "BYDAY" in probe:
+            probe["BYDAY"] = _ORDINAL.sub("", probe["BYDAY"])
+    return _selects_no_day(";".join(f"{name}={value}" for name, value in sorted(probe.items())))
+
+
+@lru_cache(maxsize=256)
+def _selects_no_day(probe: str) -> bool:
+    try:
+        return rrulestr(probe, dtstart=_CYCLE_START).after(_CYCLE_START, inc=True) is None
+    except (ValueError, TypeError, OverflowError):
+        return False  # the rule itself fails to parse, with dateutil's own message
 
 
 def _duration(rule: RuleSchedule) -> timedelta:

@@ -479,3 +479,58 @@ def test_bad_rrules(text: str, message: str) -> None:
 def test_good_rrules_are_kept_as_written() -> None:
     for text in ("FREQ=WEEKLY;BYDAY=MO,TH", "DTSTART:20260101T020000\nRRULE:FREQ=MONTHLY;BYMONTHDAY=-1"):
         assert check_rrule(text) == text
+
+
+# Days the calendar never has: dateutil alone looks for them up to the year 9999, seconds for a daily rule.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30",
+        "FREQ=WEEKLY;BYMONTH=4,6;BYMONTHDAY=31",
+        "FREQ=DAILY;BYYEARDAY=366;BYMONTH=1",
+        "FREQ=YEARLY;BYWEEKNO=53;BYMONTH=6",
+        "FREQ=MONTHLY;BYDAY=6MO",
+        "DTSTART:20000131T000000\nRRULE:FREQ=MONTHLY;BYMONTH=2",
+        "RRULE:FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30\nRRULE:FREQ=YEARLY;BYMONTH=11;BYMONTHDAY=31",
+    ],
+)
+def test_rrules_that_can_never_occur_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="the RRULE has no occurrences"):
+        check_rrule(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "FREQ=DAILY;BYMONTH=2;BYMONTHDAY=29;BYDAY=MO",  # 2016, 2044, ...
+        "FREQ=DAILY;BYYEARDAY=366",
+        "FREQ=YEARLY;BYWEEKNO=53",
+        "FREQ=YEARLY;BYMONTH=2;BYDAY=5SU",
+        "FREQ=DAILY;BYDAY=5MO;BYMONTH=2",  # a daily rule's BYDAY ordinal is ignored: every Monday in February
+        "DTSTART:20000131T000000\nRRULE:FREQ=MONTHLY;BYMONTH=3",
+    ],
+)
+def test_rare_rrules_that_do_occur_are_kept(text: str) -> None:
+    assert check_rrule(text) == text
+
+
+def test_an_rrule_that_can_never_occur_leaves_the_rdates_beside_it() -> None:
+    rule = Rule(
+        recurrence_type="rrule",
+        rrule="RDATE:20260606T013000\nRRULE:FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30",
+        duration_minutes=45,
+    )
+    assert check_rrule(rule.rrule) == rule.rrule
+    assert inside(Window(), rule, berlin(2026, 6, 6, 1, 40))
+    assert not inside(Window(), rule, berlin(2026, 6, 7, 1, 40))
+
+
+def test_an_exrule_that_can_never_occur_excludes_nothing() -> None:
+    rule = Rule(
+        recurrence_type="rrule",
+        rrule="RRULE:FREQ=DAILY\nEXRULE:FREQ=DAILY;BYMONTH=4;BYMONTHDAY=31",
+        start_time="01:00",
+        end_time="02:00",
+    )
+    assert inside(Window(), rule, berlin(2026, 4, 30, 1, 30))
+    assert not inside(Window(), rule, berlin(2026, 4, 30, 2, 30))

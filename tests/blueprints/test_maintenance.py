@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 
 async def create_window(api, **fields) -> dict:
@@ -603,3 +605,52 @@ async def test_window_lifecycle_on_both_storage_engines(make_service, database_u
         assert (await api.get("/maintenance/inventory/4294967296")).status_code == 404
         assert (await api.delete(f"/maintenance/inventory/{window['id']}")).status_code == 200
         assert (await api.get("/maintenance/rule")).json() == []
+
+
+# The rule for a day the calendar never has, which dateutil searched for up to the year 9999 on the event loop.
+NEVER_OCCURRING = "FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30"
+
+
+async def loop_stalls_over_half_a_second(api) -> float:
+    """How many times the service's event loop watchdog found the loop held for more than half a second."""
+    response = await api.get("/metrics")
+    assert response.status_code == 200
+    buckets = {
+        sample.labels["le"]: sample.value
+        for family in text_string_to_metric_families(response.text)
+        if family.name == "certlm_event_loop_stall_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_bucket")
+    }
+    return buckets["+Inf"] - buckets["0.5"]
+
+
+async def test_a_rule_that_can_never_occur_is_refused_while_the_loop_keeps_serving(api) -> None:
+    window = await create_window(api, name="Never")
+    stalls_before = await loop_stalls_over_half_a_second(api)
+    refused, listed = await asyncio.gather(
+        api.post(
+            "/maintenance/rule",
+            json={"maintenance_window_id": window["id"], "recurrence_type": "rrule", "rrule": NEVER_OCCURRING},
+        ),
+        api.get(f"/maintenance/inventory/{window['id']}"),
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"].startswith("rrule: ")
+    assert "the RRULE has no occurrences" in refused.json()["error"]
+    assert listed.status_code == 200 and listed.json()["rules"] == []
+    # The search took seconds on the loop; a loaded machine stretches the quick refusal far less than that.
+    assert await loop_stalls_over_half_a_second(api) == stalls_before
+
+
+async def test_a_stored_rule_beside_a_never_occurring_rrule_is_tested_by_its_rdate(api) -> None:
+    window = await create_window(api, name="Only the RDATE")
+    rrule = f"RDATE:20260606T013000\nRRULE:{NEVER_OCCURRING}"
+    rule = await create_rule(api, window["id"], recurrence_type="rrule", rrule=rrule, duration_minutes=45)
+    stalls_before = await loop_stalls_over_half_a_second(api)
+    results = [
+        (await api.post(f"/maintenance/test/{window['id']}", json={"at": at})).json()
+        for at in ("2026-06-06T01:40:00", "2026-06-07T01:40:00")
+    ]
+    assert [(result["inside"], result["matched_rule_id"]) for result in results] == [(True, rule["id"]), (False, None)]
+    assert await loop_stalls_over_half_a_second(api) == stalls_before
