@@ -1,11 +1,15 @@
 """What a push costs a device: the push identifies a device in its own session at first contact, so an onboarding
 opens one encrypted session for identification and push and one to verify, each after one GetEndpoints request.
-Counted by the simulated device itself."""
+Counted by the simulated device itself; certlm's key and certificate are parsed once per identity, not per session."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import httpx
 import pytest
+from asyncua.crypto import uacrypto
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
 from certlm_opcua_simulator.driver import SimulatedPlcDriver
@@ -61,6 +65,40 @@ async def test_first_contact_onboarding_opens_one_session_to_push_and_one_to_ver
     assert renewed.status_code == 200, renewed.text
     assert "identify" not in [step["step"] for step in renewed.json()["result"]["steps"]]
     assert (device.sessions_created, device.endpoint_requests) == (4, 4)
+
+
+def counting(calls: list[str], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(*arguments: Any, **keywords: Any) -> Any:
+        calls.append(name)
+        return function(*arguments, **keywords)
+
+    return counted
+
+
+async def test_asyncua_never_parses_certlms_key_or_certificate_for_a_session(
+    simulated_device: StartDevice,
+    driver: GdsPushDriver,
+    opcua_test_ca: OpcUaTestCa,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A key load validates the RSA key (tens of ms of CPU on the event loop); asyncua's own loaders, which would
+    # parse certlm's key and certificate for every session, are never called.
+    parsed: list[str] = []
+    monkeypatch.setattr(uacrypto, "load_private_key", counting(parsed, "asyncua key", uacrypto.load_private_key))
+    monkeypatch.setattr(
+        uacrypto, "load_certificate", counting(parsed, "asyncua certificate", uacrypto.load_certificate)
+    )
+    device = await simulated_device()
+    target = device_target(device, **ADMIN)
+
+    onboarded = await driver.push(
+        target, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material()
+    )
+    target.pinned_certificate = to_der(onboarded.certificate)
+    await driver.push(target, PushRequest(pinned_certificate=target.pinned_certificate), opcua_test_ca.material())
+
+    assert device.sessions_created == 4
+    assert parsed == []
 
 
 class HostSelection:
