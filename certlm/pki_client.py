@@ -9,6 +9,7 @@ be reached is reported the same way.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import os
 import re
@@ -395,20 +396,28 @@ async def fetch_crl(
             if len(body) > MAX_CRL_BYTES:
                 problems.append(f"{url}: larger than {MAX_CRL_BYTES} bytes")
                 continue
-            try:
-                is_pem = body.lstrip().startswith(b"-----BEGIN")
-                crl = x509.load_pem_x509_crl(body) if is_pem else x509.load_der_x509_crl(body)
-            except ValueError:
-                problems.append(f"{url}: not a CRL")
-                continue
-            if issuers and not crl_signed_by(crl, issuers):
-                signers = "; ".join(issuer.subject.rfc4514_string() for issuer in issuers)
-                problems.append(
-                    f"{url}: refused a CRL of {crl.issuer.rfc4514_string()} that is not signed by the CA ({signers})"
-                )
+            # A CRL of many revocations takes long to parse and to hash for its signature: off the event loop.
+            crl, problem = await asyncio.to_thread(_crl_signed_by_one_of, body, issuers)
+            if crl is None:
+                problems.append(f"{url}: {problem}")
                 continue
             return crl
     raise UpstreamUnavailable("no CRL distribution point delivered a CRL: " + "; ".join(problems))
+
+
+def _crl_signed_by_one_of(
+    body: bytes, issuers: list[x509.Certificate]
+) -> tuple[x509.CertificateRevocationList, None] | tuple[None, str]:
+    """``body`` as a CRL (DER or PEM) signed by one of ``issuers`` (or by anyone, without ``issuers``); else why not."""
+    try:
+        is_pem = body.lstrip().startswith(b"-----BEGIN")
+        crl = x509.load_pem_x509_crl(body) if is_pem else x509.load_der_x509_crl(body)
+    except ValueError:
+        return None, "not a CRL"
+    if issuers and not crl_signed_by(crl, issuers):
+        signers = "; ".join(issuer.subject.rfc4514_string() for issuer in issuers)
+        return None, f"refused a CRL of {crl.issuer.rfc4514_string()} that is not signed by the CA ({signers})"
+    return crl, None
 
 
 # RFC 9110 §15.4: the redirections that name where to send the request instead (300 offers a choice, 304 is a cache

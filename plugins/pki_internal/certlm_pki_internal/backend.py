@@ -61,8 +61,7 @@ class InternalPki(PkiBackend):
             authority = await InternalCa.get_or_none(pki_entry_id=entry.id)
             if authority is not None:
                 return authority
-            key = await asyncio.to_thread(ca.generate_root_key)
-            certificate = ca.create_root(key, entry.id, datetime.now(UTC))
+            key, certificate = await asyncio.to_thread(self._new_root, entry.id)
             key_der = key.private_bytes(
                 serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
             )
@@ -75,6 +74,11 @@ class InternalPki(PkiBackend):
             except IntegrityError:
                 # Another instance on the same database created the root first: everyone uses that one.
                 return await InternalCa.get(pki_entry_id=entry.id)
+
+    @staticmethod
+    def _new_root(pki_id: int) -> tuple[rsa.RSAPrivateKey, x509.Certificate]:
+        key = ca.generate_root_key()
+        return key, ca.create_root(key, pki_id, datetime.now(UTC))
 
     def _signing_material(self, authority: InternalCa) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
         # The stored key is one this backend generated, and SecretBox's authenticated encryption proves it unchanged:
@@ -94,10 +98,16 @@ class InternalPki(PkiBackend):
         # A renewal is an enrollment like any other here: the CSR's own signature is the proof of possession
         # and the CA's policy does not depend on the old certificate.
         authority = await self._authority(entry)
-        ca_certificate, ca_key = self._signing_material(authority)
-        certificate = ca.issue(
-            request.csr, request.profile, ca_certificate, ca_key, self._policy(entry), datetime.now(UTC)
-        )
+        policy = self._policy(entry)
+
+        def sign() -> tuple[x509.Certificate, x509.Certificate]:
+            # Loading the key and the RSA signature take milliseconds each: off the event loop, which serves
+            # every other request meanwhile (OpenSSL releases the GIL while it signs).
+            ca_certificate, ca_key = self._signing_material(authority)
+            issued = ca.issue(request.csr, request.profile, ca_certificate, ca_key, policy, datetime.now(UTC))
+            return issued, ca_certificate
+
+        certificate, ca_certificate = await asyncio.to_thread(sign)
         await IssuedCertificate.create(
             ca_id=authority.id,
             serial_number=f"{certificate.serial_number:X}",
@@ -109,34 +119,34 @@ class InternalPki(PkiBackend):
 
     async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
         authority = await self._authority(entry)
+        # A CRL of many revocations takes long to parse, and longer to sign: both run off the event loop.
         if self._is_fresh(authority, datetime.now(UTC)):
-            return x509.load_der_x509_crl(authority.crl_der)
+            return await asyncio.to_thread(x509.load_der_x509_crl, authority.crl_der)
         async with self._lock, in_transaction() as connection:
             authority = await InternalCa.filter(id=authority.id).using_db(connection).select_for_update().get()
             now = datetime.now(UTC)
             if self._is_fresh(authority, now):
-                return x509.load_der_x509_crl(authority.crl_der)
+                return await asyncio.to_thread(x509.load_der_x509_crl, authority.crl_der)
             # Expired certificates fail validation anyway; RFC 5280 §3.3 lets them leave the CRL.
             revoked = await IssuedCertificate.filter(
                 ca_id=authority.id, revoked_at__isnull=False, not_valid_after__gt=now
             ).using_db(connection)
-            ca_certificate, ca_key = self._signing_material(authority)
-            crl = ca.build_crl(
-                ca_certificate,
-                ca_key,
-                [
-                    ca.Revocation(
-                        serial_number=int(record.serial_number, 16),
-                        revoked_at=record.revoked_at,
-                        reason=x509.ReasonFlags(record.revocation_reason),
-                    )
-                    for record in revoked
-                ],
-                authority.next_crl_number,
-                now,
-            )
+            revocations = [
+                ca.Revocation(
+                    serial_number=int(record.serial_number, 16),
+                    revoked_at=record.revoked_at,
+                    reason=x509.ReasonFlags(record.revocation_reason),
+                )
+                for record in revoked
+            ]
+
+            def sign() -> tuple[x509.CertificateRevocationList, bytes]:
+                ca_certificate, ca_key = self._signing_material(authority)
+                signed = ca.build_crl(ca_certificate, ca_key, revocations, authority.next_crl_number, now)
+                return signed, signed.public_bytes(serialization.Encoding.DER)
+
+            crl, authority.crl_der = await asyncio.to_thread(sign)
             authority.next_crl_number += 1
-            authority.crl_der = crl.public_bytes(serialization.Encoding.DER)
             authority.crl_last_update = now
             await authority.save(using_db=connection)
             return crl
