@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import re
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 from cryptography import x509
@@ -21,6 +24,7 @@ from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
 from certlm.hostspec import DEFAULT_OPCUA_PORT, HostSpec, address_url, valid_server
 from certlm.responses import StrictBody
+from certlm.storage import MAX_ID
 from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE, LICENSED_PROTOCOLS
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
 from certlm.system import DEVICE_STATUS_NAMES, SECURITY_MODE_BITS, SECURITY_POLICY_BITS, system_settings
@@ -198,7 +202,7 @@ def device_url(protocol: str, service: str | None, server: str, port: int) -> st
     return address_url(driver.url_scheme if driver is not None else None, server, port)
 
 
-def entry_url(entry: InventoryEntry) -> str:
+def entry_url(entry: InventoryEntry | SimpleNamespace) -> str:
     """The spec's ``url`` of an inventory entry: ``opc.tcp://host:4840`` for an OPC UA device (``device_url``)."""
     return device_url(entry.protocol, entry.service, entry.server, entry.port)
 
@@ -317,6 +321,66 @@ async def listed_entries(protocols: tuple[str, ...]) -> list[InventoryEntry]:
     return await query.order_by("id")
 
 
+class ListingPage(BaseModel):
+    """Paging of an inventory listing (an extension of the spec): without ``limit``, every entry after ``after_id``."""
+
+    limit: int | None = Field(default=None, ge=1, le=MAX_ID, description="At most this many entries")
+    after_id: int = Field(
+        default=0, ge=0, le=MAX_ID, description="Only entries with a larger id: the last id of the previous page"
+    )
+
+
+# Entries read and rendered at a time by a listing: each batch is a few milliseconds of the event loop, and a
+# listing of any size holds no more than one batch in memory.
+LISTING_BATCH = 500
+_LISTED_COLUMNS = (
+    "id", "name", "protocol", "service", "server", "port", "device_status", "pki_id", "security_policy",
+    "security_mode", "renewal_days", "certificate_der", "cert_revoked",
+)  # fmt: skip
+
+
+async def listing_json(protocols: tuple[str, ...], page: ListingPage) -> AsyncIterator[str]:
+    """The listing of ``protocols`` (``listed_entries``) as a JSON array of Inventory entries in id order, made and
+    sent a batch at a time: the event loop serves other requests between batches. To run in the request's context
+    (``quart.stream_with_context``)."""
+    active_only = not (await system_settings()).show_inactive_devices
+    after_id, remaining = page.after_id, page.limit
+    separator = ""
+    yield "["
+    while remaining is None or remaining > 0:
+        size = LISTING_BATCH if remaining is None else min(LISTING_BATCH, remaining)
+        query = InventoryEntry.filter(protocol__in=protocols, id__gt=after_id)
+        if active_only:
+            query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
+        rows = await query.order_by("id").limit(size).values(*_LISTED_COLUMNS)
+        if rows:
+            rendered = await _render_rows(rows)
+            yield separator + json.dumps(rendered)[1:-1]
+            separator = ","
+            after_id = rows[-1]["id"]
+        if len(rows) < size:
+            break
+        if remaining is not None:
+            remaining -= len(rows)
+    yield "]"
+
+
+async def _render_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Inventory entries as JSON values, from their columns, with usernames and scheduler states read in one query
+    each."""
+    ids = [row["id"] for row in rows]
+    credentials = await DeviceCredential.filter(entry_id__in=ids).values("entry_id", "username")
+    usernames = {row["entry_id"]: row["username"] for row in credentials}
+    schedules = {
+        row["entry_id"]: ScheduleOut.model_validate(row).model_dump(mode="json")
+        for row in await DeviceSchedule.filter(entry_id__in=ids).values("entry_id", *ScheduleOut.model_fields)
+    }
+    return [
+        {**_render(SimpleNamespace(**row), usernames.get(row["id"])), "schedule": schedules.get(row["id"])}
+        for row in rows
+    ]
+
+
 async def device_target(entry: InventoryEntry) -> DeviceTarget:
     """What a driver needs to reach ``entry``, with its stored credentials decrypted for this call."""
     secrets = current_host().secrets
@@ -349,11 +413,11 @@ def bit_names(mask: int | None, bits: list[dict[str, Any]]) -> list[str]:
     return [bit["name"] for bit in bits if bit["bit"] is not None and mask & bit["mask"]]
 
 
-def entry_certificate(entry: InventoryEntry) -> x509.Certificate | None:
+def entry_certificate(entry: InventoryEntry | SimpleNamespace) -> x509.Certificate | None:
     return x509.load_der_x509_certificate(entry.certificate_der) if entry.certificate_der else None
 
 
-def _render(entry: InventoryEntry, username: str | None) -> dict[str, Any]:
+def _render(entry: InventoryEntry | SimpleNamespace, username: str | None) -> dict[str, Any]:
     certificate = entry_certificate(entry)
     now = datetime.now(UTC)
     pki_id = entry.pki_id  # type: ignore[attr-defined]
@@ -397,21 +461,6 @@ async def render_entry(entry: InventoryEntry, username: str | None = None) -> di
         username = credential.username if credential else None
     schedule = await DeviceSchedule.filter(entry_id=entry.id).values(*ScheduleOut.model_fields)
     return {**_render(entry, username), "schedule": _schedule_view(schedule[0] if schedule else None)}
-
-
-async def render_entries(entries: list[InventoryEntry]) -> list[InventoryEntryOut]:
-    """Inventory entries for a listing, with their usernames and scheduler states read in one query each."""
-    ids = [e.id for e in entries]
-    credentials = await DeviceCredential.filter(entry_id__in=ids).values("entry_id", "username")
-    usernames = {row["entry_id"]: row["username"] for row in credentials}
-    schedules = {
-        row["entry_id"]: row
-        for row in await DeviceSchedule.filter(entry_id__in=ids).values("entry_id", *ScheduleOut.model_fields)
-    }
-    return [
-        InventoryEntryOut(**_render(entry, usernames.get(entry.id)), schedule=_schedule_view(schedules.get(entry.id)))
-        for entry in entries
-    ]
 
 
 async def entry_out(entry: InventoryEntry) -> InventoryEntryOut:

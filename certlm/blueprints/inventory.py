@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from quart import Blueprint
-from quart_schema import validate_request, validate_response
+from quart import Blueprint, Response, stream_with_context
+from quart_schema import document_response, validate_querystring, validate_request, validate_response
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
@@ -27,6 +27,7 @@ from certlm.inventory import (
     GDS,
     EntryAddress,
     InventoryEntryOut,
+    ListingPage,
     TrustListOut,
     checked_server,
     checked_service,
@@ -37,8 +38,8 @@ from certlm.inventory import (
     find_entry_at,
     gds_entry_at,
     listed_entries,
+    listing_json,
     reject_duplicate,
-    render_entries,
     save_credentials,
     trust_list_view,
     update_entry,
@@ -129,26 +130,36 @@ async def _ensure_pki_exists(pki_id: int | None, field: str) -> None:
         raise APIError(f"{field}: no PKI entry with id {pki_id}")
 
 
+def _streamed_listing(protocols: tuple[str, ...], page: ListingPage) -> Response:
+    return Response(stream_with_context(listing_json)(protocols, page), mimetype="application/json")
+
+
 @blueprint.get("/inventory")
-@validate_response(list[InventoryEntryOut])
-async def list_all_entries() -> list[InventoryEntryOut]:
-    """Entries of every table (gds, opc, ssh, rest). Inactive and deleted entries only when
-    ``show_inactive_devices`` is set."""
-    return await render_entries(await listed_entries(("gds", "opc", "ssh", "rest")))
+@validate_querystring(ListingPage)
+@document_response(list[InventoryEntryOut])
+async def list_all_entries(query_args: ListingPage) -> Response:
+    """Entries of every table (gds, opc, ssh, rest) in id order. Inactive and deleted entries only when
+    ``show_inactive_devices`` is set. ``limit`` and ``after_id`` page the listing (an extension)."""
+    return _streamed_listing(("gds", "opc", "ssh", "rest"), query_args)
 
 
 @blueprint.get("/gds/inventory")
-@validate_response(list[InventoryEntryOut])
-async def list_gds_entries() -> list[InventoryEntryOut]:
-    """The GDS inventory. Inactive and deleted entries only when ``show_inactive_devices`` is set."""
-    return await render_entries(await listed_entries((GDS,)))
+@validate_querystring(ListingPage)
+@document_response(list[InventoryEntryOut])
+async def list_gds_entries(query_args: ListingPage) -> Response:
+    """The GDS inventory in id order, streamed. Inactive and deleted entries only when ``show_inactive_devices`` is
+    set. Without query parameters every entry; ``limit`` with ``after_id`` (the last id of the previous page) pages
+    it (an extension)."""
+    return _streamed_listing((GDS,), query_args)
 
 
 @blueprint.get("/ssh/inventory")
-@validate_response(list[InventoryEntryOut])
-async def list_ssh_entries() -> list[InventoryEntryOut]:
-    """The SSH inventory. Inactive and deleted entries only when ``show_inactive_devices`` is set."""
-    return await render_entries(await listed_entries(("ssh",)))
+@validate_querystring(ListingPage)
+@document_response(list[InventoryEntryOut])
+async def list_ssh_entries(query_args: ListingPage) -> Response:
+    """The SSH inventory in id order. Inactive and deleted entries only when ``show_inactive_devices`` is set.
+    ``limit`` and ``after_id`` page the listing (an extension)."""
+    return _streamed_listing(("ssh",), query_args)
 
 
 @blueprint.get("/gds/inventory/trustlist")

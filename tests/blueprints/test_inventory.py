@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from certlm.certs import sha1_fingerprint, to_pem
 from tests.crypto_factory import pkcs12_base64, self_signed
@@ -453,6 +454,70 @@ async def test_inactive_and_deleted_entries_are_listed_only_when_asked(service, 
     finally:
         await api.post("/systeminfo", json={"show_inactive_devices": False})
     assert inactive["id"] not in await listed("/gds/inventory")
+
+
+def _insert_entries_directly(service, count: int) -> None:
+    """``count`` active GDS entries written straight into the database, as a large plant's would be."""
+    with closing(sqlite3.connect(service.data_dir / "certlm.sqlite3", timeout=10)) as db, db:
+        db.executemany(
+            "INSERT INTO inventory_entry (protocol, service, server, server_key, port, device_status, created_at, "
+            "updated_at) VALUES ('gds', 'gds-push-generic', ?, ?, 1, 1, '2025-01-01', '2025-01-01')",
+            [(f"bulk-{n}.plant.local", f"bulk-{n}.plant.local") for n in range(count)],
+        )
+
+
+async def test_the_streamed_listing_shows_each_entry_as_its_own_get_does(make_service) -> None:
+    certificate, _ = self_signed(common_name="plc-listed")
+    service = await make_service()
+    async with service.client() as api:
+        with_credentials = await create_gds(api, server=unique_host(), userinfo_name="op", userinfo_password="pw")
+        with_certificate = await create_gds(api, server=unique_host(), security_policy=8, renewal_days=10)
+        _insert_entries_directly(service, 1203)  # more than two batches of the listing
+        with closing(sqlite3.connect(service.data_dir / "certlm.sqlite3", timeout=10)) as db, db:
+            db.execute(
+                "UPDATE inventory_entry SET certificate_der = ?, cert_revoked = 0 WHERE id = ?",
+                (certificate.public_bytes(serialization.Encoding.DER), with_certificate["id"]),
+            )
+            db.execute(
+                "INSERT INTO device_schedule (entry_id, renewal_failures, last_seen, updated_at) "
+                "VALUES (?, 2, '2025-03-01 10:00:00+00:00', '2025-03-01')",
+                (with_certificate["id"],),
+            )
+        response = await api.get("/gds/inventory")
+        listed = response.json()
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+        assert len(listed) == 1205
+        assert [entry["id"] for entry in listed] == sorted(entry["id"] for entry in listed)
+        by_id = {entry["id"]: entry for entry in listed}
+        for entry_id, server in [(with_credentials["id"], with_credentials["server"]),
+                                 (with_certificate["id"], with_certificate["server"]),
+                                 (listed[700]["id"], listed[700]["server"])]:  # fmt: skip
+            single = (await api.get(f"/gds/inventory/{server}")).json()
+            assert by_id[entry_id] == single
+    assert by_id[with_credentials["id"]]["username"] == "op"
+    assert by_id[with_certificate["id"]]["cert_subject_cn"] == "plc-listed"
+    assert by_id[with_certificate["id"]]["schedule"]["renewal_failures"] == 2
+
+
+async def test_a_listing_is_paged_by_limit_and_after_id(make_service) -> None:
+    service = await make_service()
+    _insert_entries_directly(service, 1100)
+    async with service.client() as api:
+        whole = (await api.get("/gds/inventory")).json()
+        pages, after_id = [], 0
+        while True:
+            page = (await api.get("/gds/inventory", params={"limit": 600, "after_id": after_id})).json()
+            if not page:
+                break
+            assert len(page) <= 600
+            pages += page
+            after_id = page[-1]["id"]
+        assert pages == whole
+        assert (await api.get("/gds/inventory", params={"limit": 3})).json() == whole[:3]
+        assert (await api.get("/gds/inventory", params={"after_id": whole[-2]["id"]})).json() == whole[-1:]
+        for bad in ({"limit": 0}, {"limit": "many"}, {"after_id": -1}):
+            refused = await api.get("/gds/inventory", params=bad)
+            assert refused.status_code == 400 and "error" in refused.json(), refused.text
 
 
 async def test_ssh_inventory_lists_ssh_entries_only(api) -> None:
