@@ -13,12 +13,18 @@ from types import SimpleNamespace
 from typing import Any
 
 from cryptography import x509
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from tortoise import connections
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
-from certlm.certs import common_name, load_pkcs12_base64, spec_datetime
+from certlm.certs import (
+    PKCS12_MAX_PASSWORD_CHARS,
+    PKCS12_MIN_BASE64_CHARS,
+    common_name,
+    load_pkcs12_base64,
+    spec_datetime,
+)
 from certlm.drivers import DeviceTarget, TrustList
 from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
@@ -27,7 +33,13 @@ from certlm.responses import StrictBody
 from certlm.storage import MAX_ID
 from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE, LICENSED_PROTOCOLS
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
-from certlm.system import DEVICE_STATUS_NAMES, SECURITY_MODE_BITS, SECURITY_POLICY_BITS, system_settings
+from certlm.system import (
+    DEVICE_STATUS_NAMES,
+    MAX_RENEWAL_DAYS,
+    SECURITY_MODE_BITS,
+    SECURITY_POLICY_BITS,
+    system_settings,
+)
 
 GDS = "gds"
 DEVICE_STATUS_ACTIVE = 1
@@ -45,6 +57,61 @@ class EntryAddress(StrictBody):
     @classmethod
     def server_is_host(cls, value: str) -> str:
         return checked_server(value)
+
+
+class UserInfo(StrictBody):
+    """The user identity certlm presents to the device: a name and password, a PKCS#12, or both."""
+
+    userinfo_name: str | None = Field(default=None, min_length=1, max_length=255)
+    userinfo_password: str | None = Field(default=None, max_length=PKCS12_MAX_PASSWORD_CHARS)
+    userinfo_pkcs12_base64: str | None = Field(default=None, min_length=PKCS12_MIN_BASE64_CHARS)
+    userinfo_pkcs12_password: str | None = Field(default=None, max_length=PKCS12_MAX_PASSWORD_CHARS)
+
+    @model_validator(mode="after")
+    def parts_come_in_pairs(self) -> UserInfo:
+        if (self.userinfo_name is None) != (self.userinfo_password is None):
+            raise ValueError("userinfo_name and userinfo_password must be given together")
+        if self.userinfo_pkcs12_password is not None and self.userinfo_pkcs12_base64 is None:
+            raise ValueError("userinfo_pkcs12_password needs userinfo_pkcs12_base64")
+        return self
+
+    def has_credentials(self) -> bool:
+        return self.userinfo_name is not None or self.userinfo_pkcs12_base64 is not None
+
+    def verified_credentials(self) -> dict[str, Any]:
+        """The ``save_credentials`` arguments this body gives, its PKCS#12 proven to open (400 otherwise)."""
+        credentials: dict[str, Any] = {}
+        if self.userinfo_name is not None:
+            credentials.update(username=self.userinfo_name, password=self.userinfo_password)
+        if self.userinfo_pkcs12_base64 is not None:
+            credentials.update(
+                pkcs12=verified_pkcs12(
+                    self.userinfo_pkcs12_base64, self.userinfo_pkcs12_password, "userinfo_pkcs12_base64"
+                ),
+                pkcs12_password=self.userinfo_pkcs12_password,
+            )
+        return credentials
+
+
+_GDS_COLUMNS = {"name", "device_status", "pki", "security_policy", "security_mode", "renewal_days"}
+
+
+class GdsEntryIn(EntryAddress, UserInfo):
+    """``POST`` and ``PATCH /gds/inventory``; on PATCH only the fields given change."""
+
+    name: str | None = Field(default=None, max_length=255)
+    device_status: int | None = Field(default=None, ge=0, le=2, description="0 inactive, 1 active, 2 deleted")
+    pki: int | None = Field(default=None, ge=0, le=MAX_ID, description="Id of the PKI entry")
+    security_policy: int | None = Field(default=None, ge=0, le=63, description="Security policy bitmask")
+    security_mode: int | None = Field(default=None, ge=0, le=7, description="Security mode bitmask")
+    renewal_days: int | None = Field(default=None, ge=0, le=MAX_RENEWAL_DAYS)
+
+    def entry_columns(self) -> dict[str, Any]:
+        """The inventory columns this body sets (``pki`` is the ``pki_id`` column)."""
+        given = self.model_dump(include=set(self.model_fields_set) & _GDS_COLUMNS)
+        if "pki" in given:
+            given["pki_id"] = given.pop("pki")
+        return given
 
 
 class ScheduleOut(BaseModel):

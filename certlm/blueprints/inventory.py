@@ -8,14 +8,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from quart import Blueprint, Response, stream_with_context
-from quart_schema import document_response, validate_querystring, validate_request, validate_response
+from quart import Blueprint, Response, request, stream_with_context
+from quart_schema import document_request, document_response, validate_querystring, validate_request, validate_response
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
 from certlm.certs import (
-    PKCS12_MAX_PASSWORD_CHARS,
-    PKCS12_MIN_BASE64_CHARS,
     load_certificate,
     sha1_fingerprint,
     to_pem,
@@ -26,9 +24,11 @@ from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
     GDS,
     EntryAddress,
+    GdsEntryIn,
     InventoryEntryOut,
     ListingPage,
     TrustListOut,
+    UserInfo,
     checked_server,
     checked_service,
     create_entry,
@@ -43,11 +43,11 @@ from certlm.inventory import (
     save_credentials,
     trust_list_view,
     update_entry,
-    verified_pkcs12,
 )
+from certlm.inventory_import import ImportQuery, ImportResult, ImportRows, import_gds_entries, parse_import
 from certlm.openapi import answers
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields
-from certlm.responses import OperationResult, StrictBody, operation_result
+from certlm.responses import OperationResult, operation_result
 from certlm.storage import MAX_ID
 from certlm.storage.models import CaCertificate, InventoryEntry, PkiEntry
 from certlm.system import MAX_RENEWAL_DAYS
@@ -60,40 +60,6 @@ LOW_LEVEL_TABLES = ("gds", "opc", "ssh", "pki", "ca")
 INVALID_TABLE = "table must contain one of: gds, opc, ssh, pki, ca"
 
 
-class UserInfo(StrictBody):
-    """The user identity certlm presents to the device: a name and password, a PKCS#12, or both."""
-
-    userinfo_name: str | None = Field(default=None, min_length=1, max_length=255)
-    userinfo_password: str | None = Field(default=None, max_length=PKCS12_MAX_PASSWORD_CHARS)
-    userinfo_pkcs12_base64: str | None = Field(default=None, min_length=PKCS12_MIN_BASE64_CHARS)
-    userinfo_pkcs12_password: str | None = Field(default=None, max_length=PKCS12_MAX_PASSWORD_CHARS)
-
-    @model_validator(mode="after")
-    def parts_come_in_pairs(self) -> UserInfo:
-        if (self.userinfo_name is None) != (self.userinfo_password is None):
-            raise ValueError("userinfo_name and userinfo_password must be given together")
-        if self.userinfo_pkcs12_password is not None and self.userinfo_pkcs12_base64 is None:
-            raise ValueError("userinfo_pkcs12_password needs userinfo_pkcs12_base64")
-        return self
-
-    def has_credentials(self) -> bool:
-        return self.userinfo_name is not None or self.userinfo_pkcs12_base64 is not None
-
-    def verified_credentials(self) -> dict[str, Any]:
-        """The ``save_credentials`` arguments this body gives, its PKCS#12 proven to open (400 otherwise)."""
-        credentials: dict[str, Any] = {}
-        if self.userinfo_name is not None:
-            credentials.update(username=self.userinfo_name, password=self.userinfo_password)
-        if self.userinfo_pkcs12_base64 is not None:
-            credentials.update(
-                pkcs12=verified_pkcs12(
-                    self.userinfo_pkcs12_base64, self.userinfo_pkcs12_password, "userinfo_pkcs12_base64"
-                ),
-                pkcs12_password=self.userinfo_pkcs12_password,
-            )
-        return credentials
-
-
 class UserCredentialsIn(EntryAddress, UserInfo):
     """``/gds/inventory/user``: the entry's address and at least one credential."""
 
@@ -102,27 +68,6 @@ class UserCredentialsIn(EntryAddress, UserInfo):
         if not self.has_credentials():
             raise ValueError("At least one of userinfo_name with userinfo_password, userinfo_pkcs12_base64 is required")
         return self
-
-
-_GDS_COLUMNS = {"name", "device_status", "pki", "security_policy", "security_mode", "renewal_days"}
-
-
-class GdsEntryIn(EntryAddress, UserInfo):
-    """``POST`` and ``PATCH /gds/inventory``; on PATCH only the fields given change."""
-
-    name: str | None = Field(default=None, max_length=255)
-    device_status: int | None = Field(default=None, ge=0, le=2, description="0 inactive, 1 active, 2 deleted")
-    pki: int | None = Field(default=None, ge=0, le=MAX_ID, description="Id of the PKI entry")
-    security_policy: int | None = Field(default=None, ge=0, le=63, description="Security policy bitmask")
-    security_mode: int | None = Field(default=None, ge=0, le=7, description="Security mode bitmask")
-    renewal_days: int | None = Field(default=None, ge=0, le=MAX_RENEWAL_DAYS)
-
-    def entry_columns(self) -> dict[str, Any]:
-        """The inventory columns this body sets (``pki`` is the ``pki_id`` column)."""
-        given = self.model_dump(include=set(self.model_fields_set) & _GDS_COLUMNS)
-        if "pki" in given:
-            given["pki_id"] = given.pop("pki")
-        return given
 
 
 async def _ensure_pki_exists(pki_id: int | None, field: str) -> None:
@@ -198,6 +143,22 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     entry = await _store_gds_entry(data)
     await identify_registered(entry)
     return await entry_out(entry)
+
+
+@blueprint.post("/gds/inventory/import")
+@validate_querystring(ImportQuery)
+@document_request(ImportRows)
+@validate_response(ImportResult)
+@answers(409)
+async def import_gds_inventory(query_args: ImportQuery) -> ImportResult:
+    """Register many GDS entries at once: a JSON array of ``POST /gds/inventory`` bodies, at most 10,000 rows
+    (``certlm import`` sends a CSV file's rows so). The answer has each row's result (row number,
+    ``server:port``, ok or the error). ``mode=atomic`` (default) stores every row or none: 400 with the per-row results
+    when a row is refused (invalid, twice in the file, already in the inventory), 403 when the rows exceed the
+    license's free endpoints. ``mode=per_row`` stores each good row while the license has room. Imported devices are
+    not contacted now; each is identified at its first push."""
+    rows = parse_import(await request.get_data(), request.mimetype)
+    return await import_gds_entries(rows, query_args.mode)
 
 
 @blueprint.patch("/gds/inventory")
