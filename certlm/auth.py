@@ -8,9 +8,11 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
-from quart import Quart, request
+from quart import Quart, current_app, request
 
 from certlm.errors import APIError, Forbidden, Unauthorized
 from certlm.host import current_host
@@ -33,6 +35,27 @@ OPEN_ROUTES: frozenset[tuple[str, str]] = frozenset(
 )
 # URL rules that need the API key but no license, so that a license can be installed at all.
 LICENSE_EXEMPT_RULES: frozenset[str] = frozenset({"/systeminfo/lic"})
+# Every request body is JSON, unless the route declares more with ``takes_body``.
+JSON = "application/json"
+BODY_MEDIA_TYPES_ATTRIBUTE = "_certlm_body_media_types"
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+def takes_body(media_type: str, description: str) -> Callable[[View], View]:
+    """Declare that a route takes a request body in ``media_type`` as well as JSON, parsing it itself: the
+    content-type check lets it through and ``/openapi.json`` documents it as text with ``description``."""
+
+    def declare(view: View) -> View:
+        setattr(view, BODY_MEDIA_TYPES_ATTRIBUTE, {**body_media_types(view), media_type: description})
+        return view
+
+    return declare
+
+
+def body_media_types(view: Callable[..., Any] | None) -> dict[str, str]:
+    """The media types other than JSON a route takes (``takes_body``), with their descriptions."""
+    return getattr(view, BODY_MEDIA_TYPES_ATTRIBUTE, {})
 
 
 def load_or_create_api_key(path: Path) -> str:
@@ -88,5 +111,11 @@ def install_access_checks(app: Quart) -> None:
     @app.before_request
     async def check_content_type() -> None:
         has_body = request.method in ("POST", "PATCH", "PUT", "DELETE") and (request.content_length or 0) > 0
-        if has_body and request.mimetype != "application/json":
-            raise APIError(f"unsupported content type {request.mimetype or 'none'!r}: send application/json", 415)
+        if not has_body or request.mimetype == JSON:
+            return
+        rule = request.url_rule
+        accepted = [JSON, *body_media_types(current_app.view_functions.get(rule.endpoint) if rule else None)]
+        if request.mimetype not in accepted:
+            raise APIError(
+                f"unsupported content type {request.mimetype or 'none'!r}: send {' or '.join(accepted)}", 415
+            )

@@ -29,7 +29,10 @@ from certlm.storage.models import InventoryEntry, PkiEntry
 
 # The most rows one import takes; a larger export is imported in several files.
 MAX_IMPORT_ROWS = 10_000
-IMPORT_MEDIA_TYPES = ("application/json", "text/csv")
+CSV_IMPORT_DESCRIPTION = (
+    "UTF-8 CSV: a header row naming fields of POST /gds/inventory (server among them, each once), then one entry a "
+    "line; an empty cell leaves the field out"
+)
 _INTEGER_COLUMNS = frozenset({"port", "device_status", "pki", "security_policy", "security_mode", "renewal_days"})
 # Rows looked up or inserted per query.
 _BATCH = 500

@@ -3,8 +3,9 @@ an operation can answer (errors as ``{error}``), binary media types, redirects, 
 
 What follows from the route itself is derived here (a body, a query or a path can be refused with 400; a non-open
 route answers 401, a license-gated one 403; a path naming an entry answers 404; a body can be too large, 413, or not
-JSON, 415). What only the code behind a route knows, the route declares with ``answers``, ``downloads`` or
-``redirects``; plugins' routes do the same.
+JSON, 415; a body in another media type a route takes, declared with ``certlm.auth.takes_body``). What only the code
+behind a route knows, the route declares with ``answers``, ``downloads`` or ``redirects``; plugins' routes do the
+same.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from quart_schema.openapi import OpenAPIProvider
 from werkzeug.routing import Rule
 
-from certlm.auth import LICENSE_EXEMPT_RULES, is_open
+from certlm.auth import LICENSE_EXEMPT_RULES, body_media_types, is_open
 from certlm.errors import APIError
 from certlm.responses import refuse_null
 
@@ -36,7 +37,7 @@ ERROR_DESCRIPTIONS = {
     404: "Not found",
     409: "Conflicts with what is stored",
     413: "Request body too large",
-    415: "Request body is not application/json",
+    415: "Request body is not application/json (nor another media type the operation documents)",
     422: "The certificate request could not be validated, so no certificate was provisioned",
     500: "Server failure",
     501: "The driver or PKI backend of the entry does not offer this operation",
@@ -132,6 +133,11 @@ def complete_operation(method: str, rule: Rule, view: Callable[..., Any], operat
     for status in sorted(error_statuses(method, rule, operation, getattr(view, ERRORS_ATTRIBUTE, ()))):
         responses.setdefault(status, error_response(status))
     operation = {**operation, "responses": responses}
+    if "requestBody" in operation and (other_bodies := body_media_types(view)):
+        content = {media_type: {"schema": {"type": "string", "description": description}}
+                   for media_type, description in other_bodies.items()}  # fmt: skip
+        body = operation["requestBody"]
+        operation["requestBody"] = {**body, "content": {**body["content"], **content}}
     if is_open(method, rule.rule):
         operation["security"] = []
     return operation

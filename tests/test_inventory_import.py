@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
-from certlm.errors import APIError
 from certlm.inventory_import import MAX_IMPORT_ROWS, parse_import
+
+CSV = {"Content-Type": "text/csv"}
 
 
 def hosts(count: int) -> list[str]:
@@ -43,8 +44,7 @@ async def test_per_row_mode_stores_the_good_rows_and_names_what_is_wrong_with_th
     await api.post("/gds/inventory", json={"server": known, "port": 1})
     csv = (f"server,port,name,pki\n{good},1,Good,\n{known},1,Known,\n{twice},2,,\n{twice},2,,\n{other},abc,,\n"
            f"{other},3,,999999\n")  # fmt: skip
-    rows = parse_import(csv.encode(), "text/csv")
-    response = await api.post("/gds/inventory/import?mode=per_row", json=rows)
+    response = await api.post("/gds/inventory/import?mode=per_row", content=csv, headers=CSV)
     assert response.status_code == 200, response.text
     result = response.json()
     assert (result["mode"], result["imported"], result["failed"]) == ("per_row", 2, 4)
@@ -92,27 +92,73 @@ async def test_the_license_limit_holds_for_imports(make_service, license_keys) -
 TOO_MANY = "server\n" + "".join(f"plc-{n}.plant.local\n" for n in range(MAX_IMPORT_ROWS + 1))
 
 
+async def test_a_csv_import_registers_its_rows_as_post_would(api) -> None:
+    first, second = hosts(2)
+    csv = f'\ufeffserver,port,name,device_status\n{first},4841,"Press, 1",\n{second},,,0\n'
+    response = await api.post("/gds/inventory/import", content=csv.encode(), headers=CSV)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert (result["mode"], result["imported"], result["failed"]) == ("atomic", 2, 0)
+    assert [(row["row"], row["address"], row["ok"]) for row in result["rows"]] == [
+        (1, f"{first}:4841", True), (2, f"{second}:4840", True)
+    ]  # fmt: skip
+    stored = (await api.get(f"/gds/inventory/{first}:4841")).json()
+    assert (stored["id"], stored["name"]) == (result["rows"][0]["id"], "Press, 1")
+    assert (await api.get(f"/gds/inventory/{second}")).json()["device_status"] == 0
+
+
 @pytest.mark.parametrize(
     ("body", "error"),
     [
         (b'server,port\n"plc-1,1\n', "the CSV import is malformed at line"),
+        (b'server,port\npl"c-1,1\n"x"y,1\n', "the CSV import is malformed at line 3"),
         (b"server,port\nplc-\xff,1\n", "the CSV import is not UTF-8: byte 16 is 0xff"),
         (b"server,port\nplc-\x00,1\n", "the CSV import contains a NUL character"),
         (b"port,name\n1,x\n", "the CSV header row must name each column once, server among them"),
         (b"server,colour\nplc-1,red\n", "the CSV header row must name each column once"),
         (b"server,server\nplc-1,plc-2\n", "the CSV header row must name each column once"),
         (b"server,port\nplc-1\n", "CSV line 2 has 1 fields, the header 2"),
-        (b"", "the CSV import is empty"),
+        (b"server,port\nplc-1,1,extra\n", "CSV line 2 has 3 fields, the header 2"),
+        (b"\n\n", "the CSV import is empty"),
         (b"server,port\n", "the import holds no rows"),
         (TOO_MANY.encode(), f"the import holds {MAX_IMPORT_ROWS + 1} rows, at most"),
     ],
-    ids=["unterminated quote", "not UTF-8", "NUL", "no server column", "unknown column", "column twice",
-         "short line", "empty", "header only", "too many rows"],
+    ids=["unterminated quote", "quote inside a field", "not UTF-8", "NUL", "no server column", "unknown column",
+         "column twice", "short line", "long line", "empty", "header only", "too many rows"],
 )  # fmt: skip
-def test_a_bad_csv_file_is_refused(body: bytes, error: str) -> None:
-    with pytest.raises(APIError) as refused:
-        parse_import(body, "text/csv")
-    assert refused.value.status == 400 and refused.value.message.startswith(error)
+async def test_a_bad_csv_file_is_refused_naming_the_problem_and_stores_nothing(api, body: bytes, error: str) -> None:
+    before = await gds_count(api)
+    response = await api.post("/gds/inventory/import?mode=per_row", content=body, headers=CSV)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith(error)
+    assert await gds_count(api) == before
+
+
+async def test_a_csv_over_the_body_limit_is_refused_with_413(api) -> None:
+    before = await gds_count(api)
+    rows = "".join(f"plc-{n:07d}.plant.local,4840,Press {n}\n" for n in range(40_000))  # about 1.5 MiB
+    response = await api.post("/gds/inventory/import", content=f"server,port,name\n{rows}".encode(), headers=CSV)
+    assert response.status_code == 413
+    assert await gds_count(api) == before
+
+
+async def test_an_atomic_csv_import_with_a_refused_row_answers_every_rows_result(api) -> None:
+    good, bad = hosts(2)
+    before = await gds_count(api)
+    response = await api.post("/gds/inventory/import", content=f"server,port\n{good},1\n{bad},70000\n", headers=CSV)
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"] == "1 of 2 rows refused: nothing imported"
+    assert [(row["ok"], row["id"]) for row in body["rows"]] == [(True, None), (False, None)]
+    assert "port" in body["rows"][1]["error"]
+    assert await gds_count(api) == before
+
+
+async def test_openapi_documents_the_csv_body(api) -> None:
+    document = (await api.get("/openapi.json")).json()
+    content = document["paths"]["/gds/inventory/import"]["post"]["requestBody"]["content"]
+    assert set(content) == {"application/json", "text/csv"}
+    assert content["text/csv"]["schema"]["type"] == "string"
 
 
 def test_csv_cells_become_the_json_fields_of_post() -> None:
@@ -134,7 +180,7 @@ TOO_MANY_JSON = json.dumps([{"server": f"plc-{n}"} for n in range(MAX_IMPORT_ROW
         (b"[]", "application/json", 400, "the import holds no rows"),
         (b'[{"server": "plc-\xff"}]', "application/json", 400, "request body is not UTF-8"),
         (TOO_MANY_JSON, "application/json", 400, f"the import holds {MAX_IMPORT_ROWS + 1} rows, at most"),
-        (b"server\nplc-1\n", "text/plain", 415, "unsupported content type"),
+        (b"server\nplc-1\n", "text/plain", 415, "unsupported content type 'text/plain': send application/json or"),
         (b"[" + b" " * (1024 * 1024) + b"]", "application/json", 413, ""),
     ],
     ids=["not an array", "bad JSON", "empty array", "not UTF-8", "too many rows", "other media type", "huge body"],
@@ -156,3 +202,9 @@ async def test_an_unknown_mode_and_rows_that_are_no_objects_are_refused(api) -> 
     assert result["rows"][0] == {"row": 1, "address": None, "ok": False, "id": None,
                                  "error": "an entry is a JSON object, not list"}  # fmt: skip
     assert result["rows"][1]["ok"] is True
+
+
+async def test_only_the_import_route_takes_csv(api) -> None:
+    response = await api.post("/gds/inventory", content=f"server\n{hosts(1)[0]}\n", headers=CSV)
+    assert response.status_code == 415
+    assert response.json()["error"] == "unsupported content type 'text/csv': send application/json"

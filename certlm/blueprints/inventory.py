@@ -13,6 +13,7 @@ from quart_schema import document_request, document_response, validate_querystri
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
+from certlm.auth import takes_body
 from certlm.certs import (
     load_certificate,
     sha1_fingerprint,
@@ -44,7 +45,14 @@ from certlm.inventory import (
     trust_list_view,
     update_entry,
 )
-from certlm.inventory_import import ImportQuery, ImportResult, ImportRows, import_gds_entries, parse_import
+from certlm.inventory_import import (
+    CSV_IMPORT_DESCRIPTION,
+    ImportQuery,
+    ImportResult,
+    ImportRows,
+    import_gds_entries,
+    parse_import,
+)
 from certlm.openapi import answers
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields
 from certlm.responses import OperationResult, operation_result
@@ -149,14 +157,17 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 @validate_querystring(ImportQuery)
 @document_request(ImportRows)
 @validate_response(ImportResult)
+@takes_body("text/csv", CSV_IMPORT_DESCRIPTION)
 @answers(409)
 async def import_gds_inventory(query_args: ImportQuery) -> ImportResult:
-    """Register many GDS entries at once: a JSON array of ``POST /gds/inventory`` bodies, at most 10,000 rows
-    (``certlm import`` sends a CSV file's rows so). The answer has each row's result (row number,
-    ``server:port``, ok or the error). ``mode=atomic`` (default) stores every row or none: 400 with the per-row results
-    when a row is refused (invalid, twice in the file, already in the inventory), 403 when the rows exceed the
-    license's free endpoints. ``mode=per_row`` stores each good row while the license has room. Imported devices are
-    not contacted now; each is identified at its first push."""
+    """Register many GDS entries at once: a JSON array of ``POST /gds/inventory`` bodies, or CSV (``text/csv``, UTF-8)
+    with a header row naming those fields, at most 10,000 rows (``certlm import FILE`` sends a file). The answer has
+    each row's result (row number, ``server:port``, ok with the new id, or the error). ``mode=atomic`` (default)
+    stores every row or none: 400 with the per-row results when a row is refused (invalid, twice in the file, already
+    in the inventory), 403 when the rows exceed the license's free endpoints. ``mode=per_row`` stores each good row
+    while the license has room. A file that cannot be read as rows (malformed CSV or JSON, no header, unknown
+    columns) is 400 naming the problem. Imported devices are not contacted now; each is identified at its first
+    push."""
     rows = parse_import(await request.get_data(), request.mimetype)
     return await import_gds_entries(rows, query_args.mode)
 
