@@ -1,8 +1,9 @@
-"""The ``certlm`` command: the license commands as a licensing desk uses them and the license they make, and what
-``certlm serve`` writes to the console and to its log file."""
+"""The ``certlm`` command: the license commands as a licensing desk uses them and the license they make, what
+``certlm serve`` writes to the console and to its log file, and ``certlm import`` against a running service."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -10,6 +11,7 @@ import socket
 import stat
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,8 @@ from tests.support import LicenseKeys, RunningService, free_port
 from tests.test_demo import MAX_CONSOLE_LINE
 
 
-def certlm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "certlm", *args], capture_output=True, text=True, timeout=60)
+def certlm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "certlm", *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_keygen_issue_and_validate(tmp_path: Path) -> None:
@@ -159,3 +161,112 @@ def test_rotated_log_files_are_private_too(tmp_path: Path) -> None:
     files = sorted(path.name for path in tmp_path.iterdir())
     assert files == ["certlm.log", "certlm.log.1", "certlm.log.2"]
     assert {stat.S_IMODE((tmp_path / name).stat().st_mode) for name in files} == {0o600}
+
+
+# --- certlm import ---------------------------------------------------------------------------------------------------
+
+
+def plc_hosts(count: int) -> list[str]:
+    prefix = uuid.uuid4().hex[:8]
+    return [f"plc-{prefix}-{n}.plant.local" for n in range(count)]
+
+
+def certlm_import(service: RunningService, file: Path, *args: str) -> subprocess.CompletedProcess:
+    key_file = service.data_dir / "secrets" / "certlm_api_key.txt"
+    return certlm("import", str(file), "--url", service.url, "--api-key-file", str(key_file), *args)
+
+
+async def registered(service: RunningService, host: str) -> bool:
+    async with service.client() as api:
+        return (await api.get(f"/gds/inventory/{host}:1")).status_code == 200
+
+
+async def test_import_registers_a_csv_file_and_prints_each_row(service, tmp_path: Path) -> None:
+    first, second = plc_hosts(2)
+    file = tmp_path / "plant.csv"
+    file.write_text(f"server,port,name\n{first},1,Press 1\n{second},1,Press 2\n")
+    result = certlm_import(service, file)
+    assert result.returncode == 0, result.stderr
+    async with service.client() as api:
+        ids = [(await api.get(f"/gds/inventory/{host}:1")).json()["id"] for host in (first, second)]
+    assert result.stdout.splitlines() == [
+        f"row 1\t{first}:1\tok, id {ids[0]}",
+        f"row 2\t{second}:1\tok, id {ids[1]}",
+        "2 imported, 0 failed (atomic)",
+    ]
+
+
+async def test_import_sends_a_json_file_with_the_data_directorys_key(service, tmp_path: Path) -> None:
+    (host,) = plc_hosts(1)
+    file = tmp_path / "plant.json"
+    file.write_text(json.dumps([{"server": host, "port": 1, "name": "Drive 7"}]))
+    env = {name: value for name, value in os.environ.items() if not name.startswith("CERTLM_")}
+    env["CERTLM_DATA_DIR"] = str(service.data_dir)
+    result = certlm("import", str(file), "--url", service.url, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "1 imported, 0 failed (atomic)"
+    assert await registered(service, host)
+
+
+async def test_an_atomic_import_with_a_bad_row_stores_nothing_and_fails(service, tmp_path: Path) -> None:
+    good, bad = plc_hosts(2)
+    file = tmp_path / "plant.csv"
+    file.write_text(f"server,port\n{good},1\n{bad},70000\n")
+    result = certlm_import(service, file, "--mode", "atomic")
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"row 1\t{good}:1\tok, not imported"
+    assert lines[1].startswith(f"row 2\t{bad}:70000\terror: ") and "port" in lines[1]
+    assert lines[2] == "1 of 2 rows refused: nothing imported (atomic)"
+    assert not await registered(service, good)
+
+
+async def test_a_per_row_import_with_a_bad_row_stores_the_others_and_fails(service, tmp_path: Path) -> None:
+    good, bad = plc_hosts(2)
+    file = tmp_path / "plant.csv"
+    file.write_text(f"server,port\n{good},1\n{bad},70000\n")
+    result = certlm_import(service, file, "--mode", "per_row")
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"row 1\t{good}:1\tok, id ")
+    assert lines[1].startswith(f"row 2\t{bad}:70000\terror: ")
+    assert lines[2] == "1 imported, 1 failed (per_row)"
+    assert await registered(service, good)
+
+
+async def test_import_says_why_when_the_service_refuses_the_file(service, tmp_path: Path) -> None:
+    file = tmp_path / "plant.csv"
+    file.write_text("port,name\n1,Press\n")
+    result = certlm_import(service, file)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"certlm: {service.url} refused the import (HTTP 400): the CSV header row must")
+    wrong_key = tmp_path / "wrong-key.txt"
+    wrong_key.write_text("not-the-key-of-this-service\n")
+    result = certlm("import", str(file), "--url", service.url, "--api-key-file", str(wrong_key))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"certlm: {service.url} refused the import (HTTP 401): invalid API key"
+
+
+def test_import_of_a_missing_file_fails_clearly(tmp_path: Path) -> None:
+    key_file = tmp_path / "key.txt"
+    key_file.write_text("some-api-key-of-enough-length\n")
+    result = certlm("import", str(tmp_path / "absent.csv"), "--api-key-file", str(key_file))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"certlm: cannot read {tmp_path / 'absent.csv'}: No such file or directory"
+    other = tmp_path / "plant.xlsx"
+    other.write_bytes(b"PK")
+    result = certlm("import", str(other), "--api-key-file", str(key_file))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"certlm: {other} is neither .csv nor .json"
+
+
+def test_import_to_an_unreachable_service_fails_clearly(tmp_path: Path) -> None:
+    file = tmp_path / "plant.csv"
+    file.write_text("server\nplc-1.plant.local\n")
+    key_file = tmp_path / "key.txt"
+    key_file.write_text("some-api-key-of-enough-length\n")
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result = certlm("import", str(file), "--url", url, "--api-key-file", str(key_file))
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"certlm: cannot reach {url}/gds/inventory/import?mode=atomic: ")
+    assert "Connection refused" in result.stderr and "Traceback" not in result.stderr
