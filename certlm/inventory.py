@@ -29,6 +29,7 @@ from certlm.drivers import DeviceTarget, TrustList
 from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
 from certlm.hostspec import DEFAULT_OPCUA_PORT, HostSpec, address_url, valid_server
+from certlm.registry import DeviceDriverRegistry
 from certlm.responses import StrictBody
 from certlm.storage import MAX_ID
 from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE, LICENSED_PROTOCOLS
@@ -262,16 +263,19 @@ def default_port(protocol: str, service: str | None = None) -> int:
     return driver.default_port if driver is not None else DEFAULT_OPCUA_PORT
 
 
-def device_url(protocol: str, service: str | None, server: str, port: int) -> str:
+def device_url(
+    protocol: str, service: str | None, server: str, port: int, drivers: DeviceDriverRegistry | None = None
+) -> str:
     """The URL of the device at ``server:port`` in table ``protocol``, in the scheme of the driver that manages it
-    (``DeviceDriverRegistry.driver_of``); ``server:port`` when no installed plugin manages it."""
-    driver = current_host().drivers.driver_of(protocol, service)
+    (``DeviceDriverRegistry.driver_of``); ``server:port`` when no installed plugin manages it. A caller rendering
+    many entries passes the host's ``drivers`` once rather than have each URL look the host up."""
+    driver = (drivers or current_host().drivers).driver_of(protocol, service)
     return address_url(driver.url_scheme if driver is not None else None, server, port)
 
 
-def entry_url(entry: InventoryEntry | SimpleNamespace) -> str:
+def entry_url(entry: InventoryEntry | SimpleNamespace, drivers: DeviceDriverRegistry | None = None) -> str:
     """The spec's ``url`` of an inventory entry: ``opc.tcp://host:4840`` for an OPC UA device (``device_url``)."""
-    return device_url(entry.protocol, entry.service, entry.server, entry.port)
+    return device_url(entry.protocol, entry.service, entry.server, entry.port, drivers)
 
 
 async def licensed_endpoint_limit() -> int:
@@ -421,8 +425,8 @@ async def listing_json(protocols: tuple[str, ...], page: ListingPage) -> AsyncIt
             query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
         rows = await query.order_by("id").limit(size).values(*_LISTED_COLUMNS)
         if rows:
-            rendered = await _render_rows(rows)
-            yield separator + json.dumps(rendered)[1:-1]
+            rendered = await _render_rows(rows, after_id)
+            yield separator + json.dumps(rendered, separators=(",", ":"), check_circular=False)[1:-1]
             separator = ","
             after_id = rows[-1]["id"]
         if len(rows) < size:
@@ -432,18 +436,20 @@ async def listing_json(protocols: tuple[str, ...], page: ListingPage) -> AsyncIt
     yield "]"
 
 
-async def _render_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _render_rows(rows: list[dict[str, Any]], after_id: int) -> list[dict[str, Any]]:
     """Inventory entries as JSON values, from their columns, with usernames and scheduler states read in one query
-    each."""
-    ids = [row["id"] for row in rows]
-    credentials = await DeviceCredential.filter(entry_id__in=ids).values("entry_id", "username")
+    each. ``rows`` are the listed entries with ids above ``after_id``, in id order."""
+    # An id range, not an IN list of the batch's ids: building a 500-parameter query cost more than the query.
+    batch = {"entry_id__gt": after_id, "entry_id__lte": rows[-1]["id"]}
+    credentials = await DeviceCredential.filter(**batch).values("entry_id", "username")
     usernames = {row["entry_id"]: row["username"] for row in credentials}
     schedules = {
         row["entry_id"]: ScheduleOut.model_validate(row).model_dump(mode="json")
-        for row in await DeviceSchedule.filter(entry_id__in=ids).values("entry_id", *ScheduleOut.model_fields)
+        for row in await DeviceSchedule.filter(**batch).values("entry_id", *ScheduleOut.model_fields)
     }
+    drivers = current_host().drivers
     return [
-        {**_render(SimpleNamespace(**row), usernames.get(row["id"])), "schedule": schedules.get(row["id"])}
+        {**_render(SimpleNamespace(**row), usernames.get(row["id"]), drivers), "schedule": schedules.get(row["id"])}
         for row in rows
     ]
 
@@ -484,14 +490,16 @@ def entry_certificate(entry: InventoryEntry | SimpleNamespace) -> x509.Certifica
     return x509.load_der_x509_certificate(entry.certificate_der) if entry.certificate_der else None
 
 
-def _render(entry: InventoryEntry | SimpleNamespace, username: str | None) -> dict[str, Any]:
+def _render(
+    entry: InventoryEntry | SimpleNamespace, username: str | None, drivers: DeviceDriverRegistry | None = None
+) -> dict[str, Any]:
     certificate = entry_certificate(entry)
     now = datetime.now(UTC)
     pki_id = entry.pki_id  # type: ignore[attr-defined]
     return {
         "id": entry.id,
         "name": entry.name,
-        "url": entry_url(entry),
+        "url": entry_url(entry, drivers),
         "service": entry.service,
         "server": entry.server,
         "port": entry.port,
