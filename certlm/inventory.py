@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import json
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 from cryptography import x509
 from pydantic import BaseModel, Field, field_validator, model_validator
 from tortoise import connections
@@ -410,14 +410,14 @@ _LISTED_COLUMNS = (
 )  # fmt: skip
 
 
-async def listing_json(protocols: tuple[str, ...], page: ListingPage) -> AsyncIterator[str]:
+async def listing_json(protocols: tuple[str, ...], page: ListingPage) -> AsyncIterator[bytes]:
     """The listing of ``protocols`` (``listed_entries``) as a JSON array of Inventory entries in id order, made and
     sent a batch at a time: the event loop serves other requests between batches. To run in the request's context
     (``quart.stream_with_context``)."""
     active_only = not (await system_settings()).show_inactive_devices
     after_id, remaining = page.after_id, page.limit
-    separator = ""
-    yield "["
+    separator = b""
+    yield b"["
     while remaining is None or remaining > 0:
         size = LISTING_BATCH if remaining is None else min(LISTING_BATCH, remaining)
         query = InventoryEntry.filter(protocol__in=protocols, id__gt=after_id)
@@ -426,14 +426,15 @@ async def listing_json(protocols: tuple[str, ...], page: ListingPage) -> AsyncIt
         rows = await query.order_by("id").limit(size).values(*_LISTED_COLUMNS)
         if rows:
             rendered = await _render_rows(rows, after_id)
-            yield separator + json.dumps(rendered, separators=(",", ":"), check_circular=False)[1:-1]
-            separator = ","
+            # orjson: at 100,000 entries the standard library's encoder alone took a quarter of a second.
+            yield separator + orjson.dumps(rendered)[1:-1]
+            separator = b","
             after_id = rows[-1]["id"]
         if len(rows) < size:
             break
         if remaining is not None:
             remaining -= len(rows)
-    yield "]"
+    yield b"]"
 
 
 async def _render_rows(rows: list[dict[str, Any]], after_id: int) -> list[dict[str, Any]]:
