@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from certlm.storage.models import InventoryEntry
-from tests.support import LicenseKeys, in_process_settings, licensed_app_in_process
+from tests.support import LicenseKeys, eventually, in_process_settings, licensed_app_in_process
 
 CONCURRENCY = 4
 DEVICES = 200
@@ -60,13 +60,6 @@ async def silent_devices(count: int) -> AsyncIterator[SilentDevices]:
             await server.wait_closed()
 
 
-async def wait_until(condition, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        assert time.monotonic() < deadline, "not within the time allowed"
-        await asyncio.sleep(0.05)
-
-
 async def test_registering_many_silent_devices_holds_at_most_the_concurrency_in_connections(
     tmp_path: Path, license_keys: LicenseKeys
 ) -> None:
@@ -98,7 +91,7 @@ async def test_registering_many_silent_devices_holds_at_most_the_concurrency_in_
             entries = await InventoryEntry.filter(protocol="gds").all()
             return len(entries) == DEVICES and all("identify" in (entry.last_result or {}) for entry in entries)
 
-        await wait_until(every_entry_tried, timeout_s=60)
+        await eventually(every_entry_tried, "every entry tried", timeout=60)
         assert devices.accepted >= DEVICES, "every device was dialled"
         assert 1 <= devices.most_open <= CONCURRENCY
         entries = await InventoryEntry.filter(protocol="gds").all()
