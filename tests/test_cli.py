@@ -208,11 +208,18 @@ async def test_import_sends_a_json_file_with_the_data_directorys_key(service, tm
     assert await registered(service, host)
 
 
-async def test_an_atomic_import_with_a_bad_row_stores_nothing_and_fails(service, tmp_path: Path) -> None:
+def import_with_a_bad_row(
+    service: RunningService, tmp_path: Path, mode: str
+) -> tuple[str, str, subprocess.CompletedProcess]:
+    """``certlm import`` of a CSV whose second row has a port out of range: the good and bad hosts, the result."""
     good, bad = plc_hosts(2)
     file = tmp_path / "plant.csv"
     file.write_text(f"server,port\n{good},1\n{bad},70000\n")
-    result = certlm_import(service, file, "--mode", "atomic")
+    return good, bad, certlm_import(service, file, "--mode", mode)
+
+
+async def test_an_atomic_import_with_a_bad_row_stores_nothing_and_fails(service, tmp_path: Path) -> None:
+    good, bad, result = import_with_a_bad_row(service, tmp_path, "atomic")
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     assert lines[0] == f"row 1\t{good}:1\tok, not imported"
@@ -222,10 +229,7 @@ async def test_an_atomic_import_with_a_bad_row_stores_nothing_and_fails(service,
 
 
 async def test_a_per_row_import_with_a_bad_row_stores_the_others_and_fails(service, tmp_path: Path) -> None:
-    good, bad = plc_hosts(2)
-    file = tmp_path / "plant.csv"
-    file.write_text(f"server,port\n{good},1\n{bad},70000\n")
-    result = certlm_import(service, file, "--mode", "per_row")
+    good, bad, result = import_with_a_bad_row(service, tmp_path, "per_row")
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"row 1\t{good}:1\tok, id ")
