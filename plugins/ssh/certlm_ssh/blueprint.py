@@ -1,0 +1,125 @@
+"""The SSH plugin's routes: an SSH entry's login, OPC UA endpoint and store layout (``/ssh/device``), and the
+operator's pinning of its host key (``/ssh/hostkey``). Secrets are write-only."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+from quart import Blueprint
+from quart_schema import validate_request, validate_response
+
+from certlm.errors import NotFound, UpstreamUnavailable
+from certlm.hostspec import parse_host_or_url
+from certlm.inventory import MAX_SECRET_CHARS, checked_server, find_entry
+from certlm.openapi import answers
+from certlm.responses import StrictBody
+from certlm_ssh.device_settings import device_view, pin_offered_host_key, ssh_entry_at, update_device_settings
+
+blueprint = Blueprint("ssh", __name__)
+
+_OPCUA_URL = re.compile(r"opc\.tcp://(\[[0-9A-Fa-f:.]+\]|[^/:\[\]\s]+):(\d{1,5})/?[^\s]*")
+_FINGERPRINT = r"^SHA256:[A-Za-z0-9+/]{43}$"
+MAX_PRIVATE_KEY_CHARS = 16384
+
+
+class SshAddress(StrictBody):
+    server: str = Field(min_length=1, max_length=255, description="The SSH entry's IP or DNS hostname")
+    port: int = Field(default=22, ge=1, le=65535, description="The SSH port")
+
+    @field_validator("server")
+    @classmethod
+    def server_is_host(cls, value: str) -> str:
+        return checked_server(value)
+
+
+class SshDeviceIn(SshAddress):
+    """``POST /ssh/device``: the fields given change; secrets are stored encrypted and never shown."""
+
+    username: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[^\s:]+$")
+    password: str | None = Field(default=None, min_length=1, max_length=MAX_SECRET_CHARS)
+    private_key: str | None = Field(
+        default=None, min_length=1, max_length=MAX_PRIVATE_KEY_CHARS, description="OpenSSH, PKCS#1 or PKCS#8 PEM"
+    )
+    private_key_passphrase: str | None = Field(default=None, min_length=1, max_length=MAX_SECRET_CHARS)
+    opcua_url: str | None = Field(
+        default=None, max_length=512, description="opc.tcp://host:port of the server the store belongs to"
+    )
+    application_uri: str | None = Field(
+        default=None, min_length=1, max_length=512, pattern=r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s,]+$",
+        description="the ApplicationUri a first certificate names (later ones keep the current certificate's)",
+    )  # fmt: skip
+    layout: dict[str, Any] | None = Field(
+        default=None, description="fields of the driver's StoreLayout this entry overrides (see GET /ssh/device)"
+    )
+
+    @field_validator("opcua_url")
+    @classmethod
+    def opcua_url_is_an_endpoint(cls, value: str) -> str:
+        match = _OPCUA_URL.fullmatch(value)
+        if match is None or not 1 <= int(match.group(2)) <= 65535:
+            raise ValueError("must be opc.tcp://host:port with a port 1 to 65535")
+        checked_server(match.group(1))
+        return value
+
+
+class HostKeyPin(SshAddress):
+    """``POST /ssh/hostkey``: pin the host key the device offers now."""
+
+    fingerprint: str | None = Field(
+        default=None, pattern=_FINGERPRINT, description="SHA256:... as ssh-keygen -lf shows it on the device"
+    )
+    replace: bool = Field(default=False, description="replace a pinned key that differs (a swapped device)")
+
+
+class SshDeviceOut(BaseModel):
+    server: str
+    port: int
+    url: str
+    service: str
+    username: str | None
+    has_password: bool
+    has_private_key: bool
+    host_key: str | None
+    host_key_fingerprint: str | None
+    host_key_pinned_at: datetime | None
+    opcua_url: str
+    application_uri: str | None
+    layout: dict[str, Any]
+    layout_overrides: dict[str, Any]
+
+
+@blueprint.post("/ssh/device")
+@validate_request(SshDeviceIn)
+@validate_response(SshDeviceOut)
+@answers(NotFound)
+async def set_ssh_device(data: SshDeviceIn) -> SshDeviceOut:
+    """Set an SSH entry's login (username with password and/or private key), OPC UA endpoint, ApplicationUri and
+    store layout overrides; 404 when the ssh inventory has no entry at ``server:port``."""
+    entry = await ssh_entry_at(data.server, data.port)
+    await update_device_settings(entry, data.model_dump(include=set(data.model_fields_set) - {"server", "port"}))
+    return SshDeviceOut(**await device_view(entry))
+
+
+@blueprint.get("/ssh/device/<path:host_or_url>")
+@validate_response(SshDeviceOut)
+@answers(NotFound)
+async def get_ssh_device(host_or_url: str) -> SshDeviceOut:
+    """An SSH entry's settings by ``host``, ``host:port`` or ``ssh://host:port``: the effective layout, the pinned
+    host key and whether a password or private key is stored."""
+    return SshDeviceOut(**await device_view(await find_entry(parse_host_or_url(host_or_url), ("ssh",))))
+
+
+@blueprint.post("/ssh/hostkey")
+@validate_request(HostKeyPin)
+@validate_response(SshDeviceOut)
+@answers(NotFound, 409, UpstreamUnavailable)
+async def pin_ssh_host_key(data: HostKeyPin) -> SshDeviceOut:
+    """Pin the SSH host key the device offers now (an operator's action; automated operations only ever verify it).
+    With ``fingerprint`` the key must have it; a different pinned key is replaced only with ``replace`` (409
+    otherwise); 502 when the device cannot be reached."""
+    entry = await ssh_entry_at(data.server, data.port)
+    await pin_offered_host_key(entry, data.fingerprint, data.replace)
+    return SshDeviceOut(**await device_view(entry))

@@ -1,0 +1,348 @@
+"""The SSH enrollment of one device, step by step: connect (host key pinned or, at an operator's first contact,
+pinned now), identify, read the store, make the key and CSR (on the device with openssl where it can), enroll, upload
+to a staging directory, swap the files in keeping the previous ones, reload the server, verify over OPC UA that it
+presents the new certificate; on a failure after the swap, restore the previous files and reload again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
+from cryptography.x509.oid import NameOID
+
+from certlm.certs import host_general_name, issued_by, to_der
+from certlm.drivers import DeviceDescription, PkiMaterial, PushFailed, PushOutcome, PushRequest, StepOutcome
+from certlm.errors import APIError, DeviceFailure
+from certlm_ssh.connection import (
+    HOST_KEY_NOT_PINNED,
+    SshSession,
+    failure,
+    host_key_fingerprint,
+    host_key_text,
+    offered_host_key,
+    open_session,
+    quoted,
+)
+from certlm_ssh.device_settings import DeviceSettings, device_settings, login_of, opcua_url_of, pin_host_key
+from certlm_ssh.layout import StoreLayout
+from certlm_ssh.opcua import await_certificate
+from certlm_ssh.store import (
+    STAGING,
+    certificate_bytes,
+    install_script,
+    load_certificate_file,
+    private_key_bytes,
+    restore_script,
+    staging_script,
+    trust_files,
+)
+
+if TYPE_CHECKING:
+    from certlm.drivers import DeviceTarget
+    from certlm_ssh.driver import SshStoreDriver
+
+T = TypeVar("T")
+UNTRUSTED_STORE = "CertificateUntrusted"
+NO_APPLICATION_URI = "NoApplicationUri"
+_OPENSSL_KEYS = {
+    "rsa2048": "-newkey rsa:2048",
+    "rsa3072": "-newkey rsa:3072",
+    "rsa4096": "-newkey rsa:4096",
+    "ec-prime256v1": "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1",
+    "ec-secp384r1": "-newkey ec -pkeyopt ec_paramgen_curve:secp384r1",
+}
+
+
+class _StepFailed(Exception):
+    def __init__(self, failure: DeviceFailure | APIError) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class SshPush:
+    """One push: the steps so far, and what a failure must report."""
+
+    def __init__(self, driver: SshStoreDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> None:
+        self.driver = driver
+        self.target = target
+        self.request = request
+        self.pki = pki
+        self.steps: list[StepOutcome] = []
+        self.changed_device = False
+        self.presented: x509.Certificate | None = None
+        self.description: DeviceDescription | None = None
+
+    async def step(self, name: str, action: Callable[[], Awaitable[T]], message: str = "") -> T:
+        started = time.monotonic()
+        try:
+            result = await action()
+        except Exception as error:
+            # A PKI's refusal keeps its own status (the host answers 422 for CsrRejected); device errors are named.
+            known = error if isinstance(error, APIError) and not isinstance(error, DeviceFailure) else None
+            device = failure(f"step {name}", error) if known is None else None
+            status = type(error).__name__ if known is not None else device.device_status  # type: ignore[union-attr]
+            text = known.message if known is not None else device.message  # type: ignore[union-attr]
+            self.steps.append(StepOutcome(name, False, time.monotonic() - started, status, text))
+            raise _StepFailed(known or device) from error  # type: ignore[arg-type]
+        self.steps.append(StepOutcome(name, True, time.monotonic() - started, message=message))
+        return result
+
+    def note(self, name: str, message: str, *, warning: bool = False) -> None:
+        self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=warning))
+
+    async def run(self) -> PushOutcome:
+        settings = await device_settings(self.target.entry_id, self.driver.services.secrets)
+        try:
+            async with AsyncExitStack() as stack:
+                return await self._run(stack, settings)
+        except _StepFailed as stopped:
+            raise PushFailed(
+                stopped.failure.message,
+                self.steps,
+                changed_device=self.changed_device,
+                presented_certificate=self.presented,
+            ) from stopped.__cause__
+
+    async def _run(self, stack: AsyncExitStack, settings: DeviceSettings) -> PushOutcome:
+        driver, timeouts = self.driver, self.driver.timeouts
+        host_key, pin_now = settings.host_key, False
+
+        async def connect() -> SshSession:
+            nonlocal host_key, pin_now
+            if host_key is None:
+                if not self.request.trust_on_first_use:
+                    raise DeviceFailure(
+                        f"{self.target.url} has no pinned SSH host key, and automated operations never trust a "
+                        "device on first contact: an operator onboards it (POST /gds/push/onboarding) or pins its key "
+                        "(POST /ssh/hostkey)",
+                        HOST_KEY_NOT_PINNED,
+                    )
+                host_key = host_key_text(await offered_host_key(self.target.server, self.target.port, timeouts))
+                pin_now = True
+            return await stack.enter_async_context(open_session(login_of(self.target, settings), host_key, timeouts))
+
+        session = await self.step("connect", connect)
+        if pin_now and self.target.entry_id is not None:
+            await pin_host_key(self.target.entry_id, host_key)  # type: ignore[arg-type]
+            self.steps[-1].message = f"SSH host key {host_key_fingerprint(host_key)} pinned at first contact"  # type: ignore[arg-type]
+
+        layout = driver.layout_for(settings)
+        if self.request.identify is not None:
+            self.description = await self.step("identify", lambda: driver.describe_in(session, layout))
+            chosen = await self.request.identify(self.description)
+            from certlm_ssh.driver import SshStoreDriver
+
+            if isinstance(chosen, SshStoreDriver):
+                # The driver selected for what the device said goes on in this session, with its own layout.
+                driver, layout = chosen, chosen.layout_for(settings)
+            self.steps[
+                -1
+            ].message = f"{self.description.identity.product} {self.description.identity.firmware}: {driver.service}"
+
+        current = await self.step("read_store", lambda: self._read_store(session, layout))
+        application_uri = self._application_uri(current, settings)
+        csr, key = await self.step("csr", lambda: self._make_csr(session, layout, current, application_uri))
+        enrollment = await self.step("enroll", lambda: self.pki.enroll(csr, key))
+        for warning in enrollment.warnings:
+            self.note("enroll", warning, warning=True)
+        await self.step("upload", lambda: self._upload(session, layout, enrollment, key))
+        self.changed_device = True
+        await self.step("install", lambda: session.run(install_script(layout)))
+        url = opcua_url_of(self.target, settings, layout)
+        try:
+            await self.step("reload", lambda: session.run(layout.reload_command))
+            await self.step(
+                "verify",
+                lambda: await_certificate(url, enrollment.certificate, layout.reload_timeout_s, timeouts.connect_s),
+                message=f"{url} presents the new certificate",
+            )
+        except _StepFailed:
+            await self._roll_back(settings, host_key, layout, url, current)  # type: ignore[arg-type]
+            raise
+        trust_list = await driver.read_trust_list_in(session, layout)
+        return PushOutcome(
+            certificate=enrollment.certificate,
+            chain=enrollment.chain,
+            trust_list=trust_list,
+            security_policy=0,
+            security_mode=0,
+            steps=self.steps,
+            description=self.description,
+            presented_certificate=self.presented,
+        )
+
+    async def _read_store(self, session: SshSession, layout: StoreLayout) -> x509.Certificate | None:
+        """The certificate in the store; a pinned device's must be the pinned one or one of the entry's PKI."""
+        data = await session.read_file(layout.path("own_certs", layout.certificate_file))
+        current = load_certificate_file(data) if data else None
+        self.presented = current
+        pinned = self.request.pinned_certificate
+        if current is None or self.request.trust_on_first_use or pinned is None or to_der(current) == pinned:
+            return current
+        if any(issued_by(current, ca) for ca in self.request.trusted_cas):
+            return current
+        raise DeviceFailure(
+            f"the store holds a certificate certlm did not install (serial {current.serial_number:x}, issued by "
+            f"{current.issuer.rfc4514_string()}): an operator pushes to the device or onboards it again",
+            UNTRUSTED_STORE,
+        )
+
+    def _application_uri(self, current: x509.Certificate | None, settings: DeviceSettings) -> str:
+        if current is not None:
+            try:
+                uris = current.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                found = uris.get_values_for_type(x509.UniformResourceIdentifier)
+            except x509.ExtensionNotFound:
+                found = []
+            if found:
+                return found[0]
+        if settings.application_uri:
+            return settings.application_uri
+        raise _StepFailed(
+            DeviceFailure(
+                "the store holds no certificate naming the server's ApplicationUri: set application_uri with "
+                "POST /ssh/device",
+                NO_APPLICATION_URI,
+            )
+        )
+
+    def _subject(self, current: x509.Certificate | None) -> x509.Name:
+        if self.request.subject:
+            return x509.Name.from_rfc4514_string(self.request.subject)
+        if current is not None:
+            return current.subject
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self.target.server)])
+
+    def _alt_names(self, current: x509.Certificate | None, application_uri: str) -> list[x509.GeneralName]:
+        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(application_uri)]
+        if current is not None:
+            try:
+                san = current.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                names += [n for n in san if isinstance(n, x509.DNSName | x509.IPAddress)]
+            except x509.ExtensionNotFound:
+                pass
+        host = host_general_name(self.target.server)
+        if host not in names:
+            names.append(host)
+        return names
+
+    async def _make_csr(
+        self, session: SshSession, layout: StoreLayout, current: x509.Certificate | None, application_uri: str
+    ) -> tuple[x509.CertificateSigningRequest, CertificateIssuerPrivateKeyTypes | None]:
+        """The CSR, its key made on the device (None returned) where the layout says it can and openssl is there,
+        else here (returned, to be uploaded)."""
+        subject = self._subject(current)
+        names = self._alt_names(current, application_uri)
+        await session.run(staging_script(layout))
+        if layout.device_makes_key and (await session.run("command -v openssl", check=False)).strip():
+            pem = await session.run(_openssl_request(layout, subject, names))
+            return x509.load_pem_x509_csr(pem.encode()), None
+        key = _new_key(layout.key_type)
+        builder = x509.CertificateSigningRequestBuilder().subject_name(subject)
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return builder.sign(key, hashes.SHA256()), key
+
+    async def _upload(
+        self, session: SshSession, layout: StoreLayout, enrollment: Any, key: CertificateIssuerPrivateKeyTypes | None
+    ) -> None:
+        staged = _StagedPaths(layout)
+        files = {staged.path("own_certs", layout.certificate_file): (
+            certificate_bytes(enrollment.certificate, layout.certificate_format), 0o644,
+        )}  # fmt: skip
+        if key is not None:
+            files[staged.path("own_private", layout.private_key_file)] = (
+                private_key_bytes(key, layout.private_key_format), 0o600,
+            )  # fmt: skip
+        trusted = self.pki.ca_certificates or enrollment.chain
+        crls = list(self.pki.crls)
+        if self.pki.chain_crls is not None:
+            chain_crls = await self.pki.chain_crls(enrollment)
+            crls = list(chain_crls.crls)
+            for missing in chain_crls.missing:
+                self.note("enroll", missing, warning=True)
+        issuers = [c for c in enrollment.chain if c not in trusted]
+        for directory, named in trust_files(layout, trusted, crls, issuers, []).items():
+            for name, content in named.items():
+                files[staged.path(directory, name)] = (content, 0o644)
+        await session.upload(files)
+
+    async def _roll_back(
+        self, settings: DeviceSettings, host_key: str, layout: StoreLayout, url: str,
+        previous: x509.Certificate | None,
+    ) -> None:  # fmt: skip
+        """Restore the kept files and reload, in a new session (the push's may be gone with the device)."""
+        timeouts = self.driver.timeouts
+
+        async def restore() -> None:
+            async with open_session(login_of(self.target, settings), host_key, timeouts) as session:
+                await session.run(restore_script(layout))
+                await session.run(layout.reload_command)
+            if previous is not None:
+                await await_certificate(url, previous, layout.reload_timeout_s, timeouts.connect_s)
+
+        try:
+            await self.step("rollback", restore, message="previous files restored; the server presents them again")
+        except _StepFailed:
+            return
+        self.changed_device = False
+
+
+class _StagedPaths:
+    def __init__(self, layout: StoreLayout) -> None:
+        self.layout = layout.overridden({"root": f"{layout.root}/{STAGING}"})
+
+    def path(self, directory: str, name: str) -> str:
+        return self.layout.path(directory, name)
+
+
+def _new_key(key_type: str) -> CertificateIssuerPrivateKeyTypes:
+    if key_type.startswith("rsa"):
+        return rsa.generate_private_key(public_exponent=65537, key_size=int(key_type[3:]))
+    curve = ec.SECP256R1() if key_type == "ec-prime256v1" else ec.SECP384R1()
+    return ec.generate_private_key(curve)
+
+
+def _subject_argument(subject: x509.Name) -> str:
+    """``subject`` as openssl's ``-subj`` (``/CN=x/O=y``), special characters escaped."""
+    parts = []
+    for rdn in subject.rdns:
+        for attribute in rdn:
+            name = attribute.rfc4514_attribute_name
+            value = str(attribute.value).replace("\\", "\\\\").replace("/", "\\/").replace("+", "\\+")
+            parts.append(f"/{name}={value}")
+    return "".join(parts) or "/"
+
+
+def _san_argument(names: list[x509.GeneralName]) -> str:
+    rendered = []
+    for name in names:
+        if isinstance(name, x509.UniformResourceIdentifier):
+            rendered.append(f"URI:{name.value}")
+        elif isinstance(name, x509.DNSName):
+            rendered.append(f"DNS:{name.value}")
+        elif isinstance(name, x509.IPAddress):
+            rendered.append(f"IP:{name.value}")
+    return "subjectAltName=" + ",".join(rendered)
+
+
+def _openssl_request(layout: StoreLayout, subject: x509.Name, names: list[x509.GeneralName]) -> str:
+    """The command that makes the key in the staging directory (never readable by others) and prints the CSR."""
+    staged = _StagedPaths(layout)
+    key = staged.path("own_private", layout.private_key_file)
+    made = f"{key}.new"
+    command = (
+        f"umask 077 && openssl req -new {_OPENSSL_KEYS[layout.key_type]} -nodes -keyout {quoted(made)} -utf8 "
+        f"-subj {quoted(_subject_argument(subject))} -addext {quoted(_san_argument(names))} -outform PEM 2>/dev/null"
+    )
+    form = "DER" if layout.private_key_format == "DER" else "PEM"
+    return f"{command} && openssl pkey -in {quoted(made)} -outform {form} -out {quoted(key)} && rm -f {quoted(made)}"
+
+
+async def run_push(driver: SshStoreDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
+    return await SshPush(driver, target, request, pki).run()
