@@ -48,7 +48,7 @@ from certlm.errors import (
     UpstreamUnavailable,
 )
 from certlm.host import current_host
-from certlm.inventory import create_entry, device_target, entry_url, find_entry_at, save_credentials
+from certlm.inventory import create_entry, device_entry_at, device_target, entry_url, save_credentials
 from certlm.leases import device_lease
 from certlm.pki_backends import SERVER_PROFILE, CertificateProfile, ChainCrls, Enrollment, KeyedEnrollment, PkiBackend
 from certlm.pki_client import cdp_urls, fetch_crl
@@ -348,7 +348,7 @@ async def push_to_address(
     certificate it presented at first contact and the failure recorded as the entry's last push. The entry's
     ``settings`` (name, security policy and mode) and the PKI chosen for it are stored with a successful push only,
     and a device the push registered is removed again unless it accepted the connection."""
-    entry = await find_entry_at(server, port, protocol)
+    entry = await device_entry_at(server, port)
     registered = entry is None
     if entry is None:
         entry = await create_entry(protocol, server, port, {})

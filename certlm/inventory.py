@@ -43,6 +43,10 @@ from certlm.system import (
 )
 
 GDS = "gds"
+DEVICE_TABLES = ("gds", "opc", "ssh", "rest")
+"""The inventory tables of managed devices, in the order an address is looked up: the operations on a device
+(push, renewal, monitoring, trust lists, certificate detail) find its entry in any of them, GDS entries first, and
+route it to its driver by ``service``."""
 DEVICE_STATUS_ACTIVE = 1
 # The keys of ``InventoryEntry.trustlist``: each holds a list of strings (certificates or CRLs, base64 DER).
 TRUST_LIST_FIELDS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
@@ -206,19 +210,27 @@ def _is_ip(server: str) -> bool:
     return True
 
 
-async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = ("gds", "opc")) -> InventoryEntry:
-    """The entry a ``{host_or_url}`` names; 404 if none, 400 if a bare host matches several ports."""
+async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = DEVICE_TABLES) -> InventoryEntry:
+    """The entry a ``{host_or_url}`` names among the tables ``protocols``; 404 if none, 400 if a bare host matches
+    several ports. A device at one ``server:port`` in several tables is the entry of the first of ``protocols``."""
     server = canonical_server(spec.server)
     query = InventoryEntry.filter(server_key=server, protocol__in=protocols)
     if spec.port is not None:
         query = query.filter(port=spec.port)
-    entries = await query.prefetch_related("pki")
+    entries = _first_table_per_port(await query.prefetch_related("pki"), protocols)
     if not entries:
         raise NotFound(f"no inventory entry for {server}" + (f":{spec.port}" if spec.port else ""))
     if len(entries) > 1:
         ports = ", ".join(str(e.port) for e in sorted(entries, key=lambda e: e.port))
         raise APIError(f"{server} has entries on several ports ({ports}): give host:port")
     return entries[0]
+
+
+def _first_table_per_port(entries: list[InventoryEntry], protocols: tuple[str, ...]) -> list[InventoryEntry]:
+    first: dict[int, InventoryEntry] = {}
+    for entry in sorted(entries, key=lambda entry: protocols.index(entry.protocol)):
+        first.setdefault(entry.port, entry)
+    return list(first.values())
 
 
 async def find_entry_at(server: str, port: int, protocol: str) -> InventoryEntry | None:
@@ -231,6 +243,20 @@ async def gds_entry_at(server: str, port: int) -> InventoryEntry:
     entry = await find_entry_at(server, port, GDS)
     if entry is None:
         raise NotFound(f"no gds inventory entry for {server}:{port}")
+    return entry
+
+
+async def device_entry_at(server: str, port: int) -> InventoryEntry | None:
+    """The managed device's entry at exactly ``server:port`` in any of the ``DEVICE_TABLES`` (GDS first), or None."""
+    entries = await InventoryEntry.filter(server_key=canonical_server(server), port=port, protocol__in=DEVICE_TABLES)
+    return min(entries, key=lambda entry: DEVICE_TABLES.index(entry.protocol), default=None)
+
+
+async def managed_entry_at(server: str, port: int) -> InventoryEntry:
+    """``device_entry_at``; 404 if there is none."""
+    entry = await device_entry_at(server, port)
+    if entry is None:
+        raise NotFound(f"no inventory entry for {server}:{port}")
     return entry
 
 

@@ -23,12 +23,13 @@ from certlm.host import current_host
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
     DEVICE_STATUS_ACTIVE,
+    DEVICE_TABLES,
     GDS,
     canonical_server,
+    device_entry_at,
     device_target,
     device_url,
     find_entry,
-    find_entry_at,
     trust_list_fields,
 )
 from certlm.leases import DeviceBusy, device_lease, ensure_rows
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 async def inventory_device(
-    host_or_url: str, protocols: tuple[str, ...] = ("gds", "opc")
+    host_or_url: str, protocols: tuple[str, ...] = DEVICE_TABLES
 ) -> tuple[DeviceDriver, DeviceTarget, InventoryEntry]:
     """The driver, target (stored credentials decrypted) and entry of the inventory entry ``host_or_url`` names."""
     entry = await find_entry(parse_host_or_url(host_or_url), protocols)
@@ -60,7 +61,7 @@ async def device_at(
 ) -> tuple[DeviceDriver, DeviceTarget, InventoryEntry | None]:
     """Driver and target for a device given by address: the inventory entry's when there is one (its stored
     credentials overlaid with those given), else the protocol's generic driver."""
-    entry = await find_entry_at(server, port, GDS)
+    entry = await device_entry_at(server, port)
     drivers = current_host().drivers
     if entry is not None:
         target = await device_target(entry)

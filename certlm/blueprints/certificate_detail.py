@@ -1,5 +1,6 @@
-"""The certificate detail of a GDS entry: the certificate last read from or pushed to the device, parsed, with its
-stored revocation status. Cached data; nothing here contacts the device."""
+"""The certificate detail of a managed device's entry (any of ``certlm.inventory.DEVICE_TABLES``): the certificate last
+read from or pushed to the device, parsed, with its stored revocation status. Cached data; nothing here contacts the
+device."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from certlm.certs import certificate_detail
 from certlm.enrollment import host_names_warnings
 from certlm.errors import NotFound
 from certlm.hostspec import parse_host_or_url
-from certlm.inventory import GDS, EntryAddress, entry_certificate, entry_url, find_entry, gds_entry_at
+from certlm.inventory import EntryAddress, entry_certificate, entry_url, find_entry, managed_entry_at
 from certlm.openapi import answers
 from certlm.revocation import stored_revocation
 from certlm.storage.models import InventoryEntry
@@ -72,7 +73,7 @@ def _certificate_detail_view(entry: InventoryEntry) -> CertificateDetailOut:
 @validate_response(CertificateDetailOut)
 async def certificate_detail_stored(host_or_url: str) -> CertificateDetailOut:
     """The certificate last read from or pushed to the device, parsed; cached data, no live connection."""
-    return _certificate_detail_view(await find_entry(parse_host_or_url(host_or_url), (GDS,)))
+    return _certificate_detail_view(await find_entry(parse_host_or_url(host_or_url)))
 
 
 @blueprint.post("/gds/inventory/crt")
@@ -81,4 +82,4 @@ async def certificate_detail_stored(host_or_url: str) -> CertificateDetailOut:
 @answers(NotFound)
 async def certificate_detail_by_address(data: EntryAddress) -> CertificateDetailOut:
     """Deprecated: use ``GET /gds/inventory/crt/{host_or_url}``."""
-    return _certificate_detail_view(await gds_entry_at(data.server, data.port))
+    return _certificate_detail_view(await managed_entry_at(data.server, data.port))

@@ -15,7 +15,7 @@ from certlm.drivers import DeviceDriver, DeviceTarget
 from certlm.enrollment import host_names_warnings
 from certlm.errors import APIError, DeviceFailure, UnsupportedOperation
 from certlm.hostspec import DEFAULT_OPCUA_PORT
-from certlm.inventory import GDS, MAX_SECRET_CHARS, EntryAddress
+from certlm.inventory import MAX_SECRET_CHARS, EntryAddress
 from certlm.monitoring import device_at, inventory_device, read_certificate_and_store, read_firmware_and_store
 from certlm.openapi import answers
 from certlm.responses import StrictBody
@@ -152,7 +152,7 @@ async def monitor_certificate(data: MonitorCrtIn) -> MonitorCrtOut:
 async def monitor_certificate_stored(host_or_url: str, query_args: MonitorCrtQuery) -> MonitorCrtOut:
     """Like the POST, with the entry's stored credentials; options as query parameters. 400 ``{error}`` when the
     device cannot be read."""
-    driver, target, entry = await inventory_device(host_or_url, (GDS,))
+    driver, target, entry = await inventory_device(host_or_url)
     try:
         return await _read_certificate(driver, target, entry, query_args)
     except APIError as error:

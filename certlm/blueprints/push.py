@@ -1,5 +1,7 @@
-"""Certificate push and onboarding of GDS entries, and the last push or onboarding recorded: each push is routed to
-the driver named by the entry's ``service``, the PKI work to the entry's PKI backend (``certlm.enrollment``)."""
+"""Certificate push and onboarding, and the last push or onboarding recorded: each push is routed to the driver named
+by the entry's ``service``, the PKI work to the entry's PKI backend (``certlm.enrollment``). The entry at the address
+given may be of any device table (``certlm.inventory.DEVICE_TABLES``: an SSH- or REST-managed device is pushed to like
+a GDS one); a device not in the inventory is registered as a GDS entry."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from certlm.inventory import (
     EntryAddress,
     entry_url,
     find_entry,
-    gds_entry_at,
+    managed_entry_at,
 )
 from certlm.leases import DeviceBusy
 from certlm.openapi import answers
@@ -91,7 +93,7 @@ async def _push(data: PushIn, order: PushOrder) -> dict[str, Any]:
 
 
 async def _last_recorded(host_or_url: str, operation: str) -> dict[str, Any]:
-    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
+    entry = await find_entry(parse_host_or_url(host_or_url))
     record = last_recorded(entry, operation)
     if record is None:
         raise NotFound(f"no {operation} recorded for {entry_url(entry)}")
@@ -127,7 +129,7 @@ async def onboard(data: PushIn) -> dict[str, Any]:
 @answers(NotFound, *PUSH_FAILURES)
 async def force_renewal(data: RenewalIn) -> dict[str, Any]:
     """Renew the certificate of an inventory entry now, outside the scheduler's cycle, with its stored settings."""
-    entry = await gds_entry_at(data.server, data.port)
+    entry = await managed_entry_at(data.server, data.port)
     return await push_certificate(entry, PushOrder(debug=data.debug, trigger="POST /gds/push/change"))
 
 

@@ -1,5 +1,5 @@
-"""Trust lists of GDS entries: read a device's trust list live and store it, or delete what is stored. The stored
-copies are listed by ``GET /gds/inventory/trustlist`` (the inventory)."""
+"""Trust lists of managed devices (any of ``certlm.inventory.DEVICE_TABLES``): read a device's trust list live and store
+it, or delete what is stored. The stored copies are listed by ``GET /gds/inventory/trustlist`` (the inventory)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from certlm.drivers import TrustList
 from certlm.errors import DeviceFailure, NotFound, UnsupportedOperation
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
-    GDS,
     MAX_SECRET_CHARS,
     EntryAddress,
     TrustListOut,
@@ -22,7 +21,7 @@ from certlm.inventory import (
     find_entry,
     forget_stored_trust_list,
     forget_stored_trust_lists,
-    gds_entry_at,
+    managed_entry_at,
     trust_list_fields,
 )
 from certlm.monitoring import overlay, read_trust_list_and_store
@@ -57,7 +56,7 @@ class TrustListDeleteIn(StrictBody):
 @answers(NotFound, UnsupportedOperation, DeviceFailure)
 async def read_trust_list(data: TrustListReadIn) -> dict[str, Any]:
     """Read the device's trust list (the parts the bitmask selects) and store them in its inventory entry."""
-    entry = await gds_entry_at(data.server, data.port)
+    entry = await managed_entry_at(data.server, data.port)
     credentials = data.model_dump(include={"username", "password", "security_policy", "security_mode"})
     target = overlay(await device_target(entry), **credentials)
     read = await read_trust_list_and_store(entry, target, data.trustlist)
@@ -72,7 +71,7 @@ async def live_trust_list(host_or_url: str) -> TrustListOut:
     """The device's whole trust list, read live with the entry's stored credentials and stored as the POST does.
     A device that cannot be read answers ``{error}`` (502), never stale data; the stored copy is
     ``GET /gds/inventory/trustlist``."""
-    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
+    entry = await find_entry(parse_host_or_url(host_or_url))
     target = await device_target(entry)
     read = await read_trust_list_and_store(entry, target, TrustList.ALL)
     return TrustListOut(url=target.url, **read)
@@ -93,7 +92,7 @@ async def forget_all_trust_lists(data: TrustListDeleteIn) -> dict[str, Any]:
 async def forget_trust_list(host_or_url: str, data: TrustListDeleteIn) -> dict[str, Any]:
     """Delete the stored trust list (parts per bitmask) of one entry; the device is untouched. Nothing stored is
     nothing to delete, not an error; 404 only for an unknown entry."""
-    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
+    entry = await find_entry(parse_host_or_url(host_or_url))
     url = entry_url(entry)
     if not await forget_stored_trust_list(entry, data.trustlist):
         return operation_result(f"no stored trust list of {url}: nothing to delete", {"deleted": False})

@@ -84,7 +84,7 @@ async def _add_revocation_status_columns(connection: BaseDBAsyncClient, dialect:
 
 
 # The inventory tables whose entries count against the license's endpoint limit, and the status that does not count.
-LICENSED_PROTOCOLS = ("gds", "opc", "ssh")
+LICENSED_PROTOCOLS = ("gds", "opc", "ssh", "rest")
 DEVICE_STATUS_DELETED = 2
 ENDPOINT_COUNT_TABLE = "licensed_endpoint_count"
 _COUNTED_SQL = (
@@ -161,6 +161,17 @@ async def _add_server_key_and_endpoint_count(connection: BaseDBAsyncClient, dial
     await install_endpoint_count(connection, dialect)
 
 
+async def _count_rest_entries(connection: BaseDBAsyncClient, dialect: str) -> None:
+    # Devices managed over a vendor's REST API are endpoints like the others. SQLite's triggers carry the table
+    # list in their WHEN clause and have no CREATE OR REPLACE: they are made again, and the count with them.
+    if dialect == "sqlite":
+        await connection.execute_script(
+            "DROP TRIGGER IF EXISTS inventory_entry_count_insert; DROP TRIGGER IF EXISTS inventory_entry_count_delete;"
+            "DROP TRIGGER IF EXISTS inventory_entry_count_update;"
+        )
+    await install_endpoint_count(connection, dialect)
+
+
 async def _scheduler_state_table(connection: BaseDBAsyncClient, dialect: str) -> None:
     # device_schedule is a new table: generate_schemas created it before the steps ran. The step records the version.
     return None
@@ -186,6 +197,7 @@ STEPS: tuple[MigrationStep, ...] = (
         "inventory: the lower-case server lookups use, and the licensed endpoint count kept by triggers",
         _add_server_key_and_endpoint_count,
     ),
+    MigrationStep(9, "license: entries of the rest table count as endpoints", _count_rest_entries),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 

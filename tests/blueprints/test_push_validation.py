@@ -67,7 +67,7 @@ async def test_change_body_with_bad_values_is_refused(api: httpx.AsyncClient, bo
 
 async def test_change_of_a_device_not_in_the_inventory_is_404(api: httpx.AsyncClient) -> None:
     response = await api.post("/gds/push/change", json={"server": unique_host()})
-    assert response.status_code == 404 and "no gds inventory entry" in response.json()["error"]
+    assert response.status_code == 404 and "no inventory entry for" in response.json()["error"]
 
 
 @pytest.mark.parametrize("prefix", ["/gds/push/", "/gds/push/onboarding/", "/gds/inventory/crt/"])

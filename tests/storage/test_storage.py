@@ -222,3 +222,33 @@ async def test_two_instances_share_one_postgres(make_service, postgres, license_
         info = (await client.get("/systeminfo")).json()
         assert info["show_inactive_devices"] is True
         assert (await client.get("/systeminfo/lic")).json()["validation_success"] is True
+
+
+async def test_a_version_8_sqlite_database_counts_rest_entries_against_the_license(make_service) -> None:
+    """Version 9 counts the rest table's devices as licensed endpoints: those already stored when it upgrades, and
+    every one added afterwards."""
+    service = await make_service()
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    with sqlite3.connect(database) as db:
+        for trigger in VERSION_8_TRIGGERS:
+            db.execute(f"DROP TRIGGER {trigger}")
+        for server in ("panel-1", "panel-2"):
+            db.execute(
+                "INSERT INTO inventory_entry (protocol, service, server, server_key, port, device_status, created_at, "
+                f"updated_at) VALUES ('rest', 'rest-unmanaged', '{server}', '{server}', 443, 1, '2025-01-01', "
+                "'2025-01-01')"
+            )
+        db.execute("UPDATE licensed_endpoint_count SET used = 0")
+        db.execute("UPDATE certlm_schema SET version = 8")
+    await service.start()
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT used FROM licensed_endpoint_count").fetchone() == (2,)
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+    async with service.client() as client:
+        listing = await client.get("/inventory")
+        assert sorted(entry["server"] for entry in listing.json()) == ["panel-1", "panel-2"]
+    await service.stop()
+    with sqlite3.connect(database) as db:
+        db.execute("UPDATE inventory_entry SET device_status = 2 WHERE server = 'panel-1'")
+        assert db.execute("SELECT used FROM licensed_endpoint_count").fetchone() == (1,)
