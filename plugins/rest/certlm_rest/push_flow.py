@@ -1,0 +1,342 @@
+"""The REST push flow: one enrollment over one verified connection to the device's management API.
+
+connect (TLS against the pin, or pinned at an operator's first contact; log in; read the certificate in use) →
+identify (first contact) → describe → create_signing_request (or generate_key) → enroll → fetch_crls →
+upload_trust_list → upload_certificate → apply → verify. Uploads are staged: a failure before apply discards them and
+the device runs on what it had. Verification reads the certificate and trust list back through the API and, when the
+entry names its OPC UA endpoint, waits for that endpoint to present the issued certificate. A failed apply or
+verification is rolled back (``rollback``): the device goes back to its previous files, and the push reports the
+device unchanged once it presents its previous certificate again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, NoReturn
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from certlm.certs import host_general_name, issued_by, to_der
+from certlm.drivers import (
+    DeviceDescription,
+    DeviceTarget,
+    PkiMaterial,
+    PushFailed,
+    PushOutcome,
+    PushRequest,
+    StepOutcome,
+    TrustList,
+)
+from certlm.errors import APIError, DeviceFailure
+from certlm.pki_backends import Enrollment
+from certlm_rest.connection import BAD_ANSWER, ManagementApi, describe_certificate
+from certlm_rest.opcua_endpoint import CERTIFICATE_MISMATCH, await_endpoint_presenting
+
+if TYPE_CHECKING:
+    from certlm_rest.driver import RestGenericDriver
+
+
+async def run_push(
+    driver: RestGenericDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial
+) -> PushOutcome:
+    """Enroll a new application certificate through the management API; see the module docstring. At an
+    operator's first contact (``request.identify``) the device's description selects the driver: the push goes on
+    in this connection when that driver speaks the API the device answered, else it is handed over."""
+    run = StepLog()
+    credentials = await driver.credentials(target)
+    stored = await driver.stored(target)
+    opcua_url = stored.opcua_url if stored is not None else None
+    async with AsyncExitStack() as connection:
+        description: DeviceDescription | None = None
+        async with run.step("connect") as note:
+            api = await connection.enter_async_context(
+                driver.connection(target, first_contact=request.trust_on_first_use)
+            )
+            speaking = driver
+            if request.identify is not None:
+                speaking, description = await driver.recognise(api, credentials)
+            else:
+                await driver.login(api, credentials)
+            previous = await speaking.read_installed_certificate(api)
+            run.presented_certificate = previous
+            tls = await driver.pin_tls(target, api) if request.trust_on_first_use else "TLS certificate as pinned"
+            note.message = f"{tls}; the OPC UA server uses {describe_certificate(previous)}"
+        if request.identify is not None:
+            assert description is not None
+            async with run.step("identify") as note:
+                selected = await request.identify(description)
+                note.message = f"driver {selected.service}"
+            if type(selected) is not type(speaking):
+                await connection.aclose()
+                return await hand_over(run, selected, target, request, pki, description)
+            driver = selected  # type: ignore[assignment]
+        enrollment, trust_list = await stage(run, driver, api, target, request, pki, description, previous)
+        try:
+            async with run.step("apply") as note:
+                run.changed_device = True  # whatever the answer, the device may have switched
+                await driver.apply(api)
+                note.message = "the device took the staged files into use and keeps its previous ones"
+            async with run.step("verify") as note:
+                note.message = await verify(driver, api, enrollment.certificate, trust_list, opcua_url)
+        except PushFailed as failure:
+            raise await rolled_back(run, driver, api, failure, previous, opcua_url) from failure.__cause__
+    return PushOutcome(
+        certificate=enrollment.certificate,
+        chain=enrollment.chain,
+        trust_list=trust_list,
+        security_policy=0,
+        security_mode=0,
+        steps=run.steps,
+        description=description,
+        presented_certificate=run.presented_certificate,
+    )
+
+
+async def stage(
+    run: StepLog,
+    driver: RestGenericDriver,
+    api: ManagementApi,
+    target: DeviceTarget,
+    request: PushRequest,
+    pki: PkiMaterial,
+    description: DeviceDescription | None,
+    previous: x509.Certificate,
+) -> tuple[Enrollment, TrustList]:
+    """Every step before apply: the issued certificate and the trust list, both staged on the device. A failure
+    discards what was staged (as far as the device can still be reached)."""
+    try:
+        async with run.step("describe") as note:
+            if description is None:
+                description = await driver.read_description(api)
+            identity = description.identity
+            note.message = f"{identity.manufacturer} {identity.product} {identity.firmware}"
+        csr: x509.CertificateSigningRequest | None = None
+        if description.capabilities.get("key_generation", True) is not False:
+            async with run.step("create_signing_request") as note:
+                csr = await driver.create_csr(api, request.subject)
+                note.message = "the device made a key pair" if csr else "the device cannot make a key pair"
+        private_key: rsa.RSAPrivateKey | None = None
+        if csr is None:
+            async with run.step("generate_key") as note:
+                private_key = await asyncio.to_thread(rsa.generate_private_key, 65537, driver.key_bits)
+                csr = certlm_csr(private_key, request.subject, previous, target)
+                note.message = f"RSA {driver.key_bits} key pair made in certlm, sent with the certificate"
+        async with run.step("enroll") as note:
+            enrollment = await pki.enroll(csr, private_key)
+            note.message = f"issued {describe_certificate(enrollment.certificate)}"
+        for warning in enrollment.warnings:
+            run.warn("check_names", warning)
+        if not any(issued_by(enrollment.certificate, ca) for ca in (enrollment.certificate, *enrollment.chain,
+                                                                     *pki.ca_certificates)):  # fmt: skip
+            run.fail("enroll", DeviceFailure(
+                f"the PKI issued {describe_certificate(enrollment.certificate)} but no certificate of its issuer is "
+                "known: the device could not verify it", BAD_ANSWER))  # fmt: skip
+        crls = pki.crls
+        if pki.chain_crls is not None:
+            async with run.step("fetch_crls") as note:
+                chain_crls = await pki.chain_crls(enrollment)
+                crls = chain_crls.crls
+                note.message = f"{len(crls)} CRLs for the chain" + "".join(f"; {m}" for m in chain_crls.missing)
+        trust_list = planned_trust_list(pki, enrollment, crls)
+        async with run.step("upload_trust_list") as note:
+            check_trust_list_size(trust_list, description)
+            await driver.upload_trust_list(api, trust_list)
+            note.message = (
+                f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} CRLs, "
+                "staged"
+            )
+        async with run.step("upload_certificate") as note:
+            await driver.upload_certificate(api, enrollment.certificate, enrollment.chain, private_key)
+            note.message = f"with {len(enrollment.chain)} chain certificates" + (", and its key" if private_key else "")
+            note.message += ", staged"
+    except PushFailed:
+        with contextlib.suppress(DeviceFailure):
+            await driver.discard(api)
+        raise
+    return enrollment, trust_list
+
+
+async def verify(
+    driver: RestGenericDriver,
+    api: ManagementApi,
+    issued: x509.Certificate,
+    trust_list: TrustList,
+    opcua_url: str | None,
+) -> str:
+    """That the device uses the issued certificate and the trust list written; what was checked, in words."""
+    await asyncio.sleep(driver.apply_settle_s)
+    installed = await driver.read_installed_certificate(api)
+    if to_der(installed) != to_der(issued):
+        raise DeviceFailure(
+            f"the device reports {describe_certificate(installed)} in use, not the issued certificate",
+            CERTIFICATE_MISMATCH,
+        )
+    on_device = await driver.read_installed_trust_list(api)
+    if _as_stored(on_device) != _as_stored(trust_list):
+        raise DeviceFailure(
+            "the device's trusted certificates and CRLs are not the ones uploaded "
+            f"({len(on_device.trusted_certificates)} certificates and {len(on_device.trusted_crls)} CRLs instead of "
+            f"{len(trust_list.trusted_certificates)} and {len(trust_list.trusted_crls)})",
+            CERTIFICATE_MISMATCH,
+        )
+    checked = "the API reports the issued certificate and the trust list as uploaded"
+    if opcua_url is None:
+        return checked + "; the entry names no OPC UA endpoint to check"
+    await await_endpoint_presenting(opcua_url, issued, driver.timeouts, driver.timeouts.operation_s)
+    return f"{checked}; {opcua_url} presents the issued certificate"
+
+
+async def rolled_back(
+    run: StepLog,
+    driver: RestGenericDriver,
+    api: ManagementApi,
+    failure: PushFailed,
+    previous: x509.Certificate,
+    opcua_url: str | None,
+) -> PushFailed:
+    """After a failed apply or verification: ask the device to go back to its previous files and check that it
+    presents its previous certificate again. The ``PushFailed`` to raise, the rollback among its steps."""
+    try:
+        async with run.step("rollback") as note:
+            await driver.rollback(api)
+            installed = await driver.read_installed_certificate(api)
+            if to_der(installed) != to_der(previous):
+                raise DeviceFailure(
+                    f"after rollback the device reports {describe_certificate(installed)} in use, not its previous "
+                    f"{describe_certificate(previous)}",
+                    CERTIFICATE_MISMATCH,
+                )
+            if opcua_url is not None:
+                await await_endpoint_presenting(opcua_url, previous, driver.timeouts, driver.timeouts.operation_s)
+            run.changed_device = False
+            note.message = f"the device uses its previous certificate {describe_certificate(previous)} again"
+        outcome = "; rolled back: the device runs on its previous certificate"
+    except PushFailed as rollback:
+        outcome = f"; {rollback.message}: the device may be left without a working certificate"
+    return PushFailed(
+        failure.message + outcome,
+        run.steps,
+        changed_device=run.changed_device,
+        presented_certificate=run.presented_certificate,
+    )
+
+
+async def hand_over(
+    run: StepLog,
+    selected: object,
+    target: DeviceTarget,
+    request: PushRequest,
+    pki: PkiMaterial,
+    description: DeviceDescription,
+) -> PushOutcome:
+    """The push of the driver the host selected when it speaks another API than the one this connection used: it
+    meets the device pinned now, and its steps follow the ones so far."""
+    presented = run.presented_certificate
+    assert presented is not None
+    handed = replace(request, identify=None, trust_on_first_use=False, pinned_certificate=to_der(presented))
+    try:
+        outcome = await selected.push(target, handed, pki)  # type: ignore[attr-defined]
+    except PushFailed as failure:
+        raise PushFailed(
+            failure.message, run.steps + failure.steps, changed_device=failure.changed_device,
+            presented_certificate=presented,
+        ) from failure.__cause__  # fmt: skip
+    return replace(outcome, steps=run.steps + outcome.steps, presented_certificate=presented,
+                   description=outcome.description or description)  # fmt: skip
+
+
+def planned_trust_list(
+    pki: PkiMaterial, enrollment: Enrollment, crls: tuple[x509.CertificateRevocationList, ...]
+) -> TrustList:
+    """The trusted lists certlm writes: the PKI's CA chain and the issued certificate's chain, with their CRLs."""
+    trusted = [to_der(ca) for ca in (*pki.ca_certificates, *enrollment.chain)]
+    crl_ders = [crl.public_bytes(serialization.Encoding.DER) for crl in crls]
+    return TrustList(trusted_certificates=_unique(trusted), trusted_crls=_unique(crl_ders))
+
+
+def check_trust_list_size(trust_list: TrustList, description: DeviceDescription) -> None:
+    """Refuse a trust list larger than the device says it holds (``max_trust_list_bytes``, 0 or none: no limit)."""
+    limit = description.capabilities.get("max_trust_list_bytes") or 0
+    size = sum(len(item) for item in (*trust_list.trusted_certificates, *trust_list.trusted_crls))
+    if isinstance(limit, int) and limit and size > limit:
+        raise DeviceFailure(f"trust list too large: {size} bytes, the device holds at most {limit}", "TooLarge")
+
+
+def certlm_csr(
+    key: rsa.RSAPrivateKey, subject: str | None, current: x509.Certificate, target: DeviceTarget
+) -> x509.CertificateSigningRequest:
+    """A CSR for a key certlm made: the requested subject (else the current certificate's), the current
+    certificate's URIs (the OPC UA ApplicationUri) and the address certlm reaches the device at."""
+    try:
+        name = x509.Name.from_rfc4514_string(subject) if subject else current.subject
+    except ValueError as error:
+        raise DeviceFailure(f"subject {subject!r} is not an RFC 4514 distinguished name", BAD_ANSWER) from error
+    try:
+        san = current.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = [x509.UniformResourceIdentifier(uri) for uri in san.get_values_for_type(x509.UniformResourceIdentifier)]
+    except x509.ExtensionNotFound:
+        uris = []
+    names: list[x509.GeneralName] = [*uris, host_general_name(target.server)]
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(name)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def _as_stored(trust_list: TrustList) -> tuple[list[bytes], list[bytes]]:
+    return sorted(trust_list.trusted_certificates), sorted(trust_list.trusted_crls)
+
+
+def _unique(items: Iterable[bytes]) -> list[bytes]:
+    return list(dict.fromkeys(items))
+
+
+@dataclass
+class StepNote:
+    """What a step reports when it succeeds."""
+
+    message: str = ""
+    status: str = ""
+
+
+@dataclass
+class StepLog:
+    """The steps of one push as they happen; the first failure becomes ``PushFailed``, raised from the original
+    error, with every step so far and whether the device was changed."""
+
+    steps: list[StepOutcome] = field(default_factory=list)
+    changed_device: bool = False
+    presented_certificate: x509.Certificate | None = None
+
+    @asynccontextmanager
+    async def step(self, name: str) -> AsyncIterator[StepNote]:
+        note, started = StepNote(), time.monotonic()
+        try:
+            yield note
+        except PushFailed:
+            raise
+        except Exception as error:
+            self.fail(name, error, started)
+        self.steps.append(StepOutcome(name, True, time.monotonic() - started, note.status, note.message))
+
+    def warn(self, name: str, message: str) -> None:
+        self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=True))
+
+    def fail(self, name: str, error: Exception, started: float | None = None) -> NoReturn:
+        seconds = time.monotonic() - started if started is not None else 0.0
+        message = f"{name} failed: {error.message if isinstance(error, APIError) else error or type(error).__name__}"
+        status = error.device_status if isinstance(error, DeviceFailure) else type(error).__name__
+        self.steps.append(StepOutcome(name, False, seconds, status, message))
+        raise PushFailed(
+            message, list(self.steps), changed_device=self.changed_device,
+            presented_certificate=self.presented_certificate,
+        ) from error  # fmt: skip

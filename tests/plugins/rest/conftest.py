@@ -1,0 +1,48 @@
+"""Fixtures of the REST plugin's tests: test devices with an HTTPS management API and a real OPC UA server, and
+certlm in this process with an internal CA."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.plugins.rest.device import RestTestDevice
+from tests.support import InProcessApp, LicenseKeys, in_process_settings, licensed_app_in_process
+
+StartRestDevice = Callable[..., Awaitable[RestTestDevice]]
+
+
+@pytest.fixture
+async def rest_device(tmp_path: Path) -> AsyncIterator[StartRestDevice]:
+    """Starts test devices (``RestTestDevice`` options as keywords); stops them after the test."""
+    started: list[RestTestDevice] = []
+
+    async def start(**options: Any) -> RestTestDevice:
+        device = RestTestDevice(tmp_path / f"device-{len(started)}", **options)
+        started.append(device)
+        await device.start()
+        return device
+
+    try:
+        yield start
+    finally:
+        for device in started:
+            await device.stop()
+
+
+@pytest.fixture
+async def certlm(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[InProcessApp]:
+    """certlm in this process, licensed, with short device time-outs."""
+    settings = in_process_settings(
+        tmp_path / "data", license_keys, device_connect_timeout_s=3.0, device_operation_timeout_s=6.0
+    )
+    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
+        yield InProcessApp(client, headers, host)
+
+
+@pytest.fixture
+async def pki_id(certlm: InProcessApp) -> int:
+    return await certlm.create_internal_ca()

@@ -1,0 +1,291 @@
+"""The REST drivers against the test device: registration pins the management API's TLS certificate, onboarding and
+the renewal scheduler enroll certificates the device's OPC UA server then presents, the monitor reads it, and each
+fault ends as it should (rollback, refused credentials, refused TLS certificate, a device gone mid-upload)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from certlm_rest.connection import Timeouts
+from certlm_rest.models import RestDevice
+from certlm_rest.opcua_endpoint import endpoint_certificate
+from cryptography import x509
+
+from certlm.certs import to_der
+from certlm.enrollment import PushError, PushOrder, push_certificate
+from certlm.monitoring import monitor_device
+from certlm.renewal import renewal_scan
+from certlm.schedulers import ScanContext
+from certlm.storage.models import InventoryEntry
+from certlm.suppression import MaintenanceCalendar
+from certlm.system import system_settings
+from tests.plugins.rest.conftest import StartRestDevice
+from tests.plugins.rest.device import RestTestDevice
+from tests.support import InProcessApp
+
+TIMEOUTS = Timeouts(3.0, 6.0)
+
+
+async def register(certlm: InProcessApp, device: RestTestDevice, pki_id: int | None, **fields: Any) -> dict:
+    body = {"server": "127.0.0.1", "port": device.port, "opcua_url": device.opcua_url, **fields}
+    if pki_id is not None:
+        body["pki"] = pki_id
+    if "bearer_token" not in fields:
+        body = {"userinfo_name": "admin", "userinfo_password": "admin-pw", **body}
+    status, entry = await certlm.call("POST", "/rest/inventory", body)
+    assert status == 200, entry
+    return entry
+
+
+async def push(certlm: InProcessApp, device: RestTestDevice, **order: Any) -> dict:
+    async with certlm.context():
+        entry = await InventoryEntry.get(server="127.0.0.1", port=device.port, protocol="rest")
+        return await push_certificate(entry, PushOrder(debug=True, **order))
+
+
+async def failed_push(certlm: InProcessApp, device: RestTestDevice, **order: Any) -> PushError:
+    with pytest.raises(PushError) as failure:
+        await push(certlm, device, **order)
+    return failure.value
+
+
+async def entry_of(certlm: InProcessApp, device: RestTestDevice) -> InventoryEntry:
+    async with certlm.context():
+        return await InventoryEntry.get(server="127.0.0.1", port=device.port, protocol="rest")
+
+
+def steps(result: dict) -> dict[str, bool]:
+    return {step["step"]: step["ok"] for step in result["steps"]}
+
+
+async def presented(device: RestTestDevice) -> bytes:
+    return to_der(await endpoint_certificate(device.opcua_url, TIMEOUTS))
+
+
+async def enrolled(certlm: InProcessApp, device: RestTestDevice, pki_id: int) -> x509.Certificate:
+    await register(certlm, device, pki_id)
+    outcome = await push(certlm, device, onboarding=True)
+    assert outcome["success"], outcome
+    return device.active.certificate
+
+
+async def test_registration_pins_and_onboarding_enrolls_a_certificate_the_opcua_server_presents(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    factory_certificate = device.active.certificate
+    entry = await register(certlm, device, pki_id, name="press line 3")
+    assert entry["service"] == "rest-generic"
+    assert entry["url"] == f"https://127.0.0.1:{device.port}"
+    assert entry["opcua_url"] == device.opcua_url
+    assert entry["tls_certificate_sha1"] is not None
+    assert entry["cert_base64"] is not None  # the certificate in use, pinned at registration
+    assert x509.load_der_x509_certificate(base64.b64decode(entry["cert_base64"])) == factory_certificate
+
+    outcome = await push(certlm, device, onboarding=True)
+    assert outcome["success"], outcome
+    assert list(steps(outcome["result"])) == [
+        "connect", "identify", "describe", "create_signing_request", "enroll", "fetch_crls", "upload_trust_list",
+        "upload_certificate", "apply", "verify",
+    ]  # fmt: skip
+    issued = device.active.certificate
+    assert issued != factory_certificate and device.previous is not None
+    assert await presented(device) == to_der(issued)
+    stored = await entry_of(certlm, device)
+    assert stored.certificate_der == to_der(issued) == stored.pinned_certificate_der
+    assert len(device.active.trusted_certificates) == 1  # the internal CA
+    assert (device.directory / "active" / "certificate.pem").read_text().startswith("-----BEGIN CERTIFICATE")
+
+    status, listing = await certlm.call("GET", "/rest/inventory")
+    assert status == 200 and [e["server"] for e in listing] == ["127.0.0.1"]
+    assert listing[0]["cert_subjectdn"] == issued.subject.rfc4514_string()
+    status, gds = await certlm.call("GET", "/gds/inventory")
+    assert status == 200 and gds == []
+
+
+async def test_the_renewal_scheduler_renews_a_rest_device(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    first = await enrolled(certlm, device, pki_id)
+    async with certlm.context():
+        await InventoryEntry.filter(port=device.port).update(renewal_days=1)
+        future = first.not_valid_after_utc - timedelta(hours=12)
+        context = ScanContext(
+            future, await MaintenanceCalendar.load(), timedelta(hours=1), lambda: future, await system_settings()
+        )
+        report = await renewal_scan(context)
+    assert report.outcomes.get("renewed") == 1, report
+    renewed = device.active.certificate
+    assert renewed != first and await presented(device) == to_der(renewed)
+    entry = await entry_of(certlm, device)
+    assert entry.certificate_der == to_der(renewed)
+    assert entry.last_result["push"]["result"]["trigger"] == "scheduler"
+
+
+async def test_the_monitor_reads_the_opcua_endpoint_and_notices_a_certificate_certlm_did_not_install(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    issued = await enrolled(certlm, device, pki_id)
+    entry = await entry_of(certlm, device)
+    async with certlm.context():
+        assert await monitor_device(entry, datetime.now(UTC)) == "read"
+        await entry.refresh_from_db()
+        assert entry.certificate_der == to_der(issued)
+        assert len(entry.trustlist["trustlist_trusted_ca"]) == 1
+        assert entry.firmware_version == "1.0.0"
+        # Someone installs another certificate behind certlm's back.
+        await device.opcua.present(device.previous)
+        assert await monitor_device(entry, datetime.now(UTC)) == "certificate_changed"
+
+
+async def test_a_failed_apply_is_rolled_back_and_the_device_runs_on_its_previous_certificate(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    issued = await enrolled(certlm, device, pki_id)
+    device.faults.fail_apply = True
+    failure = await failed_push(certlm, device, automated=True, trigger="scheduler")
+    result = failure.details["result"]
+    assert steps(result)["apply"] is False and steps(result)["rollback"] is True, result
+    assert result["device_changed"] is False
+    assert "rolled back" in failure.message
+    assert device.active.certificate == issued
+    assert await presented(device) == to_der(issued)
+    assert (await entry_of(certlm, device)).certificate_der == to_der(issued)
+
+
+async def test_a_server_that_comes_back_with_the_old_certificate_is_rolled_back(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    issued = await enrolled(certlm, device, pki_id)
+    device.faults.apply_keeps_old = True
+    failure = await failed_push(certlm, device)
+    result = failure.details["result"]
+    assert steps(result)["apply"] is True and steps(result)["verify"] is False, result
+    assert steps(result)["rollback"] is True and result["device_changed"] is False
+    assert "presents" in next(s["message"] for s in result["steps"] if s["step"] == "verify")
+    assert device.active.certificate == issued and await presented(device) == to_der(issued)
+
+
+async def test_a_wrong_password_is_refused_and_nothing_is_pinned(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    entry = await register(certlm, device, pki_id, userinfo_name="admin", userinfo_password="wrong")
+    assert entry["cert_base64"] is None and entry["tls_certificate_sha1"] is None
+    failure = await failed_push(certlm, device, onboarding=True)
+    (connect,) = failure.details["result"]["steps"]
+    assert connect["step"] == "connect" and connect["status"] == "HTTP 401", connect
+    assert "refused the credentials" in failure.message
+    async with certlm.context():
+        assert (await RestDevice.get(entry_id=entry["id"])).tls_certificate_der is None
+    assert device.applies == 0
+    # The right password, given with the push, is accepted and stored for later renewals.
+    outcome = await push(certlm, device, onboarding=True, username="admin", password="admin-pw")
+    assert outcome["success"], outcome
+    outcome = await push(certlm, device, automated=True, trigger="scheduler")
+    assert outcome["success"], outcome
+
+
+async def test_a_changed_tls_certificate_is_refused_before_anything_is_sent(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    issued = await enrolled(certlm, device, pki_id)
+    device.replace_tls_certificate()
+    requests_before = len(device.requests)
+    failure = await failed_push(certlm, device, automated=True, trigger="scheduler")
+    (connect,) = failure.details["result"]["steps"]
+    assert connect["status"] == "TlsCertificateUntrusted", connect
+    assert "not the one pinned" in connect["message"] and "Nothing was sent" in connect["message"]
+    assert len(device.requests) == requests_before  # no request, no credentials
+    assert device.active.certificate == issued
+    # An operator's push without onboarding is refused too; re-onboarding accepts the new TLS certificate.
+    await failed_push(certlm, device)
+    outcome = await push(certlm, device, onboarding=True)
+    assert outcome["success"], outcome
+    assert "replacing" in outcome["result"]["steps"][0]["message"]
+
+
+@pytest.mark.parametrize("upload", ["trust-list", "certificate"])
+async def test_a_device_that_goes_down_mid_upload_is_left_unchanged(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int, upload: str
+) -> None:
+    device = await rest_device()
+    issued = await enrolled(certlm, device, pki_id)
+    device.faults.drop_on = upload
+    failure = await failed_push(certlm, device, automated=True, trigger="scheduler")
+    result = failure.details["result"]
+    last = result["steps"][-1]
+    assert last["step"] == f"upload_{upload.replace('-', '_')}" and not last["ok"], result
+    assert last["status"] in {"ConnectionLost", "ConnectionFailed"}, last
+    assert result["device_changed"] is False and "apply" not in steps(result)
+    assert device.applies == 1  # the onboarding's only
+    assert await presented(device) == to_der(issued)
+
+
+async def test_a_bearer_token_logs_in_and_is_stored_encrypted(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device(users={}, bearer_token="s3cr3t-T0ken.value")
+    entry = await register(certlm, device, pki_id, bearer_token="s3cr3t-T0ken.value")
+    assert entry["bearer_token_set"] is True and entry["tls_certificate_sha1"] is not None
+    assert "s3cr3t" not in str(entry)
+    async with certlm.context():
+        stored = await RestDevice.get(entry_id=entry["id"])
+    assert stored.bearer_token_enc and "s3cr3t" not in stored.bearer_token_enc
+    outcome = await push(certlm, device, onboarding=True)
+    assert outcome["success"], outcome
+
+
+async def test_a_device_without_key_generation_gets_a_key_made_by_certlm(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device(makes_keys=False)
+    await register(certlm, device, pki_id)
+    outcome = await push(certlm, device, onboarding=True)
+    assert outcome["success"], outcome
+    assert "generate_key" in steps(outcome["result"]) and "create_signing_request" not in steps(outcome["result"])
+    assert await presented(device) == to_der(device.active.certificate)
+
+
+async def test_the_vendor_driver_is_selected_from_the_identity_and_speaks_its_api(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device(api="contoso")
+    entry = await register(certlm, device, pki_id)
+    assert entry["service"] == "rest-contoso"
+    outcome = await push(certlm, device, onboarding=True, subject="CN=Gateway 7")
+    assert outcome["success"], outcome
+    issued = device.active.certificate
+    assert issued.subject.rfc4514_string() == "CN=Gateway 7"
+    assert await presented(device) == to_der(issued)
+    assert ("POST", "/api/login") in device.requests and device.sessions
+    device.faults.fail_apply = True
+    failure = await failed_push(certlm, device, automated=True, trigger="scheduler")
+    assert steps(failure.details["result"])["rollback"] is True
+    assert await presented(device) == to_der(issued)
+
+    status, supported = await certlm.call("GET", "/supported-devices")
+    assert status == 200
+    assert {"vendor": "Contoso", "device_name": "GW-200", "firmware_version": "2.*", "service": "rest-contoso"} in [
+        {key: row[key] for key in ("vendor", "device_name", "firmware_version", "service")} for row in supported
+    ]
+
+
+async def test_first_contact_by_push_selects_the_vendor_driver(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device(api="contoso")
+    entry = await register(certlm, device, pki_id, userinfo_name="admin", userinfo_password="wrong")
+    assert entry["service"] == "rest-generic"  # not identified: refused credentials
+    outcome = await push(certlm, device, onboarding=True, username="admin", password="admin-pw")
+    assert outcome["success"], outcome
+    assert list(steps(outcome["result"]))[:3] == ["connect", "identify", "describe"]
+    assert (await entry_of(certlm, device)).service == "rest-contoso"
