@@ -82,7 +82,8 @@ async def offered_host_key(host: str, port: int, timeouts: SshTimeouts) -> async
     contact)."""
     try:
         key = await asyncio.wait_for(
-            asyncssh.get_server_host_key(host, port, **_options(timeouts)), timeouts.connect_s * 2
+            asyncssh.get_server_host_key(host, port, config=None),
+            timeouts.connect_s * 2,
         )
     except Exception as error:
         raise failure("reading the SSH host key", error) from error
