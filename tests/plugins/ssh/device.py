@@ -107,8 +107,12 @@ class SshServer:
         # The SFTP subsystem waits while the test holds it (a device that goes down in the middle of an upload).
         sftp.write_text(
             "#!/bin/sh\n"
-            f"if [ -e {self.base}/hold-sftp ]; then touch {self.base}/sftp-started; "
-            f"while [ -e {self.base}/hold-sftp ]; do sleep 0.05; done; fi\n"
+            f"base={self.base}\n"
+            # The n-th SFTP session (n the content of hold-sftp) waits while hold-sftp exists: a device that goes
+            # down in the middle of an upload.
+            'if [ -e "$base/hold-sftp" ]; then n=$(( $(cat "$base/sftp-count" 2>/dev/null || echo 0) + 1 )); '
+            'echo $n > "$base/sftp-count"; if [ "$n" = "$(cat "$base/hold-sftp")" ]; then touch "$base/sftp-started"; '
+            'while [ -e "$base/hold-sftp" ]; do sleep 0.05; done; fi; fi\n'
             f"exec {SFTP_SERVER}\n"
         )
         sftp.chmod(0o755)

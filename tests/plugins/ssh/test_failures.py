@@ -1,0 +1,139 @@
+"""What goes wrong on a real SSH device, and what certlm leaves behind: a reload that fails or a server that does not
+come back with the new certificate (rolled back to the previous files), a wrong password, a changed host key, the
+device going down in the middle of the upload, an automated push to a device whose host key nobody pinned."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from certlm_ssh.opcua import presented_certificate
+
+from tests.plugins.ssh.conftest import SshPlant, failed_step
+from tests.plugins.ssh.device import StoreDevice, running_as_root
+from tests.support import eventually
+
+
+async def onboarded(plant: SshPlant, **settings) -> StoreDevice:
+    [device] = plant.bed.devices
+    await plant.register(device, **settings)
+    await plant.onboard(device)
+    return device
+
+
+def store_files(device: StoreDevice) -> dict[str, bytes]:
+    """Every file of the live store (not the kept previous ones)."""
+    return {
+        str(path.relative_to(device.store)): path.read_bytes()
+        for path in device.store.rglob("*")
+        if path.is_file() and not str(path.relative_to(device.store)).startswith(".certlm-")
+    }
+
+
+async def test_a_reload_that_fails_is_rolled_back_to_the_previous_files(plant: SshPlant) -> None:
+    device = await onboarded(plant)
+    before, installed = store_files(device), device.installed_certificate()
+    (device.directory / "reject-next").touch()
+
+    result = await plant.push(device)
+
+    assert not result["success"]
+    assert failed_step(result)["step"] == "reload" and failed_step(result)["status"] == "CommandFailed"
+    rollback = result["result"]["steps"][-1]
+    assert rollback["step"] == "rollback" and rollback["ok"], rollback
+    assert result["result"]["device_changed"] is False
+    assert store_files(device) == before
+    assert await presented_certificate(device.opcua_url, 5) == installed
+
+
+async def test_a_server_that_does_not_present_the_new_certificate_is_rolled_back(plant: SshPlant) -> None:
+    device = await onboarded(plant)
+    before, installed = store_files(device), device.installed_certificate()
+    # A reload command that succeeds without restarting anything: the server keeps presenting the old certificate.
+    layout = {**device.layout(), "reload_command": "true", "reload_timeout_s": 2.0}
+    status, body = await plant.call("POST", "/ssh/device", {"server": "127.0.0.1", "port": device.ssh_port,
+                                                             "layout": layout})  # fmt: skip
+    assert status == 200, body
+
+    result = await plant.push(device)
+
+    assert failed_step(result)["step"] == "verify" and "did not present the new certificate" in result["error"]
+    assert result["result"]["steps"][-1]["step"] == "rollback" and result["result"]["steps"][-1]["ok"]
+    assert store_files(device) == before
+    assert await presented_certificate(device.opcua_url, 5) == installed
+
+
+@pytest.mark.skipif(not running_as_root(), reason="password logins need the test user, made as root")
+async def test_a_wrong_password_is_refused_at_connect_and_changes_nothing(plant: SshPlant) -> None:
+    device = await onboarded(plant)
+    before = store_files(device)
+    status, body = await plant.call(
+        "POST", "/ssh/device", {"server": "127.0.0.1", "port": device.ssh_port, "password": "not-the-password"}
+    )
+    assert status == 200, body
+
+    result = await plant.push(device)
+
+    step = failed_step(result)
+    assert (step["step"], step["status"]) == ("connect", "PermissionDenied")
+    assert result["result"]["device_changed"] is False and store_files(device) == before
+
+
+async def test_a_changed_host_key_is_refused_until_an_operator_pins_it_again(plant: SshPlant) -> None:
+    device = await onboarded(plant)
+    pinned = (await plant.entry(device))["host_key"]
+    before = store_files(device)
+    sshd = plant.bed.sshd
+    await asyncio.to_thread(sshd.stop)
+    sshd.new_host_key()
+    await asyncio.to_thread(sshd.start)
+
+    result = await plant.push(device)
+
+    step = failed_step(result)
+    assert (step["step"], step["status"]) == ("connect", "HostKeyMismatch")
+    assert store_files(device) == before
+    # Onboarding again does not replace a pinned key either: only the operator's explicit pin does.
+    assert failed_step(await plant.push(device, onboarding=True))["status"] == "HostKeyMismatch"
+    address = {"server": "127.0.0.1", "port": device.ssh_port}
+    status, body = await plant.call("POST", "/ssh/hostkey", address)
+    assert status == 409 and "replace true" in body["error"]
+    status, body = await plant.call("POST", "/ssh/hostkey", {**address, "fingerprint": "SHA256:" + "A" * 43})
+    assert status == 409 and "nothing was pinned" in body["error"]
+    status, body = await plant.call("POST", "/ssh/hostkey", {**address, "replace": True})
+    assert status == 200 and body["host_key"] == sshd.host_key() != pinned
+    assert (await plant.push(device))["success"]
+
+
+async def test_the_device_going_down_during_the_upload_leaves_its_store_as_it_was(plant: SshPlant) -> None:
+    device = await onboarded(plant)
+    before, installed = store_files(device), device.installed_certificate()
+    base = plant.bed.base
+    # The push's second SFTP session (the first reads the store) waits in the device while this exists.
+    (base / "hold-sftp").write_text("2")
+
+    push = asyncio.create_task(plant.push(device))
+
+    async def upload_started() -> bool:
+        return (base / "sftp-started").exists()
+
+    await eventually(upload_started, "the upload to start", timeout=30)
+    await asyncio.to_thread(plant.bed.sshd.stop)
+    (base / "hold-sftp").unlink()
+    result = await asyncio.wait_for(push, 60)
+
+    step = failed_step(result)
+    assert step["step"] == "upload" and step["status"] in ("ConnectionLost", "CommandFailed"), step
+    assert result["result"]["device_changed"] is False
+    assert store_files(device) == before
+    assert await presented_certificate(device.opcua_url, 5) == installed
+
+
+async def test_an_automated_push_never_pins_a_host_key(plant: SshPlant) -> None:
+    [device] = plant.bed.devices
+    await plant.register(device)
+
+    result = await plant.push(device, automated=True)
+
+    assert not result["success"] and "no pinned" in result["error"]
+    assert (await plant.entry(device))["host_key"] is None
