@@ -47,6 +47,7 @@ BLUEPRINT_MODULES: tuple[str, ...] = (
     "certlm.blueprints.maintenance",
     "certlm.blueprints.admin",
     "certlm.blueprints.docs",
+    "certlm.blueprints.dashboard",
     "certlm.blueprints.metrics",
 )
 
