@@ -47,8 +47,9 @@ class VaultPki(PkiBackend):
 
 @pytest.fixture
 async def app(tmp_path: Path, license_keys) -> AsyncIterator[Quart]:
-    """The app with every installed plugin plus the two drivers above, inside its app context."""
-    app = create_app(in_process_settings(tmp_path / "data", license_keys))
+    """The app with every installed plugin but the REST plugin (whose generic driver would manage the rest table) plus
+    the two drivers above, inside its app context."""
+    app = create_app(in_process_settings(tmp_path / "data", license_keys, disabled_plugins=frozenset({"rest"})))
     host = app.extensions["certlm"]
     for driver in (GatewayOverSsh, PanelOverRest):
         host.drivers.add(driver)
