@@ -47,9 +47,9 @@ class VaultPki(PkiBackend):
 
 @pytest.fixture
 async def app(tmp_path: Path, license_keys) -> AsyncIterator[Quart]:
-    """The app with every installed plugin but the REST plugin (whose generic driver would manage the rest table) plus
-    the two drivers above, inside its app context."""
-    app = create_app(in_process_settings(tmp_path / "data", license_keys, disabled_plugins=frozenset({"rest"})))
+    """The app with every installed plugin but the REST and SSH plugins (whose generic drivers would manage the rest
+    and ssh tables) plus the two drivers above, inside its app context."""
+    app = create_app(in_process_settings(tmp_path / "data", license_keys, disabled_plugins=frozenset({"rest", "ssh"})))
     host = app.extensions["certlm"]
     for driver in (GatewayOverSsh, PanelOverRest):
         host.drivers.add(driver)
@@ -135,7 +135,14 @@ async def test_validate_names_the_installed_types_that_offer_it(app) -> None:
     )
 
 
-# Over HTTP: an SSH driver plugin installed as its own distribution, and a service without one.
+# Over HTTP: an SSH driver plugin installed as its own distribution, and a service without one. certlm's own SSH and
+# REST plugins are disabled: their generic drivers would manage the ssh and rest tables.
+NO_SSH_PLUGIN = {"CERTLM_DISABLE_PLUGINS": "ssh,rest"}
+
+
+@pytest.fixture(scope="module")
+def service_env() -> dict[str, str]:
+    return NO_SSH_PLUGIN
 
 
 def unique_host(prefix: str) -> str:
@@ -145,7 +152,7 @@ def unique_host(prefix: str) -> str:
 async def test_an_installed_ssh_driver_manages_the_ssh_table(make_service, tmp_path: Path) -> None:
     source = Path(ssh_gateway_plugin.__file__).read_text()
     root = write_distribution(tmp_path / "site", "certlm-ssh-gateway", source, "ssh_gateway")
-    service = await make_service(env={"PYTHONPATH": str(root)})
+    service = await make_service(env={"PYTHONPATH": str(root), **NO_SSH_PLUGIN})
     gateway, plc = unique_host("gateway"), unique_host("plc")
     async with service.client() as api:
         created = await api.post("/inventory", json={"table": "ssh", "add": {"server": gateway}})
