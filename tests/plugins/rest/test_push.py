@@ -289,3 +289,28 @@ async def test_first_contact_by_push_selects_the_vendor_driver(
     assert outcome["success"], outcome
     assert list(steps(outcome["result"]))[:3] == ["connect", "identify", "describe"]
     assert (await entry_of(certlm, device)).service == "rest-contoso"
+
+
+async def test_the_host_push_and_monitor_routes_reach_a_rest_entry(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    await register(certlm, device, pki_id)
+    address = {"server": "127.0.0.1", "port": device.port}
+    status, outcome = await certlm.call("POST", "/gds/push/onboarding", address)
+    assert status == 200 and outcome["success"], outcome
+    status, outcome = await certlm.call("POST", "/gds/push/change", address)
+    assert status == 200 and outcome["success"], outcome
+    renewed = device.active.certificate
+    assert await presented(device) == to_der(renewed)
+    status, last = await certlm.call("GET", f"/gds/push/https://127.0.0.1:{device.port}")
+    assert status == 200 and last["result"]["trigger"] == "POST /gds/push/change", last
+    status, read = await certlm.call("GET", f"/gds/monitor/crt/127.0.0.1:{device.port}")
+    assert status == 200, read
+    status, trust = await certlm.call("GET", f"/gds/monitor/trustlist/127.0.0.1:{device.port}")
+    assert status == 200 and len(trust["trustlist_trusted_ca"]) == 1, trust
+    device.faults.fail_apply = True
+    status, failed = await certlm.call("POST", "/gds/push/change", address)
+    assert status == 500 and steps(failed["result"])["rollback"] is True, failed
+    assert failed["result"]["device_changed"] is False
+    assert await presented(device) == to_der(renewed)
