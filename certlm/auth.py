@@ -21,7 +21,8 @@ from certlm.secretbox import write_private_file
 
 log = logging.getLogger(__name__)
 
-# (method, url rule) pairs reachable without an API key: the spec's list, and the files the /docs page loads.
+# (method, url rule) pairs reachable without an API key: the spec's list, and the files the /docs page and the
+# dashboard load (they carry no data).
 OPEN_ROUTES: frozenset[tuple[str, str]] = frozenset(
     {
         ("GET", "/docs"),
@@ -31,6 +32,7 @@ OPEN_ROUTES: frozenset[tuple[str, str]] = frozenset(
         ("GET", "/pki/crl/<pki_id>"),
         ("GET", "/systeminfo"),
         ("GET", "/opcua_gds_dashboard.html"),
+        ("GET", "/dashboard/assets/<path:filename>"),
     }
 )
 # URL rules that need the API key but no license, so that a license can be installed at all.

@@ -141,11 +141,13 @@ def next_steps(url: str, api_key_file: Path, outcomes: list[DeviceOutcome]) -> l
 
 
 def summary(url: str, settings: Settings, api_key: str, outcomes: list[DeviceOutcome] | None) -> str:
-    """The demo's closing block: where it serves, the API key, the docs, the devices, the log, and what to try."""
+    """The demo's closing block: where it serves, the API key, the docs and the dashboard, the devices, the log, and
+    what to try."""
     lines = [
         f"certlm demo ready at {url} (Ctrl-C stops it)",
         f"  API key:  {api_key}",
         f"  API docs: {url}/docs",
+        f"  dashboard: {url}/opcua_gds_dashboard.html (sign in with the API key)",
     ]
     if outcomes:
         enrolled = sum(outcome.enrolled for outcome in outcomes)

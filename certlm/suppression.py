@@ -7,6 +7,8 @@ time to find where a suppression starts and ends, which the point-in-time evalua
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +21,10 @@ COARSE_STEP = timedelta(minutes=5)
 BOUNDARY_PRECISION = timedelta(seconds=1)
 # How far a suppression's end is searched for; a window longer than this is treated as ending there.
 LONGEST_SUPPRESSION = timedelta(days=35)
+# How far ahead ``/systeminfo`` looks for the next suppression, and how long it reuses what it found: the walk takes
+# a tenth of a second or more per window, too much for each request to an open route.
+OUTLOOK = timedelta(days=7)
+OUTLOOK_REUSE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,9 @@ class Suppression:
     window_name: str
     start: datetime
     end: datetime
+
+    def is_active(self, moment: datetime) -> bool:
+        return self.start <= moment < self.end
 
     def describe(self) -> str:
         until = self.end.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -48,6 +57,13 @@ class MaintenanceCalendar:
         for rule in await MaintenanceRule.filter(window_id__in=[w.id for w in windows]).order_by("id"):
             rules.setdefault(rule.window_id, []).append(rule)  # type: ignore[attr-defined]
         return cls([(window, rules.get(window.id, [])) for window in windows])
+
+    def fingerprint(self) -> tuple:
+        """What the calendar was loaded from: each window and rule by id and last change."""
+        return tuple(
+            (window.id, window.updated_at, tuple((rule.id, rule.updated_at) for rule in rules))
+            for window, rules in self._windows
+        )
 
     def window_at(self, moment: datetime) -> MaintenanceWindow | None:
         """The first (by id) window that suppresses automated operations at ``moment``, or None."""
@@ -93,3 +109,37 @@ class MaintenanceCalendar:
                 return high
             at = step_end
         return limit + COARSE_STEP
+
+
+@dataclass(frozen=True)
+class _Outlook:
+    fingerprint: tuple
+    computed: float
+    suppression: Suppression | None
+
+
+_last_outlook: _Outlook | None = None
+
+
+async def maintenance_outlook(now: datetime) -> Suppression | None:
+    """The suppression ``now`` is in, else the first to start within ``OUTLOOK``; None when there is neither. The
+    walk runs off the event loop, and its answer is reused for ``OUTLOOK_REUSE_S`` while the windows are unchanged
+    and the suppression found has not ended."""
+    global _last_outlook
+    calendar = await MaintenanceCalendar.load()
+    fingerprint = calendar.fingerprint()
+    last = _last_outlook
+    if (
+        last is not None
+        and last.fingerprint == fingerprint
+        and time.monotonic() - last.computed < OUTLOOK_REUSE_S
+        and (last.suppression is None or now < last.suppression.end)
+    ):
+        return last.suppression
+
+    def look(at: datetime) -> Suppression | None:
+        return calendar.suppression_at(at) or calendar.next_suppression(at, OUTLOOK)
+
+    suppression = await asyncio.to_thread(look, now)
+    _last_outlook = _Outlook(fingerprint, time.monotonic(), suppression)
+    return suppression

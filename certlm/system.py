@@ -6,7 +6,7 @@ from __future__ import annotations
 import platform
 import sqlite3
 import ssl
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from certlm import __version__
 from certlm.errors import APIError
 from certlm.host import current_host
 from certlm.storage.models import SchemaVersion, SystemSettings
+from certlm.suppression import Suppression, maintenance_outlook
 
 SOFTWARE = "certlm Certificate Lifecycle Management for OPC UA"
 # The end of support for this release line; announced with each release.
@@ -68,6 +69,8 @@ async def system_info() -> dict[str, Any]:
     schema = await SchemaVersion.get_or_none(id=1)
     host = current_host()
     eol_days = (END_OF_LIFE - date.today()).days
+    now = datetime.now(UTC)
+    outlook = await maintenance_outlook(now)
     return {
         "status": 0,
         "software": SOFTWARE,
@@ -91,4 +94,16 @@ async def system_info() -> dict[str, Any]:
         "show_inactive_devices": settings.show_inactive_devices,
         # The status is this instance's: each instance runs its own schedulers over the shared inventory.
         **host.schedulers.status_fields(),
+        "maintenance_window": _outlook_view(outlook, now) if outlook else None,
+    }
+
+
+def _outlook_view(suppression: Suppression, now: datetime) -> dict[str, Any]:
+    active = suppression.is_active(now)
+    return {
+        "window_id": suppression.window_id,
+        "window_name": suppression.window_name,
+        "active": active,
+        "starts_at": None if active else suppression.start,
+        "ends_at": suppression.end,
     }

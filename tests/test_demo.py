@@ -161,6 +161,7 @@ async def test_demo_without_devices_is_licensed_with_an_internal_ca(tmp_path: Pa
         f"certlm demo ready at {demo.url} (Ctrl-C stops it)",
         f"  API key:  {demo.api_key}",
         f"  API docs: {demo.url}/docs",
+        f"  dashboard: {demo.url}/opcua_gds_dashboard.html (sign in with the API key)",
         "  devices:  none given (certlm demo --device opc.tcp://HOST:PORT onboards one)",
         f"  log:      {demo.data_dir / 'logs' / 'certlm.log'}",
         "  next steps:",
@@ -180,6 +181,7 @@ async def test_demo_onboards_its_devices_then_ends_with_a_summary(tmp_path: Path
         summary = await demo.wait_for_summary()
         async with httpx.AsyncClient(base_url=demo.url, timeout=10) as client:
             assert (await client.get("/docs")).status_code == 200
+            assert (await client.get("/opcua_gds_dashboard.html")).status_code == 200
             listed = await client.get("/gds/inventory", headers={"X-API-Key": demo.api_key})
         assert listed.status_code == 200, listed.text
         enrolled = [entry for entry in listed.json() if entry["cert_base64"]]
@@ -195,6 +197,7 @@ async def test_demo_onboards_its_devices_then_ends_with_a_summary(tmp_path: Path
         f"certlm demo ready at {demo.url} (Ctrl-C stops it)",
         f"  API key:  {demo.api_key}",
         f"  API docs: {demo.url}/docs",
+        f"  dashboard: {demo.url}/opcua_gds_dashboard.html (sign in with the API key)",
         "  devices:  3 of 3 enrolled from PKI 'Demo internal CA'",
         f"  log:      {demo.data_dir / 'logs' / 'certlm.log'}",
         "  next steps:",

@@ -7,27 +7,17 @@ blocked and recorded, and must show the API's operations as a plant engineer wou
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.async_api import ConsoleMessage, Request, Response, Route, async_playwright
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
+from playwright.async_api import async_playwright
 
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, BrowserLog
 from tests.support import RunningService
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # Bound on every wait for the page; rendering the whole API takes a second or two.
 RENDER_TIMEOUT_MS = 60_000
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
@@ -54,47 +44,16 @@ def described_operations(document: dict) -> set[tuple[str, str]]:
 
 async def visit_docs(service: RunningService, profile: Path, expected_operations: int) -> DocsVisit:
     visit = DocsVisit()
-
-    def record_other_host(url: str) -> bool:
-        """Whether ``url`` is somewhere else than certlm; the first sight of such a URL is recorded."""
-        if urlsplit(url).scheme in ("data", "blob") or urlsplit(url).hostname == "127.0.0.1":
-            return False
-        if url not in visit.other_hosts:
-            visit.other_hosts.append(url)
-        return True
-
-    async def only_certlm(route: Route) -> None:
-        if record_other_host(route.request.url):
-            await route.abort("blockedbyclient")
-        else:
-            await route.continue_()
-
-    def record_response(response: Response) -> None:
-        visit.loaded.append(response.url)
-        if response.status >= 400:
-            visit.failed.append(f"{response.status} {response.url}")
-
-    def record_failure(request: Request) -> None:
-        # Requests elsewhere fail by design (blocked here, or by the page's Content-Security-Policy).
-        if not record_other_host(request.url):
-            visit.failed.append(f"{request.failure} {request.url}")
-
-    def record_console(message: ConsoleMessage) -> None:
-        if message.type == "error":
-            visit.errors.append(message.text)
+    log = BrowserLog(other_hosts=visit.other_hosts, failed=visit.failed, errors=visit.errors, loaded=visit.loaded)
 
     async with async_playwright() as playwright:
         context = await playwright.chromium.launch_persistent_context(
             profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
         )
         try:
-            await context.route("**/*", only_certlm)
+            await log.attach(context)
             page = await context.new_page()
-            page.on("request", lambda request: record_other_host(request.url))
-            page.on("response", record_response)
-            page.on("requestfailed", record_failure)
-            page.on("console", record_console)
-            page.on("pageerror", lambda error: visit.errors.append(str(error)))
+            log.watch(page)
             await page.goto(f"{service.url}/docs", wait_until="load", timeout=RENDER_TIMEOUT_MS)
             try:
                 await page.wait_for_selector(".opblock .opblock-summary-path", timeout=RENDER_TIMEOUT_MS)

@@ -15,8 +15,12 @@ NON_JSON_RULES = {
     "/docs", "/openapi.json", "/swagger", "/swagger-ui", "/api/docs",
     "/pki/ca/<pki_id>", "/pki/crl/<pki_id>", "/pki/crt/<pki_id>", "/opcua_gds_dashboard.html", "/gds/crt", "/metrics",
 }  # fmt: skip
-# The documentation's own routes (the page, its assets, the description itself) are not part of the API description.
-SELF_DESCRIBING = {"/docs", "/docs/assets/<path:filename>", "/openapi.json"}
+# certlm's own pages (the documentation, the dashboard), their assets and the description itself are not part of the
+# API description.
+SELF_DESCRIBING = {
+    "/docs", "/docs/assets/<path:filename>", "/openapi.json",
+    "/opcua_gds_dashboard.html", "/dashboard/assets/<path:filename>",
+}  # fmt: skip
 
 
 def openapi_path(rule: str) -> str:

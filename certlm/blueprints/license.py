@@ -8,6 +8,7 @@ from quart_schema import validate_request, validate_response
 
 from certlm.errors import APIError, NotFound
 from certlm.host import current_host
+from certlm.inventory import licensed_endpoints_in_use
 from certlm.licensing import LicenseFormatError, LicenseRefused, decode_base64
 from certlm.openapi import answers
 
@@ -35,6 +36,9 @@ class LicenseOut(BaseModel):
     is_currently_valid: bool | None
     days_until_expiry: int | None
     is_expired: bool | None
+    licensed_endpoints_in_use: int | None = Field(
+        default=None, description="extension: the managed endpoints that count against licensed_endpoints now"
+    )
 
 
 class LicenseRemoved(BaseModel):
@@ -55,7 +59,7 @@ async def install_license(data: LicenseUpload) -> tuple[LicenseOut, int]:
     except LicenseFormatError as error:
         raise APIError(str(error)) from None
     status = await current_host().licenses.install(data.license_b64)
-    return LicenseOut(**status.as_dict()), 201
+    return LicenseOut(**status.as_dict(), licensed_endpoints_in_use=await licensed_endpoints_in_use()), 201
 
 
 @blueprint.get("/systeminfo/lic")
@@ -66,7 +70,7 @@ async def show_license() -> LicenseOut:
     status = await current_host().licenses.current(fresh=True)
     if status is None:
         raise NotFound("No license stored")
-    return LicenseOut(**status.as_dict())
+    return LicenseOut(**status.as_dict(), licensed_endpoints_in_use=await licensed_endpoints_in_use())
 
 
 @blueprint.delete("/systeminfo/lic")

@@ -27,6 +27,16 @@ from certlm.system import (
 blueprint = Blueprint("system", __name__)
 
 
+class MaintenanceOutlook(BaseModel):
+    """The maintenance window that suppresses automated operations now, or the next one to (an extension)."""
+
+    window_id: int
+    window_name: str
+    active: bool = Field(description="whether it suppresses automated operations now")
+    starts_at: datetime | None = Field(description="when it starts suppressing them; null while active")
+    ends_at: datetime = Field(description="when the suppression ends (with every window overlapping it)")
+
+
 class SystemInfo(BaseModel):
     status: int
     software: str
@@ -52,6 +62,10 @@ class SystemInfo(BaseModel):
     monitor_scheduler_last_run: datetime | None = Field(default=None, description="extension: last scan's start")
     monitor_scheduler_next_run: datetime | None = Field(default=None, description="extension: next scan")
     show_inactive_devices: bool
+    maintenance_window: MaintenanceOutlook | None = Field(
+        default=None,
+        description="extension: the active maintenance window, else the next within 7 days; null when none",
+    )
 
 
 class SystemSettingsUpdate(PartialUpdate):

@@ -75,6 +75,7 @@ async def test_install_show_and_remove(unlicensed, license_keys: LicenseKeys) ->
     assert body["license_type"] == "trial" and body["product"] == "certlm"
     assert body["is_currently_valid"] is True and body["is_expired"] is False
     assert body["days_until_expiry"] == 365
+    assert body["licensed_endpoints_in_use"] == 0
     assert (await unlicensed.call("GET", "/gds/systeminfo"))[0] == 200
     assert await unlicensed.call("GET", "/systeminfo/lic") == (200, body)
     assert await unlicensed.call("DELETE", "/systeminfo/lic") == (
@@ -83,6 +84,16 @@ async def test_install_show_and_remove(unlicensed, license_keys: LicenseKeys) ->
     )
     assert (await unlicensed.call("GET", "/gds/systeminfo"))[0] == 403
     assert (await unlicensed.call("GET", "/systeminfo/lic"))[0] == 404
+
+
+async def test_the_license_says_how_many_endpoints_are_in_use(in_process) -> None:
+    """An extension for the dashboard: ``licensed_endpoints_in_use`` against ``licensed_endpoints``."""
+    rows = [{"server": f"10.0.0.{n}"} for n in (1, 2, 3)] + [{"server": "10.0.0.4", "device_status": 2}]
+    status, body = await in_process.call("POST", "/gds/inventory/import", rows)
+    assert status == 200, body
+    status, body = await in_process.call("GET", "/systeminfo/lic")
+    assert status == 200
+    assert body["licensed_endpoints_in_use"] == 3 and body["licensed_endpoints"] == 1000
 
 
 @pytest.mark.parametrize("make_license, message", WRONG_FILES)
@@ -113,7 +124,8 @@ async def test_wrong_file_never_replaces_the_license_in_force(in_process, licens
         f"valid from {in_force['validity_start']} to {in_force['validity_end']}."
     )
     assert message in body["refused_license"]["validation_message"]
-    assert body["license_in_force"] == in_force
+    # The refusal describes the license; how many endpoints are in use is GET's extension.
+    assert body["license_in_force"] == {k: v for k, v in in_force.items() if k != "licensed_endpoints_in_use"}
     assert await in_process.call("GET", "/systeminfo/lic") == (200, in_force)
     assert (await in_process.call("GET", "/gds/systeminfo"))[0] == 200
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
@@ -147,3 +147,28 @@ async def test_the_largest_settings_are_accepted(api) -> None:
     assert {name: response.json()[name] for name in largest} == largest
     restore = {name: before[name] for name in largest}
     assert (await api.post("/systeminfo", json=restore)).status_code == 200
+
+
+async def test_systeminfo_names_the_active_or_next_maintenance_window(api) -> None:
+    """An extension for the dashboard: the window that suppresses automated operations now, else the next one."""
+    assert (await api.get("/systeminfo")).json()["maintenance_window"] is None
+    now = datetime.now(UTC)
+    windows = {}
+    for name, start in (("Now", now - timedelta(hours=1)), ("Later", now + timedelta(days=2))):
+        window = {"name": name, "status": "active", "window_type": "one_time", "timezone": "UTC"}
+        response = await api.post("/maintenance/inventory", json=window)
+        assert response.status_code == 201, response.text
+        windows[name] = response.json()["id"]
+        rule = {"maintenance_window_id": windows[name], "start_at": start.isoformat(),
+                "end_at": (start + timedelta(hours=3)).isoformat()}  # fmt: skip
+        assert (await api.post("/maintenance/rule", json=rule)).status_code == 201
+    outlook = (await api.get("/systeminfo")).json()["maintenance_window"]
+    assert outlook["window_id"] == windows["Now"] and outlook["window_name"] == "Now"
+    assert outlook["active"] is True and outlook["starts_at"] is None
+    assert abs(datetime.fromisoformat(outlook["ends_at"]) - (now + timedelta(hours=2))) < timedelta(seconds=2)
+
+    assert (await api.delete(f"/maintenance/inventory/{windows['Now']}")).status_code == 200
+    outlook = (await api.get("/systeminfo")).json()["maintenance_window"]
+    assert outlook["window_name"] == "Later" and outlook["active"] is False
+    assert abs(datetime.fromisoformat(outlook["starts_at"]) - (now + timedelta(days=2))) < timedelta(seconds=2)
+    assert (await api.delete(f"/maintenance/inventory/{windows['Later']}")).status_code == 200

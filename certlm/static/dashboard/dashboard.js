@@ -1,0 +1,903 @@
+// certlm's dashboard: reads the REST API of the certlm that serves it, with the API key the operator typed in.
+// Everything a device or certificate says is put on the page as text (textContent, never markup), and no request
+// goes anywhere but this certlm (the page's Content-Security-Policy holds the browser to that as well).
+"use strict";
+
+const KEY_STORAGE = "certlm.apiKey";
+const INVENTORY_PAGE = 1000;
+const DAY_MS = 24 * 3600 * 1000;
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+const state = {
+  rows: [],
+  byUrl: new Map(),
+  system: null,
+  license: null,
+  pkiTypes: new Map(),
+  trustLists: null,
+  sort: { key: "name", direction: 1 },
+  page: 0,
+  selectedUrl: null,
+};
+
+const $ = (id) => document.getElementById(id);
+
+// ---- DOM helpers: text only ----------------------------------------------------------------------------------
+
+function el(tag, attributes, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === "className") node.className = value;
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attributes, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function replaceChildren(node, ...children) {
+  node.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined));
+}
+
+function showError(node, message) {
+  node.textContent = message || "";
+  node.hidden = !message;
+}
+
+// A status is always written out; its class only repeats it in colour.
+function statusBadge(text, tone) {
+  return el("span", { className: `status ${tone}` }, text);
+}
+
+// ---- times: the browser's time zone, the UTC value on hover ------------------------------------------------------
+
+function parseTime(value) {
+  if (!value) return null;
+  // The inventory's "YYYY-MM-DD HH:MM:SS" is UTC.
+  const text = /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$/.test(value) ? `${value.replace(" ", "T")}Z` : value;
+  const date = new Date(text);
+  return Number.isNaN(date.getTime()) ? null : date;
+}
+
+const localFormat = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
+
+function timeElement(value) {
+  const date = value instanceof Date ? value : parseTime(value);
+  if (!date) return document.createTextNode("–");
+  const utc = date.toISOString().replace(/\.\d{3}Z$/, "Z");
+  return el("time", { datetime: utc, title: `UTC ${utc}` }, localFormat.format(date));
+}
+
+// ---- the API ------------------------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+function apiKey() {
+  return sessionStorage.getItem(KEY_STORAGE);
+}
+
+async function api(path, { method = "GET", body } = {}) {
+  const headers = { Accept: "application/json", "X-API-Key": apiKey() || "" };
+  const options = { method, headers, credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    options.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, options);
+  } catch (error) {
+    throw new ApiError(0, `certlm did not answer: ${error.message}`);
+  }
+  let data = null;
+  try {
+    data = await response.json();
+  } catch (error) {
+    data = null;
+  }
+  if (response.status === 401) {
+    keyRefused(data && data.error);
+    throw new ApiError(401, (data && data.error) || "wrong key");
+  }
+  if (!response.ok) {
+    const message = data && typeof data.error === "string" ? data.error : `HTTP ${response.status}`;
+    throw new ApiError(response.status, message);
+  }
+  return data;
+}
+
+function hostPath(url) {
+  return encodeURIComponent(url);
+}
+
+// ---- the key ------------------------------------------------------------------------------------------------
+
+function showKeyPrompt(message) {
+  $("dashboard").hidden = true;
+  $("session-actions").hidden = true;
+  $("key-prompt").hidden = false;
+  showError($("key-error"), message);
+  $("api-key").value = "";
+  $("api-key").focus();
+}
+
+function keyRefused(reason) {
+  sessionStorage.removeItem(KEY_STORAGE);
+  forgetData();
+  showKeyPrompt(`Wrong key: certlm refused it (${reason || "invalid API key"}).`);
+}
+
+function forgetData() {
+  state.rows = [];
+  state.byUrl = new Map();
+  state.trustLists = null;
+  state.selectedUrl = null;
+  replaceChildren($("device-rows"));
+  $("detail").hidden = true;
+}
+
+async function submitKey(event) {
+  event.preventDefault();
+  const key = $("api-key").value.trim();
+  if (!key) return;
+  sessionStorage.setItem(KEY_STORAGE, key);
+  try {
+    // Needs the key but no license: a wrong key is told apart from a missing license.
+    await api("/systeminfo/lic").catch((error) => {
+      if (error.status !== 404) throw error;
+    });
+  } catch (error) {
+    if (error.status !== 401) showError($("key-error"), error.message);
+    return;
+  }
+  $("api-key").value = "";
+  await openDashboard();
+}
+
+function forgetKey() {
+  sessionStorage.removeItem(KEY_STORAGE);
+  forgetData();
+  showKeyPrompt("The key is forgotten; enter it again to see the data.");
+}
+
+// ---- loading ------------------------------------------------------------------------------------------------
+
+async function pages(path, key) {
+  const items = [];
+  let after = 0;
+  for (;;) {
+    const separator = path.includes("?") ? "&" : "?";
+    if (key === "operations") {
+      const page = await api(`${path}${separator}after_id=${after}`);
+      items.push(...page.operations);
+      if (page.next_after_id === null) return items;
+      after = page.next_after_id;
+    } else {
+      const page = await api(`${path}${separator}limit=${INVENTORY_PAGE}&after_id=${after}`);
+      items.push(...page);
+      if (page.length < INVENTORY_PAGE) return items;
+      after = page[page.length - 1].id;
+    }
+  }
+}
+
+async function openDashboard() {
+  $("key-prompt").hidden = true;
+  $("dashboard").hidden = false;
+  $("session-actions").hidden = false;
+  await refresh();
+}
+
+async function refresh() {
+  showError($("load-error"), "");
+  $("refresh").disabled = true;
+  try {
+    const [entries, operations, system, license, pki, pkiTypes] = await Promise.all([
+      pages("/inventory", "entries"),
+      pages("/dashboard/operations", "operations"),
+      api("/systeminfo"),
+      api("/systeminfo/lic").catch((error) => ({ missing: error.message })),
+      api("/pki/inventory"),
+      api("/pki"),
+    ]);
+    state.system = system;
+    state.license = license;
+    state.pkiTypes = new Map(pkiTypes.map((type) => [type.pki_type_id, type.pki_type]));
+    state.trustLists = null;
+    const lastById = new Map(operations.map((operation) => [operation.id, operation]));
+    state.rows = entries.map((entry) => deviceRow(entry, lastById.get(entry.id), system));
+    state.byUrl = new Map(state.rows.map((row) => [row.url, row]));
+    renderOverview();
+    renderTable();
+    renderSchedulers(system, pki);
+    $("refreshed").textContent = `updated ${localFormat.format(new Date())}`;
+    if (state.selectedUrl && state.byUrl.has(state.selectedUrl)) await openDetail(state.selectedUrl, false);
+  } catch (error) {
+    if (error.status !== 401) showError($("load-error"), `Could not load the data: ${error.message}`);
+  } finally {
+    $("refresh").disabled = false;
+  }
+}
+
+// ---- certificates: the serial and names from DER, for the table and trust lists ----------------------------------
+
+function base64Bytes(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i += 1) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}
+
+function tlv(bytes, offset) {
+  const tag = bytes[offset];
+  let length = bytes[offset + 1];
+  let header = 2;
+  if (length & 0x80) {
+    const count = length & 0x7f;
+    length = 0;
+    for (let i = 0; i < count; i += 1) length = length * 256 + bytes[offset + 2 + i];
+    header += count;
+  }
+  const start = offset + header;
+  if (start + length > bytes.length) throw new Error("truncated DER");
+  return { tag, start, end: start + length };
+}
+
+function children(bytes, node) {
+  const items = [];
+  for (let offset = node.start; offset < node.end; ) {
+    const child = tlv(bytes, offset);
+    items.push(child);
+    offset = child.end;
+  }
+  return items;
+}
+
+function hex(bytes, node) {
+  let start = node.start;
+  while (start < node.end - 1 && bytes[start] === 0) start += 1;
+  const text = Array.from(bytes.subarray(start, node.end), (b) => b.toString(16).padStart(2, "0")).join("");
+  return text.replace(/^0+(?=.)/, "").toUpperCase();
+}
+
+const ATTRIBUTE_NAMES = { "2.5.4.3": "CN", "2.5.4.6": "C", "2.5.4.7": "L", "2.5.4.8": "ST", "2.5.4.10": "O", "2.5.4.11": "OU", "0.9.2342.19200300.100.1.25": "DC" };
+
+function oid(bytes, node) {
+  const first = bytes[node.start];
+  const arcs = [Math.floor(first / 40), first % 40];
+  let value = 0;
+  for (let i = node.start + 1; i < node.end; i += 1) {
+    value = value * 128 + (bytes[i] & 0x7f);
+    if (!(bytes[i] & 0x80)) {
+      arcs.push(value);
+      value = 0;
+    }
+  }
+  return arcs.join(".");
+}
+
+function stringValue(bytes, node) {
+  const raw = bytes.subarray(node.start, node.end);
+  if (node.tag === 0x1e) return new TextDecoder("utf-16be").decode(raw);
+  if (node.tag === 0x0c) return new TextDecoder("utf-8").decode(raw);
+  return Array.from(raw, (b) => String.fromCharCode(b)).join("");
+}
+
+function distinguishedName(bytes, node) {
+  const parts = [];
+  for (const set of children(bytes, node)) {
+    for (const pair of children(bytes, set)) {
+      const [type, value] = children(bytes, pair);
+      const name = oid(bytes, type);
+      parts.push(`${ATTRIBUTE_NAMES[name] || name}=${stringValue(bytes, value)}`);
+    }
+  }
+  return parts.reverse().join(", ");
+}
+
+function derTime(bytes, node) {
+  const text = stringValue(bytes, node);
+  const full = node.tag === 0x17 ? `${Number(text.slice(0, 2)) < 50 ? "20" : "19"}${text}` : text;
+  const m = /^(\d{4})(\d\d)(\d\d)(\d\d)(\d\d)(\d\d)/.exec(full);
+  return m ? new Date(Date.UTC(+m[1], +m[2] - 1, +m[3], +m[4], +m[5], +m[6])) : null;
+}
+
+function certificateFacts(base64) {
+  try {
+    const bytes = base64Bytes(base64);
+    const tbs = children(bytes, tlv(bytes, 0))[0];
+    const fields = children(bytes, tbs);
+    const i = fields[0].tag === 0xa0 ? 1 : 0;
+    const validity = children(bytes, fields[i + 3]);
+    return {
+      serial: hex(bytes, fields[i]),
+      issuer: distinguishedName(bytes, fields[i + 2]),
+      notAfter: derTime(bytes, validity[1]),
+      subject: distinguishedName(bytes, fields[i + 4]),
+    };
+  } catch (error) {
+    return null;
+  }
+}
+
+function crlFacts(base64) {
+  try {
+    const bytes = base64Bytes(base64);
+    const tbs = children(bytes, tlv(bytes, 0))[0];
+    const fields = children(bytes, tbs);
+    const i = fields[0].tag === 0x02 ? 1 : 0;
+    const next = fields[i + 3] && (fields[i + 3].tag === 0x17 || fields[i + 3].tag === 0x18) ? fields[i + 3] : null;
+    return { issuer: distinguishedName(bytes, fields[i + 1]), nextUpdate: next ? derTime(bytes, next) : null };
+  } catch (error) {
+    return null;
+  }
+}
+
+// ---- the fleet ----------------------------------------------------------------------------------------------
+
+function deviceState(entry) {
+  if (entry.device_status === 0) return "inactive";
+  if (entry.device_status === 2) return "deleted";
+  if (entry.schedule && entry.schedule.unreachable_since) return "unreachable";
+  return "active";
+}
+
+function revocationText(entry) {
+  if (!entry.cert_base64) return "no certificate";
+  if (entry.cert_revoked === true) return "revoked";
+  if (entry.cert_revoked === false) return "not revoked";
+  return "not checked";
+}
+
+function deviceRow(entry, lastOperation, system) {
+  const facts = entry.cert_base64 ? certificateFacts(entry.cert_base64) : null;
+  const validTo = parseTime(entry.cert_validto);
+  const renewalDays = entry.renewal_days ?? system.gds_push_scheduler_renewal_days;
+  const row = {
+    entry,
+    id: entry.id,
+    name: entry.name || "",
+    url: entry.url,
+    service: entry.service || "",
+    state: deviceState(entry),
+    subject: entry.cert_subjectdn || "",
+    issuer: entry.cert_issuerdn || "",
+    serial: facts ? facts.serial : "",
+    validTo,
+    daysLeft: entry.cert_expdays,
+    renewalDays,
+    revocation: revocationText(entry),
+    last: lastOperation || null,
+    lastAt: lastOperation && lastOperation.at ? parseTime(lastOperation.at) : null,
+  };
+  row.bucket = expiryBucket(row);
+  row.haystack = [row.name, row.url, row.service, row.subject, row.issuer, row.serial, row.state].join("\n").toLowerCase();
+  return row;
+}
+
+function expiryBucket(row) {
+  if (!row.validTo) return "none";
+  if (row.validTo.getTime() <= Date.now()) return "expired";
+  if (row.daysLeft < 7) return "week";
+  if (row.daysLeft < row.renewalDays) return "renewal";
+  return "later";
+}
+
+function renderOverview() {
+  const rows = state.rows;
+  const count = (predicate) => rows.filter(predicate).length;
+  $("count-active").textContent = count((row) => row.state === "active" || row.state === "unreachable");
+  $("count-unreachable").textContent = count((row) => row.state === "unreachable");
+  const listsInactive = state.system.show_inactive_devices;
+  $("count-inactive").textContent = listsInactive ? count((row) => row.state === "inactive") : "not listed";
+  $("inactive-note").hidden = listsInactive;
+  $("inactive-note").textContent = "Inactive devices are left out of the inventory while show_inactive_devices is off.";
+  $("count-revoked").textContent = count((row) => row.entry.cert_revoked === true);
+  $("count-failed").textContent = count((row) => row.last && !row.last.success);
+  renderExpiryChart(rows);
+
+  const license = state.license;
+  if (!license || license.missing) {
+    $("license-endpoints").textContent = "no license";
+    $("license-days").textContent = "–";
+    $("license-note").textContent = license ? license.missing : "";
+  } else {
+    const used = license.licensed_endpoints_in_use ?? "?";
+    $("license-endpoints").textContent = `${used} of ${license.licensed_endpoints ?? "?"}`;
+    $("license-days").textContent = license.days_until_expiry ?? "–";
+    const validity = license.validation_success ? "valid" : `not valid: ${license.validation_message || ""}`;
+    $("license-note").textContent = `${license.license_type || ""} license for ${license.company || "?"}, ${validity}`;
+  }
+}
+
+function renderExpiryChart(rows) {
+  const renewalDays = state.system.gds_push_scheduler_renewal_days;
+  const buckets = [
+    ["expired", "Expired", "bar-expired"],
+    ["week", "Less than 7 days", "bar-week"],
+    ["renewal", `Less than renewal_days (${renewalDays} by default)`, "bar-renewal"],
+    ["later", "Later", "bar-later"],
+    ["none", "No certificate", "bar-none"],
+  ];
+  const counts = Object.fromEntries(buckets.map(([key]) => [key, 0]));
+  for (const row of rows) counts[row.bucket] += 1;
+  const max = Math.max(1, ...Object.values(counts));
+  const labelWidth = 230;
+  const barWidth = 150;
+  const rowHeight = 26;
+  const chart = svg("svg", {
+    viewBox: `0 0 ${labelWidth + barWidth + 60} ${buckets.length * rowHeight}`,
+    role: "img",
+    "aria-labelledby": "expiry-chart-title",
+  });
+  const summary = buckets.map(([key, label]) => `${label}: ${counts[key]}`).join("; ");
+  chart.append(svg("title", { id: "expiry-chart-title" }, `Certificates by time left. ${summary}`));
+  buckets.forEach(([key, label, className], index) => {
+    const y = index * rowHeight;
+    chart.append(svg("text", { x: 0, y: y + 17 }, label));
+    const width = Math.round((counts[key] / max) * barWidth);
+    chart.append(svg("rect", { x: labelWidth, y: y + 4, width: Math.max(width, 1), height: rowHeight - 8, class: className }));
+    chart.append(svg("text", { x: labelWidth + Math.max(width, 1) + 6, y: y + 17, "data-bucket": key }, String(counts[key])));
+  });
+  replaceChildren($("expiry-chart"), chart);
+}
+
+// ---- the device table -------------------------------------------------------------------------------------------
+
+function visibleRows() {
+  const query = $("search").value.trim().toLowerCase();
+  const wanted = $("state-filter").value;
+  const { key, direction } = state.sort;
+  return state.rows
+    .filter((row) => (wanted === "all" || row.state === wanted) && (!query || row.haystack.includes(query)))
+    .sort((a, b) => direction * compare(a[key], b[key]) || compare(a.url, b.url));
+}
+
+function compare(a, b) {
+  const empty = (value) => value === null || value === undefined || value === "";
+  if (empty(a) || empty(b)) return empty(a) - empty(b);
+  if (a instanceof Date) return a.getTime() - b.getTime();
+  if (typeof a === "number") return a - b;
+  return String(a).localeCompare(String(b), undefined, { numeric: true, sensitivity: "base" });
+}
+
+function stateBadge(stateName) {
+  const tone = { active: "ok", unreachable: "bad", inactive: "none", deleted: "none" }[stateName] || "none";
+  return statusBadge(stateName, tone);
+}
+
+function daysBadge(row) {
+  if (row.daysLeft === null || row.daysLeft === undefined) return "–";
+  const tone = { expired: "bad", week: "bad", renewal: "warn", later: "ok" }[row.bucket] || "none";
+  const text = row.bucket === "expired" ? `${row.daysLeft} (expired)` : String(row.daysLeft);
+  return statusBadge(text, tone);
+}
+
+function revocationBadge(text) {
+  return statusBadge(text, { revoked: "bad", "not revoked": "ok" }[text] || "none");
+}
+
+function lastOperationCell(last) {
+  if (!last) return "none recorded";
+  return el(
+    "span",
+    {},
+    statusBadge(last.success ? "succeeded" : "failed", last.success ? "ok" : "bad"),
+    " ",
+    last.operation,
+    last.trigger ? `, ${last.trigger}` : "",
+    ", ",
+    timeElement(last.at),
+  );
+}
+
+function renderTable() {
+  const rows = visibleRows();
+  const size = Number($("page-size").value);
+  const pageCount = Math.max(1, Math.ceil(rows.length / size));
+  state.page = Math.min(state.page, pageCount - 1);
+  const start = state.page * size;
+  const shown = rows.slice(start, start + size);
+  const body = shown.map((row) =>
+    el(
+      "tr",
+      { "data-url": row.url, className: row.url === state.selectedUrl ? "selected" : null },
+      el("td", { className: "name" }, el("button", { type: "button", className: "link", "data-open": row.url }, row.name || "(no name)")),
+      el("td", { className: "url" }, row.url),
+      el("td", { className: "service" }, row.service),
+      el("td", { className: "state" }, stateBadge(row.state)),
+      el("td", { className: "subject" }, row.subject || "–"),
+      el("td", { className: "issuer" }, row.issuer || "–"),
+      el("td", { className: "serial" }, row.serial || "–"),
+      el("td", { className: "valid-to" }, timeElement(row.validTo)),
+      el("td", { className: "num days-left" }, daysBadge(row)),
+      el("td", { className: "revocation" }, revocationBadge(row.revocation)),
+      el("td", { className: "last-operation" }, lastOperationCell(row.last)),
+    ),
+  );
+  replaceChildren($("device-rows"), body);
+  if (!rows.length) {
+    $("device-rows").append(el("tr", {}, el("td", { colspan: 11 }, state.rows.length ? "No device matches." : "No devices in the inventory.")));
+  }
+  $("page-info").textContent = rows.length
+    ? `Devices ${start + 1}–${start + shown.length} of ${rows.length}${rows.length !== state.rows.length ? ` (${state.rows.length} in all)` : ""}, page ${state.page + 1} of ${pageCount}`
+    : `0 of ${state.rows.length} devices`;
+  $("page-prev").disabled = state.page === 0;
+  $("page-next").disabled = state.page >= pageCount - 1;
+  for (const th of document.querySelectorAll("#device-table th[data-key]")) {
+    if (th.dataset.key === state.sort.key) th.setAttribute("aria-sort", state.sort.direction > 0 ? "ascending" : "descending");
+    else th.removeAttribute("aria-sort");
+  }
+}
+
+function sortBy(key) {
+  state.sort = { key, direction: state.sort.key === key ? -state.sort.direction : 1 };
+  state.page = 0;
+  renderTable();
+}
+
+// ---- one device -------------------------------------------------------------------------------------------------
+
+function pairs(list, items) {
+  replaceChildren(
+    list,
+    items.flatMap(([label, value]) => [el("dt", {}, label), el("dd", {}, value === null || value === undefined || value === "" ? "–" : value)]),
+  );
+}
+
+async function openDetail(url, scroll = true) {
+  const row = state.byUrl.get(url);
+  if (!row) return;
+  state.selectedUrl = url;
+  for (const tr of document.querySelectorAll("#device-rows tr")) tr.classList.toggle("selected", tr.dataset.url === url);
+  const section = $("detail");
+  section.hidden = false;
+  section.dataset.url = url;
+  $("detail-heading").textContent = `Device ${row.name || "(no name)"} — ${url}`;
+  showError($("detail-error"), "");
+  if (scroll) section.scrollIntoView({ block: "start" });
+  const path = hostPath(url);
+  const optional = (promise) => promise.catch((error) => (error.status === 404 ? null : Promise.reject(error)));
+  try {
+    // The listing says which operation was last, so only that one is asked for (the other may well be 404).
+    const last = row.last ? `/gds/push/${row.last.operation === "onboarding" ? "onboarding/" : ""}${path}` : null;
+    const [detail, operation] = await Promise.all([
+      optional(api(`/gds/inventory/crt/${path}`)),
+      last ? optional(api(last)) : null,
+    ]);
+    if (state.selectedUrl !== url) return;
+    renderCertificateDetail(detail, row);
+    renderLastOperation(operation);
+    await showStoredTrustList(url);
+  } catch (error) {
+    if (error.status !== 401) showError($("detail-error"), error.message);
+  }
+}
+
+function renderCertificateDetail(detail, row) {
+  const list = $("certificate-detail");
+  if (!detail || !detail.certificate || !detail.certificate.subject_dn) {
+    pairs(list, [["Certificate", "none stored for this device"]]);
+    return;
+  }
+  const c = detail.certificate;
+  const revocation = detail.certificate_revocation || {};
+  const reason = detail.certificate_revocation_reason;
+  const san = Object.entries(c.san || {}).map(([type, names]) => `${type}: ${names.join(", ")}`).join("; ");
+  pairs(list, [
+    ["Name", detail.name || "(no name)"],
+    ["Driver", row.service],
+    ["Subject", c.subject_dn],
+    ["Common name", c.subject_cn],
+    ["Issuer", c.issuer_dn],
+    ["Serial", el("span", { className: "detail-serial" }, c.serial_number || "–")],
+    ["SHA-1", c.sha1_thumbprint],
+    ["Valid from", timeElement(c.valid_from)],
+    ["Valid to", timeElement(c.valid_to)],
+    ["Days left", c.remaining_days],
+    ["Key", c.key_type ? `${c.key_type} ${c.public_key_size || ""}`.trim() : null],
+    ["Key usage", (c.key_usage || []).join(", ")],
+    ["Extended key usage", (c.extended_key_usage || []).join(", ")],
+    ["Alternative names", san],
+    ["CRL distribution points", (c.cdp || []).join(", ")],
+    ["Self-signed", c.self_signed ? "yes" : "no"],
+    ["Revocation", revocation.name ? `${revocation.name}: ${revocation.description || ""}${reason ? ` (${reason.name || reason.id})` : ""}` : null],
+    ["Certificate changed", timeElement(detail.last_changed_certificate_date)],
+  ]);
+}
+
+function stepRows(steps) {
+  return (steps || []).map((step) =>
+    el(
+      "tr",
+      {},
+      el("td", {}, step.step),
+      el("td", {}, statusBadge(step.ok ? "ok" : "failed", step.ok ? "ok" : "bad")),
+      el("td", { className: "opcua-status" }, step.status || "–"),
+      el("td", {}, step.message || ""),
+    ),
+  );
+}
+
+function renderLastOperation(record) {
+  const body = $("operation-steps").querySelector("tbody");
+  if (!record || !record.result) {
+    replaceChildren($("operation-summary"), "No push or onboarding recorded for this device.");
+    replaceChildren(body);
+    return;
+  }
+  const result = record.result;
+  replaceChildren(
+    $("operation-summary"),
+    statusBadge(record.success ? "succeeded" : "failed", record.success ? "ok" : "bad"),
+    ` ${record.execution || ""}`,
+    result.trigger ? ` — trigger: ${result.trigger}` : "",
+    " — ",
+    timeElement(result.at),
+    record.error ? el("span", { className: "error-text" }, ` — ${record.error}`) : "",
+  );
+  replaceChildren(body, stepRows(result.steps));
+}
+
+async function showStoredTrustList(url) {
+  if (state.trustLists === null) {
+    const lists = await api("/gds/inventory/trustlist");
+    state.trustLists = new Map(lists.map((list) => [list.url, list]));
+  }
+  if (state.selectedUrl !== url) return;
+  renderTrustList(state.trustLists.get(url), "as last read and stored");
+}
+
+function renderTrustList(list, source) {
+  $("trustlist-source").textContent = `(${source})`;
+  const groups = [
+    ["trustlist_trusted_ca", "Trusted certificates", "certificate"],
+    ["trustlist_trusted_crl", "CRLs of trusted certificates", "crl"],
+    ["trustlist_issuer_ca", "Issuer certificates", "certificate"],
+    ["trustlist_issuer_crl", "CRLs of issuer certificates", "crl"],
+  ];
+  if (!list) {
+    replaceChildren($("trustlist"), el("p", {}, "No trust list stored for this device."));
+    return;
+  }
+  replaceChildren(
+    $("trustlist"),
+    groups.map(([key, label, kind]) => {
+      const items = list[key] || [];
+      return el(
+        "div",
+        { className: "trust-group" },
+        el("h4", {}, `${label}: ${items.length}`),
+        items.length
+          ? el(
+              "ul",
+              { className: "plain" },
+              items.map((item) => {
+                if (kind === "certificate") {
+                  const facts = certificateFacts(item);
+                  return el("li", {}, facts ? `${facts.subject} (serial ${facts.serial}, valid to ` : "unreadable certificate", facts ? timeElement(facts.notAfter) : "", facts ? ")" : "");
+                }
+                const facts = crlFacts(item);
+                return el("li", {}, facts ? `CRL of ${facts.issuer}, next update ` : "unreadable CRL", facts ? timeElement(facts.nextUpdate) : "");
+              }),
+            )
+          : null,
+      );
+    }),
+  );
+}
+
+// ---- schedulers, maintenance, PKI ---------------------------------------------------------------------------------
+
+function renderSchedulers(system, pki) {
+  for (const name of ["gds_push", "monitor"]) {
+    const status = system[`${name}_scheduler_status`];
+    const tone = { idle: "ok", running: "ok", suppressed: "warn", error: "bad" }[status] || "none";
+    pairs($(`scheduler-${name}`).querySelector("dl"), [
+      ["Status", statusBadge(status, tone)],
+      ["Switched on", system[`${name}_scheduler_active`] ? "yes" : "no"],
+      ["Last run", timeElement(system[`${name}_scheduler_last_run`])],
+      ["Next run", timeElement(system[`${name}_scheduler_next_run`])],
+      ["Every", `${system[`${name}_scheduler_scan_interval_sec`]} s`],
+      ...(name === "gds_push" ? [["Renewal days", system.gds_push_scheduler_renewal_days]] : []),
+      ["Detail", system[`${name}_scheduler_detail`]],
+    ]);
+  }
+  const maintenance = system.maintenance_window;
+  const paragraph = $("maintenance").querySelector("p");
+  if (!maintenance) {
+    replaceChildren(paragraph, "None active, none in the next 7 days.");
+  } else if (maintenance.active) {
+    replaceChildren(paragraph, statusBadge("active now", "warn"), ` ${maintenance.window_name} (id ${maintenance.window_id}) until `, timeElement(maintenance.ends_at), ": automated operations wait.");
+  } else {
+    replaceChildren(paragraph, statusBadge("next", "none"), ` ${maintenance.window_name} (id ${maintenance.window_id}) from `, timeElement(maintenance.starts_at), " until ", timeElement(maintenance.ends_at));
+  }
+  replaceChildren(
+    $("pki").querySelector("ul"),
+    pki.length
+      ? pki.map((entry) =>
+          el("li", {}, `${entry.name || "(no name)"} — id ${entry.pki_id}, type ${state.pkiTypes.get(entry.pki_type_id) || entry.pki_type_id}, ${entry.pki_connection}`),
+        )
+      : [el("li", {}, "No PKI endpoints configured.")],
+  );
+}
+
+// ---- actions: confirmed, with the result's steps ----------------------------------------------------------------
+
+function confirmAction(title, text) {
+  const dialog = $("confirm-dialog");
+  $("confirm-title").textContent = title;
+  $("confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.returnValue = "cancel";
+    dialog.showModal();
+    $("confirm-cancel").focus();
+  });
+}
+
+function showResult(title, outcome) {
+  $("result-title").textContent = title;
+  const summary = $("result-summary");
+  const body = $("result-steps").querySelector("tbody");
+  if (outcome.error) {
+    replaceChildren(summary, statusBadge("failed", "bad"), ` ${outcome.error}`);
+    replaceChildren(body, stepRows(outcome.steps));
+  } else {
+    const data = outcome.data;
+    const success = data.success !== false;
+    replaceChildren(summary, statusBadge(success ? "succeeded" : "failed", success ? "ok" : "bad"), ` ${data.execution || outcome.text || ""}`, data.error ? ` — ${data.error}` : "");
+    replaceChildren(body, stepRows(data.result ? data.result.steps : outcome.steps));
+  }
+  $("result-steps").hidden = !body.children.length;
+  $("result-dialog").showModal();
+}
+
+async function runAction(title, call) {
+  const buttons = document.querySelectorAll(".detail-actions button, #enroll-open");
+  buttons.forEach((button) => {
+    button.disabled = true;
+  });
+  try {
+    const data = await call();
+    return { data };
+  } catch (error) {
+    return { error: error.message, status: error.status };
+  } finally {
+    buttons.forEach((button) => {
+      button.disabled = false;
+    });
+  }
+}
+
+async function renewNow() {
+  const row = state.byUrl.get(state.selectedUrl);
+  if (!row) return;
+  const label = row.name ? `${row.name} (${row.url})` : row.url;
+  if (!(await confirmAction("Renew now", `Renew the certificate of ${label} now? certlm has the entry's PKI issue a new certificate and writes it into the device.`))) return;
+  const outcome = await runAction("Renew now", () => api("/gds/push/change", { method: "POST", body: { server: row.entry.server, port: row.entry.port } }));
+  if (outcome.status === 401) return;
+  showResult(`Renew now: ${label}`, outcome);
+  await refresh();
+}
+
+async function readNow() {
+  const row = state.byUrl.get(state.selectedUrl);
+  if (!row) return;
+  const label = row.name ? `${row.name} (${row.url})` : row.url;
+  if (!(await confirmAction("Read the device now", `Connect to ${label} now, read its certificate, check its revocation and store what it reads?`))) return;
+  const outcome = await runAction("Read now", () =>
+    api("/gds/monitor/crt", { method: "POST", body: { server: row.entry.server, port: String(row.entry.port), fingerprint: "sha1" } }),
+  );
+  if (outcome.status === 401) return;
+  if (outcome.data) {
+    outcome.text = `read ${outcome.data.url || label}: certificate SHA-1 ${outcome.data.fingerprint || "?"}, stored in the inventory`;
+    outcome.steps = [];
+  }
+  showResult(`Read now: ${label}`, outcome);
+  await refresh();
+}
+
+async function readTrustListLive() {
+  const url = state.selectedUrl;
+  if (!url) return;
+  showError($("detail-error"), "");
+  try {
+    const list = await api(`/gds/monitor/trustlist/${hostPath(url)}`);
+    if (state.selectedUrl === url) renderTrustList(list, `read live ${localFormat.format(new Date())}`);
+    state.trustLists = null;
+  } catch (error) {
+    if (error.status !== 401) showError($("detail-error"), `Reading the trust list failed: ${error.message}`);
+  }
+}
+
+function openEnroll() {
+  $("enroll-form").reset();
+  $("enroll-dialog").showModal();
+  $("enroll-server").focus();
+}
+
+async function submitEnroll(event) {
+  event.preventDefault();
+  const form = $("enroll-form");
+  if (!form.reportValidity()) return;
+  const value = (id) => $(id).value.trim();
+  const body = { server: value("enroll-server"), port: Number(value("enroll-port")), issuer: $("enroll-issuer").checked, trusted: $("enroll-trusted").checked };
+  for (const [field, id] of [["name", "enroll-name"], ["subject", "enroll-subject"], ["username", "enroll-username"]]) {
+    if (value(id)) body[field] = value(id);
+  }
+  if ($("enroll-password").value) body.password = $("enroll-password").value;
+  $("enroll-dialog").close();
+  const target = `${body.server}:${body.port}`;
+  if (!(await confirmAction("Enroll a new device", `Enroll ${target}${body.name ? ` as ${body.name}` : ""}? certlm registers it, has its PKI issue a certificate${body.subject ? ` for ${body.subject}` : ""} and writes it and the trust list into the device.`))) return;
+  const outcome = await runAction("Enroll", () => api("/gds/push", { method: "POST", body }));
+  $("enroll-password").value = "";
+  if (outcome.status === 401) return;
+  showResult(`Enroll ${target}`, outcome);
+  await refresh();
+}
+
+// ---- wiring ---------------------------------------------------------------------------------------------------
+
+function wire() {
+  $("key-form").addEventListener("submit", submitKey);
+  $("forget-key").addEventListener("click", forgetKey);
+  $("refresh").addEventListener("click", refresh);
+  $("search").addEventListener("input", () => {
+    state.page = 0;
+    renderTable();
+  });
+  $("state-filter").addEventListener("change", () => {
+    state.page = 0;
+    renderTable();
+  });
+  $("page-size").addEventListener("change", () => {
+    state.page = 0;
+    renderTable();
+  });
+  $("page-prev").addEventListener("click", () => {
+    state.page -= 1;
+    renderTable();
+  });
+  $("page-next").addEventListener("click", () => {
+    state.page += 1;
+    renderTable();
+  });
+  for (const th of document.querySelectorAll("#device-table th[data-key]")) {
+    th.querySelector("button").addEventListener("click", () => sortBy(th.dataset.key));
+  }
+  $("device-rows").addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-open]");
+    if (button) openDetail(button.dataset.open);
+  });
+  $("detail-close").addEventListener("click", () => {
+    state.selectedUrl = null;
+    $("detail").hidden = true;
+    renderTable();
+  });
+  $("renew-now").addEventListener("click", renewNow);
+  $("read-now").addEventListener("click", readNow);
+  $("read-trustlist").addEventListener("click", readTrustListLive);
+  $("enroll-open").addEventListener("click", openEnroll);
+  $("enroll-cancel").addEventListener("click", () => $("enroll-dialog").close());
+  $("enroll-form").addEventListener("submit", submitEnroll);
+}
+
+wire();
+if (apiKey()) openDashboard();
+else showKeyPrompt("");

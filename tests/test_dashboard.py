@@ -1,0 +1,345 @@
+"""The dashboard, ``/opcua_gds_dashboard.html``, in a real headless Chromium against a real ``certlm serve`` with
+simulated OPC UA devices: the key prompt, every device in the table, renew now, markup from devices shown as text,
+no request outside certlm, and screenshots of the overview and of one device's detail.
+
+The screenshots are written to ``test-artifacts/dashboard-overview.png`` and ``test-artifacts/dashboard-device.png``
+below the repository (``DASHBOARD_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import pytest
+from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
+from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, BrowserLog
+from tests.support import REPO, RunningService, free_port
+
+DASHBOARD = "/opcua_gds_dashboard.html"
+DASHBOARD_ARTIFACTS = REPO / "test-artifacts"
+ADMIN = {"username": "admin", "password": "admin-pw"}
+MARKUP = "<img src=x onerror=window.__pwned=1>"
+# RFC 4514 escapes "<" and ">"; the certificate's common name is the markup itself.
+MARKUP_SUBJECT = r"CN=\<img src=x onerror=window.__pwned=1\>,O=Plant"
+# Bound on every wait in the browser: a push to a simulated device takes a second or two, more on a loaded machine.
+WAIT_MS = 60_000
+# What the page shows where it has no value (yet).
+NO_VALUE = "\u2013"
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+
+
+@pytest.fixture(scope="module")
+def service_env() -> dict[str, str]:
+    return {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "5", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "30"}
+
+
+@pytest.fixture(scope="module")
+async def devices(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[SimulatedDevice]]:
+    """Four simulated PLCs in factory state: three the fleet fixture enrolls, one left for the enroll form."""
+    state = tmp_path_factory.mktemp("dashboard-devices")
+    started = []
+    try:
+        for _ in range(4):
+            device = SimulatedDevice(
+                SimulatorConfig(state_dir=state, port=free_port(), auto_accept=True, apply_delay_s=0.1)
+            )
+            await device.start()
+            started.append(device)
+        yield started
+    finally:
+        for device in started:
+            await device.stop()
+
+
+@pytest.fixture(scope="module")
+async def fleet(service: RunningService, devices: list[SimulatedDevice]) -> list[SimulatedDevice]:
+    """The module's certlm with an internal CA and three devices enrolled from it: one named "Press 7", one without
+    a name, and one whose name and certificate subject carry markup."""
+    async with service.client() as api:
+        response = await api.post("/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0", "name": "CA"})
+        assert response.status_code == 200, response.text
+        bodies = [
+            {"name": "Press 7", "subject": "CN=press-7,O=Plant Nord"},
+            {},
+            {"name": MARKUP, "subject": MARKUP_SUBJECT},
+        ]
+        for device, extra in zip(devices, bodies, strict=False):
+            body = {"server": "127.0.0.1", "port": device.config.port, **ADMIN, **extra}
+            response = await api.post("/gds/push/onboarding", json=body)
+            assert response.status_code == 200 and response.json()["success"], response.text
+    return devices[:3]
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+class Visit:
+    """One browser tab on the dashboard, with what it requested and said."""
+
+    def __init__(self, page: Page, log: BrowserLog, service: RunningService) -> None:
+        self.page, self.log, self.service = page, log, service
+
+    async def open(self) -> None:
+        await self.page.goto(f"{self.service.url}{DASHBOARD}", wait_until="load", timeout=WAIT_MS)
+
+    async def enter_key(self, key: str) -> None:
+        await self.page.get_by_label("API key", exact=True).fill(key)
+        await self.page.get_by_role("button", name="Open dashboard").click()
+
+    async def signed_in(self) -> None:
+        await self.open()
+        await self.enter_key(self.service.api_key)
+        await expect(self.page.locator("#count-active")).not_to_have_text(NO_VALUE, timeout=WAIT_MS)
+
+    def row(self, url: str) -> Locator:
+        return self.page.locator(f'#device-rows tr[data-url="{url}"]')
+
+    async def open_device(self, url: str) -> None:
+        await self.row(url).locator("td.name button").click()
+        detail = self.page.locator("#detail")
+        await expect(detail).to_be_visible(timeout=WAIT_MS)
+        await expect(detail.locator(".detail-serial")).not_to_have_text(NO_VALUE, timeout=WAIT_MS)
+        await expect(detail.locator("#operation-steps tbody tr").first).to_be_visible(timeout=WAIT_MS)
+
+
+@pytest.fixture
+async def visit(browser: Browser, service: RunningService, fleet) -> AsyncIterator[Visit]:
+    """A fresh tab (its own session storage) at 1280 px, every request elsewhere blocked and recorded."""
+    context = await browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Europe/Berlin")
+    log = BrowserLog()
+    await log.attach(context)
+    page = await context.new_page()
+    log.watch(page)
+    try:
+        yield Visit(page, log, service)
+    finally:
+        await context.close()
+
+
+async def inventory(service: RunningService) -> list[dict]:
+    async with service.client() as api:
+        response = await api.get("/inventory")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_wrong_key_is_refused_and_the_right_key_shows_every_device(visit: Visit) -> None:
+    page = visit.page
+    await visit.open()
+    await expect(page.get_by_label("API key", exact=True)).to_be_visible(timeout=WAIT_MS)
+    await expect(page.locator("#dashboard")).to_be_hidden()
+
+    await visit.enter_key("not-the-key-" + "x" * 20)
+    await expect(page.locator("#key-error")).to_contain_text("Wrong key", timeout=WAIT_MS)
+    await expect(page.locator("#dashboard")).to_be_hidden()
+    assert await page.evaluate("sessionStorage.getItem('certlm.apiKey')") is None
+
+    await visit.enter_key(visit.service.api_key)
+    entries = await inventory(visit.service)
+    rows = page.locator("#device-rows tr[data-url]")
+    await expect(rows).to_have_count(len(entries), timeout=WAIT_MS)
+    assert {await row.get_attribute("data-url") for row in await rows.all()} == {entry["url"] for entry in entries}
+    await expect(page.locator("#count-active")).to_have_text(str(len(entries)))
+    await expect(page.locator("#license-endpoints")).to_have_text(f"{len(entries)} of 1000")
+    await expect(page.locator("#count-failed")).to_have_text("0")
+    # The key is in this tab's session storage only: not in the address, not in a cookie.
+    assert await page.evaluate("sessionStorage.getItem('certlm.apiKey')") == visit.service.api_key
+    assert visit.service.api_key not in page.url
+    assert await page.context.cookies() == []
+    assert all(visit.service.api_key not in url for url in visit.log.requested)
+
+    await page.get_by_role("button", name="Forget key").click()
+    await expect(page.get_by_label("API key", exact=True)).to_be_visible(timeout=WAIT_MS)
+    await expect(page.locator("#device-rows tr")).to_have_count(0)
+    assert await page.evaluate("sessionStorage.getItem('certlm.apiKey')") is None
+
+
+async def test_a_stored_key_the_service_refuses_is_shown_as_wrong_key(visit: Visit) -> None:
+    """A key kept in the tab that is no longer right (the key file was replaced): the first data call is refused."""
+    await visit.open()
+    await visit.page.evaluate("sessionStorage.setItem('certlm.apiKey', 'an-old-key-that-is-no-longer-right')")
+    await visit.page.reload(wait_until="load")
+    await expect(visit.page.locator("#key-error")).to_contain_text("Wrong key", timeout=WAIT_MS)
+    await expect(visit.page.locator("#key-error")).to_contain_text("invalid API key")
+    await expect(visit.page.locator("#dashboard")).to_be_hidden()
+    assert await visit.page.evaluate("sessionStorage.getItem('certlm.apiKey')") is None
+
+
+async def test_renew_now_changes_the_serial_in_the_table(visit: Visit, fleet: list[SimulatedDevice]) -> None:
+    device = fleet[1]
+    await visit.signed_in()
+    serial = visit.row(device.url).locator("td.serial")
+    before = await serial.inner_text()
+    assert before == f"{device.certificate.serial_number:X}"
+    await visit.open_device(device.url)
+
+    await visit.page.get_by_role("button", name="Renew now").click()
+    await expect(visit.page.locator("#confirm-dialog")).to_be_visible()
+    await visit.page.locator("#confirm-ok").click()
+    result = visit.page.locator("#result-dialog")
+    await expect(result).to_be_visible(timeout=WAIT_MS)
+    await expect(result.locator("#result-summary")).to_contain_text("succeeded")
+    await expect(result.locator("#result-steps tbody tr", has_text="update_certificate")).to_be_visible()
+    await result.get_by_role("button", name="Close").click()
+
+    renewed = f"{device.certificate.serial_number:X}"
+    assert renewed != before
+    await expect(serial).to_have_text(renewed, timeout=WAIT_MS)
+    await expect(visit.row(device.url).locator("td.last-operation")).to_contain_text("POST /gds/push/change")
+    await expect(visit.page.locator("#detail .detail-serial")).to_have_text(renewed, timeout=WAIT_MS)
+    assert not visit.log.errors, visit.log.errors
+
+
+async def test_read_now_reads_the_device_and_says_so(visit: Visit, fleet: list[SimulatedDevice]) -> None:
+    device = fleet[0]
+    await visit.signed_in()
+    await visit.open_device(device.url)
+    await visit.page.get_by_role("button", name="Read the device now").click()
+    await visit.page.locator("#confirm-ok").click()
+    summary = visit.page.locator("#result-dialog #result-summary")
+    await expect(summary).to_contain_text("succeeded", timeout=WAIT_MS)
+    await expect(summary).to_contain_text(device.url)
+
+
+async def test_markup_from_a_device_is_shown_as_text_and_runs_nothing(
+    visit: Visit, fleet: list[SimulatedDevice]
+) -> None:
+    device = fleet[2]
+    await visit.signed_in()
+    row = visit.row(device.url)
+    await expect(row.locator("td.name")).to_have_text(MARKUP, timeout=WAIT_MS)
+    await expect(row.locator("td.subject")).to_have_text(MARKUP_SUBJECT)
+    await visit.open_device(device.url)
+    await expect(visit.page.locator("#detail-heading")).to_contain_text(MARKUP)
+    await expect(visit.page.locator("#certificate-detail")).to_contain_text(MARKUP)
+    await visit.page.get_by_label("Search").fill("<img")
+    await expect(visit.page.locator("#device-rows tr[data-url]")).to_have_count(1)
+
+    assert await visit.page.locator("main img, dialog img").count() == 0
+    assert await visit.page.evaluate("typeof window.__pwned") == "undefined"
+    assert not visit.log.errors, f"console errors (a Content-Security-Policy violation among them?): {visit.log.errors}"
+    assert not visit.log.dialogs
+    assert not any(urlsplit(url).path == "/x" for url in visit.log.requested)
+
+
+async def test_enroll_form_enrolls_a_new_device(visit: Visit, devices: list[SimulatedDevice]) -> None:
+    device = devices[3]
+    await visit.signed_in()
+    page = visit.page
+    await page.get_by_role("button", name="Enroll a new device").click()
+    dialog = page.locator("#enroll-dialog")
+    await dialog.get_by_label("Server (IP or host name)").fill("127.0.0.1")
+    await dialog.get_by_label("Port").fill(str(device.config.port))
+    await dialog.get_by_label("Name", exact=True).fill("Mixer 3")
+    await dialog.get_by_label("Subject DN").fill("CN=mixer-3,O=Plant Sued")
+    await dialog.get_by_label("Device user name").fill(ADMIN["username"])
+    await dialog.get_by_label("Device password").fill(ADMIN["password"])
+    await dialog.get_by_role("button", name="Enroll").click()
+    await expect(page.locator("#confirm-text")).to_contain_text(f"127.0.0.1:{device.config.port}")
+    await page.locator("#confirm-ok").click()
+    await expect(page.locator("#result-summary")).to_contain_text("succeeded", timeout=WAIT_MS)
+    await page.locator("#result-close").click()
+    row = visit.row(device.url)
+    await expect(row.locator("td.name")).to_have_text("Mixer 3", timeout=WAIT_MS)
+    await expect(row.locator("td.subject")).to_contain_text("CN=mixer-3")
+
+
+async def test_the_page_stays_on_certlm_and_screenshots_overview_and_device(
+    visit: Visit, fleet: list[SimulatedDevice]
+) -> None:
+    await visit.signed_in()
+    page = visit.page
+    await expect(page.locator("#scheduler-gds_push dl")).to_contain_text("Status")
+    await expect(page.locator("#pki li")).to_contain_text("type internal")
+    await expect(page.locator("#expiry-chart svg title")).to_contain_text("Later:")
+    DASHBOARD_ARTIFACTS.mkdir(exist_ok=True)
+    overview = DASHBOARD_ARTIFACTS / "dashboard-overview.png"
+    await page.screenshot(path=overview, full_page=True)
+
+    await visit.open_device(fleet[0].url)
+    await expect(page.locator("#trustlist")).to_contain_text("Trusted certificates: ", timeout=WAIT_MS)
+    await page.get_by_role("button", name="Read its trust list live").click()
+    await expect(page.locator("#trustlist-source")).to_contain_text("read live", timeout=WAIT_MS)
+    device = DASHBOARD_ARTIFACTS / "dashboard-device.png"
+    await page.locator("#detail").screenshot(path=device)
+    print(f"\ndashboard screenshots: {overview} (overview), {device} (device detail)")
+
+    assert visit.log.requested, "the browser's network log is empty"
+    assert not visit.log.other_hosts, f"the dashboard tried to reach other hosts: {visit.log.other_hosts}"
+    assert {urlsplit(url).hostname for url in visit.log.requested} == {"127.0.0.1"}
+    assert not visit.log.failed, visit.log.failed
+    assert not visit.log.errors, visit.log.errors
+    paths = {urlsplit(url).path for url in visit.log.requested}
+    assert {DASHBOARD, "/dashboard/assets/dashboard.js", "/dashboard/assets/dashboard.css", "/inventory"} <= paths
+    assert f"/gds/inventory/crt/{quote(fleet[0].url, safe='')}" in {urlsplit(url).path for url in visit.log.requested}
+
+
+async def test_page_and_assets_are_open_and_served_with_a_strict_policy(service: RunningService) -> None:
+    async with service.client(api_key=None) as anonymous:
+        page = await anonymous.get(DASHBOARD)
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assets = re.findall(r'(?:src|href)="(/dashboard/assets/[^"]+)"', page.text)
+        assert len(assets) == 3
+        responses = [page] + [await anonymous.get(url) for url in assets]
+        missing = await anonymous.get("/dashboard/assets/index.html")
+    for response in responses:
+        assert response.status_code == 200, response.url
+        assert response.headers["content-security-policy"] == CSP
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "no-referrer"
+    assert missing.status_code == 404
+    # No script or style in the page itself, nothing from elsewhere.
+    scripts = re.findall(r"<script[^>]*>", page.text)
+    assert scripts and all(re.search(r' src="/dashboard/assets/', script) for script in scripts)
+    assert not re.search(r"<style|\sstyle=|\son[a-z]+=", page.text)
+    assert not re.search(r"(?:https?:)?//", page.text.replace("<!DOCTYPE html>", ""))
+
+
+async def test_data_calls_need_the_key(service: RunningService) -> None:
+    for key in (None, "wrong-key-wrong-key-wrong-key"):
+        async with service.client(api_key=key) as client:
+            for path in ("/inventory", "/dashboard/operations", "/systeminfo/lic", "/gds/inventory/trustlist"):
+                response = await client.get(path)
+                assert response.status_code == 401, path
+                assert response.json()["error"]
+
+
+async def test_last_operations_list_each_device_s_last_push_or_onboarding(
+    service: RunningService, fleet: list[SimulatedDevice]
+) -> None:
+    entries = {entry["url"]: entry["id"] for entry in await inventory(service)}
+    async with service.client() as api:
+        listing = (await api.get("/dashboard/operations")).json()
+        first = (await api.get("/dashboard/operations", params={"limit": 1})).json()
+        rest = (await api.get("/dashboard/operations", params={"after_id": first["next_after_id"]})).json()
+        refused = await api.get("/dashboard/operations", params={"limit": 0})
+    by_id = {operation["id"]: operation for operation in listing["operations"]}
+    assert listing["next_after_id"] is None
+    for device in fleet:
+        operation = by_id[entries[device.url]]
+        assert operation["operation"] in ("onboarding", "push") and operation["success"] is True
+        assert operation["trigger"] in ("POST /gds/push/onboarding", "POST /gds/push/change") and operation["at"]
+        assert operation["error"] == ""
+    assert first["operations"] + rest["operations"] == listing["operations"]
+    assert refused.status_code == 400
+
+
+def test_artifact_directory_is_documented() -> None:
+    assert "test-artifacts/dashboard-overview.png" in (REPO / "README.md").read_text()
+    assert Path(DASHBOARD_ARTIFACTS).name == "test-artifacts"
