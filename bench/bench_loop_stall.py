@@ -1,7 +1,7 @@
 """Event loop stall benchmark: how long certlm's event loop is held while it works, against the 50 ms budget.
 
     .venv/bin/python bench/bench_loop_stall.py [--devices 50] [--concurrency 8] [--entries 20000] [--listings 5]
-                                               [--asyncio-debug]
+                                               [--asyncio-debug] [--trace-ms 50]
 
 Starts a real ``certlm serve`` (SQLite, internal CA) and reads its event loop watchdog from ``GET /metrics``
 (``certlm_event_loop_stall_seconds``: how much later than asked a 10 ms timer fired) before and after each phase:
@@ -17,7 +17,9 @@ Starts a real ``certlm serve`` (SQLite, internal CA) and reads its event loop wa
 For each it prints the longest stall and the 99th percentile of the watchdog's delays (histogram bucket bounds, so
 "<= 0.005" reads "at most 5 ms"), whether the longest is within 50 ms, and its ratio to the idle baseline. With
 ``--asyncio-debug`` certlm runs in asyncio's debug mode (slower), and the log's "Executing <Task ...> took 0.123
-seconds" lines, which name the task that held the loop over 100 ms, are printed at the end.
+seconds" lines, which name the task that held the loop over 100 ms, are printed at the end. With ``--trace-ms``
+certlm logs the stack of its loop's thread whenever the loop is held that long (``CERTLM_LOOP_TRACE_MS``), and the
+stacks are printed at the end, most frequent first.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ async def run(args: argparse.Namespace) -> None:
     work_dir = Path(tempfile.mkdtemp(prefix="certlm-bench-loop-"))
     license_keys = LicenseKeys.create(work_dir / "license-keys")
     env = {"PYTHONASYNCIODEBUG": "1"} if args.asyncio_debug else {}
+    if args.trace_ms:
+        env["CERTLM_LOOP_TRACE_MS"] = str(args.trace_ms)
     service = await start_certlm(work_dir / "service", license_keys, env=env)
     simulators = Simulators(args.devices, max(1, min(4, args.devices // 25)), work_dir / "devices")
     results: list[tuple[str, Stalls]] = []
@@ -180,6 +184,8 @@ async def run(args: argparse.Namespace) -> None:
     print(f"\nevent loop stalls (watchdog tick 10 ms; budget {BUDGET_S * 1000:.0f} ms):")
     for what, stalls in results:
         print(" ", stalls.line(what, None if stalls is baseline else baseline))
+    if args.trace_ms:
+        print_traces(work_dir / "service" / "logs" / "certlm.log")
     if args.asyncio_debug:
         log = (work_dir / "service" / "logs" / "certlm.log").read_text(errors="replace").splitlines()
         slow = [line for line in log if "Executing" in line and "took" in line]
@@ -189,6 +195,20 @@ async def run(args: argparse.Namespace) -> None:
             print(" ", line[:400])
 
 
+def print_traces(log_file: Path) -> None:
+    """The stacks certlm's watchdog logged (``CERTLM_LOOP_TRACE_MS``), the same stack counted once, most seen first."""
+    text = log_file.read_text(errors="replace")
+    traces: dict[str, list[float]] = {}
+    for block in text.split("event loop held for over ")[1:]:
+        held_ms = float(block.split(" ms", 1)[0])
+        stack = "\n".join(line for line in block.splitlines()[1:] if line.startswith("  "))
+        traces.setdefault(stack, []).append(held_ms)
+    print(f"\nloop traces: {sum(map(len, traces.values()))} stalls, {len(traces)} different stacks")
+    for stack, held in sorted(traces.items(), key=lambda item: -len(item[1]))[:10]:
+        print(f"\n  seen {len(held)}x, longest over {max(held):.0f} ms:")
+        print("\n".join("    " + line for line in stack.splitlines()[-12:]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=50)
@@ -196,6 +216,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=20000)
     parser.add_argument("--listings", type=int, default=5)
     parser.add_argument("--asyncio-debug", action="store_true")
+    parser.add_argument("--trace-ms", type=int, default=0, help="log the loop's stack when held this long")
     asyncio.run(run(parser.parse_args()))
 
 

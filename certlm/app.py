@@ -136,7 +136,8 @@ def create_app(settings: Settings | None = None) -> Quart:
         host.identification.start()
 
     if settings.loop_watch:
-        loop_watch = LoopWatch(host.metrics.loop_delay_observed)
+        trace_after_s = settings.loop_trace_ms / 1000 if settings.loop_trace_ms else None
+        loop_watch = LoopWatch(host.metrics.loop_delay_observed, trace_after_s=trace_after_s)
         app.before_serving(loop_watch.start)
         app.after_serving(loop_watch.stop)
 

@@ -34,6 +34,8 @@ class Settings:
     scheduler_retry_max_s: float = 6 * 3600.0
     # The event loop watchdog behind ``certlm_event_loop_stall_seconds`` (``certlm.loop_watch``).
     loop_watch: bool = True
+    # When set, the watchdog logs the loop thread's stack whenever the loop is held this long (diagnosis; off).
+    loop_trace_ms: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -69,6 +71,7 @@ class Settings:
                 env, "CERTLM_SCHEDULER_RETRY_MAX_S", cls.scheduler_retry_max_s, upper=7 * 24 * 3600
             ),
             loop_watch=_switch(env, "CERTLM_LOOP_WATCH", cls.loop_watch),
+            loop_trace_ms=_count(env, "CERTLM_LOOP_TRACE_MS", 0, upper=60_000) or None,
         )
         return replace(settings, **overrides)
 

@@ -148,6 +148,9 @@ def check_rrule(text: str) -> str:
     except TypeError:
         # dateutil cannot compare the zoned DTSTART it parsed with local times.
         raise ValueError("DTSTART, RDATE and EXDATE must be local times: the window's time zone applies") from None
+    except IndexError:
+        # dateutil's year masks end a year after Easter (BYEASTER=400).
+        raise ValueError("invalid RRULE: BYEASTER must be within a year of Easter") from None
     except (ValueError, OverflowError) as error:
         if "UNTIL" in str(error):
             # dateutil's message blames DTSTART; the fix is an UNTIL without "Z", like the local DTSTART.
@@ -155,7 +158,28 @@ def check_rrule(text: str) -> str:
         raise ValueError(f"invalid RRULE: {error}") from None
     if first is None:
         raise ValueError("the RRULE has no occurrences")
+    never = _rrule_lines_that_never_occur(text)
+    if never:
+        # Kept beside other lines, such a line would cost that same search on every check of the window.
+        raise ValueError(f"{never[0]} has no occurrences: remove it")
     return text
+
+
+def _rrule_lines_that_never_occur(text: str) -> list[str]:
+    """The RRULE lines of a set that other lines make occur, which have no occurrence of their own and which
+    ``_parse_rrule`` keeps (its quick calendar test cannot tell: INTERVAL, BYSETPOS, BYEASTER)."""
+    lines = text.upper().split()
+    rule_lines = [line for line in lines if _line_name(line) == "RRULE"]
+    if len(lines) == 1:
+        return []
+    dtstart = [line for line in lines if _line_name(line) == "DTSTART"]
+    never = []
+    for line in rule_lines:
+        alone = "\n".join([*dtstart, line if ":" in line else f"RRULE:{line}"])
+        occurrences = _parse_rrule(alone, _REFERENCE_START)
+        if list(occurrences._rrule) and occurrences.after(datetime.min, inc=True) is None:
+            never.append(line)
+    return never
 
 
 def check_window(window: WindowSchedule) -> None:

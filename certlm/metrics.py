@@ -8,11 +8,16 @@ instance that did the work: Prometheus sums them over the instances it scrapes.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from certlm.inventory import DEVICE_STATUS_ACTIVE, entry_url
+from certlm.host import current_host
+from certlm.inventory import DEVICE_STATUS_ACTIVE, LISTING_BATCH, device_url
 from certlm.schedulers import ScanReport, Scheduler
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.system import system_settings
@@ -79,11 +84,12 @@ class SchedulerMetrics:
 
 
 async def exposition(scheduler_metrics: SchedulerMetrics) -> bytes:
-    """The metrics in the Prometheus text format: the inventory's now, and this instance's counters."""
+    """The metrics in the Prometheus text format: the inventory's now, and this instance's counters. With tens of
+    thousands of devices the text is megabytes: it is written in a worker thread, the inventory read in batches."""
     devices = CollectorRegistry()
     for family in await _device_families():
         devices.register(_Fixed(family))
-    return generate_latest(devices) + generate_latest(scheduler_metrics.registry)
+    return await asyncio.to_thread(lambda: generate_latest(devices) + generate_latest(scheduler_metrics.registry))
 
 
 class _Fixed:
@@ -119,24 +125,57 @@ async def _device_families() -> list[GaugeMetricFamily]:
         labels=labels,
     )
     default_days = (await system_settings()).gds_push_scheduler_renewal_days
-    schedules = {row.entry_id: row for row in await DeviceSchedule.all()}  # type: ignore[attr-defined]
+    drivers = current_host().drivers
     total_unreachable = 0
-    for entry in await InventoryEntry.filter(device_status=DEVICE_STATUS_ACTIVE):
-        values = [entry_url(entry), entry.name or "", entry.service]
-        schedule = schedules.get(entry.id)
-        if entry.certificate_der:
-            certificate = x509.load_der_x509_certificate(entry.certificate_der)
-            not_after.add_metric(values, certificate.not_valid_after_utc.timestamp())
-            renewal_days.add_metric(values, entry.renewal_days if entry.renewal_days is not None else default_days)
-        if entry.cert_revoked is not None:
-            revoked.add_metric(values, 1 if entry.cert_revoked else 0)
-        if entry.cert_revocation_status is not None:
-            revocation_status.add_metric(values, entry.cert_revocation_status)
-        if schedule is not None:
-            is_unreachable = schedule.unreachable_since is not None
-            total_unreachable += is_unreachable
-            unreachable.add_metric(values, 1 if is_unreachable else 0)
-            changed.add_metric(values, 1 if schedule.certificate_changed_at is not None else 0)
+    async for entries, schedules in _active_entries_in_batches():
+        for entry in entries:
+            values = [
+                device_url(entry["protocol"], entry["service"], entry["server"], entry["port"], drivers),
+                entry["name"] or "",
+                entry["service"],
+            ]
+            if entry["certificate_der"]:
+                certificate = x509.load_der_x509_certificate(entry["certificate_der"])
+                not_after.add_metric(values, certificate.not_valid_after_utc.timestamp())
+                days = entry["renewal_days"]
+                renewal_days.add_metric(values, days if days is not None else default_days)
+            if entry["cert_revoked"] is not None:
+                revoked.add_metric(values, 1 if entry["cert_revoked"] else 0)
+            if entry["cert_revocation_status"] is not None:
+                revocation_status.add_metric(values, entry["cert_revocation_status"])
+            schedule = schedules.get(entry["id"])
+            if schedule is not None:
+                is_unreachable = schedule["unreachable_since"] is not None
+                total_unreachable += is_unreachable
+                unreachable.add_metric(values, 1 if is_unreachable else 0)
+                changed.add_metric(values, 1 if schedule["certificate_changed_at"] is not None else 0)
     total = GaugeMetricFamily("certlm_devices_unreachable", "Active devices the monitor could not reach")
     total.add_metric([], total_unreachable)
     return [not_after, renewal_days, revoked, revocation_status, unreachable, changed, total]
+
+
+_METRIC_COLUMNS = (
+    "id", "protocol", "service", "server", "port", "name", "certificate_der", "renewal_days", "cert_revoked",
+    "cert_revocation_status",
+)  # fmt: skip
+
+
+async def _active_entries_in_batches() -> AsyncIterator[tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]]:
+    """The active entries' columns the metrics show, ``LISTING_BATCH`` at a time in id order, each batch with the
+    scheduler rows of its entries by entry id: the loop serves other requests between batches."""
+    after_id = 0
+    while True:
+        entries = (
+            await InventoryEntry.filter(device_status=DEVICE_STATUS_ACTIVE, id__gt=after_id)
+            .order_by("id")
+            .limit(LISTING_BATCH)
+            .values(*_METRIC_COLUMNS)
+        )
+        if not entries:
+            return
+        batch = {"entry_id__gt": after_id, "entry_id__lte": entries[-1]["id"]}
+        rows = await DeviceSchedule.filter(**batch).values("entry_id", "unreachable_since", "certificate_changed_at")
+        yield entries, {row["entry_id"]: row for row in rows}
+        if len(entries) < LISTING_BATCH:
+            return
+        after_id = entries[-1]["id"]

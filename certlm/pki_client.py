@@ -10,6 +10,7 @@ be reached is reported the same way.
 from __future__ import annotations
 
 import asyncio
+import functools
 import html
 import os
 import re
@@ -32,6 +33,7 @@ from yarl import URL
 from certlm.certs import crl_distribution_points, crl_signed_by, load_certificates_pem, load_pkcs12_base64, to_pem
 from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.registry import HostServices
+from certlm.secretbox import SecretBox
 from certlm.storage.models import PkiEntry
 
 # A CRL is a few kB to a few MB; anything larger is not a CRL a device could hold either.
@@ -233,7 +235,8 @@ def _broken_off(peer: str, server: PkiServer, exchange: str, error: BaseExceptio
 @dataclass(frozen=True)
 class ClientCredential:
     """The PKI entry's client certificate and key (the upload ``est_client_pkcs12_base64``), decrypted for one
-    call: TLS client authentication for EST, signature protection and RA certificate for CMP."""
+        call: TLS client authentication for EST, signature protection and RA certificate for CMP. Shared by the calls
+    that use the same stored PKCS#12, hence frozen."""
 
     certificate: x509.Certificate
     private_key: PrivateKeyTypes = field(repr=False)
@@ -241,16 +244,22 @@ class ClientCredential:
 
 
 def client_credential(entry: PkiEntry, services: HostServices) -> ClientCredential | None:
-    """The entry's stored client PKCS#12, decrypted; None when none is stored."""
+    """The entry's stored client PKCS#12, decrypted; None when none is stored. Parsed once per stored PKCS#12
+    (``_parsed_credential``), not per enrollment: loading it checks the RSA key, tens of milliseconds on the loop."""
     if not entry.est_client_pkcs12_enc:
         return None
-    blob = services.secrets.decrypt_text(entry.est_client_pkcs12_enc)
-    password = (
-        services.secrets.decrypt_text(entry.est_client_pkcs12_password_enc)
-        if entry.est_client_pkcs12_password_enc
-        else None
-    )
-    content = load_pkcs12_base64(blob, password, f"the client PKCS#12 of PKI entry {entry.id}")
+    password_token = entry.est_client_pkcs12_password_enc
+    return _parsed_credential(services.secrets, entry.id, entry.est_client_pkcs12_enc, password_token)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_credential(
+    secrets: SecretBox, entry_id: int, pkcs12_token: str, password_token: str | None
+) -> ClientCredential:
+    # Keyed by the stored tokens: a new PKCS#12 or password is a new token (each encryption has its own nonce).
+    blob = secrets.decrypt_text(pkcs12_token)
+    password = secrets.decrypt_text(password_token) if password_token else None
+    content = load_pkcs12_base64(blob, password, f"the client PKCS#12 of PKI entry {entry_id}")
     return ClientCredential(content.certificate, content.private_key, content.chain)  # type: ignore[arg-type]
 
 

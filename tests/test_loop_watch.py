@@ -82,3 +82,34 @@ def test_the_watch_is_switched_with_certlm_loop_watch(value: str, expected: bool
 def test_a_loop_watch_setting_that_is_neither_on_nor_off_stops_the_start() -> None:
     with pytest.raises(ValueError, match="CERTLM_LOOP_WATCH must be on or off"):
         Settings.from_env({"CERTLM_LOOP_WATCH": "sometimes"})
+
+
+async def test_a_traced_watch_logs_the_stack_that_held_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    watch = LoopWatch(tick_s=0.01, trace_after_s=0.05)
+    await watch.start()
+    try:
+        await ticked(watch, 0)
+        ticks = watch.ticks
+        with caplog.at_level("WARNING", logger="certlm.loop_watch"):
+            hold_the_loop_for(0.3)
+            await ticked(watch, ticks)
+    finally:
+        await watch.stop()
+    traces = [record.getMessage() for record in caplog.records if "event loop held" in record.getMessage()]
+    assert len(traces) == watch.traces
+    # One trace per stall: the hold is traced once (on a loaded machine the process may also wait for a CPU,
+    # which is traced as such).
+    held = [trace for trace in traces if "hold_the_loop_for" in trace]
+    assert len(held) == 1 and "time.sleep(seconds)" in held[0], traces
+
+
+def hold_the_loop_for(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_the_trace_threshold_is_a_whole_number_of_milliseconds() -> None:
+    assert Settings.from_env({"CERTLM_LOOP_TRACE_MS": "50"}).loop_trace_ms == 50
+    assert Settings.from_env({}).loop_trace_ms is None
+    for bad in ("0", "-5", "0.05", "fifty", "60001"):
+        with pytest.raises(ValueError, match="CERTLM_LOOP_TRACE_MS must be a whole number from 1 to 60000"):
+            Settings.from_env({"CERTLM_LOOP_TRACE_MS": bad})

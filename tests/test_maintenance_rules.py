@@ -469,6 +469,13 @@ def test_bad_cron_expressions(expression: str, message: str) -> None:
         ("DTSTART:20260101T020000Z\nRRULE:FREQ=DAILY", "must be local times"),
         ("FREQ=DAILY;UNTIL=20260301T000000Z", "UNTIL must be a local time"),
         ("FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=30", "no occurrences"),
+        ("FREQ=YEARLY;BYEASTER=400", "BYEASTER must be within a year of Easter"),
+        # Never on a 29 February: 2025 + 4n is never a leap year. The RDATE alone would occur; the line is refused,
+        # as dateutil would search it up to the year 9999 on every check of the window.
+        (
+            "DTSTART:20250101T010000\nRDATE:20260606T013000\nRRULE:FREQ=YEARLY;INTERVAL=4;BYMONTH=2;BYMONTHDAY=29",
+            "RRULE:FREQ=YEARLY;INTERVAL=4;BYMONTH=2;BYMONTHDAY=29 has no occurrences: remove it",
+        ),
     ],
 )
 def test_bad_rrules(text: str, message: str) -> None:

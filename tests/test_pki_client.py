@@ -21,6 +21,7 @@ from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.pki_client import (
     allowed_redirect_origins,
     answer_text,
+    client_credential,
     crl_urls,
     fetch_crl,
     http_answer_text,
@@ -32,7 +33,7 @@ from certlm.pki_client import (
 from certlm.registry import HostServices
 from certlm.secretbox import SecretBox
 from certlm.storage.models import PkiEntry
-from tests.crypto_factory import ec_key, host_names, make_ca, pem
+from tests.crypto_factory import ec_key, host_names, make_ca, pem, pkcs12_base64
 from tests.support import free_port, in_process_settings, serving
 
 
@@ -203,3 +204,24 @@ async def test_fetch_crl_without_a_known_ca_takes_the_first_crl(
 async def test_fetch_crl_without_urls_is_not_found(issuing_ca, services: HostServices) -> None:
     with pytest.raises(NotFound, match="no CRL distribution point available"):
         await fetch_crl([], [issuing_ca.certificate], services)
+
+
+def test_a_stored_client_pkcs12_is_parsed_once_and_again_only_when_replaced(services: HostServices) -> None:
+    """Loading a PKCS#12 checks its RSA key (tens of milliseconds of the event loop): each enrollment through the
+    entry reuses what the first parsed, until another PKCS#12 or password is stored."""
+    entry = PkiEntry(
+        id=7,
+        est_client_pkcs12_enc=services.secrets.encrypt(pkcs12_base64("pw-1", "ra-1")),
+        est_client_pkcs12_password_enc=services.secrets.encrypt("pw-1"),
+    )
+    first = client_credential(entry, services)
+    assert first is not None and first.certificate.subject.rfc4514_string() == "CN=ra-1"
+    assert client_credential(entry, services) is first
+    entry.est_client_pkcs12_enc = services.secrets.encrypt(pkcs12_base64("pw-1", "ra-2"))
+    replaced = client_credential(entry, services)
+    assert replaced is not first and replaced.certificate.subject.rfc4514_string() == "CN=ra-2"
+    entry.est_client_pkcs12_password_enc = services.secrets.encrypt("wrong")
+    with pytest.raises(APIError):
+        client_credential(entry, services)
+    entry.est_client_pkcs12_enc = None
+    assert client_credential(entry, services) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_type_hints
@@ -61,7 +62,8 @@ DayOfWeek = Annotated[int, Field(strict=True, ge=0, le=6, description="0 is Mond
 DayOfMonth = Annotated[int, Field(strict=True, ge=1, le=31, description="the last day in shorter months")]
 TimeOfDay = Annotated[str, Field(strict=True, description="HH:MM or HH:MM:SS"), AfterValidator(check_time_of_day)]
 IntervalCount = Annotated[int, Field(strict=True, ge=1, le=MAX_ID)]
-RruleText = Annotated[str, Field(strict=True, max_length=4000), AfterValidator(check_rrule)]
+# Checked by the routes, off the event loop (``_rrule_checked``): finding a rule's first occurrence may take seconds.
+RruleText = Annotated[str, Field(strict=True, min_length=1, max_length=4000)]
 CronText = Annotated[str, Field(strict=True, max_length=255), AfterValidator(check_cron)]
 DurationMinutes = Annotated[int, Field(strict=True, ge=1, le=44640)]
 RecordId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID)]
@@ -211,6 +213,17 @@ async def _rules_of(window: MaintenanceWindow) -> list[MaintenanceRule]:
     return await MaintenanceRule.filter(window_id=window.id).order_by("id")
 
 
+async def _rrule_checked(rule: MaintenanceRule) -> None:
+    """400 naming the rule's RRULE unless it ever occurs (``check_rrule``), decided in a worker thread: dateutil
+    searches up to the year 9999 for the first occurrence of some rules, seconds of CPU the loop must not wait for."""
+    if rule.rrule is None:
+        return
+    try:
+        await asyncio.to_thread(check_rrule, rule.rrule)
+    except ValueError as error:
+        raise APIError(f"rrule: {error}") from None
+
+
 def _checked(check: Callable[[Any], None], subject: Any) -> None:
     try:
         check(subject)
@@ -292,6 +305,7 @@ async def create_rule(data: RuleCreate) -> tuple[RuleOut, int]:
     schedule = _localised(data.model_dump(exclude={"maintenance_window_id"}), zone, ("start_at", "end_at"))
     rule = MaintenanceRule(window=window, **schedule)
     _checked(check_rule, rule)
+    await _rrule_checked(rule)
     await rule.save()
     return _rule_out(rule, zone), 201
 
@@ -306,6 +320,7 @@ async def update_rule(rule_id: str, data: RuleUpdate) -> RuleOut:
     for field, value in _localised(data.model_dump(exclude_unset=True), zone, ("start_at", "end_at")).items():
         setattr(rule, field, value)
     _checked(check_rule, rule)
+    await _rrule_checked(rule)
     await rule.save()
     return _rule_out(rule, zone)
 
