@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -104,7 +105,8 @@ def _import(args: argparse.Namespace) -> int:
     except OSError as error:
         raise SystemExit(f"certlm: cannot read {error.filename}: {error.strerror}") from None
     url = f"{args.url.rstrip('/')}/gds/inventory/import?mode={args.mode}"
-    status, answer = _post(url, body, {"Content-Type": media_type, "X-API-Key": api_key})
+    tls = _tls_context(args.ca_file)
+    status, answer = _post(url, body, {"Content-Type": media_type, "X-API-Key": api_key}, tls)
     if "rows" not in answer:
         print(f"certlm: {args.url} refused the import (HTTP {status}): {answer.get('error', answer)}", file=sys.stderr)
         return 1
@@ -124,11 +126,20 @@ def _row_outcome(row: dict[str, Any]) -> str:
     return f"ok, id {row['id']}" if row["id"] is not None else "ok, not imported"
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """Verification of an HTTPS service: against ``ca_file`` (PEM; certlm's own self-signed certificate from
+    ``GET /tls`` will do) when given, else the system's trust store. The host name is checked either way."""
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as error:
+        raise SystemExit(f"certlm: cannot use {ca_file} as CA certificates: {error}") from None
+
+
+def _post(url: str, body: bytes, headers: dict[str, str], tls: ssl.SSLContext) -> tuple[int, dict[str, Any]]:
     """POST ``body`` and read the JSON answer, whatever its status; SystemExit when there is none."""
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=IMPORT_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=IMPORT_TIMEOUT_S, context=tls) as response:
             status, text = response.status, response.read()
     except urllib.error.HTTPError as error:
         status, text = error.code, error.read()
@@ -180,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     import_parser.add_argument("--url", default="http://127.0.0.1:5000", help="the service (default: %(default)s)")
     import_parser.add_argument(
         "--api-key-file", default=None, help="default: $CERTLM_API_KEY_FILE or the data directory's"
+    )
+    import_parser.add_argument(
+        "--ca-file", default=None, help="PEM CA certificates an https --url is verified against (default: the system's)"
     )
     import_parser.add_argument(
         "--mode", choices=("atomic", "per_row"), default="atomic",

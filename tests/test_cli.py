@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from certlm.cli import build_parser
 from certlm.licensing import validate_license
@@ -274,3 +275,34 @@ def test_import_to_an_unreachable_service_fails_clearly(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith(f"certlm: cannot reach {url}/gds/inventory/import?mode=atomic: ")
     assert "Connection refused" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_import_to_an_https_service_verifies_it_against_the_ca_file(make_service, tmp_path: Path) -> None:
+    from tests.blueprints.test_tls import make_upload, upload
+
+    service = await make_service()
+    uploaded = make_upload()
+    await upload(service, uploaded.body)
+    await service.restart()
+    assert service.url.startswith("https://")
+    (host,) = plc_hosts(1)
+    file = tmp_path / "plant.csv"
+    file.write_text(f"server,port\n{host},1\n")
+    ca_file = tmp_path / "certlm-tls.pem"
+    ca_file.write_bytes(uploaded.certificate.public_bytes(serialization.Encoding.PEM))
+
+    # The system's trust store does not know certlm's self-signed certificate: nothing is sent.
+    result = certlm_import(service, file)
+    assert result.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in result.stderr, result.stderr
+    assert not await registered(service, host)
+
+    not_pem = tmp_path / "not-a-certificate.pem"
+    not_pem.write_text("hello\n")
+    result = certlm_import(service, file, "--ca-file", str(not_pem))
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"certlm: cannot use {not_pem} as CA certificates: "), result.stderr
+
+    result = certlm_import(service, file, "--ca-file", str(ca_file))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "1 imported, 0 failed (atomic)"
+    assert await registered(service, host)
