@@ -429,8 +429,8 @@ function renderExpiryChart(rows) {
   const renewalDays = state.system.gds_push_scheduler_renewal_days;
   const buckets = [
     ["expired", "Expired", "bar-expired"],
-    ["week", "Less than 7 days", "bar-week"],
-    ["renewal", `Less than renewal_days (${renewalDays} by default)`, "bar-renewal"],
+    ["week", "Under 7 days", "bar-week"],
+    ["renewal", `Under renewal_days (${renewalDays})`, "bar-renewal"],
     ["later", "Later", "bar-later"],
     ["none", "No certificate", "bar-none"],
   ];
