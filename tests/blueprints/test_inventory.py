@@ -558,13 +558,14 @@ async def test_low_level_rows_for_every_device_table(api) -> None:
     )
     opc_service = "gds-push-certlm-simulated-plc"
     opc_id = await insert_row(api, "opc", json.dumps({"server": opc_server, "service": opc_service}))
-    # No installed plugin manages the ssh table: the row is stored unmanaged (tests/test_entry_urls.py).
+    # The SSH plugin's generic driver manages the ssh table's new rows (without it: ssh-unmanaged, see
+    # tests/test_entry_urls.py).
     ssh_id = await insert_row(api, "ssh", {"server": ssh_server, "port": 22})
     everything = {e["id"]: e for e in (await api.get("/inventory")).json()}
     assert everything[gds_id]["url"] == f"opc.tcp://{gds_server}:4843"
     assert everything[gds_id]["security_policys"] == ["Basic256Sha256"] and everything[gds_id]["renewal_days"] == 5
     assert everything[opc_id]["service"] == opc_service and everything[opc_id]["port"] == 4840
-    assert everything[ssh_id]["service"] == "ssh-unmanaged" and everything[ssh_id]["port"] == 22
+    assert everything[ssh_id]["service"] == "ssh-generic" and everything[ssh_id]["port"] == 22
     assert (await api.get(f"/gds/inventory/{gds_server}:4843")).json()["id"] == gds_id
     response = await api.post("/inventory", json={"table": "gds", "add": {"server": gds_server, "port": 4843}})
     assert response.status_code == 409
