@@ -343,3 +343,37 @@ async def test_last_operations_list_each_device_s_last_push_or_onboarding(
 def test_artifact_directory_is_documented() -> None:
     assert "test-artifacts/dashboard-overview.png" in (REPO / "README.md").read_text()
     assert Path(DASHBOARD_ARTIFACTS).name == "test-artifacts"
+
+
+async def test_on_a_tablet_the_page_fits_its_width_and_works_from_the_keyboard(
+    browser: Browser, service: RunningService, fleet: list[SimulatedDevice]
+) -> None:
+    """A tablet held upright (810 px): nothing but the device table's own scroller is wider than the screen, and the
+    key prompt and the actions are reached and used with the keyboard alone."""
+    context = await browser.new_context(viewport={"width": 810, "height": 1080}, timezone_id="Europe/Berlin")
+    try:
+        page = await context.new_page()
+        visit = Visit(page, BrowserLog(), service)
+        await visit.open()
+        # The key field has the focus or is the first thing Tab reaches; Enter submits it.
+        key_field = page.get_by_label("API key", exact=True)
+        if not await key_field.evaluate("field => field === document.activeElement"):
+            await page.keyboard.press("Tab")
+        await expect(key_field).to_be_focused(timeout=WAIT_MS)
+        await page.keyboard.type(service.api_key)
+        await page.keyboard.press("Enter")
+        await expect(page.locator("#count-active")).not_to_have_text(NO_VALUE, timeout=WAIT_MS)
+        await expect(visit.row(fleet[0].url)).to_be_visible(timeout=WAIT_MS)
+
+        overflow = await page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the page is {overflow} px wider than a tablet's screen"
+
+        # The device's name is a button: focused and opened with Enter, its detail shows.
+        name_button = visit.row(fleet[0].url).locator("td.name button")
+        await name_button.focus()
+        await page.keyboard.press("Enter")
+        await expect(page.locator("#detail .detail-serial")).not_to_have_text(NO_VALUE, timeout=WAIT_MS)
+        DASHBOARD_ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=DASHBOARD_ARTIFACTS / "dashboard-tablet.png", full_page=True)
+    finally:
+        await context.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import os
 import pwd
 import secrets
@@ -40,8 +41,10 @@ def running_as_root() -> bool:
     return os.geteuid() == 0
 
 
+@functools.cache
 def test_user_password() -> str:
-    """The test user, made when missing, with a new random password (``chpasswd``); root only."""
+    """The test user, made when missing, with a random password (``chpasswd``) set once per process, so that a bed
+    started later does not change the password of a bed still running; root only."""
     if subprocess.run(["id", TEST_USER], capture_output=True).returncode != 0:
         subprocess.run(
             ["useradd", "--no-create-home", "--home-dir", "/tmp", "--shell", "/bin/sh", TEST_USER], check=True
