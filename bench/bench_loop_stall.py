@@ -9,7 +9,7 @@ Starts a real ``certlm serve`` (SQLite, internal CA) and reads its event loop wa
 - idle, the baseline;
 - a push wave: ``POST /gds/push/onboarding`` of ``--devices`` simulated devices, then ``POST /gds/push/change`` of
   each, ``--concurrency`` calls in flight;
-- registering ``--entries`` inventory entries (``POST /gds/inventory``) at 127.0.x.y port 1, where nothing listens,
+- registering ``--entries`` inventory entries (``POST /gds/inventory``) at 127.w.x.y port 1, where nothing listens,
   then ``GET /gds/inventory`` ``--listings`` times;
 - a maintenance rule that can never occur (``POST /maintenance/rule``, refused) and ``POST /maintenance/test/{id}``
   of a window whose rule has such an RRULE beside an RDATE.
@@ -142,8 +142,11 @@ async def run(args: argparse.Namespace) -> None:
                 return lambda: calls(http, requests, args.concurrency)
 
             async def register() -> dict:
-                # 127.0.x.y port 1: loopback addresses where nothing listens, so identification is refused at once.
-                addresses = [f"127.0.{2 + index // 250}.{1 + index % 250}" for index in range(args.entries)]
+                # 127.w.x.y port 1: loopback addresses where nothing listens, so identification is refused at once
+                # (250 x 250 x 250 of them, from 127.1.0.1).
+                addresses = [
+                    f"127.{1 + index // 62500}.{index // 250 % 250}.{1 + index % 250}" for index in range(args.entries)
+                ]
                 requests = [("POST", base + "/gds/inventory", {"server": a, "port": 1}) for a in addresses]
                 return await calls(http, requests, args.concurrency)
 
