@@ -6,11 +6,13 @@ the host. A vendor reads this module on its own: subclass ``DeviceDriver``, regi
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
-from certlm.errors import UnsupportedOperation
+from certlm.errors import APIError, DeviceFailure, UnsupportedOperation
 from certlm.pki_backends import ChainCrls, Enrollment, KeyedEnrollment
 
 if TYPE_CHECKING:
@@ -209,6 +211,69 @@ class PushOutcome:
     steps: list[StepOutcome]
     description: DeviceDescription | None = None
     presented_certificate: x509.Certificate | None = None
+
+
+def plain_status(error: BaseException) -> str:
+    """A failed step's status when the driver knows no protocol status for it: ``DeviceFailure.device_status``,
+    else the error's class name."""
+    return error.device_status if isinstance(error, DeviceFailure) else type(error).__name__
+
+
+def plain_explanation(error: BaseException) -> str:
+    """A failed step's reason: an ``APIError``'s message, else the error's text, else its class name."""
+    return error.message if isinstance(error, APIError) else str(error) or type(error).__name__
+
+
+@dataclass
+class StepNote:
+    """What a step of ``StepLog`` reports when it succeeds."""
+
+    message: str = ""
+    status: str = ""
+
+
+@dataclass
+class StepLog:
+    """The steps of one push as a driver runs them: ``async with log.step("enroll") as note:`` times the step and
+    records it (``note`` takes its message); the first step that raises becomes ``PushFailed``, raised from the
+    original error, with every step so far and what the driver set in ``changed_device`` and
+    ``presented_certificate``. ``status_of`` and ``explain`` name a failure in the protocol's terms (OPC UA status
+    names for the GDS push driver)."""
+
+    status_of: Callable[[BaseException], str] = plain_status
+    explain: Callable[[BaseException], str] = plain_explanation
+    steps: list[StepOutcome] = field(default_factory=list)
+    changed_device: bool = False
+    presented_certificate: x509.Certificate | None = None
+
+    @asynccontextmanager
+    async def step(self, name: str) -> AsyncIterator[StepNote]:
+        note, started = StepNote(), time.monotonic()
+        try:
+            yield note
+        except PushFailed:
+            raise
+        except Exception as error:
+            self.fail(name, error, started)
+        self.steps.append(StepOutcome(name, True, time.monotonic() - started, note.status, note.message))
+
+    def warn(self, name: str, message: str) -> None:
+        """A step that goes through with something the operator should know."""
+        self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=True))
+
+    def fail(self, name: str, error: Exception, started: float | None = None) -> NoReturn:
+        """Record ``name`` as failed with ``error`` and raise ``PushFailed`` from it."""
+        seconds = time.monotonic() - started if started is not None else 0.0
+        # "<step> failed: <why>", without repeating a prefix the error's own explanation already has.
+        why, prefix = self.explain(error), f"{name} failed: "
+        message = why if why.startswith(prefix) else prefix + why
+        self.steps.append(StepOutcome(name, False, seconds, self.status_of(error), message))
+        raise PushFailed(
+            message,
+            list(self.steps),
+            changed_device=self.changed_device,
+            presented_certificate=self.presented_certificate,
+        ) from error
 
 
 class PushFailed(Exception):

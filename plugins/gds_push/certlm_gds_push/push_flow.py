@@ -18,8 +18,8 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field, replace
-from typing import ClassVar, NoReturn, Protocol, runtime_checkable
+from dataclasses import replace
+from typing import ClassVar, Protocol, runtime_checkable
 
 from asyncua import ua
 from cryptography import x509
@@ -37,7 +37,8 @@ from certlm.drivers import (
     PushFailed,
     PushOutcome,
     PushRequest,
-    StepOutcome,
+    StepLog,
+    StepNote,
     TrustList,
 )
 from certlm.errors import UnsupportedOperation
@@ -103,7 +104,7 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
 
     With ``request.identify`` (an operator's first contact) the description read in this session selects the
     driver: the push goes on with it in the same session when it is a ``PushDriver``, else it is handed over."""
-    run = StepLog()
+    run = StepLog(status_of=status_name, explain=explain)
     async with AsyncExitStack() as connection:
         async with run.step("connect") as note:
             session = await connection.enter_async_context(
@@ -355,56 +356,6 @@ async def apply_changes(run: StepLog, configuration: ServerConfiguration) -> Non
 
 def _pending_or_applied(pending: bool) -> str:
     return "pending until ApplyChanges" if pending else "applied by the device at once"
-
-
-@dataclass
-class StepNote:
-    """What a step reports when it succeeds."""
-
-    message: str = ""
-    status: str = ""
-
-
-@dataclass
-class StepLog:
-    """The steps of one push as they happen. The first failure becomes ``PushFailed``, raised from the original
-    error, with every step so far and whether the device was already changed."""
-
-    steps: list[StepOutcome] = field(default_factory=list)
-    changed_device: bool = False
-    presented_certificate: x509.Certificate | None = None
-
-    @asynccontextmanager
-    async def step(self, name: str) -> AsyncIterator[StepNote]:
-        note, started = StepNote(), time.monotonic()
-        try:
-            yield note
-        except PushFailed:
-            raise
-        except Exception as error:
-            self.fail(name, error, started)
-        self.steps.append(StepOutcome(name, True, time.monotonic() - started, note.status, note.message))
-
-    def warn(self, name: str, message: str) -> None:
-        """A step that goes through with something the operator should know."""
-        self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=True))
-
-    def fail(self, name: str, error: Exception, started: float | None = None) -> NoReturn:
-        seconds = time.monotonic() - started if started is not None else 0.0
-        message = failed_step_message(name, error)
-        self.steps.append(StepOutcome(name, False, seconds, status_name(error), message))
-        raise PushFailed(
-            message,
-            list(self.steps),
-            changed_device=self.changed_device,
-            presented_certificate=self.presented_certificate,
-        ) from error
-
-
-def failed_step_message(step: str, error: BaseException) -> str:
-    """``"<step> failed: <why>"``, without repeating a prefix the error's own message already has."""
-    prefix = f"{step} failed: "
-    return explain(error) if explain(error).startswith(prefix) else prefix + explain(error)
 
 
 def known_device_check(request: PushRequest) -> ServerCheck | None:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Iterable
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Iterable
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -31,10 +30,10 @@ from certlm.drivers import (
     PushFailed,
     PushOutcome,
     PushRequest,
-    StepOutcome,
+    StepLog,
     TrustList,
 )
-from certlm.errors import APIError, DeviceFailure
+from certlm.errors import DeviceFailure
 from certlm.pki_backends import Enrollment
 from certlm_rest.connection import BAD_ANSWER, ManagementApi, describe_certificate
 from certlm_rest.opcua_endpoint import CERTIFICATE_MISMATCH, await_endpoint_presenting
@@ -298,45 +297,3 @@ def _as_stored(trust_list: TrustList) -> tuple[list[bytes], list[bytes]]:
 
 def _unique(items: Iterable[bytes]) -> list[bytes]:
     return list(dict.fromkeys(items))
-
-
-@dataclass
-class StepNote:
-    """What a step reports when it succeeds."""
-
-    message: str = ""
-    status: str = ""
-
-
-@dataclass
-class StepLog:
-    """The steps of one push as they happen; the first failure becomes ``PushFailed``, raised from the original
-    error, with every step so far and whether the device was changed."""
-
-    steps: list[StepOutcome] = field(default_factory=list)
-    changed_device: bool = False
-    presented_certificate: x509.Certificate | None = None
-
-    @asynccontextmanager
-    async def step(self, name: str) -> AsyncIterator[StepNote]:
-        note, started = StepNote(), time.monotonic()
-        try:
-            yield note
-        except PushFailed:
-            raise
-        except Exception as error:
-            self.fail(name, error, started)
-        self.steps.append(StepOutcome(name, True, time.monotonic() - started, note.status, note.message))
-
-    def warn(self, name: str, message: str) -> None:
-        self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=True))
-
-    def fail(self, name: str, error: Exception, started: float | None = None) -> NoReturn:
-        seconds = time.monotonic() - started if started is not None else 0.0
-        message = f"{name} failed: {error.message if isinstance(error, APIError) else error or type(error).__name__}"
-        status = error.device_status if isinstance(error, DeviceFailure) else type(error).__name__
-        self.steps.append(StepOutcome(name, False, seconds, status, message))
-        raise PushFailed(
-            message, list(self.steps), changed_device=self.changed_device,
-            presented_certificate=self.presented_certificate,
-        ) from error  # fmt: skip
