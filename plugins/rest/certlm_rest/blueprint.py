@@ -1,5 +1,5 @@
-"""The REST inventory: ``GET``/``POST /rest/inventory`` and ``GET``/``DELETE /rest/inventory/{host_or_url}``. Entries
-are the host's inventory entries of table ``rest``; what only REST devices have (OPC UA endpoint, bearer token,
+"""The REST inventory: ``GET``/``POST``/``PATCH /rest/inventory`` and ``GET``/``DELETE /rest/inventory/{host_or_url}``.
+Entries are the host's inventory entries of table ``rest``; what only REST devices have (OPC UA endpoint, bearer token,
 pinned TLS certificate) is the plugin's ``RestDevice`` row."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from certlm.certs import sha1_fingerprint
 from certlm.enrollment import identify_registered, revoke_on_decommission
 from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.host import current_host
-from certlm.hostspec import parse_host_or_url
+from certlm.hostspec import HostSpec, parse_host_or_url
 from certlm.inventory import (
     MAX_SECRET_CHARS,
     InventoryEntryOut,
@@ -29,6 +29,7 @@ from certlm.inventory import (
     listing_json,
     render_entry,
     save_credentials,
+    update_entry,
 )
 from certlm.openapi import answers
 from certlm.responses import StrictBody
@@ -49,8 +50,9 @@ _OPCUA_URL = re.compile(
 
 
 class RestEntryIn(StrictBody):
-    """``POST /rest/inventory``: the device's management API address, its entry's settings, how certlm logs in, and
-    the OPC UA endpoint a push checks the installed certificate on."""
+    """``POST`` and ``PATCH /rest/inventory``: the device's management API address, its entry's settings, how certlm
+    logs in, and the OPC UA endpoint a push checks the installed certificate on. On PATCH only the fields given
+    change."""
 
     server: str = Field(min_length=1, max_length=255, description="IP or DNS hostname of the management API")
     port: int | None = Field(default=None, ge=1, le=65535, description="The management API's HTTPS port (443)")
@@ -112,6 +114,22 @@ class RestEntryIn(StrictBody):
             columns["pki_id"] = self.pki
         return columns
 
+    def device_columns(self) -> dict[str, Any]:
+        """The ``RestDevice`` columns this body sets, the bearer token encrypted."""
+        columns: dict[str, Any] = {}
+        if self.opcua_url is not None:
+            columns["opcua_url"] = self.opcua_url
+        if self.bearer_token is not None:
+            columns["bearer_token_enc"] = current_host().secrets.encrypt(self.bearer_token)
+        return columns
+
+    async def check_references(self) -> None:
+        """400 naming the field when ``service`` is no installed REST driver or ``pki`` no PKI entry."""
+        if self.service is not None:
+            checked_service(REST, self.service)
+        if self.pki is not None and not await PkiEntry.exists(id=self.pki):
+            raise APIError(f"pki: no PKI entry with id {self.pki}")
+
 
 class RestEntryOut(InventoryEntryOut):
     """The spec's Inventory entry with what a REST entry adds; never a secret."""
@@ -150,22 +168,32 @@ async def create_rest_entry(data: RestEntryIn) -> RestEntryOut:
     the REST inventory, 403 at the license's endpoint limit; secrets are stored encrypted. certlm then connects to
     identify the device: its management API's TLS certificate is pinned, ``service`` names the driver of the API the
     device answers, and the OPC UA certificate in use is pinned (``cert_*``)."""
-    columns = data.entry_columns()
-    if data.service is not None:
-        checked_service(REST, data.service)
-    if data.pki is not None and not await PkiEntry.exists(id=data.pki):
-        raise APIError(f"pki: no PKI entry with id {data.pki}")
-    secrets = current_host().secrets
+    await data.check_references()
     async with in_transaction("default"):
-        entry = await create_entry(REST, data.server, data.port, columns)
+        entry = await create_entry(REST, data.server, data.port, data.entry_columns())
         if data.userinfo_name is not None:
             await save_credentials(entry, username=data.userinfo_name, password=data.userinfo_password)
-        await RestDevice.create(
-            entry_id=entry.id,
-            opcua_url=data.opcua_url,
-            bearer_token_enc=secrets.encrypt(data.bearer_token) if data.bearer_token else None,
-        )
+        await RestDevice.create(entry_id=entry.id, **data.device_columns())
     await identify_registered(entry)
+    return await rest_entry_out(entry)
+
+
+@blueprint.patch("/rest/inventory")
+@validate_response(RestEntryOut)
+@validate_request(RestEntryIn)
+@answers(NotFound)
+async def update_rest_entry(data: RestEntryIn) -> RestEntryOut:
+    """Change the fields given of the REST entry at ``server`` and ``port`` (without ``port``, the server's only REST
+    entry); 404 if there is none. Secrets are stored encrypted; reviving a deleted entry needs license room (403).
+    The device is not contacted, and its pinned TLS certificate stays: a new one is accepted by re-onboarding."""
+    entry = await find_entry(HostSpec(data.server, data.port), (REST,))
+    await data.check_references()
+    async with in_transaction("default"):
+        await update_entry(entry, data.entry_columns())
+        if data.userinfo_name is not None:
+            await save_credentials(entry, username=data.userinfo_name, password=data.userinfo_password)
+        if device_columns := data.device_columns():
+            await RestDevice.update_or_create(device_columns, entry_id=entry.id)
     return await rest_entry_out(entry)
 
 

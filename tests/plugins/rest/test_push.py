@@ -193,6 +193,24 @@ async def test_a_wrong_password_is_refused_and_nothing_is_pinned(
     assert outcome["success"], outcome
 
 
+async def test_a_patched_token_and_opcua_url_are_what_the_next_push_uses(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device(bearer_token="new-token")
+    body = {"server": "127.0.0.1", "port": device.port, "pki": pki_id, "bearer_token": "old-token"}
+    status, entry = await certlm.call("POST", "/rest/inventory", body)
+    assert status == 200 and entry["opcua_url"] is None, entry
+    failure = await failed_push(certlm, device, onboarding=True)
+    assert failure.details["result"]["steps"][0]["status"] == "HTTP 401", failure.details
+    patch = {"server": "127.0.0.1", "port": device.port, "bearer_token": "new-token", "opcua_url": device.opcua_url}
+    status, patched = await certlm.call("PATCH", "/rest/inventory", patch)
+    assert status == 200 and patched["opcua_url"] == device.opcua_url, patched
+    outcome = await push(certlm, device, onboarding=True)
+    assert outcome["success"], outcome
+    verified = next(step["message"] for step in outcome["result"]["steps"] if step["step"] == "verify")
+    assert f"{device.opcua_url} presents the issued certificate" in verified
+
+
 async def test_a_changed_tls_certificate_is_refused_before_anything_is_sent(
     certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
 ) -> None:
