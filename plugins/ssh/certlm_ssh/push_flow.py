@@ -5,10 +5,8 @@ presents the new certificate; on a failure after the swap, restore the previous 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -17,12 +15,20 @@ from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPri
 from cryptography.x509.oid import NameOID
 
 from certlm.certs import host_general_name, issued_by, to_der
-from certlm.drivers import DeviceDescription, PkiMaterial, PushFailed, PushOutcome, PushRequest, StepOutcome
+from certlm.drivers import (
+    DeviceDescription,
+    PkiMaterial,
+    PushFailed,
+    PushOutcome,
+    PushRequest,
+    StepLog,
+    plain_status,
+)
 from certlm.errors import APIError, DeviceFailure
 from certlm_ssh.connection import (
     HOST_KEY_NOT_PINNED,
     SshSession,
-    failure,
+    describe_error,
     host_key_fingerprint,
     host_key_text,
     offered_host_key,
@@ -47,7 +53,6 @@ if TYPE_CHECKING:
     from certlm.drivers import DeviceTarget
     from certlm_ssh.driver import SshStoreDriver
 
-T = TypeVar("T")
 UNTRUSTED_STORE = "CertificateUntrusted"
 NO_APPLICATION_URI = "NoApplicationUri"
 _OPENSSL_KEYS = {
@@ -59,62 +64,39 @@ _OPENSSL_KEYS = {
 }
 
 
-class _StepFailed(Exception):
-    def __init__(self, failure: DeviceFailure | APIError) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
+def step_status(error: BaseException) -> str:
+    """A failed step's status: a PKI's refusal keeps its own (the host answers 422 for CsrRejected), a device error
+    is named in SSH terms."""
+    return plain_status(error) if isinstance(error, APIError) else describe_error(error)[0]
+
+
+def step_explanation(error: BaseException) -> str:
+    """A failed step's reason, in SSH terms where the error is not already certlm's."""
+    return error.message if isinstance(error, APIError) else describe_error(error)[1]
 
 
 class SshPush:
-    """One push: the steps so far, and what a failure must report."""
+    """One push: its steps on the host's ``StepLog``, and what the device said of itself."""
 
     def __init__(self, driver: SshStoreDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> None:
         self.driver = driver
         self.target = target
         self.request = request
         self.pki = pki
-        self.steps: list[StepOutcome] = []
-        self.changed_device = False
-        self.presented: x509.Certificate | None = None
+        self.run = StepLog(status_of=step_status, explain=step_explanation)
         self.description: DeviceDescription | None = None
 
-    async def step(self, name: str, action: Callable[[], Awaitable[T]], message: str = "") -> T:
-        started = time.monotonic()
-        try:
-            result = await action()
-        except Exception as error:
-            # A PKI's refusal keeps its own status (the host answers 422 for CsrRejected); device errors are named.
-            known = error if isinstance(error, APIError) and not isinstance(error, DeviceFailure) else None
-            device = failure(f"step {name}", error) if known is None else None
-            status = type(error).__name__ if known is not None else device.device_status  # type: ignore[union-attr]
-            text = known.message if known is not None else device.message  # type: ignore[union-attr]
-            self.steps.append(StepOutcome(name, False, time.monotonic() - started, status, text))
-            raise _StepFailed(known or device) from error  # type: ignore[arg-type]
-        self.steps.append(StepOutcome(name, True, time.monotonic() - started, message=message))
-        return result
-
-    def note(self, name: str, message: str, *, warning: bool = False) -> None:
-        self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=warning))
-
-    async def run(self) -> PushOutcome:
+    async def push(self) -> PushOutcome:
         settings = await device_settings(self.target.entry_id, self.driver.services.secrets)
-        try:
-            async with AsyncExitStack() as stack:
-                return await self._run(stack, settings)
-        except _StepFailed as stopped:
-            raise PushFailed(
-                stopped.failure.message,
-                self.steps,
-                changed_device=self.changed_device,
-                presented_certificate=self.presented,
-            ) from stopped.__cause__
+        async with AsyncExitStack() as stack:
+            return await self._push(stack, settings)
 
-    async def _run(self, stack: AsyncExitStack, settings: DeviceSettings) -> PushOutcome:
-        driver, timeouts = self.driver, self.driver.timeouts
-        host_key, pin_now = settings.host_key, False
+    async def _push(self, stack: AsyncExitStack, settings: DeviceSettings) -> PushOutcome:
+        driver, timeouts, run = self.driver, self.driver.timeouts, self.run
+        host_key = settings.host_key
 
-        async def connect() -> SshSession:
-            nonlocal host_key, pin_now
+        async with run.step("connect") as note:
+            pin_now = host_key is None
             if host_key is None:
                 if not self.request.trust_on_first_use:
                     raise DeviceFailure(
@@ -124,47 +106,51 @@ class SshPush:
                         HOST_KEY_NOT_PINNED,
                     )
                 host_key = host_key_text(await offered_host_key(self.target.server, self.target.port, timeouts))
-                pin_now = True
-            return await stack.enter_async_context(open_session(login_of(self.target, settings), host_key, timeouts))
-
-        session = await self.step("connect", connect)
-        if pin_now and self.target.entry_id is not None:
-            await pin_host_key(self.target.entry_id, host_key)  # type: ignore[arg-type]
-            self.steps[-1].message = f"SSH host key {host_key_fingerprint(host_key)} pinned at first contact"  # type: ignore[arg-type]
+            session = await stack.enter_async_context(open_session(login_of(self.target, settings), host_key, timeouts))
+            if pin_now and self.target.entry_id is not None:
+                await pin_host_key(self.target.entry_id, host_key)
+                note.message = f"SSH host key {host_key_fingerprint(host_key)} pinned at first contact"
 
         layout = driver.layout_for(settings)
         if self.request.identify is not None:
-            self.description = await self.step("identify", lambda: driver.describe_in(session, layout))
-            chosen = await self.request.identify(self.description)
-            from certlm_ssh.driver import SshStoreDriver
+            async with run.step("identify") as note:
+                description = self.description = await driver.describe_in(session, layout)
+                chosen = await self.request.identify(description)
+                from certlm_ssh.driver import SshStoreDriver
 
-            if isinstance(chosen, SshStoreDriver):
-                # The driver selected for what the device said goes on in this session, with its own layout.
-                driver, layout = chosen, chosen.layout_for(settings)
-            self.steps[
-                -1
-            ].message = f"{self.description.identity.product} {self.description.identity.firmware}: {driver.service}"
+                if isinstance(chosen, SshStoreDriver):
+                    # The driver selected for what the device said goes on in this session, with its own layout.
+                    driver, layout = chosen, chosen.layout_for(settings)
+                note.message = f"{description.identity.product} {description.identity.firmware}: {driver.service}"
 
-        current = await self.step("read_store", lambda: self._read_store(session, layout))
-        application_uri = self._application_uri(current, settings)
-        csr, key = await self.step("csr", lambda: self._make_csr(session, layout, current, application_uri))
-        enrollment = await self.step("enroll", lambda: self.pki.enroll(csr, key))
+        async with run.step("read_store"):
+            current = await self._read_store(session, layout)
+        async with run.step("csr"):
+            csr, key = await self._make_csr(session, layout, current, self._application_uri(current, settings))
+        async with run.step("enroll"):
+            enrollment = await self.pki.enroll(csr, key)
         for warning in enrollment.warnings:
-            self.note("enroll", warning, warning=True)
-        await self.step("upload", lambda: self._upload(session, layout, enrollment, key))
-        self.changed_device = True
-        await self.step("install", lambda: session.run(install_script(layout)))
+            run.warn("enroll", warning)
+        async with run.step("upload"):
+            await self._upload(session, layout, enrollment, key)
+        run.changed_device = True
+        async with run.step("install"):
+            await session.run(install_script(layout))
         url = opcua_url_of(self.target, settings, layout)
         try:
-            await self.step("reload", lambda: session.run(layout.reload_command))
-            await self.step(
-                "verify",
-                lambda: await_certificate(url, enrollment.certificate, layout.reload_timeout_s, timeouts.connect_s),
-                message=f"{url} presents the new certificate",
-            )
-        except _StepFailed:
-            await self._roll_back(settings, host_key, layout, url, current)  # type: ignore[arg-type]
-            raise
+            async with run.step("reload"):
+                await session.run(layout.reload_command)
+            async with run.step("verify") as note:
+                await await_certificate(url, enrollment.certificate, layout.reload_timeout_s, timeouts.connect_s)
+                note.message = f"{url} presents the new certificate"
+        except PushFailed as stopped:
+            await self._roll_back(settings, host_key, layout, url, current)
+            raise PushFailed(
+                stopped.message,
+                run.steps,
+                changed_device=run.changed_device,
+                presented_certificate=run.presented_certificate,
+            ) from stopped.__cause__
         trust_list = await driver.read_trust_list_in(session, layout)
         return PushOutcome(
             certificate=enrollment.certificate,
@@ -172,16 +158,16 @@ class SshPush:
             trust_list=trust_list,
             security_policy=0,
             security_mode=0,
-            steps=self.steps,
+            steps=run.steps,
             description=self.description,
-            presented_certificate=self.presented,
+            presented_certificate=run.presented_certificate,
         )
 
     async def _read_store(self, session: SshSession, layout: StoreLayout) -> x509.Certificate | None:
         """The certificate in the store; a pinned device's must be the pinned one or one of the entry's PKI."""
         data = await session.read_file(layout.path("own_certs", layout.certificate_file))
         current = load_certificate_file(data) if data else None
-        self.presented = current
+        self.run.presented_certificate = current
         pinned = self.request.pinned_certificate
         if current is None or self.request.trust_on_first_use or pinned is None or to_der(current) == pinned:
             return current
@@ -204,12 +190,10 @@ class SshPush:
                 return found[0]
         if settings.application_uri:
             return settings.application_uri
-        raise _StepFailed(
-            DeviceFailure(
-                "the store holds no certificate naming the server's ApplicationUri: set application_uri with "
-                "POST /ssh/device",
-                NO_APPLICATION_URI,
-            )
+        raise DeviceFailure(
+            "the store holds no certificate naming the server's ApplicationUri: set application_uri with "
+            "POST /ssh/device",
+            NO_APPLICATION_URI,
         )
 
     def _subject(self, current: x509.Certificate | None) -> x509.Name:
@@ -265,7 +249,7 @@ class SshPush:
             chain_crls = await self.pki.chain_crls(enrollment)
             crls = list(chain_crls.crls)
             for missing in chain_crls.missing:
-                self.note("enroll", missing, warning=True)
+                self.run.warn("enroll", missing)
         issuers = [c for c in enrollment.chain if c not in trusted]
         for directory, named in trust_files(layout, trusted, crls, issuers, []).items():
             for name, content in named.items():
@@ -278,19 +262,17 @@ class SshPush:
     ) -> None:  # fmt: skip
         """Restore the kept files and reload, in a new session (the push's may be gone with the device)."""
         timeouts = self.driver.timeouts
-
-        async def restore() -> None:
-            async with open_session(login_of(self.target, settings), host_key, timeouts) as session:
-                await session.run(restore_script(layout))
-                await session.run(layout.reload_command)
-            if previous is not None:
-                await await_certificate(url, previous, layout.reload_timeout_s, timeouts.connect_s)
-
         try:
-            await self.step("rollback", restore, message="previous files restored; the server presents them again")
-        except _StepFailed:
+            async with self.run.step("rollback") as note:
+                async with open_session(login_of(self.target, settings), host_key, timeouts) as session:
+                    await session.run(restore_script(layout))
+                    await session.run(layout.reload_command)
+                if previous is not None:
+                    await await_certificate(url, previous, layout.reload_timeout_s, timeouts.connect_s)
+                note.message = "previous files restored; the server presents them again"
+        except PushFailed:
             return
-        self.changed_device = False
+        self.run.changed_device = False
 
 
 class _StagedPaths:
@@ -345,4 +327,4 @@ def _openssl_request(layout: StoreLayout, subject: x509.Name, names: list[x509.G
 
 
 async def run_push(driver: SshStoreDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
-    return await SshPush(driver, target, request, pki).run()
+    return await SshPush(driver, target, request, pki).push()
