@@ -7,11 +7,13 @@ The contracts are ``certlm.hookspecs`` (the hooks), ``certlm.drivers`` (a device
 
 __version__ = "0.1.0"  # first: the modules imported below read it
 
+from certlm.certs import api_timestamp, serial_hex
 from certlm.drivers import (
     CertificateReading,
     DeviceDescription,
     DeviceDriver,
     DeviceIdentity,
+    DeviceIdentityChanged,
     DeviceReading,
     DeviceTarget,
     FirmwareInfo,
@@ -26,10 +28,12 @@ from certlm.drivers import (
     TrustList,
 )
 from certlm.hookspecs import hookimpl
+from certlm.identity import identity_repinned
 from certlm.pki_backends import (
     CLIENT_PROFILE,
     SERVER_PROFILE,
     CertificateProfile,
+    CertlmKeyRequired,
     Enrollment,
     EnrollmentRequest,
     KeyedEnrollment,
@@ -43,10 +47,12 @@ __all__ = [
     "SERVER_PROFILE",
     "CertificateProfile",
     "CertificateReading",
+    "CertlmKeyRequired",
     "DeviceDescription",
     "DeviceDriver",
     "DeviceDriverRegistry",
     "DeviceIdentity",
+    "DeviceIdentityChanged",
     "DeviceReading",
     "DeviceTarget",
     "Enrollment",
@@ -67,5 +73,8 @@ __all__ = [
     "SupportedDevice",
     "TrustList",
     "__version__",
+    "api_timestamp",
     "hookimpl",
+    "identity_repinned",
+    "serial_hex",
 ]

@@ -13,6 +13,7 @@ from tortoise import Tortoise
 from tortoise.models import Model
 from tortoise.transactions import in_transaction
 
+from certlm.auth import TOTP, failure_limiter, request_route
 from certlm.errors import Unauthorized
 from certlm.host import current_host
 from certlm.inventory import (
@@ -166,14 +167,23 @@ def _deletion_order(models: list[type[Model]]) -> list[type[Model]]:
     return ordered
 
 
-async def wipe_with_totp(totp_code: str) -> dict[str, int]:
+def _refuse_code(source: str, reason: str, *, counts: bool = True) -> Unauthorized:
+    """The spec's 401 for a TOTP code, the refusal logged and (unless not ``counts``) counted against ``source``."""
+    failure_limiter(TOTP).refused(source, request_route(), reason, counts=counts)
+    return Unauthorized(INVALID_TOTP)
+
+
+async def wipe_with_totp(totp_code: str, source: str) -> dict[str, int]:
     """Delete every table's rows but ``KEPT_MODELS``' once ``totp_code`` proves the caller holds the API key (401
-    ``Invalid TOTP code`` otherwise; each code is accepted once); how many rows of each table were deleted."""
+    ``Invalid TOTP code`` otherwise; each code is accepted once); how many rows of each table were deleted. A
+    ``source`` address that sent too many wrong codes is refused (429) before its code is looked at; a malformed
+    code, which cannot be right, is not counted against it."""
+    failure_limiter(TOTP).check(source)
     if not SIX_DIGITS.fullmatch(totp_code):
-        raise Unauthorized(INVALID_TOTP)
+        raise _refuse_code(source, "malformed TOTP code", counts=False)
     step = matching_time_step(totp_for_api_key(current_host().api_key), totp_code, time.time())
     if step is None:
-        raise Unauthorized(INVALID_TOTP)
+        raise _refuse_code(source, "wrong TOTP code")
     await system_settings()
     models = [model for model in Tortoise.apps.get_models_iterable() if model not in KEPT_MODELS]
     deleted: dict[str, int] = {}
@@ -185,7 +195,7 @@ async def wipe_with_totp(totp_code: str) -> dict[str, int]:
             .update(last_totp_counter=step)
         )
         if not claimed:
-            raise Unauthorized(INVALID_TOTP)
+            raise _refuse_code(source, "TOTP code used already")
         for model in _deletion_order(models):
             deleted[model._meta.db_table] = await model.all().using_db(connection).delete()
     return deleted

@@ -133,6 +133,15 @@ def colon_hex(data: bytes) -> str:
     return ":".join(f"{byte:02X}" for byte in data)
 
 
+def serial_hex(certificate: x509.Certificate | x509.RevokedCertificate | int) -> str:
+    """A serial number as OpenSSL prints it, and as certlm shows it everywhere: upper-case hex of its whole bytes
+    (``083F7172...``, never ``83F7172...``), so that it can be compared with other tools character for character."""
+    serial = certificate if isinstance(certificate, int) else certificate.serial_number
+    if serial < 0:  # not allowed by RFC 5280, but found in the field; shown as its magnitude, signed
+        return "-" + serial_hex(-serial)
+    return serial.to_bytes(max(1, (serial.bit_length() + 7) // 8), "big").hex().upper()
+
+
 def sha1_fingerprint(certificate: x509.Certificate) -> str:
     return colon_hex(certificate.fingerprint(hashes.SHA1()))
 
@@ -147,6 +156,23 @@ def sha256_spki(certificate: x509.Certificate) -> str:
 def spec_datetime(moment: datetime | None) -> str | None:
     """The inventory's ``YYYY-MM-DD HH:MM:SS`` (UTC) format."""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else None
+
+
+def api_timestamp(moment: datetime | None) -> str | None:
+    """A moment as the API writes every time it answers, the inventory's spec-given ``cert_validfrom``/``cert_validto``
+    aside: ISO 8601 to the second with a numeric offset, ``2026-11-25T16:14:45+00:00``. Times certlm keeps are UTC; a
+    maintenance window's schedule is shown on its own zone's clock, in the same form (``...T02:00:00+01:00``); a
+    naive moment is UTC."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.replace(microsecond=0).isoformat()
+
+
+def api_now() -> str:
+    """Now, as ``api_timestamp`` writes it: the ``at`` of a recorded operation."""
+    return api_timestamp(datetime.now(UTC))  # type: ignore[return-value]
 
 
 def remaining_days(certificate: x509.Certificate, now: datetime | None = None) -> int:
@@ -283,32 +309,34 @@ def key_usage(**granted: bool) -> x509.KeyUsage:
     return x509.KeyUsage(**(dict.fromkeys(every_usage, False) | granted))
 
 
-def requested_host_names(
-    csr: x509.CertificateSigningRequest, hosts: Iterable[str] = ()
-) -> list[x509.DNSName | x509.IPAddress]:
-    """The DNS names and IP addresses a certificate for ``csr`` should carry: the CSR's own and ``hosts``."""
+SubjectName = x509.DNSName | x509.IPAddress | x509.UniformResourceIdentifier
+
+
+def required_names(csr: x509.CertificateSigningRequest, hosts: Iterable[str] = ()) -> list[SubjectName]:
+    """The subject alternative names a certificate for ``csr`` must carry for clients to accept the device: the
+    CSR's DNS names, IP addresses and URIs (an OPC UA application's ApplicationUri), and ``hosts``, the addresses the
+    device is reached at, whether or not the CSR names them (a CSR based on a certificate that lost them does not)."""
     try:
         names = list(csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
     except x509.ExtensionNotFound:
         names = []
     names += [host_general_name(host) for host in hosts]
-    wanted = [name for name in names if isinstance(name, x509.DNSName | x509.IPAddress)]
-    return list(dict.fromkeys(wanted))
+    return list(dict.fromkeys(name for name in names if isinstance(name, SubjectName)))
 
 
-def missing_host_names(
-    certificate: x509.Certificate, wanted: Iterable[x509.DNSName | x509.IPAddress]
-) -> list[x509.DNSName | x509.IPAddress]:
+def missing_names(certificate: x509.Certificate, wanted: Iterable[SubjectName]) -> list[SubjectName]:
     """The names of ``wanted`` that ``certificate``'s subject alternative names lack; DNS names compare without
-    regard to case (RFC 4343)."""
+    regard to case (RFC 4343), URIs exactly (OPC UA compares the ApplicationUri as a string)."""
     san = extension_value(certificate, x509.SubjectAlternativeName)
     dns = {name.casefold() for name in san.get_values_for_type(x509.DNSName)} if san else set()
     ips = set(san.get_values_for_type(x509.IPAddress)) if san else set()
+    uris = set(san.get_values_for_type(x509.UniformResourceIdentifier)) if san else set()
     return [
         name
         for name in wanted
         if (isinstance(name, x509.DNSName) and name.value.casefold() not in dns)
         or (isinstance(name, x509.IPAddress) and name.value not in ips)
+        or (isinstance(name, x509.UniformResourceIdentifier) and name.value not in uris)
     ]
 
 
@@ -344,9 +372,9 @@ def certificate_detail(certificate: x509.Certificate | None, now: datetime | Non
         "subject_dn": certificate.subject.rfc4514_string(),
         "subject_cn": common_name(certificate.subject),
         "issuer_dn": certificate.issuer.rfc4514_string(),
-        "serial_number": f"{certificate.serial_number:X}",
-        "valid_from": certificate.not_valid_before_utc.isoformat(),
-        "valid_to": certificate.not_valid_after_utc.isoformat(),
+        "serial_number": serial_hex(certificate),
+        "valid_from": api_timestamp(certificate.not_valid_before_utc),
+        "valid_to": api_timestamp(certificate.not_valid_after_utc),
         "remaining_days": remaining_days(certificate, now),
         "self_signed": is_self_signed(certificate),
         "key_type": key_type,

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+# Every environment variable certlm reads starts with it.
+ENVIRONMENT_PREFIX = "CERTLM_"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -36,6 +39,13 @@ class Settings:
     loop_watch: bool = True
     # When set, the watchdog logs the loop thread's stack whenever the loop is held this long (diagnosis; off).
     loop_trace_ms: int | None = None
+    # A source address that fails this many times at the API key (or at the TOTP of DELETE /sql) within the window
+    # is refused with 429 until the window ends (``certlm.auth.FailureLimiter``).
+    auth_failure_limit: int = 10
+    auth_failure_window_s: float = 300.0
+    # Plugins' settings by name: from the environment every ``CERTLM_*`` variable under its name without the prefix, in
+    # lower case, as text for the plugin to check (``CERTLM_REST_VERIFY_WAIT_S`` is ``rest_verify_wait_s``); values
+    # given in code (``overrides["extra"]``) win.
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -72,7 +82,17 @@ class Settings:
             ),
             loop_watch=_switch(env, "CERTLM_LOOP_WATCH", cls.loop_watch),
             loop_trace_ms=_count(env, "CERTLM_LOOP_TRACE_MS", 0, upper=60_000) or None,
+            auth_failure_limit=_count(env, "CERTLM_AUTH_FAILURE_LIMIT", cls.auth_failure_limit, upper=100_000),
+            auth_failure_window_s=_seconds(
+                env, "CERTLM_AUTH_FAILURE_WINDOW_S", cls.auth_failure_window_s, upper=24 * 3600
+            ),
         )
+        from_environment = {
+            name.removeprefix(ENVIRONMENT_PREFIX).lower(): value
+            for name, value in env.items()
+            if name.startswith(ENVIRONMENT_PREFIX)
+        }
+        overrides["extra"] = {**from_environment, **overrides.get("extra", {})}
         return replace(settings, **overrides)
 
 

@@ -4,23 +4,33 @@ it once serving, and one closing summary of where everything is and what to try 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shlex
+import time
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from certlm.config import Settings
 from certlm.licensing import generate_key_pair, issue_license, load_private_key
 from certlm.logs import log_file
 
+if TYPE_CHECKING:
+    from certlm.enrollment import PushOrder
+    from certlm.storage.models import InventoryEntry
+
 log = logging.getLogger(__name__)
 
 DEMO_ENDPOINTS = 100
+# The key pair the demo makes signs its license: a production certlm trusts the vendor's public key instead.
+LICENSE_PRIVATE_KEY = "license_private_key.pem"
 DEMO_PKI_NAME = "Demo internal CA"
-DEVICE_ATTEMPTS = 10
-DEVICE_RETRY_S = 2.0  # the simulators may still be starting
+# scripts/demo starts the simulated devices next to certlm: onboarding waits this long for them to listen.
+DEVICE_LISTEN_TIMEOUT_S = 60.0
+LISTEN_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -38,17 +48,17 @@ async def _prepare(settings: Settings) -> None:
     from certlm.app import create_app
     from certlm.pki_entries import INTERNAL_PKI_TYPE
     from certlm.storage import close_storage, open_storage
-    from certlm.storage.models import PkiEntry, StoredLicense
+    from certlm.storage.models import PkiEntry
 
     app = create_app(settings)
     host = app.extensions["certlm"]
     model_modules = [m for mods in host.plugin_manager.hook.certlm_provide_model_modules() for m in mods or ()]
     await open_storage(settings.database_url, model_modules)
     try:
-        if await StoredLicense.get_or_none(id=1) is None:
-            private_key = settings.secrets_dir / "license_private_key.pem"
+        in_force = await host.licenses.current(fresh=True)
+        if in_force is None or not in_force.validation_success:  # none yet, or an earlier run's has expired
             license_b64 = issue_license(
-                load_private_key(private_key),
+                load_private_key(settings.secrets_dir / LICENSE_PRIVATE_KEY),
                 company="certlm demo",
                 features=["core"],
                 licensed_endpoints=DEMO_ENDPOINTS,
@@ -56,8 +66,7 @@ async def _prepare(settings: Settings) -> None:
                 validity_end=date.today() + timedelta(days=30),
                 license_type="trial",
             )
-            await StoredLicense.create(id=1, license_b64=license_b64)
-            print(f"certlm demo: installed a 30-day trial license for {DEMO_ENDPOINTS} endpoints", flush=True)
+            await host.licenses.install(license_b64)  # logs which license it installed
         if (
             host.pki_backends.known(INTERNAL_PKI_TYPE)
             and not await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).exists()
@@ -70,15 +79,41 @@ async def _prepare(settings: Settings) -> None:
         await close_storage()
 
 
+async def accepts_connections(server: str, port: int) -> bool:
+    """Whether something listens on ``server:port`` now."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(server, port), LISTEN_POLL_S * 10)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+async def wait_until_listening(addresses: list[tuple[str, int]], timeout: float) -> list[tuple[str, int]]:
+    """Wait until every address accepts connections, at most ``timeout`` seconds in all; those that never did."""
+    deadline = time.monotonic() + timeout
+    waiting = list(addresses)
+    while waiting:
+        waiting = [address for address in waiting if not await accepts_connections(*address)]
+        if not waiting or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(LISTEN_POLL_S)
+    return waiting
+
+
 async def onboard_devices(device_urls: list[str], username: str | None, password: str | None) -> list[DeviceOutcome]:
     """Register each device and onboard it (first contact, trust, enrollment from the demo's internal CA), the way
-    ``POST /gds/push/onboarding`` does. Devices enrolled by an earlier demo run are left alone."""
-    from certlm.enrollment import PushOrder, push_certificate
+    ``POST /gds/push/onboarding`` does, once it accepts connections. Devices enrolled by an earlier demo run are left
+    alone."""
+    from certlm.enrollment import PushOrder
     from certlm.errors import APIError
     from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url
     from certlm.inventory import canonical_server, create_entry, find_entry_at
 
-    outcomes = []
+    outcomes: list[DeviceOutcome] = []
+    to_onboard = []
     for url in device_urls:
         spec = parse_host_or_url(url)
         server, port = canonical_server(spec.server), spec.port or DEFAULT_OPCUA_PORT
@@ -87,38 +122,45 @@ async def onboard_devices(device_urls: list[str], username: str | None, password
         except APIError as error:
             print(f"certlm demo: {url} cannot be registered: {error.message}", flush=True)
             outcomes.append(DeviceOutcome(url, server, port, enrolled=False, failure=error.message))
-            continue
-        if entry.certificate_der is not None:
-            print(f"certlm demo: {url} already enrolled", flush=True)
-            outcomes.append(DeviceOutcome(url, server, port, enrolled=True))
-            continue
-        failure = ""
-        for attempt in range(1, DEVICE_ATTEMPTS + 1):
-            try:
-                answer = await push_certificate(
-                    entry, PushOrder(onboarding=True, add_issuer=True, username=username, password=password)
-                )
-            except APIError as error:
-                failure = error.message
-            except Exception as error:  # one device's unexpected failure is reported with the others', not fatal
-                log.exception("onboarding %s", url)
-                failure = f"{type(error).__name__}: {error}"
-                break
+        else:
+            if entry.certificate_der is not None:
+                print(f"certlm demo: {url} already enrolled", flush=True)
+                outcomes.append(DeviceOutcome(url, server, port, enrolled=True))
             else:
-                result = answer["result"]
-                print(
-                    f"certlm demo: onboarded {url}: {result['certificate']['subject_dn']} valid to "
-                    f"{result['certificate']['valid_to']}, driver {result['service']}",
-                    flush=True,
-                )
-                failure = ""
-                break
-            if attempt < DEVICE_ATTEMPTS:
-                await asyncio.sleep(DEVICE_RETRY_S)
+                to_onboard.append((url, server, port, entry))
+    order = PushOrder(onboarding=True, add_issuer=True, username=username, password=password)
+    silent = await wait_until_listening([(server, port) for _, server, port, _ in to_onboard], DEVICE_LISTEN_TIMEOUT_S)
+    for url, server, port, entry in to_onboard:
+        if (server, port) in silent:
+            failure = f"nothing accepted connections on {server}:{port} within {DEVICE_LISTEN_TIMEOUT_S:.0f} s"
+        else:
+            failure = await _onboard(url, entry, order)
         if failure:
             print(f"certlm demo: onboarding {url} failed: {failure}", flush=True)
         outcomes.append(DeviceOutcome(url, server, port, enrolled=not failure, failure=failure))
-    return outcomes
+    # In the order asked for, not the order the devices answered in.
+    return sorted(outcomes, key=lambda outcome: device_urls.index(outcome.url))
+
+
+async def _onboard(url: str, entry: InventoryEntry, order: PushOrder) -> str:
+    """Onboard one device; why it failed, or "" when it did."""
+    from certlm.enrollment import push_certificate
+    from certlm.errors import APIError
+
+    try:
+        answer = await push_certificate(entry, order)
+    except APIError as error:
+        return error.message
+    except Exception as error:  # one device's unexpected failure is reported with the others', not fatal
+        log.exception("onboarding %s", url)
+        return f"{type(error).__name__}: {error}"
+    result = answer["result"]
+    print(
+        f"certlm demo: onboarded {url}: {result['certificate']['subject_dn']} valid to "
+        f"{result['certificate']['valid_to']}, driver {result['service']}",
+        flush=True,
+    )
+    return ""
 
 
 def next_steps(url: str, api_key_file: Path, outcomes: list[DeviceOutcome]) -> list[str]:
@@ -177,7 +219,11 @@ def run_demo(
     )
     if not settings.license_public_key_file.exists():
         generate_key_pair(settings.secrets_dir)
-        print(f"certlm demo: made a license signing key pair in {settings.secrets_dir}", flush=True)
+        print(
+            f"certlm demo: made a license key pair in {settings.secrets_dir} and signed the demo's license with it "
+            "(production licenses are signed by the vendor's key)",
+            flush=True,
+        )
     asyncio.run(_prepare(settings))
     api_key = settings.api_key_file.read_text().strip()
 

@@ -22,6 +22,27 @@ if TYPE_CHECKING:
     from certlm.registry import HostServices
 
 
+class DeviceIdentityChanged(DeviceFailure):
+    """The device presented another identity than the one pinned for it on its management channel: an SSH host key,
+    the TLS certificate of its REST API. A driver raises it instead of talking to the device (it sent nothing, its
+    credentials least of all). ``what`` names the identity (``SSH host key``), ``pinned`` and ``presented`` describe
+    each side for a person (algorithm and SHA-256 fingerprint, or subject and SHA-1), and ``remedy`` says how an
+    operator re-pins once the change is explained.
+
+    The monitor marks the entry with it (``identity_changed`` with this message) and keeps the mark, counted in
+    ``/metrics`` and shown in the dashboard, until an operator re-pins (``certlm.identity_repinned``)."""
+
+    def __init__(self, what: str, pinned: str, presented: str, remedy: str, device_status: str = "BadIdentityChanged"):
+        super().__init__(
+            f"the device presented another {what} than the one pinned: pinned {pinned}, presented {presented}. "
+            f"certlm sent it nothing. {remedy}",
+            device_status,
+        )
+        self.what = what
+        self.pinned = pinned
+        self.presented = presented
+
+
 @dataclass(frozen=True)
 class SupportedDevice:
     """A device and firmware combination a driver declares it supports. Data, never code."""
@@ -337,6 +358,9 @@ class DeviceDriver:
       ``APIError`` from the PKI that status, anything else 500. The host records the failure as the entry's last
       push, with ``device_changed``.
     - An operation the device cannot do raises ``certlm.errors.UnsupportedOperation`` (501).
+    - A device whose management channel presents another identity than the pinned one (SSH host key, REST TLS
+      certificate) raises ``DeviceIdentityChanged``, from any operation, and sends the device nothing; a push raises
+      it as the cause of its ``PushFailed``. The monitor marks the entry until an operator re-pins.
 
     Two names the host relies on: a push's first device step is called ``connect``, and once it succeeded the
     device accepted the credentials, which the host then stores for later automated operations; and

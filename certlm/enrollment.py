@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -16,21 +17,26 @@ from cryptography import x509
 
 from certlm import crl_status
 from certlm.certs import (
+    SubjectName,
+    api_now,
     certificate_detail,
     crl_signed_by,
     general_name_text,
     host_general_name,
     issued_by,
     issuer_chain,
-    missing_host_names,
-    requested_host_names,
+    missing_names,
+    required_names,
+    serial_hex,
     sha1_fingerprint,
+    subject_alternative_names,
     to_der,
 )
 from certlm.drivers import (
     DeviceDescription,
     DeviceDriver,
     DeviceIdentity,
+    DeviceIdentityChanged,
     DeviceTarget,
     PkiMaterial,
     PushFailed,
@@ -48,8 +54,9 @@ from certlm.errors import (
     UpstreamUnavailable,
 )
 from certlm.host import current_host
+from certlm.identity import identity_repinned, mark_identity_changed
 from certlm.inventory import create_entry, device_entry_at, device_target, entry_url, save_credentials
-from certlm.leases import device_lease
+from certlm.leases import EntryDeleted, device_lease
 from certlm.pki_backends import SERVER_PROFILE, CertificateProfile, ChainCrls, Enrollment, KeyedEnrollment, PkiBackend
 from certlm.pki_client import cdp_urls, fetch_crl
 from certlm.revocation import RevocationCheck, crl_cache, store_revocation
@@ -57,6 +64,7 @@ from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)
 EnrollmentType = TypeVar("EnrollmentType", bound=Enrollment)
+Description = TypeVar("Description")
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,11 @@ def last_recorded(entry: InventoryEntry, operation: str) -> dict[str, Any] | Non
 
 def description_record(description: DeviceDescription) -> dict[str, Any]:
     return {"identity": asdict(description.identity), "capabilities": description.capabilities}
+
+
+def _warnings(steps: list[StepOutcome]) -> list[str]:
+    """What a push noticed that an operator should know, success or not: the messages of its warning steps."""
+    return [step.message for step in steps if step.warning]
 
 
 def _steps_view(steps: list[StepOutcome], debug: bool) -> list[dict[str, Any]]:
@@ -231,12 +244,13 @@ async def with_requested_names_checked(
     profile: CertificateProfile,
     enrollment: EnrollmentType,
 ) -> EnrollmentType:
-    """``enrollment``, with a warning when the PKI left out DNS names or IP addresses certlm asked for (the CSR's, and
-    the host the device is reached at where the backend asks for it): clients that connect to the device by that
-    name may refuse it. A PKI entry
-    with ``require_requested_names`` refuses such a certificate instead (422), and revokes it where the PKI can."""
-    hosts = profile.hosts if backend.asks_for_profile_hosts else ()
-    problem = missing_names_warning(enrollment.certificate, requested_host_names(csr, hosts), "requested")
+    """``enrollment``, with a warning when the certificate lacks a name clients need to accept the device: the host
+    certlm reaches it at, and the DNS names, IP addresses and ApplicationUri its CSR asks for. The host is checked
+    whatever the CSR says, so that a PKI that drops it is noticed on every push, not only while the device's CSR still
+    carries the name (a device that bases its CSR on its current certificate stops asking once it was dropped). A PKI
+    entry with ``require_requested_names`` refuses such a certificate instead (422), and revokes it where the PKI
+    can."""
+    problem = missing_names_warning(enrollment.certificate, required_names(csr, profile.hosts))
     if problem is None:
         return enrollment
     if not pki.require_requested_names:
@@ -250,33 +264,37 @@ async def with_requested_names_checked(
     )
 
 
-def missing_names_warning(
-    certificate: x509.Certificate, wanted: list[x509.DNSName | x509.IPAddress], why: str
-) -> str | None:
-    """What an operator should know when ``certificate`` lacks names of ``wanted`` (which certlm ``why``: requested,
-    or reaches the device at); None when it has them all."""
-    missing = missing_host_names(certificate, wanted)
+def missing_names_warning(certificate: x509.Certificate, wanted: list[SubjectName]) -> str | None:
+    """What an operator should know when ``certificate`` lacks names of ``wanted``; None when it has them all."""
+    missing = missing_names(certificate, wanted)
     if not missing:
         return None
     names = ", ".join(general_name_text(name) for name in missing)
     return (
-        f"the certificate does not name {names}, which certlm {why}: clients that connect to the device by that "
-        "address may refuse it"
+        f"the certificate does not name {names}, which the device is reached at or asked for: clients that connect "
+        "to it by a missing name, or check its ApplicationUri, may refuse it"
     )
 
 
 def host_names_warnings(host: str, certificate: x509.Certificate | None) -> list[str]:
-    """For the monitor views: whether a device's certificate names the host certlm reaches it at."""
+    """For the certificate views: whether a device's certificate names the host certlm reaches it at, and carries an
+    ApplicationUri at all (OPC UA clients refuse an application certificate without one)."""
     if certificate is None:
         return []
-    warning = missing_names_warning(certificate, [host_general_name(host)], "reaches the device at")
-    return [warning] if warning else []
+    warnings = []
+    if warning := missing_names_warning(certificate, [host_general_name(host)]):
+        warnings.append(warning)
+    if not subject_alternative_names(certificate).get("uri"):
+        warnings.append(
+            "the certificate names no ApplicationUri (a URI subject alternative name): OPC UA clients refuse it"
+        )
+    return warnings
 
 
 async def _withdraw_unused(pki: PkiEntry, backend: PkiBackend, certificate: x509.Certificate) -> str:
     """Revoke a certificate certlm will not install (reason superseded), where the PKI can; what happened, as the
     tail of a sentence."""
-    serial = f"{certificate.serial_number:X}"
+    serial = serial_hex(certificate)
     if not backend.offers("revoke"):
         return f"; the PKI cannot revoke it through certlm (serial {serial})"
     try:
@@ -334,10 +352,6 @@ def stored_identity(entry: InventoryEntry) -> DeviceIdentity | None:
     return DeviceIdentity(**identity) if identity else None
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
 async def push_to_address(
     protocol: str, server: str, port: int, settings: dict[str, Any], order: PushOrder
 ) -> dict[str, Any]:
@@ -379,7 +393,7 @@ async def push_certificate(entry: InventoryEntry, order: PushOrder) -> dict[str,
     # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
     settings = current_host().settings
     async with device_lease(entry.id, wait_s=settings.device_operation_timeout_s, lease_s=settings.device_lease_s):
-        started = _now()
+        started = api_now()
         try:
             result = await _push_locked(entry, order)
         except APIError as error:
@@ -443,6 +457,8 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
     try:
         outcome = await current_host().drivers.get(entry.service).push(target, request, material)
     except PushFailed as failure:
+        if isinstance(failure.__cause__, DeviceIdentityChanged):
+            await mark_identity_changed(entry.id, failure.__cause__.message, datetime.now(UTC))
         if first_contact:
             contact_note = await pin_first_contact(entry, failure.presented_certificate)
         if any(s.step == "connect" and s.ok for s in failure.steps):
@@ -457,9 +473,13 @@ async def _push_locked(entry: InventoryEntry, order: PushOrder) -> dict[str, Any
         }
         if contact_note:
             result["first_contact"] = contact_note
+        if warnings := _warnings(failure.steps):
+            result["warnings"] = warnings
         raise PushError(failure.message, status, details={"result": result}) from failure
     if first_contact:
         contact_note = await pin_first_contact(entry, outcome.presented_certificate)
+        # An operator's onboarding pins what the device presents on every channel: a changed identity is explained.
+        await identity_repinned(entry.id)
     await _store_tried_credentials(entry, order)
     return await _record_success(entry, target, pki, outcome, order.debug, contact_note)
 
@@ -537,8 +557,7 @@ async def _record_success(
     }
     if contact_note:
         result["first_contact"] = contact_note
-    warnings = [step.message for step in outcome.steps if step.warning]
-    if warnings:
+    if warnings := _warnings(outcome.steps):
         result["warnings"] = warnings
     await entry.save()
     return result
@@ -549,6 +568,28 @@ async def identify_registered(entry: InventoryEntry) -> None:
     identifications: waits for it within a few connect time-outs, after which ``entry`` holds its driver and pinned
     certificate; a device not identified by then goes on being identified in the background."""
     await current_host().identification.identify(entry)
+
+
+async def decommission(
+    entry: InventoryEntry, describe: Callable[[InventoryEntry], Awaitable[Description]]
+) -> Description:
+    """Delete ``entry`` with its credentials and schedule (lease) rows, once no operation runs on its device; what
+    ``describe`` makes of the entry as it was, just before, revocation included (``revoke_on_decommission``).
+
+    A running operation (a push, a read, another instance's renewal) is waited for, at most a device operation's
+    time-out (409 after that, the entry kept), rather than cut off: a push cut off between its steps could leave the
+    device with a pending key pair or a half-written trust list. A caller waiting for the device meanwhile then finds
+    the entry gone (404, ``EntryDeleted``)."""
+    settings = current_host().settings
+    wait_s = settings.device_operation_timeout_s
+    async with device_lease(entry.id, wait_s=wait_s, queue_wait_s=wait_s, lease_s=settings.device_lease_s):
+        # What the operation that ran stored: a certificate it installed is the one to revoke.
+        if (current := await InventoryEntry.get_or_none(id=entry.id)) is None:
+            raise EntryDeleted(entry.id)
+        await revoke_on_decommission(current)
+        described = await describe(current)
+        await current.delete()
+    return described
 
 
 async def revoke_on_decommission(entry: InventoryEntry) -> bool:
@@ -575,7 +616,7 @@ async def revoke_on_decommission(entry: InventoryEntry) -> bool:
         await backend.revoke(pki, certificate, x509.ReasonFlags.cessation_of_operation)
     except APIError as error:
         raise APIError(
-            f"the entry is kept: revoking its certificate (serial {certificate.serial_number:X}) at PKI entry {pki.id} "
+            f"the entry is kept: revoking its certificate (serial {serial_hex(certificate)}) at PKI entry {pki.id} "
             f"failed: {error.message}. Retry, or PATCH the entry's pki to null to delete it without revoking",
             error.status,
         ) from error
@@ -583,5 +624,5 @@ async def revoke_on_decommission(entry: InventoryEntry) -> bool:
     store_revocation(
         entry, RevocationCheck(crl_status.REVOKED, "revoked on decommission", x509.ReasonFlags.cessation_of_operation)
     )
-    log.info("revoked certificate %X of %s:%s on decommission", certificate.serial_number, entry.server, entry.port)
+    log.info("revoked certificate %s of %s:%s on decommission", serial_hex(certificate), entry.server, entry.port)
     return True

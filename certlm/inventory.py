@@ -30,7 +30,7 @@ from certlm.errors import APIError, Forbidden, NotFound
 from certlm.host import current_host
 from certlm.hostspec import DEFAULT_OPCUA_PORT, HostSpec, address_url, valid_server
 from certlm.registry import DeviceDriverRegistry
-from certlm.responses import StrictBody
+from certlm.responses import StrictBody, Timestamp
 from certlm.storage import MAX_ID
 from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE, LICENSED_PROTOCOLS
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
@@ -122,15 +122,21 @@ class GdsEntryIn(EntryAddress, UserInfo):
 class ScheduleOut(BaseModel):
     """What the schedulers know of a device (an extension of the spec's Inventory entry)."""
 
-    last_seen: datetime | None = Field(description="when the monitor last reached the device")
-    unreachable_since: datetime | None = Field(description="since when the monitor cannot reach it")
+    last_seen: Timestamp | None = Field(description="when the monitor last reached the device")
+    unreachable_since: Timestamp | None = Field(description="since when the monitor cannot reach it")
     unreachable_reason: str | None = Field(description="why, as the last read failed")
-    certificate_changed_at: datetime | None = Field(
+    certificate_changed_at: Timestamp | None = Field(
         description="when the device was found presenting a certificate certlm did not install; automated renewals "
         "stop until an operator pushes to it"
     )
+    identity_changed_at: Timestamp | None = Field(
+        default=None,
+        description="when the device's SSH host key or TLS certificate was found not to be the pinned one; kept until "
+        "an operator re-pins",
+    )
+    identity_changed_reason: str | None = Field(default=None, description="the pinned and the presented identity")
     renewal_failures: int = Field(description="automated renewals that failed in a row")
-    renewal_retry_at: datetime | None = Field(description="the next automated renewal after a failure")
+    renewal_retry_at: Timestamp | None = Field(description="the next automated renewal after a failure")
     renewal_config_error: str | None = Field(description="why automated renewals of the device stopped")
 
 

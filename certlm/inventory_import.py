@@ -34,6 +34,9 @@ CSV_IMPORT_DESCRIPTION = (
     "line; an empty cell leaves the field out"
 )
 _INTEGER_COLUMNS = frozenset({"port", "device_status", "pki", "security_policy", "security_mode", "renewal_days"})
+# An integer cell is an integer as JSON writes one: ASCII digits after an optional minus, nothing around them. Python's
+# int() and \d take any script's digits (Arabic-Indic, fullwidth) and spaces too, which the JSON API never sees.
+_JSON_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,17})", re.ASCII)
 # Rows looked up or inserted per query.
 _BATCH = 500
 
@@ -124,9 +127,9 @@ def _csv_rows(body: bytes) -> list[dict[str, Any]]:
 
 
 def _csv_value(column: str, cell: str) -> Any:
-    """A cell as the JSON value of its column: integer columns hold integers (anything else is left for the row's
-    validation to refuse)."""
-    if column in _INTEGER_COLUMNS and re.fullmatch(r"[+-]?\d{1,18}", cell.strip()):
+    """A cell as the JSON value of its column: integer columns hold integers written as JSON writes them; anything
+    else is left a text, which the row's validation refuses as ``POST /gds/inventory`` refuses a port given as one."""
+    if column in _INTEGER_COLUMNS and _JSON_INTEGER.fullmatch(cell):
         return int(cell)
     return cell
 

@@ -5,12 +5,12 @@ needs the outcome of all of them at once, without a request per device.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from certlm.inventory import DEVICE_TABLES
+from certlm.responses import Timestamp
 from certlm.storage import MAX_ID
 from certlm.storage.models import InventoryEntry
 
@@ -36,7 +36,7 @@ class LastOperation(BaseModel):
     id: int = Field(description="the inventory entry's id")
     operation: str = Field(description="push or onboarding")
     success: bool
-    at: datetime | None = Field(description="when it ran")
+    at: Timestamp | None = Field(description="when it ran")
     trigger: str | None = Field(description="what started it: an operator's request or the scheduler")
     error: str = Field(description="why it failed; empty when it succeeded")
 

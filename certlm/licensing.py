@@ -4,6 +4,8 @@ A license file is ``base64(json({"license": {...fields...}, "signature": base64(
 where ``canonical`` is the license object as JSON with sorted keys and no spaces. The server trusts one
 public key (``CERTLM_LICENSE_PUBLIC_KEY_FILE``); the private key stays with whoever issues licenses.
 Every validation failure is reported as a sentence for the person who installed the file, never as Python's text.
+An upload is stored whether it validates or not, as the spec says; the license it replaces is kept, so that a restore
+puts it back.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from tortoise.transactions import in_transaction
 
-from certlm.errors import APIError
+from certlm.errors import NotFound
 from certlm.secretbox import write_private_file
 
 log = logging.getLogger(__name__)
@@ -56,12 +59,6 @@ class LicenseFormatError(ValueError):
 
 class LicenseFileError(ValueError):
     """Why some bytes are not a certlm license file, as the end of the sentence "the file is not a license: ..."."""
-
-
-class LicenseRefused(APIError):
-    """A license upload that does not validate while a valid license is in force: that license stays."""
-
-    status = 409
 
 
 def decode_base64(text: str) -> bytes:
@@ -183,8 +180,15 @@ class LicenseStatus:
     def grants(self, feature: str) -> bool:
         return self.validation_success and feature in self.features
 
+    @property
+    def names_a_license(self) -> bool:
+        """Whether the file was read far enough to say whose license it is."""
+        return not (self.company is None and self.license_type is None and self.validity_end is None)
+
     def describe(self) -> str:
         """Which license this is, for a person: company, type and validity."""
+        if not self.names_a_license:
+            return "a file that is not a readable certlm license"
         company = repr(self.company) if self.company else "an unnamed company"
         return (
             f"the {self.license_type or 'untyped'} license of {company}, "
@@ -289,8 +293,63 @@ def validate_license(license_b64: str, public_key_file: Path, now: datetime | No
     return status
 
 
+# The rows of ``StoredLicense``: the license installed now, and the one it replaced (by an upload, a restore or a
+# removal), which ``LicenseService.restore`` puts back.
+INSTALLED_LICENSE_ID = 1
+PREVIOUS_LICENSE_ID = 2
+RESTORE_HINT = "POST /systeminfo/lic/restore (certlm license restore) puts it back"
+
+
+@dataclass(frozen=True)
+class LicenseChange:
+    """What installing or restoring a license does, or for a dry run would do: the license then installed with its
+    validation, and the license it replaces."""
+
+    action: Literal["install", "restore"]
+    installed: LicenseStatus
+    replaced: LicenseStatus | None
+    stored: bool
+    same_file: bool = False  # the file installed is the one in force already
+
+    @property
+    def service_licensed(self) -> bool:
+        return self.installed.grants(CORE_FEATURE)
+
+    def past_tense(self) -> str:
+        return {"install": "installed", "restore": "restored"}[self.action]
+
+    def summary(self) -> str:
+        """The change in sentences for the person who asked for it: what is (would be) installed, whether the service
+        is (would be) licensed then, and what it replaces."""
+        done = self.past_tense().capitalize() if self.stored else f"Dry run, nothing changed: would {self.action}"
+        installed = self.installed.describe()
+        if self.installed.validation_success:
+            verdict = "The service is licensed." if self.stored else "The service would be licensed."
+        else:
+            if not self.installed.names_a_license:
+                installed = "a file"
+            installed += f", which is not valid: {self.installed.validation_message}"
+            verdict = (
+                "The service is now unlicensed: every feature-gated request answers 403 until a valid license is "
+                "installed."
+                if self.stored
+                else "This would leave the service unlicensed: every feature-gated request would answer 403 until a "
+                "valid license is installed."
+            )
+        if self.replaced is None:
+            replaced = "No license was installed before." if self.stored else "No license is installed now."
+        elif self.same_file:
+            replaced = "The same file was installed already."
+        elif self.stored:
+            replaced = f"It replaced {self.replaced.describe()}; {RESTORE_HINT}."
+        else:
+            replaced = f"It would replace {self.replaced.describe()}."
+        return f"{done} {installed}. {verdict} {replaced}"
+
+
 class LicenseService:
-    """The installed license's validation, cached for an hour as the spec allows."""
+    """The installed license's validation, cached for an hour as the spec allows, and the previous license kept for
+    ``restore``."""
 
     def __init__(self, public_key_file: Path) -> None:
         self.public_key_file = public_key_file
@@ -299,10 +358,13 @@ class LicenseService:
     def forget(self) -> None:
         self._cached = None
 
+    def validate(self, license_b64: str) -> LicenseStatus:
+        return validate_license(license_b64, self.public_key_file)
+
     async def current(self, *, fresh: bool = False) -> LicenseStatus | None:
         from certlm.storage.models import StoredLicense
 
-        stored = await StoredLicense.get_or_none(id=1)
+        stored = await StoredLicense.get_or_none(id=INSTALLED_LICENSE_ID)
         if stored is None:
             self._cached = None
             return None
@@ -314,42 +376,96 @@ class LicenseService:
             and now - self._cached[1] < VALIDATION_CACHE_SECONDS
         ):
             return self._cached[2]
-        status = validate_license(stored.license_b64, self.public_key_file)
+        status = self.validate(stored.license_b64)
         self._cached = (stored.license_b64, now, status)
         return status
 
-    async def install(self, license_b64: str) -> LicenseStatus:
-        """Store a license file and return its validation, as the spec's upload does. A file that does not validate
-        never replaces a license in force: ``LicenseRefused`` (409) says why and which license stays, so a wrong
-        file pasted in a hurry cannot take the service's license away."""
+    async def install(self, license_b64: str, *, dry_run: bool = False) -> LicenseChange:
+        """Store a license file and validate it at once, as the spec's upload does: a file that does not validate is
+        stored too, and leaves the service unlicensed. The license it replaces is kept as the previous one. A dry run
+        validates and tells what would be replaced, storing nothing."""
         from certlm.storage.models import StoredLicense
 
-        uploaded = validate_license(license_b64, self.public_key_file)
-        in_force = await self.current(fresh=True)
-        if in_force is not None and in_force.validation_success and not uploaded.validation_success:
-            log.warning(
-                "license upload refused (%s); %s stays in force", uploaded.validation_message, in_force.describe()
-            )
-            raise LicenseRefused(
-                f"license refused, nothing changed: {uploaded.validation_message}. "
-                f"The license in force stays: {in_force.describe()}.",
-                details={"refused_license": uploaded.as_dict(), "license_in_force": in_force.as_dict()},
-            )
         stored_b64 = "".join(license_b64.split())
-        await StoredLicense.update_or_create(id=1, defaults={"license_b64": stored_b64})
-        self._cached = (stored_b64, time.monotonic(), uploaded)
-        if in_force is not None:
-            log.warning(
-                "license replaced: %s (%s) by %s (%s)",
-                in_force.describe(),
-                in_force.validation_message or "valid",
-                uploaded.describe(),
-                uploaded.validation_message or "valid",
-            )
-        return uploaded
+        uploaded = self.validate(stored_b64)
+        async with in_transaction("default"):
+            in_force = await StoredLicense.get_or_none(id=INSTALLED_LICENSE_ID)
+            same_file = in_force is not None and in_force.license_b64 == stored_b64
+            if not dry_run:
+                if in_force is not None and not same_file:
+                    await self._keep_as_previous(in_force.license_b64)
+                await StoredLicense.update_or_create(id=INSTALLED_LICENSE_ID, defaults={"license_b64": stored_b64})
+        change = LicenseChange(
+            "install",
+            uploaded,
+            self.validate(in_force.license_b64) if in_force is not None else None,
+            stored=not dry_run,
+            same_file=same_file,
+        )
+        if not dry_run:
+            self._installed(stored_b64, change)
+        return change
 
-    async def remove(self) -> None:
+    async def restore(self, *, dry_run: bool = False) -> LicenseChange:
+        """Put the previous license back; the license in force becomes the previous one, so a restore is undone by
+        another. 404 when no previous license is kept. A dry run tells what would be restored, changing nothing."""
         from certlm.storage.models import StoredLicense
 
-        await StoredLicense.filter(id=1).delete()
+        async with in_transaction("default"):
+            previous = await StoredLicense.get_or_none(id=PREVIOUS_LICENSE_ID)
+            if previous is None:
+                raise NotFound(
+                    "No previous license stored (certlm keeps the license an upload, restore or removal replaces)"
+                )
+            in_force = await StoredLicense.get_or_none(id=INSTALLED_LICENSE_ID)
+            if not dry_run:
+                await StoredLicense.update_or_create(
+                    id=INSTALLED_LICENSE_ID, defaults={"license_b64": previous.license_b64}
+                )
+                if in_force is not None:
+                    await self._keep_as_previous(in_force.license_b64)
+                else:
+                    await previous.delete()
+        change = LicenseChange(
+            "restore",
+            self.validate(previous.license_b64),
+            self.validate(in_force.license_b64) if in_force is not None else None,
+            stored=not dry_run,
+            same_file=in_force is not None and in_force.license_b64 == previous.license_b64,
+        )
+        if not dry_run:
+            self._installed(previous.license_b64, change)
+        return change
+
+    async def remove(self) -> LicenseStatus | None:
+        """Remove the license in force, keeping it as the previous one; the removed license's validation, or None when
+        none was installed."""
+        from certlm.storage.models import StoredLicense
+
+        async with in_transaction("default"):
+            in_force = await StoredLicense.get_or_none(id=INSTALLED_LICENSE_ID)
+            if in_force is not None:
+                await self._keep_as_previous(in_force.license_b64)
+                await in_force.delete()
         self.forget()
+        if in_force is None:
+            return None
+        removed = self.validate(in_force.license_b64)
+        log.warning("license removed: %s; %s", removed.describe(), RESTORE_HINT)
+        return removed
+
+    async def _keep_as_previous(self, license_b64: str) -> None:
+        from certlm.storage.models import StoredLicense
+
+        await StoredLicense.update_or_create(id=PREVIOUS_LICENSE_ID, defaults={"license_b64": license_b64})
+
+    def _installed(self, license_b64: str, change: LicenseChange) -> None:
+        """Cache the validation of the license now in force, and log the change (a lock-out loudly)."""
+        self._cached = (license_b64, time.monotonic(), change.installed)
+        if change.service_licensed:
+            level, verdict = logging.INFO, "valid"
+        else:
+            reason = change.installed.validation_message
+            level, verdict = logging.WARNING, f"not valid: {reason}; the service is unlicensed"
+        replaced = f"; it replaced {change.replaced.describe()}" if change.replaced and not change.same_file else ""
+        log.log(level, "license %s: %s (%s)%s", change.past_tense(), change.installed.describe(), verdict, replaced)

@@ -17,6 +17,8 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 from dateutil.parser import parse as parse_datetime
 from dateutil.rrule import rruleset, rrulestr
 
+from certlm.certs import api_timestamp
+
 DEFAULT_TIMEZONE = "Europe/Berlin"
 DEFAULT_DURATION_MINUTES = 60
 # Sub-daily schedules are what cron rules are for. dateutil also walks every occurrence from DTSTART on
@@ -250,9 +252,9 @@ def window_contains(window: WindowSchedule, rules: Iterable[RuleSchedule], at: d
     if window.status != "active":
         return Verdict(False, None, f"window is {window.status}")
     if window.valid_from is not None and moment < _instant(window.valid_from, zone):
-        return Verdict(False, None, f"before valid_from {local_moment(window.valid_from, zone).isoformat()}")
+        return Verdict(False, None, f"before valid_from {api_timestamp(local_moment(window.valid_from, zone))}")
     if window.valid_until is not None and moment > _instant(window.valid_until, zone):
-        return Verdict(False, None, f"after valid_until {local_moment(window.valid_until, zone).isoformat()}")
+        return Verdict(False, None, f"after valid_until {api_timestamp(local_moment(window.valid_until, zone))}")
     ordered = sorted(rules, key=lambda rule: (rule.id is None, rule.id or 0))
     if not ordered:
         return Verdict(False, None, "window has no rules")

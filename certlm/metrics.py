@@ -124,9 +124,15 @@ async def _device_families() -> list[GaugeMetricFamily]:
         "1 when the device presents a certificate certlm did not install",
         labels=labels,
     )
+    identity_changed = GaugeMetricFamily(
+        "certlm_device_identity_changed",
+        "1 when the device's management channel presented another identity than the pinned one (SSH host key, TLS "
+        "certificate), until an operator re-pins",
+        labels=labels,
+    )
     default_days = (await system_settings()).gds_push_scheduler_renewal_days
     drivers = current_host().drivers
-    total_unreachable = 0
+    total_unreachable = total_identity_changed = 0
     async for entries, schedules in _active_entries_in_batches():
         for entry in entries:
             values = [
@@ -149,9 +155,17 @@ async def _device_families() -> list[GaugeMetricFamily]:
                 total_unreachable += is_unreachable
                 unreachable.add_metric(values, 1 if is_unreachable else 0)
                 changed.add_metric(values, 1 if schedule["certificate_changed_at"] is not None else 0)
+                is_identity_changed = schedule["identity_changed_at"] is not None
+                total_identity_changed += is_identity_changed
+                identity_changed.add_metric(values, 1 if is_identity_changed else 0)
     total = GaugeMetricFamily("certlm_devices_unreachable", "Active devices the monitor could not reach")
     total.add_metric([], total_unreachable)
-    return [not_after, renewal_days, revoked, revocation_status, unreachable, changed, total]
+    total_changed = GaugeMetricFamily(
+        "certlm_devices_identity_changed", "Active devices whose SSH host key or TLS certificate changed"
+    )
+    total_changed.add_metric([], total_identity_changed)
+    return [not_after, renewal_days, revoked, revocation_status, unreachable, changed, identity_changed, total,
+            total_changed]  # fmt: skip
 
 
 _METRIC_COLUMNS = (
@@ -174,7 +188,9 @@ async def _active_entries_in_batches() -> AsyncIterator[tuple[list[dict[str, Any
         if not entries:
             return
         batch = {"entry_id__gt": after_id, "entry_id__lte": entries[-1]["id"]}
-        rows = await DeviceSchedule.filter(**batch).values("entry_id", "unreachable_since", "certificate_changed_at")
+        rows = await DeviceSchedule.filter(**batch).values(
+            "entry_id", "unreachable_since", "certificate_changed_at", "identity_changed_at"
+        )
         yield entries, {row["entry_id"]: row for row in rows}
         if len(entries) < LISTING_BATCH:
             return

@@ -14,13 +14,14 @@ from typing import Any
 from cryptography import x509
 from tortoise.expressions import Q
 
-from certlm.certs import issued_by, to_der
+from certlm.certs import api_now, api_timestamp, issued_by, serial_hex, to_der
 from certlm.crl_status import crl_check_status
-from certlm.drivers import CertificateReading, DeviceDriver, DeviceTarget, FirmwareInfo
+from certlm.drivers import CertificateReading, DeviceDriver, DeviceIdentityChanged, DeviceTarget, FirmwareInfo
 from certlm.enrollment import record_operation, trust_list_record
 from certlm.errors import APIError, UnsupportedOperation
 from certlm.host import current_host
 from certlm.hostspec import parse_host_or_url
+from certlm.identity import mark_identity_changed
 from certlm.inventory import (
     DEVICE_STATUS_ACTIVE,
     DEVICE_TABLES,
@@ -32,7 +33,7 @@ from certlm.inventory import (
     find_entry,
     trust_list_fields,
 )
-from certlm.leases import DeviceBusy, device_lease, ensure_rows
+from certlm.leases import DeviceBusy, EntryDeleted, device_lease, ensure_rows
 from certlm.revocation import REVOCATION_FIELDS, crl_cache, revocation_of, store_revocation
 from certlm.schedulers import ScanContext, ScanReport
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
@@ -90,7 +91,12 @@ async def reading(entry: InventoryEntry | None, *, wait_s: float | None = None) 
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
     async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s):
         await entry.refresh_from_db()
-        yield
+        try:
+            yield
+        except DeviceIdentityChanged as changed:
+            # Whoever read the device, an operator or the monitor: the entry is marked until an operator re-pins.
+            await mark_identity_changed(entry.id, changed.message, datetime.now(UTC))
+            raise
 
 
 async def read_certificate_and_store(
@@ -122,7 +128,7 @@ async def _store_certificate(entry: InventoryEntry, reading: CertificateReading,
         "success": True,
         "security_policy": reading.security_policy,
         "security_mode": reading.security_mode,
-        "at": datetime.now(UTC).isoformat(),
+        "at": api_now(),
     }
     if revocation is not None:
         status = crl_check_status(revocation.status_id).name
@@ -189,7 +195,9 @@ async def monitor_scan(context: ScanContext) -> ScanReport:
 
 
 async def monitor_device(entry: InventoryEntry, now: datetime, trigger: str = "scheduler") -> str:
-    """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``, or
+    """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``,
+    ``identity_changed`` (its SSH host key or TLS certificate is not the pinned one: ``certlm.identity``), ``deleted``
+    when the entry was deleted since the scan listed it, or
     ``leased_elsewhere`` when another instance is operating on the device (its push verifies what the device
     presents), ``inactive`` when the entry was deactivated since the scan listed it."""
     try:
@@ -199,14 +207,28 @@ async def monitor_device(entry: InventoryEntry, now: datetime, trigger: str = "s
             return await _monitor_leased(entry, now, trigger)
     except DeviceBusy:
         return "leased_elsewhere"
+    except EntryDeleted:
+        # Deleted since the scan listed it: nothing left to watch (the delete waited for no read of ours).
+        return "deleted"
 
 
 async def _monitor_leased(entry: InventoryEntry, now: datetime, trigger: str) -> str:
+    try:
+        return await _monitor_read(entry, now, trigger)
+    except DeviceIdentityChanged as changed:
+        await mark_identity_changed(entry.id, changed.message, now)
+        await _record_monitor(entry, now, trigger, "identity_changed", changed.message)
+        return "identity_changed"
+
+
+async def _monitor_read(entry: InventoryEntry, now: datetime, trigger: str) -> str:
     schedule = await DeviceSchedule.get(entry_id=entry.id)
     try:
         driver = current_host().drivers.get(entry.service)
         target = await device_target(entry)
         reading = await read_certificate_and_store(driver, target, entry, secure_session=False)
+    except DeviceIdentityChanged:
+        raise
     except APIError as error:
         schedule.unreachable_since = schedule.unreachable_since or now
         schedule.unreachable_reason = error.message
@@ -253,8 +275,8 @@ async def unexpected_certificate(entry: InventoryEntry, presented: x509.Certific
                  entry.server, entry.port)  # fmt: skip
         return None
     return (
-        f"presents a certificate certlm did not install (serial {presented.serial_number:x}, issued by "
-        f"{presented.issuer.rfc4514_string()}); certlm installed serial {pinned.serial_number:x}. Automated renewals "
+        f"presents a certificate certlm did not install (serial {serial_hex(presented)}, issued by "
+        f"{presented.issuer.rfc4514_string()}); certlm installed serial {serial_hex(pinned)}. Automated renewals "
         "of this device stop until an operator pushes to it or onboards it again."
     )
 
@@ -273,6 +295,8 @@ async def _read_the_rest(driver: DeviceDriver, target: DeviceTarget, entry: Inve
     as text: the scan goes on."""
     try:
         reading = await driver.read_device(target)
+    except DeviceIdentityChanged:
+        raise
     except APIError as error:
         return f"reading trust list, firmware and status failed: {error.message}"
     fields = ["updated_at"]
@@ -290,6 +314,12 @@ async def _record_monitor(entry: InventoryEntry, now: datetime, trigger: str, ou
     record_operation(
         entry,
         "monitor",
-        {"success": outcome == "read", "outcome": outcome, "detail": detail, "at": now.isoformat(), "trigger": trigger},
+        {
+            "success": outcome == "read",
+            "outcome": outcome,
+            "detail": detail,
+            "at": api_timestamp(now),
+            "trigger": trigger,
+        },
     )
     await entry.save(update_fields=["last_result", "updated_at"])

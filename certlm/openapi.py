@@ -10,10 +10,13 @@ same.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
+from quart import Blueprint
 from quart_schema.openapi import OpenAPIProvider
 from werkzeug.routing import Rule
 
@@ -39,6 +42,7 @@ ERROR_DESCRIPTIONS = {
     413: "Request body too large",
     415: "Request body is not application/json (nor another media type the operation documents)",
     422: "The certificate request could not be validated, so no certificate was provisioned",
+    429: "Too many failed attempts at the API key (or the TOTP) from this address; try again after Retry-After",
     500: "Server failure",
     501: "The driver or PKI backend of the entry does not offer this operation",
     502: "A device, PKI or CRL distribution point could not be reached or answered nonsense",
@@ -49,6 +53,48 @@ ENTRY_PARAMETERS = frozenset({"pki_id", "window_id", "rule_id", "host_or_url"})
 ID_PARAMETERS = frozenset({"pki_id", "window_id", "rule_id"})
 ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 10**18 - 1}
 BINARY_SCHEMA = {"type": "string", "format": "binary"}
+RETRY_AFTER_HEADER = {"description": "Seconds until the source may try again", "schema": {"type": "integer"}}
+
+# The spec's sections, which /docs and generated clients group operations by: each host blueprint's tag. A plugin's
+# routes are tagged with the plugin (``ssh plugin``), described by its package's docstring.
+HOST_TAGS: dict[str, str] = {
+    "system": "system",
+    "docs": "system",
+    "metrics": "system",
+    "tls": "TLS",
+    "license": "license",
+    "inventory": "inventory",
+    "monitoring": "monitoring",
+    "certificate_detail": "monitoring",
+    "trust_lists": "monitoring",
+    "dashboard": "monitoring",
+    "push": "GDS push",
+    "pki": "PKI",
+    "maintenance": "maintenance",
+    "admin": "administration",
+}
+TAG_DESCRIPTIONS: dict[str, str] = {
+    "system": "The service's state and settings: system information, schedulers, CRL status codes, supported "
+    "devices, metrics.",
+    "TLS": "The TLS certificate of certlm's own API server.",
+    "license": "The installed license: upload (with a dry run), validation, removal, and the previous license put "
+    "back. Needs the API key, no license.",
+    "inventory": "The managed endpoints: GDS, SSH and low-level entries, their credentials, import.",
+    "monitoring": "Live reads of a device (certificate, trust list, firmware, status) and the cached certificate "
+    "detail.",
+    "GDS push": "Certificate enrollment and renewal by push (OPC UA Part 12 and the other device protocols).",
+    "PKI": "PKI entries (none, internal CA, EST, CMP, vendor types), their validation, CA and CRL downloads, and CSR "
+    "signing by the internal CA.",
+    "maintenance": "Maintenance windows and rules, during which automated certificate operations are suppressed.",
+    "administration": "Database administration: the sample database and the TOTP-protected wipe.",
+}
+API_DESCRIPTION = (
+    "certlm manages the certificates of OPC UA devices: an inventory of the plant's devices, certificates from the "
+    "plant's PKI pushed into them with their trust lists, watched and renewed before they expire, outside maintenance "
+    "windows. Operations are grouped by the sections of the REST interface specification; routes a plugin adds are "
+    "grouped under that plugin. Send the API key as `X-API-Key` or `Authorization: Bearer`; the operations marked "
+    "without security are open."
+)
 
 ERRORS_ATTRIBUTE = "_certlm_error_statuses"
 RESPONSES_ATTRIBUTE = "_certlm_responses"
@@ -108,7 +154,11 @@ def without_null(schema: dict[str, Any]) -> dict[str, Any]:
 
 def error_response(status: int) -> dict[str, Any]:
     schema = {"$ref": f"#/components/schemas/{ERROR_SCHEMA_NAME}"}
-    return {"description": ERROR_DESCRIPTIONS.get(status, "Error"), "content": {"application/json": {"schema": schema}}}
+    content = {"application/json": {"schema": schema}}
+    response: dict[str, Any] = {"description": ERROR_DESCRIPTIONS.get(status, "Error"), "content": content}
+    if status == 429:
+        response["headers"] = {"Retry-After": RETRY_AFTER_HEADER}
+    return response
 
 
 def error_statuses(method: str, rule: Rule, operation: dict[str, Any], declared: Iterable[int]) -> set[int]:
@@ -122,7 +172,7 @@ def error_statuses(method: str, rule: Rule, operation: dict[str, Any], declared:
     if any(parameter["in"] == "path" and parameter["name"] in ENTRY_PARAMETERS for parameter in parameters):
         statuses.add(404)
     if not is_open(method, rule.rule):
-        statuses.add(401)
+        statuses |= {401, 429}
         if rule.rule not in LICENSE_EXEMPT_RULES:
             statuses.add(403)
     return statuses
@@ -143,20 +193,41 @@ def complete_operation(method: str, rule: Rule, view: Callable[..., Any], operat
     return operation
 
 
+def plugin_tag(blueprint: Blueprint) -> tuple[str, str]:
+    """The tag of a plugin's routes and its description: the plugin's package docstring, first paragraph."""
+    package = blueprint.import_name.split(".")[0]
+    docstring = inspect.getdoc(sys.modules.get(package)) or ""
+    return f"{blueprint.name} plugin", docstring.split("\n\n")[0].replace("\n", " ")
+
+
 class CertlmOpenAPIProvider(OpenAPIProvider):
-    """quart-schema's generator, with each operation completed by ``complete_operation``."""
+    """quart-schema's generator, with each operation completed by ``complete_operation`` and tagged by section."""
 
     def schema(self) -> dict[str, Any]:
         document = super().schema()
         document["components"]["schemas"][ERROR_SCHEMA_NAME] = ERROR_SCHEMA
+        document["info"] = {**document["info"], "description": API_DESCRIPTION}
+        used = {tag for path_item in document["paths"].values() for operation in path_item.values()
+                for tag in operation.get("tags", ())}  # fmt: skip
+        plugins = dict(plugin_tag(blueprint) for blueprint in self._app.blueprints.values()
+                       if blueprint.name not in HOST_TAGS)  # fmt: skip
+        descriptions = {**TAG_DESCRIPTIONS, **dict(sorted(plugins.items()))}
+        document["tags"] = [{"name": name, "description": text} for name, text in descriptions.items() if name in used]
         return document
+
+    def tag_of(self, rule: Rule) -> str:
+        blueprint = rule.endpoint.rpartition(".")[0]
+        if blueprint in HOST_TAGS:
+            return HOST_TAGS[blueprint]
+        return plugin_tag(self._app.blueprints[blueprint])[0]
 
     def build_paths(self, rule: Rule) -> tuple[dict, dict]:
         paths, components = super().build_paths(rule)
         view = self._app.view_functions[rule.endpoint]
         for path_item in paths.values():
             for method, operation in path_item.items():
-                path_item[method] = complete_operation(method.upper(), rule, view, operation)
+                operation = complete_operation(method.upper(), rule, view, operation)
+                path_item[method] = {**operation, "tags": [self.tag_of(rule)]}
         return paths, components
 
     def build_path_parameter(self, name: str, converter: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from certlm.certs import load_certificates_pem
 from certlm.errors import APIError, UnsupportedOperation
 from certlm.host import current_host
 
@@ -55,6 +56,9 @@ class Enrollment:
     certificate: x509.Certificate
     chain: tuple[x509.Certificate, ...]
     warnings: tuple[str, ...] = field(default=(), kw_only=True)
+    via: str = field(default="", kw_only=True)
+    """How the PKI was asked, in its protocol's terms, for the push's step message (CMP: ``ir with a signature POPO,
+    MAC rfc4210-hmac-sha1``); empty where a PKI has one way only."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,33 @@ class ChainCrls:
     missing: tuple[str, ...] = ()
 
 
+class CertlmKeyRequired(APIError):
+    """The PKI refused every request the backend could make for a key the device made (its CSR), and would take one
+    for a key certlm makes: certlm holds that key, so it can prove possession (CMP ``ir`` with a signature POPO where
+    the server refuses ``p10cr`` and certlm has no RA credential to vouch for the CSR with ``cr``/``raVerified``).
+
+    A backend raises it from ``enroll`` when ``private_key`` is None. ``refused`` names what the PKI refused, with
+    its answers; ``certlm_keys_allowed`` is the PKI entry's ``allow_certlm_generated_keys``. A driver that can push a
+    key to the device (OPC UA UpdateCertificate with a privateKey, a file over SSH, a vendor's REST upload) makes the
+    key pair when it is allowed, says why in its ``generate_key`` step, and enrolls again with ``private_key``; it
+    never does so silently, and without the permission it fails with this error, whose message names the remedies.
+    A driver that cannot push keys lets it propagate (400)."""
+
+    def __init__(self, message: str, *, pki_id: int, refused: str, certlm_keys_allowed: bool) -> None:
+        super().__init__(message)
+        self.pki_id = pki_id
+        self.refused = refused
+        self.certlm_keys_allowed = certlm_keys_allowed
+
+    @property
+    def reason(self) -> str:
+        """Why certlm makes the key, for the driver's ``generate_key`` step."""
+        return (
+            f"the PKI refused every request for the device's own key ({self.refused}) and PKI entry {self.pki_id} "
+            "allows keys certlm makes (allow_certlm_generated_keys)"
+        )
+
+
 class PkiBackend:
     """Base class of a PKI backend. Subclass it, set ``pki_type`` and ``name``, override what the PKI
     offers; an operation left alone answers 501. Methods raise ``certlm.errors.APIError`` subclasses
@@ -92,10 +123,9 @@ class PkiBackend:
     name: ClassVar[str]
     # Operations the host calls by one name and a backend implements under another.
     _IMPLEMENTED_AS: ClassVar[dict[str, str]] = {"enroll": "issue", "enroll_server_key": "issue_with_server_key"}
-    asks_for_profile_hosts: ClassVar[bool] = False
-    """Whether every ``enroll`` asks the PKI to name ``CertificateProfile.hosts`` in the certificate beyond the CSR's
-    own names (the internal CA adds them; EST, and CMP's ``p10cr``, can send only the CSR). The host warns when an
-    issued certificate lacks a name that was asked for, so a backend that asks only sometimes leaves this False."""
+    crl_is_local: ClassVar[bool] = False
+    """Whether ``crl`` reads the CRL from certlm's own storage (the internal CA) rather than fetching it: the open
+    ``GET /pki/crl`` then serves it as it is now, not from the cache that spares distribution points."""
 
     def __init__(self, services: HostServices) -> None:
         self.services = services
@@ -128,6 +158,15 @@ class PkiBackend:
     async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
         """The CA chain, issuing CA first. Raise ``NotFound`` when none is available yet."""
         raise self._unsupported("CA certificates")
+
+    async def published_ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+        """The CA chain the open ``GET /pki/ca`` serves, issuing CA first; empty while certlm holds none.
+
+        That route needs no API key, so this must never contact the PKI: an anonymous caller could otherwise make
+        certlm send requests on the entry's credentials. The default serves what certlm stored from the PKI's own
+        answers (``entry.ca_certificates``: EST's validate, a CMP genm or enrollment response); a PKI that keeps its
+        CA locally, as the internal CA does, overrides it."""
+        return [certificate for pem in entry.ca_certificates or () for certificate in load_certificates_pem(pem)]
 
     @classmethod
     def offers(cls, operation: str) -> bool:
@@ -189,7 +228,11 @@ class PkiBackend:
         raise self._unsupported("server-side key generation")
 
     async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
-        """The current CRL of the CA. Raise ``NotFound`` without one, ``UpstreamUnavailable`` if unreachable."""
+        """The current CRL of the CA. Raise ``NotFound`` without one, ``UpstreamUnavailable`` if unreachable.
+
+        The open ``GET /pki/crl`` calls this for anonymous callers (through ``certlm.publication``, which keeps the
+        CRL until its nextUpdate): fetch only from CRL distribution points (``certlm.pki_client.fetch_crl``) or from
+        what the backend holds locally, never from the PKI's own API on the entry's credentials."""
         raise self._unsupported("CRLs")
 
     async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:

@@ -377,12 +377,14 @@ async def fetch_crl(
     """The first CRL one of ``urls`` delivers (DER or PEM) that is signed by one of ``issuers``; with no
     ``issuers`` (the CA is not known yet) the first CRL delivered, as it is: it carries its own signature.
 
-    NotFound (404) without URLs; UpstreamUnavailable (502) naming every URL's problem when none delivers.
-    A CRL whose signature does not verify is a problem like an unreachable URL: relying parties would drop it.
+    NotFound (404) without URLs; UpstreamUnavailable (502) naming every URL's problem when none delivers. A CRL
+    that parses but is not signed by one of ``issuers`` is never returned (relying parties would drop it); when no URL
+    delivers a better one the error is ``CrlNotVerified``, which carries that CRL for a revocation check to judge.
     """
     if not urls:
         raise NotFound("no CRL distribution point available")
     problems = []
+    not_verified: x509.CertificateRevocationList | None = None
     async with aiohttp.ClientSession(timeout=request_timeout(services)) as session:
         for url in urls:
             try:
@@ -407,17 +409,29 @@ async def fetch_crl(
                 continue
             # A CRL of many revocations takes long to parse and to hash for its signature: off the event loop.
             crl, problem = await asyncio.to_thread(_crl_signed_by_one_of, body, issuers)
-            if crl is None:
-                problems.append(f"{url}: {problem}")
-                continue
-            return crl
-    raise UpstreamUnavailable("no CRL distribution point delivered a CRL: " + "; ".join(problems))
+            if problem is None and crl is not None:
+                return crl
+            problems.append(f"{url}: {problem}")
+            not_verified = not_verified or crl
+    message = "no CRL distribution point delivered a CRL: " + "; ".join(problems)
+    if not_verified is not None:
+        raise CrlNotVerified(message, not_verified)
+    raise UpstreamUnavailable(message)
+
+
+class CrlNotVerified(UpstreamUnavailable):
+    """No CRL distribution point delivered a CRL signed by the CA, but one delivered a CRL that parses: ``crl``."""
+
+    def __init__(self, message: str, crl: x509.CertificateRevocationList) -> None:
+        super().__init__(message)
+        self.crl = crl
 
 
 def _crl_signed_by_one_of(
     body: bytes, issuers: list[x509.Certificate]
-) -> tuple[x509.CertificateRevocationList, None] | tuple[None, str]:
-    """``body`` as a CRL (DER or PEM) signed by one of ``issuers`` (or by anyone, without ``issuers``); else why not."""
+) -> tuple[x509.CertificateRevocationList | None, str | None]:
+    """``body`` as a CRL (DER or PEM) and None when one of ``issuers`` signed it (or anyone, without ``issuers``);
+    else why not, with the CRL when it parses."""
     try:
         is_pem = body.lstrip().startswith(b"-----BEGIN")
         crl = x509.load_pem_x509_crl(body) if is_pem else x509.load_der_x509_crl(body)
@@ -425,7 +439,7 @@ def _crl_signed_by_one_of(
         return None, "not a CRL"
     if issuers and not crl_signed_by(crl, issuers):
         signers = "; ".join(issuer.subject.rfc4514_string() for issuer in issuers)
-        return None, f"refused a CRL of {crl.issuer.rfc4514_string()} that is not signed by the CA ({signers})"
+        return crl, f"refused a CRL of {crl.issuer.rfc4514_string()} that is not signed by the CA ({signers})"
     return crl, None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import serialization
@@ -46,6 +46,8 @@ _MAX_URL_CHARS = 2048
 _MAX_CREATOR_ID_CHARS = 255
 # Room for a pre-encrypted password: a SecretBox token is some 4/3 of its secret's length plus 80 characters.
 _MAX_PASSWORD_CHARS = 4096
+# The MAC identifiers a CMP entry may be pinned to (the CMP plugin's ``protection.MAC_ALGORITHMS``).
+CmpMacAlgorithm = Literal["rfc9481-hmac-sha256", "rfc4210-hmac-sha1"]
 
 
 def _check_urls(urls: list[str] | None) -> list[str] | None:
@@ -90,6 +92,17 @@ class PkiFields(BaseModel):
     )
     require_requested_names: bool | None = Field(
         default=None, description="refuse, instead of reporting, a certificate without a DNS or IP name requested"
+    )
+    cmp_mac_algorithm: CmpMacAlgorithm | None = Field(
+        default=None,
+        description="CMP: the PasswordBasedMac identifiers to protect with: rfc9481-hmac-sha256 (HMAC-SHA256, "
+        "1.2.840.113549.2.9) or rfc4210-hmac-sha1 (hmac-sha1, 1.3.6.1.5.5.8.1.2, as older servers know it); null "
+        "negotiates: RFC 9481's first, RFC 4210's when the server rejects them, what worked remembered",
+    )
+    allow_certlm_generated_keys: bool | None = Field(
+        default=None,
+        description="let certlm make a device's key pair and push it when the PKI certifies no key the device made "
+        "itself (a CMP server refusing p10cr without an RA credential for cr with raVerified); default false",
     )
 
     @field_validator("pki_connection")
@@ -209,6 +222,10 @@ def apply_fields(entry: PkiEntry, data: PkiFields) -> None:
         entry.redirect_origins = list(values["redirect_origins"] or ())
     if "require_requested_names" in values:
         entry.require_requested_names = bool(values["require_requested_names"])
+    if "cmp_mac_algorithm" in values:
+        entry.cmp_mac_algorithm = values["cmp_mac_algorithm"]
+    if "allow_certlm_generated_keys" in values:
+        entry.allow_certlm_generated_keys = bool(values["allow_certlm_generated_keys"])
     problems = host.pki_backends.get(entry.pki_type).configuration_problems(entry)
     if problems:
         raise APIError("; ".join(problems))

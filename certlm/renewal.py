@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 from cryptography import x509
 
-from certlm.certs import issued_by
+from certlm.certs import api_timestamp, issued_by
 from certlm.enrollment import PushError, PushOrder, pki_ca_certificates, push_certificate
 from certlm.errors import APIError
 from certlm.host import current_host
@@ -57,11 +57,11 @@ def renewal_reason(
         return "the certificate was not issued by the entry's PKI"
     renew_from = certificate.not_valid_after_utc - timedelta(days=renewal_days)
     if renew_from <= now:
-        return f"the certificate expires {certificate.not_valid_after_utc.isoformat()}, renewal_days {renewal_days}"
+        return f"the certificate expires {api_timestamp(certificate.not_valid_after_utc)}, renewal_days {renewal_days}"
     if renew_from <= look_ahead_until:
         return (
-            f"the certificate becomes due {renew_from.isoformat()}, during the maintenance suppression that lasts "
-            f"until {look_ahead_until.isoformat()}: renewed before it starts"
+            f"the certificate becomes due {api_timestamp(renew_from)}, during the maintenance suppression that lasts "
+            f"until {api_timestamp(look_ahead_until)}: renewed before it starts"
         )
     return None
 
@@ -130,9 +130,13 @@ class RenewalWave:
             return None
         pki: PkiEntry = entry.pki  # type: ignore[assignment]
         renewal_days = self.renewal_days(entry)
-        if schedule.renewal_config_error and schedule.renewal_config_key == config_key(pki, renewal_days):
-            self.report.count("configuration_error")
-            return None
+        if schedule.renewal_config_error:
+            if schedule.renewal_config_key == config_key(pki, renewal_days):
+                self.report.count("configuration_error")
+                return None
+            # renewal_days or the PKI entry changed: the error no longer stands.
+            schedule.renewal_config_error, schedule.renewal_config_key = None, None
+            await schedule.save(update_fields=["renewal_config_error", "renewal_config_key", "updated_at"])
         der = entry.certificate_der or entry.pinned_certificate_der
         certificate = x509.load_der_x509_certificate(der)
         reason = renewal_reason(
@@ -189,7 +193,7 @@ class RenewalWave:
             schedule.renewal_retry_at = now + wait
             await schedule.save(update_fields=["renewal_failures", "renewal_retry_at", "updated_at"])
             log.warning("renewal of %s:%s failed (%d in a row, next try after %s): %s", entry.server, entry.port,
-                        schedule.renewal_failures, schedule.renewal_retry_at.isoformat(), error.message)  # fmt: skip
+                        schedule.renewal_failures, api_timestamp(schedule.renewal_retry_at), error.message)  # fmt: skip
             self.report.count("failed")
             return
         schedule.renewal_failures, schedule.renewal_retry_at = 0, None

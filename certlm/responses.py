@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, PlainSerializer, field_validator, model_validator
+
+from certlm.certs import api_timestamp
+
+# A date-time field of a response: written as ``certs.api_timestamp`` writes every time the API answers.
+Timestamp = Annotated[datetime, PlainSerializer(api_timestamp, return_type=str)]
 
 
 class OperationResult(BaseModel):

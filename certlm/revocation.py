@@ -37,10 +37,11 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from quart import current_app
 
 from certlm import crl_status
-from certlm.certs import extension_value, issued_by, load_certificate, load_crl
+from certlm.certs import api_timestamp, extension_value, issued_by, load_certificate, load_crl, serial_hex
 from certlm.errors import APIError, NotFound, UnsupportedOperation
 from certlm.host import current_host
 from certlm.pki_backends import PkiBackend
+from certlm.pki_client import CrlNotVerified
 from certlm.storage.models import InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def _against_pki(
     crl = _current_crl(certificate, issuer, crls, now)
     if isinstance(crl, RevocationCheck):
         return crl
-    serial = f"{certificate.serial_number:X}"
+    serial = serial_hex(certificate)
     listed = crl.get_revoked_certificate_by_serial_number(certificate.serial_number)
     reason = None if listed is None else _reason(listed)
     if listed is None or reason is x509.ReasonFlags.remove_from_crl:
@@ -148,7 +149,7 @@ def _against_pki(
     return RevocationCheck(
         crl_status.REVOKED,
         f"serial {serial} is on the CRL of {_name(crl.issuer)} of {_when(crl)}, revoked "
-        f"{listed.revocation_date_utc.isoformat()} ({reason.value})",
+        f"{api_timestamp(listed.revocation_date_utc)} ({reason.value})",
         reason=reason,
         revoked_at=listed.revocation_date_utc,
     )
@@ -220,8 +221,8 @@ def _current_crl(
         newest = max(signed, key=lambda crl: crl.last_update_utc)
         return RevocationCheck(
             crl_status.CRL_TIME_INVALID,
-            f"the CRL of {_name(issuer.subject)} of {_when(newest)} is not valid at {now.isoformat()} "
-            f"(nextUpdate {newest.next_update_utc.isoformat() if newest.next_update_utc else 'none'})",
+            f"the CRL of {_name(issuer.subject)} of {_when(newest)} is not valid at {api_timestamp(now)} "
+            f"(nextUpdate {api_timestamp(newest.next_update_utc) or 'none'})",
         )
     return max(current, key=lambda crl: crl.last_update_utc)
 
@@ -264,7 +265,7 @@ def _name(name: x509.Name) -> str:
 
 
 def _when(crl: x509.CertificateRevocationList) -> str:
-    return crl.last_update_utc.isoformat()
+    return api_timestamp(crl.last_update_utc)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -339,11 +340,27 @@ async def fetch_sources(pki: PkiEntry, backend: PkiBackend) -> PkiRevocationSour
         crls = (await backend.crl(pki),)
     except UnsupportedOperation as error:
         return PkiRevocationSources(ca_chain, None, (*problems, error.message))
+    except CrlNotVerified as error:
+        # A CRL was published, but not one the CA signed: the check says which (crl_signature_invalid, or
+        # crl_issuer_mismatch for another CA's), not that there is none.
+        log.warning("PKI entry %s: the CRL does not verify: %s", pki.id, error.message)
+        crls = (error.crl,)
+        problems.append(f"PKI entry {pki.id}: {error.message}")
     except APIError as error:
         level = logging.DEBUG if isinstance(error, NotFound) else logging.WARNING
         log.log(level, "PKI entry %s: no CRL for revocation checks: %s", pki.id, error.message)
         problems.append(f"PKI entry {pki.id} gave no CRL: {error.message}")
     return PkiRevocationSources(ca_chain, crls, tuple(problems))
+
+
+# The statuses whose detail is completed by what went wrong fetching the PKI's CA chain or CRL (where, and why).
+STATUSES_EXPLAINED_BY_THE_FETCH = (
+    crl_status.UNKNOWN,
+    crl_status.CA_MISSING,
+    crl_status.CRL_MISSING,
+    crl_status.CRL_ISSUER_MISMATCH,
+    crl_status.CRL_SIGNATURE_INVALID,
+)
 
 
 def crl_cache() -> CrlCache:
@@ -356,7 +373,9 @@ async def revocation_of(
 ) -> RevocationCheck:
     """The revocation status of ``certificate`` (a device's, DER or parsed) on the CRL of ``entry``'s PKI. Never
     raises for a PKI that cannot be reached: the status is then ``ca_missing`` or ``crl_missing`` (``unknown`` for an
-    entry without a PKI, or a PKI without CRLs), with the reason in the detail."""
+    entry without a PKI, or a PKI without CRLs), with the reason in the detail. A CRL that was fetched but does not
+    verify is ``crl_signature_invalid`` (``crl_issuer_mismatch`` when it is another CA's), its detail naming the key it
+    does not verify with and where it came from."""
     subject = _subject_certificate(certificate)
     if isinstance(subject, RevocationCheck):
         return subject
@@ -369,7 +388,7 @@ async def revocation_of(
     sources = await crl_cache().sources(pki, host.pki_backends.get(pki.pki_type))
     # Verifying the chain and the CRL's signature and looking the serial up in a long CRL: off the event loop.
     outcome = await asyncio.to_thread(check, subject, sources.ca_chain, sources.crls, now or datetime.now(UTC))
-    if sources.problems and outcome.status_id in (crl_status.UNKNOWN, crl_status.CA_MISSING, crl_status.CRL_MISSING):
+    if sources.problems and outcome.status_id in STATUSES_EXPLAINED_BY_THE_FETCH:
         return RevocationCheck(outcome.status_id, f"{outcome.detail}: {'; '.join(sources.problems)}")
     return outcome
 
@@ -400,6 +419,20 @@ def stored_revocation(
         reason_id = entry.cert_revocation_reason
     reason = None if reason_id is None or status_id != crl_status.REVOKED else crl_status.crl_reason(reason_id)
     return crl_status.crl_check_status(status_id), reason
+
+
+def stored_revocation_detail(entry: InventoryEntry) -> str | None:
+    """What led the last check to the status it stored for ``entry`` (the CRL's signature does not verify against
+    the CA's key, the distribution point could not be reached, ...), as the monitor recorded it; None when the stored
+    status did not come from a recorded check."""
+    record = (entry.last_result or {}).get("monitor_certificate") or {}
+    revocation = record.get("revocation") if isinstance(record, dict) else None
+    if not isinstance(revocation, dict) or entry.cert_revocation_status is None:
+        return None
+    if revocation.get("status") != crl_status.crl_check_status(entry.cert_revocation_status).name:
+        return None
+    detail = revocation.get("detail")
+    return detail if isinstance(detail, str) else None
 
 
 def _status_from_flag(revoked: bool | None, certificate: x509.Certificate | None) -> int:

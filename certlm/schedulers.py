@@ -1,9 +1,10 @@
 """The two background schedulers: renewal (the spec's GDS push scheduler) and monitor.
 
-Each is one loop: read its settings (so ``POST /systeminfo`` takes effect at once, and on every instance sharing the
-database within ``SETTINGS_POLL_S``), wait for the next run, ask the maintenance calendar whether automated operations
-are suppressed, and run one scan. What a scan does lives in its own module (``certlm.renewal``,
-``certlm.monitoring``); this module only decides when, and keeps the status ``/systeminfo`` reports.
+Each is one loop: read its settings and see whether the maintenance calendar changed (so ``POST /systeminfo`` and
+maintenance writes take effect at once, and on every instance sharing the database within ``SETTINGS_POLL_S``), ask
+the calendar whether automated operations are suppressed now, wait for the next run, and run one scan. What a scan
+does lives in its own module (``certlm.renewal``, ``certlm.monitoring``); this module only decides when, and keeps the
+status ``/systeminfo`` reports.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from certlm.suppression import MaintenanceCalendar
+from certlm.certs import api_timestamp
+from certlm.suppression import MaintenanceCalendar, Suppression, calendar_fingerprint
 from certlm.system import system_settings
 
 log = logging.getLogger(__name__)
 
-# How often a waiting scheduler re-reads its settings: another instance may have changed them.
+# How often a waiting or suppressed scheduler re-reads its settings and the calendar's fingerprint: another instance
+# may have changed them.
 SETTINGS_POLL_S = 5.0
 STOPPED, IDLE, RUNNING, SUPPRESSED, ERROR = "stopped", "idle", "running", "suppressed", "error"
 
@@ -31,8 +34,8 @@ def utc_now() -> datetime:
 
 
 def when(moment: datetime) -> str:
-    """A moment as the status texts give it: UTC, to the second."""
-    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    """A moment as the status texts give it: UTC, as the API writes every time (``certs.api_timestamp``)."""
+    return api_timestamp(moment.astimezone(UTC))  # type: ignore[return-value]
 
 
 @dataclass
@@ -85,7 +88,13 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._interval: timedelta | None = None
+        # When the next scan is due, whether or not a maintenance window holds it back.
+        self._next_scan: datetime | None = None
         self._error: str | None = None
+        # The calendar as last loaded, what it was loaded from, and the suppression last found in it.
+        self._calendar: MaintenanceCalendar | None = None
+        self._calendar_fingerprint: tuple | None = None
+        self._suppression: Suppression | None = None
         self.on_scan_finished: list[Callable[[Scheduler, ScanReport, float], None]] = []
 
     def start(self) -> None:
@@ -101,12 +110,15 @@ class Scheduler:
         self.status.state, self.status.detail = STOPPED, None
 
     def wake(self) -> None:
-        """Re-read the settings now (after ``POST /systeminfo``)."""
+        """Re-read the settings and the maintenance calendar now (after ``POST /systeminfo`` or a maintenance write)."""
         self._wake.set()
 
     async def _sleep(self, seconds: float) -> None:
+        # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes as the wake does, and ``stop``
+        # would then wait for a loop that goes on.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=max(seconds, 0.0))
+            async with asyncio.timeout(max(seconds, 0.0)):
+                await self._wake.wait()
         self._wake.clear()
 
     async def _run_forever(self) -> None:
@@ -125,11 +137,20 @@ class Scheduler:
         """A scan (or reading the settings) failed: say so, and try again within a minute."""
         self._error = f"{type(error).__name__}: {error}"
         retry = min(self._interval or timedelta(minutes=1), timedelta(minutes=1))
-        self.status.next_run = self.clock() + retry
-        self.status.state, self.status.detail = ERROR, f"{self._error}; next run at {when(self.status.next_run)}"
+        self._next_scan = self.clock() + retry
+        self._show_waiting(self._next_scan)
+
+    def _show_waiting(self, next_scan: datetime) -> None:
+        """The status between scans: an error stays the status until a scan succeeds."""
+        self.status.next_run = next_scan
+        if self._error is not None:
+            self.status.state, self.status.detail = ERROR, f"{self._error}; next run at {when(next_scan)}"
+        else:
+            self.status.state, self.status.detail = IDLE, f"next run at {when(next_scan)}"
 
     async def tick(self) -> float:
-        """One step of the loop: run a scan if one is due; the seconds to wait before the next step."""
+        """One step of the loop: run a scan if one is due and no maintenance window suppresses it; the seconds to wait
+        before the next step."""
         settings = await system_settings()
         active = getattr(settings, f"{self.name}_scheduler_active")
         interval = timedelta(seconds=getattr(settings, f"{self.name}_scheduler_scan_interval_sec"))
@@ -138,24 +159,24 @@ class Scheduler:
             self.status = SchedulerStatus(last_run_started=self.status.last_run_started,
                                           last_run_finished=self.status.last_run_finished,
                                           last_report=self.status.last_report)  # fmt: skip
-            self._interval, self._error = None, None
+            self._interval, self._next_scan, self._error = None, None, None
             return SETTINGS_POLL_S
-        if self.status.next_run is None or interval != self._interval:
+        if self._next_scan is None or interval != self._interval:
             # Switched on, or the interval changed: run now, then every interval.
-            self.status.next_run = now
+            self._next_scan = now
             self._interval = interval
-        if now < self.status.next_run:
-            # An error stays the status until a scan succeeds.
-            if self._error is None:
-                self.status.state, self.status.detail = IDLE, f"next run at {when(self.status.next_run)}"
-            return min((self.status.next_run - now).total_seconds(), SETTINGS_POLL_S)
-        calendar = await MaintenanceCalendar.load()
-        suppression = calendar.suppression_at(now)
+        calendar, suppression = await self._calendar_at(now)
         if suppression is not None:
+            # The due scan waits. The calendar is looked at again at the next poll, so a window made inactive,
+            # shortened or deleted (here or on another instance) lets it run then.
             self.status.state, self.status.detail = SUPPRESSED, suppression.describe()
-            self.status.next_run = suppression.end
+            self.status.next_run = max(self._next_scan, suppression.end)
             return min((suppression.end - now).total_seconds(), SETTINGS_POLL_S)
+        if now < self._next_scan:
+            self._show_waiting(self._next_scan)
+            return min((self._next_scan - now).total_seconds(), SETTINGS_POLL_S)
         self.status.state, self.status.detail = RUNNING, f"since {when(now)}"
+        self.status.next_run = self._next_scan
         self.status.last_run_started = now
         started = asyncio.get_running_loop().time()
         report = await self.scan(ScanContext(now, calendar, interval, self.clock, settings))
@@ -163,11 +184,26 @@ class Scheduler:
         self.status.last_run_finished = self.clock()
         self.status.last_report = report
         self._error = None
-        self.status.next_run = now + interval
-        self.status.state, self.status.detail = IDLE, f"next run at {when(self.status.next_run)}"
+        self._next_scan = now + interval
+        self._show_waiting(self._next_scan)
         for listener in self.on_scan_finished:
             listener(self, report, duration)
-        return min((self.status.next_run - self.clock()).total_seconds(), SETTINGS_POLL_S)
+        return min((self._next_scan - self.clock()).total_seconds(), SETTINGS_POLL_S)
+
+    async def _calendar_at(self, now: datetime) -> tuple[MaintenanceCalendar, Suppression | None]:
+        """The maintenance calendar as it is now, and the suppression ``now`` is in (None when there is none). The
+        calendar is loaded again only when its fingerprint changed; the walk to a suppression's end, which is costly,
+        runs only when a suppression begins or the calendar changed."""
+        fingerprint = await calendar_fingerprint()
+        if self._calendar is None or fingerprint != self._calendar_fingerprint:
+            self._calendar = await MaintenanceCalendar.load()
+            self._calendar_fingerprint = fingerprint
+            self._suppression = None
+        calendar = self._calendar
+        if self._suppression is None or not self._suppression.is_active(now):
+            inside = calendar.window_at(now) is not None
+            self._suppression = await asyncio.to_thread(calendar.suppression_at, now) if inside else None
+        return calendar, self._suppression
 
 
 class Schedulers:

@@ -1,8 +1,9 @@
 """When the maintenance windows suppress automated operations: now, until when, and what is coming.
 
-The schedulers ask this module before every scan. Each window is evaluated exactly as ``POST /maintenance/test``
-evaluates it (``certlm.maintenance.window_contains``); this module only loads the windows once per scan and walks
-time to find where a suppression starts and ends, which the point-in-time evaluation cannot say by itself.
+The schedulers ask this module before every scan, and while suppressed at every poll. Each window is evaluated exactly
+as ``POST /maintenance/test`` evaluates it (``certlm.maintenance.window_contains``); this module only loads the windows
+(again when ``calendar_fingerprint`` says they changed) and walks time to find where a suppression starts and ends,
+which the point-in-time evaluation cannot say by itself.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from certlm.certs import api_timestamp
 from certlm.maintenance import window_contains
 from certlm.storage.models import MaintenanceRule, MaintenanceWindow
 
-# How finely time is walked to find where a suppression starts or ends. A boundary is found to within
-# ``BOUNDARY_PRECISION``; a window shorter than ``COARSE_STEP`` may be missed by a look-ahead (never by "now").
+# How finely time is walked to find where a suppression starts or ends. Boundaries are whole seconds (rules name times
+# to the second): the first whole second at which the suppression has started or ended, the same on every walk, and
+# exact for a rule's own times. A window shorter than ``COARSE_STEP`` may be missed by a look-ahead (never by "now").
 COARSE_STEP = timedelta(minutes=5)
 BOUNDARY_PRECISION = timedelta(seconds=1)
 # How far a suppression's end is searched for; a window longer than this is treated as ending there.
@@ -40,7 +43,7 @@ class Suppression:
         return self.start <= moment < self.end
 
     def describe(self) -> str:
-        until = self.end.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        until = api_timestamp(self.end.astimezone(UTC))
         return f"maintenance window {self.window_name!r} (id {self.window_id}) until {until}"
 
 
@@ -57,13 +60,6 @@ class MaintenanceCalendar:
         for rule in await MaintenanceRule.filter(window_id__in=[w.id for w in windows]).order_by("id"):
             rules.setdefault(rule.window_id, []).append(rule)  # type: ignore[attr-defined]
         return cls([(window, rules.get(window.id, [])) for window in windows])
-
-    def fingerprint(self) -> tuple:
-        """What the calendar was loaded from: each window and rule by id and last change."""
-        return tuple(
-            (window.id, window.updated_at, tuple((rule.id, rule.updated_at) for rule in rules))
-            for window, rules in self._windows
-        )
 
     def window_at(self, moment: datetime) -> MaintenanceWindow | None:
         """The first (by id) window that suppresses automated operations at ``moment``, or None."""
@@ -92,16 +88,19 @@ class MaintenanceCalendar:
         return self.suppression_at(start)
 
     def _first(self, after: datetime, condition, limit: datetime) -> datetime:  # type: ignore[no-untyped-def]
-        """The first moment after ``after`` at which ``condition`` holds (to ``BOUNDARY_PRECISION``); a moment past
-        ``limit`` when it does not hold up to there."""
+        """The first whole second at or after ``after`` at which ``condition`` holds; a moment past ``limit`` when it
+        does not hold up to there."""
         # In UTC: arithmetic on datetimes of a zone with daylight saving would count wall-clock time.
-        at, limit = after.astimezone(UTC), limit.astimezone(UTC)
+        at, limit = _whole_second_from(after.astimezone(UTC)), limit.astimezone(UTC)
+        if condition(at):
+            return at
         while at <= limit:
             step_end = at + COARSE_STEP
             if condition(step_end):
+                # Bisect in whole seconds: the condition does not hold at ``low`` and holds at ``high``.
                 low, high = at, step_end
                 while high - low > BOUNDARY_PRECISION:
-                    middle = low + (high - low) / 2
+                    middle = low + (high - low) // BOUNDARY_PRECISION // 2 * BOUNDARY_PRECISION
                     if condition(middle):
                         high = middle
                     else:
@@ -109,6 +108,21 @@ class MaintenanceCalendar:
                 return high
             at = step_end
         return limit + COARSE_STEP
+
+
+def _whole_second_from(moment: datetime) -> datetime:
+    """``moment`` if it is a whole second, else the next whole second."""
+    truncated = moment.replace(microsecond=0)
+    return truncated if truncated == moment else truncated + BOUNDARY_PRECISION
+
+
+async def calendar_fingerprint() -> tuple:
+    """What the maintenance calendar is made of now, cheaply (two small queries, no evaluation): every window and rule
+    by id and last change. It differs from an earlier one once a window or rule was created, changed or deleted, on
+    any instance sharing the database, whatever that instance's clock says."""
+    windows = await MaintenanceWindow.all().order_by("id").values_list("id", "updated_at")
+    rules = await MaintenanceRule.all().order_by("id").values_list("id", "updated_at")
+    return tuple(windows), tuple(rules)
 
 
 @dataclass(frozen=True)
@@ -126,8 +140,7 @@ async def maintenance_outlook(now: datetime) -> Suppression | None:
     walk runs off the event loop, and its answer is reused for ``OUTLOOK_REUSE_S`` while the windows are unchanged
     and the suppression found has not ended."""
     global _last_outlook
-    calendar = await MaintenanceCalendar.load()
-    fingerprint = calendar.fingerprint()
+    fingerprint = await calendar_fingerprint()
     last = _last_outlook
     if (
         last is not None
@@ -136,6 +149,7 @@ async def maintenance_outlook(now: datetime) -> Suppression | None:
         and (last.suppression is None or now < last.suppression.end)
     ):
         return last.suppression
+    calendar = await MaintenanceCalendar.load()
 
     def look(at: datetime) -> Suppression | None:
         return calendar.suppression_at(at) or calendar.next_suppression(at, OUTLOOK)

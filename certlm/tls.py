@@ -17,7 +17,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from tortoise.transactions import in_transaction
 
-from certlm.certs import Pkcs12Content, load_certificate, load_certificates_pem, sha1_fingerprint, to_pem
+from certlm.certs import (
+    Pkcs12Content,
+    api_timestamp,
+    load_certificate,
+    load_certificates_pem,
+    sha1_fingerprint,
+    to_pem,
+)
 from certlm.errors import APIError
 from certlm.secretbox import SecretBox, private_directory, write_private_file
 from certlm.storage.models import TlsServerCertificate
@@ -83,7 +90,7 @@ def check_server_certificate(content: Pkcs12Content, what: str, now: datetime | 
     certificate, key = content.certificate, content.private_key
     now = now or datetime.now(UTC)
     if certificate.not_valid_after_utc <= now:
-        raise APIError(f"{what}: the certificate expired on {certificate.not_valid_after_utc.isoformat()}")
+        raise APIError(f"{what}: the certificate expired on {api_timestamp(certificate.not_valid_after_utc)}")
     if isinstance(key, rsa.RSAPrivateKey):
         if key.key_size < MIN_RSA_BITS:
             raise APIError(f"{what}: the RSA key has {key.key_size} bits; at least {MIN_RSA_BITS} are required")

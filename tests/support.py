@@ -13,8 +13,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import ExitStack, asynccontextmanager, closing
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import ExitStack, asynccontextmanager, closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -30,6 +30,35 @@ from certlm.licensing import generate_key_pair, issue_license, load_private_key
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def watching_dials(resolving: Callable[[Any], None], connecting: Callable[[Any], None]) -> Iterator[None]:
+    """Within the block, every name resolution of this process is shown to ``resolving`` (the host) and every TCP
+    connection to ``connecting`` (the address) before it is made; either may raise to refuse it."""
+    real_getaddrinfo = socket.getaddrinfo
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host is not None:
+            resolving(host)
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    def watched(real: Callable[..., Any]) -> Callable[..., Any]:
+        def connect(sock: socket.socket, address: Any) -> Any:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                connecting(address)
+            return real(sock, address)
+
+        return connect
+
+    socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]
+    socket.socket.connect, socket.socket.connect_ex = watched(real_connect), watched(real_connect_ex)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = real_getaddrinfo  # type: ignore[assignment]
+        socket.socket.connect, socket.socket.connect_ex = real_connect, real_connect_ex  # type: ignore[method-assign]
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import subprocess
 from datetime import UTC, datetime
 
 import pytest
@@ -25,8 +26,9 @@ from certlm.certs import (
     load_certificates_pem,
     load_csr,
     load_pkcs12_base64,
-    missing_host_names,
-    requested_host_names,
+    missing_names,
+    required_names,
+    serial_hex,
     spec_datetime,
 )
 from certlm.errors import APIError, CsrRejected
@@ -44,6 +46,7 @@ from tests.crypto_factory import (
     self_signed,
     tampered_csr_pem,
 )
+from tests.crypto_factory import certificate as make_certificate
 
 CRL_URL = "http://pki.plant.example/issuing.crl"
 
@@ -163,25 +166,28 @@ def test_a_crl_is_signed_by_the_ca_of_its_name_and_key(root_ca, issuing_ca) -> N
 # Host names a certificate should carry
 
 
-def test_requested_host_names_are_the_csrs_and_the_hosts_without_repeats() -> None:
+def test_required_names_are_the_csrs_and_the_hosts_without_repeats() -> None:
     csr = device_csr(dns=("press-7.plant.local",), ips=("192.0.2.77",))
-    names = requested_host_names(csr, ["192.0.2.77", "press-7"])
+    names = required_names(csr, ["192.0.2.77", "press-7"])
     assert names == [
+        x509.UniformResourceIdentifier(DEVICE_URI),
         x509.DNSName("press-7.plant.local"),
         x509.IPAddress(ipaddress.ip_address("192.0.2.77")),
         x509.DNSName("press-7"),
-    ], "the applicationUri is no host name, and the address is named once"
+    ], "the applicationUri as the CSR asks, and the address named once"
 
 
-def test_missing_host_names_compare_dns_names_without_case(device) -> None:
+def test_missing_names_compare_dns_names_without_case_and_uris_exactly(device) -> None:
     wanted = [
         x509.DNSName("PRESS-7.plant.local"),
         x509.IPAddress(ipaddress.ip_address("2001:db8::77")),
+        x509.UniformResourceIdentifier(DEVICE_URI),
         x509.DNSName("press-8"),
         x509.IPAddress(ipaddress.ip_address("192.0.2.99")),
+        x509.UniformResourceIdentifier(DEVICE_URI.upper()),
     ]
-    assert missing_host_names(device, wanted) == wanted[2:]
-    assert missing_host_names(self_signed()[0], wanted[:1]) == wanted[:1], "no SAN lacks every name"
+    assert missing_names(device, wanted) == wanted[3:]
+    assert missing_names(self_signed()[0], wanted[:1]) == wanted[:1], "no SAN lacks every name"
 
 
 # Describing a certificate
@@ -236,7 +242,7 @@ def test_certificate_text_shows_the_fields_then_the_pem(device) -> None:
     text = certificate_text(device)
     fields, pem_part = text.split("-----BEGIN CERTIFICATE-----")
     assert fields.startswith("Certificate:\n")
-    assert f"    Serial Number: {device.serial_number:X}\n" in fields
+    assert f"    Serial Number: {serial_hex(device)}\n" in fields
     assert "    Subject: CN=Press 7\n" in fields
     assert "    Public Key Algorithm: RSA (2048 bit)\n" in fields
     assert f"    Subject Alternative Name: uri: {DEVICE_URI}; dns: press-7.plant.local, press-7;" in fields
@@ -248,3 +254,26 @@ def test_spec_datetime_is_utc_without_a_zone() -> None:
     assert spec_datetime(datetime(2026, 3, 1, 9, 30, 5, tzinfo=UTC)) == "2026-03-01 09:30:05"
     assert spec_datetime(datetime.fromisoformat("2026-03-01T10:30:05+01:00")) == "2026-03-01 09:30:05"
     assert spec_datetime(None) is None
+
+
+@pytest.mark.parametrize(
+    "serial",
+    [
+        0x083F7172E1D2C3B4A5968778695A4B3C2D1E0F1,  # 39 hex digits: OpenSSL shows a leading 0
+        0x83F7172E1D2C3B4A5968778695A4B3C2D1E0F12,  # the top bit set: DER adds a sign byte OpenSSL does not show
+        0x0F,
+        0x100,
+        1,
+    ],
+)
+def test_serials_are_shown_as_openssl_shows_them(serial: int, tmp_path) -> None:
+    key = ec_key()
+    certificate = make_certificate("Serial test", key.public_key(), key, serial_number=serial)
+    path = tmp_path / "certificate.pem"
+    path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    shown = subprocess.run(
+        ["openssl", "x509", "-in", str(path), "-noout", "-serial"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert shown == f"serial={serial_hex(certificate)}"
+    assert len(serial_hex(certificate)) % 2 == 0 and int(serial_hex(certificate), 16) == serial
+    assert certificate_detail(certificate)["serial_number"] == serial_hex(certificate)

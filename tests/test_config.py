@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from certlm.config import Settings
+from tests.crypto_factory import device_csr_pem
 
 
 def test_scheduler_and_lease_settings_come_from_the_environment(tmp_path: Path) -> None:
@@ -44,3 +46,34 @@ def test_scheduler_and_lease_settings_come_from_the_environment(tmp_path: Path) 
 def test_a_bad_value_stops_start_up_naming_the_variable(tmp_path: Path, name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
         Settings.from_env({name: value}, data_dir=tmp_path)
+
+
+def test_every_other_certlm_variable_is_a_plugin_setting(tmp_path: Path) -> None:
+    env = {"CERTLM_REST_VERIFY_WAIT_S": "7.5", "CERTLM_PKI_INTERNAL_VALIDITY_DAYS": "90", "OTHER_VARIABLE": "x"}
+    settings = Settings.from_env(env, data_dir=tmp_path)
+    assert settings.extra["rest_verify_wait_s"] == "7.5"
+    assert settings.extra["pki_internal_validity_days"] == "90"
+    assert "other_variable" not in settings.extra
+    # What code gives wins over the environment.
+    given = Settings.from_env(env, data_dir=tmp_path, extra={"rest_verify_wait_s": 3})
+    assert given.extra["rest_verify_wait_s"] == 3 and given.extra["pki_internal_validity_days"] == "90"
+
+
+async def test_a_plugin_setting_from_the_environment_reaches_the_plugin(make_service) -> None:
+    # The REST plugin refuses a verify wait that is no number of seconds: certlm does not start, and says why.
+    with pytest.raises(RuntimeError, match="rest_verify_wait_s must be a number of seconds, got 'soon'"):
+        await make_service(env={"CERTLM_REST_VERIFY_WAIT_S": "soon"})
+    service = await make_service(env={"CERTLM_PKI_INTERNAL_VALIDITY_DAYS": "3"})
+    async with service.client() as client:
+        created = await client.post("/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0"})
+        assert created.status_code == 200, created.text
+        signed = await client.post("/pki/sign-server-csr", json={"csr_pem": device_csr_pem()})
+    assert signed.status_code == 200, signed.text
+    issued = x509.load_pem_x509_certificate(signed.json()["certificate_pem"].encode())
+    assert (issued.not_valid_after_utc - issued.not_valid_before_utc).days <= 3
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "a year", "\u0663", "1e3", "999999"])
+async def test_a_bad_plugin_setting_stops_start_up_naming_it(make_service, value: str) -> None:
+    with pytest.raises(RuntimeError, match="pki_internal_validity_days must be a whole number of days from 1"):
+        await make_service(env={"CERTLM_PKI_INTERNAL_VALIDITY_DAYS": value})

@@ -9,7 +9,9 @@ below the repository (``DASHBOARD_ARTIFACTS``).
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import closing
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -17,8 +19,9 @@ import pytest
 from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
+from certlm.certs import serial_hex
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, BrowserLog
-from tests.support import REPO, RunningService, free_port
+from tests.support import REPO, RunningService, database_rows, free_port
 
 DASHBOARD = "/opcua_gds_dashboard.html"
 DASHBOARD_ARTIFACTS = REPO / "test-artifacts"
@@ -185,7 +188,7 @@ async def test_renew_now_changes_the_serial_in_the_table(visit: Visit, fleet: li
     await visit.signed_in()
     serial = visit.row(device.url).locator("td.serial")
     before = await serial.inner_text()
-    assert before == f"{device.certificate.serial_number:X}"
+    assert before == serial_hex(device.certificate)
     await visit.open_device(device.url)
 
     await visit.page.get_by_role("button", name="Renew now").click()
@@ -197,7 +200,7 @@ async def test_renew_now_changes_the_serial_in_the_table(visit: Visit, fleet: li
     await expect(result.locator("#result-steps tbody tr", has_text="update_certificate")).to_be_visible()
     await result.get_by_role("button", name="Close").click()
 
-    renewed = f"{device.certificate.serial_number:X}"
+    renewed = serial_hex(device.certificate)
     assert renewed != before
     await expect(serial).to_have_text(renewed, timeout=WAIT_MS)
     await expect(visit.row(device.url).locator("td.last-operation")).to_contain_text("POST /gds/push/change")
@@ -340,9 +343,19 @@ async def test_last_operations_list_each_device_s_last_push_or_onboarding(
     assert refused.status_code == 400
 
 
-def test_artifact_directory_is_documented() -> None:
-    assert "test-artifacts/dashboard-overview.png" in (REPO / "README.md").read_text()
-    assert Path(DASHBOARD_ARTIFACTS).name == "test-artifacts"
+def test_the_screenshots_the_readme_names_are_the_ones_these_tests_write() -> None:
+    documented = set(re.findall(r"test-artifacts/(dashboard-[\w-]+\.png)", (REPO / "README.md").read_text()))
+    written = set(re.findall(r'"(dashboard-[\w-]+\.png)"', Path(__file__).read_text()))
+    assert documented and documented == written
+
+
+async def tab_to(page: Page, target: Locator, presses: int = 300) -> None:
+    """Press Tab until ``target`` has the focus, as a keyboard user would; fail if it never gets it."""
+    for _ in range(presses):
+        if await target.evaluate("element => element === document.activeElement"):
+            return
+        await page.keyboard.press("Tab")
+    raise AssertionError(f"{presses} presses of Tab never reached {target}")
 
 
 async def test_on_a_tablet_the_page_fits_its_width_and_works_from_the_keyboard(
@@ -368,12 +381,212 @@ async def test_on_a_tablet_the_page_fits_its_width_and_works_from_the_keyboard(
         overflow = await page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"the page is {overflow} px wider than a tablet's screen"
 
-        # The device's name is a button: focused and opened with Enter, its detail shows.
+        # The device's name is a button: reached with Tab and opened with Enter, its detail shows.
         name_button = visit.row(fleet[0].url).locator("td.name button")
-        await name_button.focus()
+        await tab_to(page, name_button)
         await page.keyboard.press("Enter")
         await expect(page.locator("#detail .detail-serial")).not_to_have_text(NO_VALUE, timeout=WAIT_MS)
         DASHBOARD_ARTIFACTS.mkdir(exist_ok=True)
         await page.screenshot(path=DASHBOARD_ARTIFACTS / "dashboard-tablet.png", full_page=True)
     finally:
         await context.close()
+
+
+# --- the License section: a dry run shows what installing would do, the operator confirms -----------------------------
+
+
+@pytest.fixture
+async def license_visit(browser: Browser, make_service) -> AsyncIterator[Visit]:
+    """A tab signed in to a certlm of its own (licensed, no devices): the license tests change its license."""
+    service = await make_service()
+    context = await browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Europe/Berlin")
+    log = BrowserLog()
+    await log.attach(context)
+    page = await context.new_page()
+    log.watch(page)
+    try:
+        visit = Visit(page, log, service)
+        await visit.signed_in()
+        yield visit
+    finally:
+        await context.close()
+
+
+def page_errors(log: BrowserLog) -> list[str]:
+    """The page's errors (exceptions, Content-Security-Policy violations) beyond chromium's note of each 4xx answer,
+    which the test provoked (a license refused, gated routes answering 403)."""
+    return [error for error in log.errors if not re.match(r"Failed to load resource: .* status of 4\d\d", error)]
+
+
+async def license_now(service: RunningService) -> dict | None:
+    async with service.client() as api:
+        response = await api.get("/systeminfo/lic")
+    return response.json() if response.status_code == 200 else None
+
+
+def license_description(lic: dict) -> str:
+    return (
+        f"the {lic['license_type']} license of '{lic['company']}', "
+        f"valid from {lic['validity_start']} to {lic['validity_end']}"
+    )
+
+
+async def test_a_pasted_license_is_checked_then_installed_once_confirmed(license_visit: Visit, license_keys) -> None:
+    page, service = license_visit.page, license_visit.service
+    before = await license_now(service)
+    panel = page.locator("#license-panel")
+    await expect(panel.locator("#license-installed")).to_contain_text("Test Plant GmbH", timeout=WAIT_MS)
+    renewal = license_keys.issue(company="Werk Nord AG", endpoints=250, license_type="trial")
+    await panel.get_by_label("or paste its text (base64)").fill(renewal)
+    await panel.get_by_role("button", name="Check the license").click()
+
+    preview = panel.locator("#license-preview")
+    await expect(preview).to_be_visible(timeout=WAIT_MS)
+    fields = preview.locator("#license-preview-fields")
+    await expect(fields).to_contain_text("Werk Nord AG")
+    await expect(fields).to_contain_text("trial")
+    await expect(fields).to_contain_text("250")
+    await expect(fields).to_contain_text("valid")
+    await expect(fields).to_contain_text(f"Replaces{license_description(before)}")
+    await expect(preview.locator("#license-warning")).to_be_hidden()
+    assert await license_now(service) == before  # the check stored nothing
+
+    await preview.get_by_role("button", name="Install this license").click()
+    await expect(page.locator("#confirm-text")).to_contain_text("Install the trial license of 'Werk Nord AG'")
+    await page.locator("#confirm-ok").click()
+    result = panel.locator("#license-result")
+    await expect(result).to_contain_text("licensed Installed the trial license of 'Werk Nord AG'", timeout=WAIT_MS)
+    await expect(result).to_contain_text(f"It replaced {license_description(before)}")
+    await expect(page.locator("#license-endpoints")).to_have_text("0 of 250", timeout=WAIT_MS)
+    assert (await license_now(service))["company"] == "Werk Nord AG"
+    assert not license_visit.log.errors, license_visit.log.errors
+
+
+async def test_a_license_that_would_leave_the_service_unlicensed_is_flagged_and_the_previous_one_restored(
+    license_visit: Visit, license_keys, tmp_path: Path
+) -> None:
+    page, service = license_visit.page, license_visit.service
+    before = await license_now(service)
+    panel = page.locator("#license-panel")
+    wrong = tmp_path / "reporting-only.lic"
+    wrong.write_text(license_keys.issue(company="Werk Ost AG", features=("reporting",)) + "\n")
+    await panel.get_by_label("License file").set_input_files(str(wrong))
+    await panel.get_by_role("button", name="Check the license").click()
+    preview = panel.locator("#license-preview")
+    await expect(preview.locator("#license-preview-fields")).to_contain_text(
+        "not valid the license lacks feature 'core'", timeout=WAIT_MS
+    )
+    warning = preview.locator("#license-warning")
+    await expect(warning).to_be_visible()
+    await expect(warning).to_contain_text("installing it leaves the service unlicensed")
+    await expect(warning).to_contain_text(
+        f"The license in force now, {license_description(before)}, would be kept as the previous license"
+    )
+    DASHBOARD_ARTIFACTS.mkdir(exist_ok=True)
+    await panel.screenshot(path=DASHBOARD_ARTIFACTS / "dashboard-license.png")
+
+    # Cancel: nothing changes.
+    await preview.get_by_role("button", name="Cancel").click()
+    await expect(preview).to_be_hidden()
+    assert await license_now(service) == before
+
+    await panel.get_by_role("button", name="Check the license").click()
+    await preview.get_by_role("button", name="Install anyway (unlicensed)").click(timeout=WAIT_MS)
+    await expect(page.locator("#confirm-text")).to_contain_text("which is not valid? The service will be unlicensed")
+    await page.locator("#confirm-ok").click()
+    result = panel.locator("#license-result")
+    await expect(result).to_contain_text(
+        "unlicensed Installed the commercial license of 'Werk Ost AG'", timeout=WAIT_MS
+    )
+    await expect(result).to_contain_text("The service is now unlicensed")
+    await expect(page.locator("#load-error")).to_contain_text(
+        "no valid license: the license lacks feature 'core'", timeout=WAIT_MS
+    )
+    await expect(page.locator("#load-error")).to_contain_text("install a valid license in the License section below")
+    async with service.client() as api:
+        assert (await api.get("/gds/systeminfo")).status_code == 403
+
+    # The License section works on the unlicensed service: the previous license is checked, then restored.
+    await panel.get_by_role("button", name="Restore the previous license…").click()
+    await expect(preview.locator("#license-preview-title")).to_have_text(
+        "Restoring would put this license in force", timeout=WAIT_MS
+    )
+    fields = preview.locator("#license-preview-fields")
+    await expect(fields).to_contain_text("Test Plant GmbH")
+    await expect(fields).to_contain_text("Replacesthe commercial license of 'Werk Ost AG'")
+    await expect(preview.locator("#license-warning")).to_be_hidden()
+    await preview.get_by_role("button", name="Restore this license").click()
+    await page.locator("#confirm-ok").click()
+    await expect(result).to_contain_text(
+        "licensed Restored the commercial license of 'Test Plant GmbH'", timeout=WAIT_MS
+    )
+    await expect(page.locator("#load-error")).to_be_hidden(timeout=WAIT_MS)
+    assert await license_now(service) == before
+    assert not page_errors(license_visit.log), license_visit.log.errors
+
+
+async def test_the_license_section_says_what_is_wrong_with_what_it_was_given(
+    license_visit: Visit, license_keys, tmp_path: Path
+) -> None:
+    page, service = license_visit.page, license_visit.service
+    before = await license_now(service)
+    panel = page.locator("#license-panel")
+    error = panel.locator("#license-error")
+    check = panel.get_by_role("button", name="Check the license")
+
+    await check.click()
+    await expect(error).to_have_text("Choose a license file or paste its text first.", timeout=WAIT_MS)
+    await panel.get_by_label("or paste its text (base64)").fill("not base64 !!")
+    await check.click()
+    await expect(error).to_have_text("certlm refused the license: license_b64 is not valid base64", timeout=WAIT_MS)
+    both = tmp_path / "license.lic"
+    both.write_text(license_keys.issue())
+    await panel.get_by_label("License file").set_input_files(str(both))
+    await check.click()
+    await expect(error).to_have_text("Choose a license file or paste its text, not both.", timeout=WAIT_MS)
+    # Markup in a license is shown as text.
+    await panel.get_by_label("License file").set_input_files([])
+    await panel.get_by_label("or paste its text (base64)").fill(license_keys.issue(company=MARKUP))
+    await check.click()
+    await expect(panel.locator("#license-preview-fields")).to_contain_text(MARKUP, timeout=WAIT_MS)
+    assert await page.evaluate("typeof window.__pwned") == "undefined"
+    await panel.get_by_role("button", name="Cancel").click()
+
+    await panel.get_by_role("button", name="Restore the previous license…").click()
+    await expect(error).to_have_text(
+        "No previous license stored (certlm keeps the license an upload, restore or removal replaces)", timeout=WAIT_MS
+    )
+    await expect(panel.locator("#license-preview")).to_be_hidden()
+    assert await license_now(service) == before
+    assert not page_errors(license_visit.log), license_visit.log.errors
+
+
+async def test_a_device_whose_identity_changed_is_shown_as_such_with_why(visit: Visit, fleet) -> None:
+    # What the monitor stores when a device's SSH host key or TLS certificate is not the pinned one
+    # (certlm.identity.mark_identity_changed), written as the service's own database would hold it.
+    url = fleet[0].url
+    (entry_id,) = database_rows(visit.service, "SELECT id FROM inventory_entry WHERE port = ?", fleet[0].config.port)[0]
+    reason = (
+        "the device presented another SSH host key than the one pinned: pinned ssh-ed25519 SHA256:old, presented "
+        "ssh-ed25519 SHA256:new"
+    )
+    path = visit.service.data_dir / "certlm.sqlite3"
+
+    def mark(changed_at: str | None, why: str | None) -> None:
+        with closing(sqlite3.connect(path, timeout=10)) as db, db:
+            db.execute(
+                "UPDATE device_schedule SET identity_changed_at = ?, identity_changed_reason = ? WHERE entry_id = ?",
+                (changed_at, why, entry_id),
+            )
+
+    mark("2026-11-25 08:15:00+00:00", reason)
+    try:
+        await visit.signed_in()
+        await expect(visit.row(url).locator("td").filter(has_text="identity changed")).to_have_count(1, timeout=WAIT_MS)
+        await expect(visit.page.locator("#count-identity-changed")).to_have_text("1")
+        await visit.page.locator("#state-filter").select_option("identity changed")
+        await expect(visit.page.locator("#device-rows tr")).to_have_count(1, timeout=WAIT_MS)
+        await visit.open_device(url)
+        await expect(visit.page.locator("#detail .identity-changed-reason")).to_have_text(reason)
+    finally:
+        mark(None, None)

@@ -1,5 +1,6 @@
 """``certlm demo`` as ``scripts/demo`` runs it: a newcomer's first requests work, the console stays readable and ends
-with one summary, and the details go to a private log file."""
+with one summary, the devices are onboarded once they listen, the license is signed with the demo's own key pair, and
+the details go to a private log file."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from typing import TypeVar
 
 import httpx
 
-from tests.support import consecutive_free_ports, free_port
+from certlm.demo import wait_until_listening
+from certlm.licensing import validate_license
+from tests.support import LicenseKeys, consecutive_free_ports, database_rows, free_port
 
 VENV_BIN = Path(sys.executable).parent
 DEMO_DIR = "certlm-demo"  # scripts/demo's default, relative to where it runs
@@ -93,29 +96,47 @@ class RunningDemo:
     def console(self) -> str:
         return self.console_file.read_text(errors="replace") if self.console_file.exists() else ""
 
-    def start(self) -> None:
-        self.port = free_port()
+    def environment(self) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if not name.startswith("CERTLM_")}
-        (self.data_dir / "logs").mkdir(parents=True)
-        command = [str(VENV_BIN / "certlm"), "demo", "--data-dir", DEMO_DIR]
+        env["CERTLM_DEMO_DEVICE_PASSWORD"] = "admin-pw"
+        return env
+
+    def start(self) -> None:
+        """Start the simulators, then the demo, as ``scripts/demo`` does."""
+        self.start_simulators()
+        self.start_demo()
+
+    def start_simulators(self) -> None:
+        if not self.device_count:
+            return
+        self.device_port = self.device_port or consecutive_free_ports(self.device_count)
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        simulate = [
+            str(VENV_BIN / "certlm-simulate"), "--count", str(self.device_count), "--port", str(self.device_port),
+            "--state-dir", f"{DEMO_DIR}/simulators", "--auto-accept",
+        ]  # fmt: skip
+        with open(self.data_dir / "logs" / "simulators.log", "wb") as log:
+            self.processes.insert(
+                0,
+                subprocess.Popen(
+                    simulate, cwd=self.directory, env=self.environment(), stdout=log, stderr=subprocess.STDOUT
+                ),
+            )
+
+    def start_demo(self) -> None:
+        self.port = free_port()
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        command = [str(VENV_BIN / "certlm"), "demo", "--data-dir", DEMO_DIR, "--port", str(self.port)]
         if self.device_count:
-            self.device_port = consecutive_free_ports(self.device_count)
-            simulate = [
-                str(VENV_BIN / "certlm-simulate"), "--count", str(self.device_count), "--port", str(self.device_port),
-                "--state-dir", f"{DEMO_DIR}/simulators", "--auto-accept",
-            ]  # fmt: skip
-            with open(self.data_dir / "logs" / "simulators.log", "wb") as log:
-                self.processes.append(
-                    subprocess.Popen(simulate, cwd=self.directory, env=env, stdout=log, stderr=subprocess.STDOUT)
-                )
+            self.device_port = self.device_port or consecutive_free_ports(self.device_count)
             for url in self.device_urls:
                 command += ["--device", url]
             command += ["--device-username", "admin"]
-            env["CERTLM_DEMO_DEVICE_PASSWORD"] = "admin-pw"
-        command += ["--port", str(self.port)]
         with open(self.console_file, "wb") as console:
             self.processes.append(
-                subprocess.Popen(command, cwd=self.directory, env=env, stdout=console, stderr=subprocess.STDOUT)
+                subprocess.Popen(
+                    command, cwd=self.directory, env=self.environment(), stdout=console, stderr=subprocess.STDOUT
+                )
             )
 
     async def wait_for_summary(self, timeout: float = 180) -> list[str]:
@@ -123,10 +144,14 @@ class RunningDemo:
         next_steps = 4 if self.device_count else 3
         try:
             return await wait_for(
-                lambda: summary_block(self.console(), next_steps), "demo summary", timeout, alive=self.processes[-1]
+                lambda: summary_block(self.console(), next_steps), "demo summary", timeout, alive=self.demo_process
             )
         except AssertionError as error:
             raise AssertionError(f"{error}; the demo's console:\n{self.console()[-4000:]}") from None
+
+    @property
+    def demo_process(self) -> subprocess.Popen:
+        return self.processes[-1]
 
     async def stop(self) -> None:
         """Stop the demo, then the simulators, as Ctrl-C and scripts/demo's exit trap do."""
@@ -228,3 +253,54 @@ async def test_demo_onboards_its_devices_then_ends_with_a_summary(tmp_path: Path
     assert re.search(r"^\S+ \S+ INFO asyncua\.", details, re.M), details[-2000:]
     assert f"INFO certlm.server: Running on {demo.url}" in details
     assert " DEBUG " not in details
+
+
+async def test_demo_waits_for_devices_that_listen_late_and_says_nothing_failed(tmp_path: Path) -> None:
+    """The devices start after certlm (scripts/demo starts both at once; either may be first): onboarding waits until
+    each accepts connections instead of trying, failing and logging that first."""
+    demo = RunningDemo(tmp_path)
+    demo.start_demo()
+    try:
+        await wait_for(lambda: "Running on" in demo.console(), "certlm serving", 60, alive=demo.demo_process)
+        demo.start_simulators()
+        summary = await demo.wait_for_summary()
+    finally:
+        await demo.stop()
+    console = demo.console()
+    assert "  devices:  3 of 3 enrolled from PKI 'Demo internal CA'" in summary, console
+    assert "failed" not in console, console
+    assert "BadNotConnected" not in (demo.data_dir / "logs" / "certlm.log").read_text()
+
+
+async def test_demo_license_is_signed_with_its_own_key_pair(tmp_path: Path) -> None:
+    """What README says: the demo makes a key pair in certlm-demo/secrets/ and signs its license with it."""
+    demo = RunningDemo(tmp_path, device_count=0)
+    demo.start()
+    try:
+        await demo.wait_for_summary()
+    finally:
+        await demo.stop()
+    secrets = demo.data_dir / "secrets"
+    assert (
+        f"certlm demo: made a license key pair in {secrets} and signed the demo's license with it (production licenses "
+        "are signed by the vendor's key)"
+    ) in demo.console()
+    assert stat.S_IMODE((secrets / "license_private_key.pem").stat().st_mode) == 0o600
+    (stored,) = database_rows(demo, "SELECT license_b64 FROM license WHERE id = 1")
+    status = validate_license(stored[0], secrets / "license_public_key.pem")
+    assert (status.validation_success, status.company, status.license_type) == (True, "certlm demo", "trial")
+    assert validate_license(stored[0], LicenseKeys.create_other().public_key_file).validation_success is False
+
+
+async def test_waiting_for_devices_is_bounded_and_names_those_that_never_listened() -> None:
+    server = await asyncio.start_server(lambda reader, writer: writer.close(), "127.0.0.1", 0)
+    listening = ("127.0.0.1", server.sockets[0].getsockname()[1])
+    silent = ("127.0.0.1", free_port())
+    try:
+        started = time.monotonic()
+        assert await wait_until_listening([listening, silent], timeout=1.0) == [silent]
+        assert 1.0 <= time.monotonic() - started < 10
+        assert await wait_until_listening([listening], timeout=1.0) == []
+    finally:
+        server.close()
+        await server.wait_closed()

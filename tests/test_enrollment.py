@@ -114,20 +114,33 @@ def test_the_current_certificate_is_renewed_only_when_the_pki_issued_it(root_ca,
 def test_the_warning_names_what_the_certificate_lacks(issuing_ca) -> None:
     certificate = device_certificate(issuing_ca, "plc-7.plant.local")
     wanted = [x509.DNSName("PLC-7.plant.local"), x509.IPAddress(ipaddress.ip_address("10.0.0.7"))]
-    assert missing_names_warning(certificate, wanted, "requested") == (
-        "the certificate does not name IP:10.0.0.7, which certlm requested: clients that connect to the device by "
-        "that address may refuse it"
+    assert missing_names_warning(certificate, wanted) == (
+        "the certificate does not name IP:10.0.0.7, which the device is reached at or asked for: clients that connect "
+        "to it by a missing name, or check its ApplicationUri, may refuse it"
     )
-    assert missing_names_warning(certificate, wanted[:1], "requested") is None
+    assert missing_names_warning(certificate, wanted[:1]) is None
+    applications = [x509.UniformResourceIdentifier("urn:plant:plc-7")]
+    assert missing_names_warning(certificate, applications).startswith(
+        "the certificate does not name URI:urn:plant:plc-7,"
+    )
 
 
-def test_the_monitor_warns_when_the_certificate_does_not_name_the_host_certlm_reaches(issuing_ca) -> None:
-    certificate = device_certificate(issuing_ca, "plc-7.plant.local", "10.0.0.7")
+def test_the_views_warn_when_the_certificate_does_not_name_the_host_or_no_application(issuing_ca) -> None:
+    certificate = issuing_ca.issue(
+        "Press 7",
+        ec_key().public_key(),
+        ca=False,
+        san=[*host_names("plc-7.plant.local", "10.0.0.7"), x509.UniformResourceIdentifier("urn:plant:plc-7")],
+    )
     assert host_names_warnings("10.0.0.7", certificate) == []
     assert host_names_warnings("plc-7.plant.local", certificate) == []
     (warning,) = host_names_warnings("plc-8.plant.local", certificate)
-    assert warning.startswith("the certificate does not name DNS:plc-8.plant.local, which certlm reaches the device at")
+    assert warning.startswith("the certificate does not name DNS:plc-8.plant.local, which the device is reached at")
     assert host_names_warnings("plc-7.plant.local", None) == []
+    no_application = device_certificate(issuing_ca, "plc-7.plant.local")
+    assert host_names_warnings("plc-7.plant.local", no_application) == [
+        "the certificate names no ApplicationUri (a URI subject alternative name): OPC UA clients refuse it"
+    ]
 
 
 # The PKI an entry enrolls with

@@ -5,19 +5,25 @@ and every one of them is tried."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+from certlm_opcua_simulator import SimulatorConfig
+
 from certlm.storage.models import InventoryEntry
-from tests.support import LicenseKeys, eventually, in_process_settings, licensed_app_in_process
+from tests.support import LicenseKeys, eventually, free_port, in_process_settings, licensed_app_in_process
 
 CONCURRENCY = 4
 DEVICES = 200
 # Each identification waits this long for the silent device's answer to Hello.
 CONNECT_TIMEOUT_S = 0.1
+# How long the workers take to try every silent device: each try waits three connect time-outs, CONCURRENCY at a time.
+QUEUE_S = DEVICES / CONCURRENCY * 3 * CONNECT_TIMEOUT_S
 
 
 @dataclass
@@ -82,10 +88,14 @@ async def test_registering_many_silent_devices_holds_at_most_the_concurrency_in_
         started = time.monotonic()
         statuses = await asyncio.gather(*(register(port) for port in devices.ports))
         answered_within = time.monotonic() - started
+        tried_by_then = [entry.last_result for entry in await InventoryEntry.filter(protocol="gds").all()]
 
         assert statuses == [200] * DEVICES
-        # A registration waits for its identification at most three connect time-outs, however long the queue.
-        assert answered_within < 3 * CONNECT_TIMEOUT_S + 10
+        # A registration waits for its own identification (at most three connect time-outs), never for the queue:
+        # the workers need QUEUE_S to try every silent device, and all registrations had answered while most of
+        # the devices were still untried.
+        assert sum("identify" in (result or {}) for result in tried_by_then) < DEVICES / 2
+        assert answered_within < QUEUE_S / 2
 
         async def every_entry_tried() -> bool:
             entries = await InventoryEntry.filter(protocol="gds").all()
@@ -124,3 +134,38 @@ async def test_a_device_registered_again_while_queued_is_identified_once(
             await asyncio.wait_for(asyncio.gather(running, *waits), 10 * CONNECT_TIMEOUT_S + 5)
 
         assert devices.accepted - accepted_before == 2, "each device dialled once"
+
+
+async def test_an_unreachable_device_is_logged_at_info_once_per_change_of_state(
+    in_process, simulated_device, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Registering the same unreachable device again and again logs its failure at INFO once; becoming reachable,
+    and unreachable again, is INFO each time; the repeats are DEBUG."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+
+    async def register() -> list[tuple[int, str]]:
+        caplog.clear()
+        response = await in_process.client.post(
+            "/gds/inventory", json={"server": "127.0.0.1", "port": port}, headers=in_process.headers
+        )
+        assert response.status_code == 200
+        lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "certlm.identification"]
+        response = await in_process.client.delete(f"/gds/inventory/{address}", headers=in_process.headers)
+        assert response.status_code == 200
+        return lines
+
+    caplog.set_level(logging.DEBUG, logger="certlm.identification")
+    [(level, first)] = await register()
+    assert level == logging.INFO and first.startswith(f"could not identify {address} yet: ")
+    for _ in range(3):
+        assert await register() == [(logging.DEBUG, first)]
+
+    device = await simulated_device(SimulatorConfig(state_dir=tmp_path / "device", port=port, auto_accept=True))
+    [(level, reachable)] = await register()
+    assert level == logging.INFO and reachable.startswith(f"identified {address}: reachable again")
+    assert [level for level, _ in await register()] == [logging.DEBUG]
+
+    await device.stop()
+    assert await register() == [(logging.INFO, first)]
+    assert await register() == [(logging.DEBUG, first)]

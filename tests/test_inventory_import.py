@@ -161,6 +161,42 @@ async def test_openapi_documents_the_csv_body(api) -> None:
     assert content["text/csv"]["schema"]["type"] == "string"
 
 
+# Integers that are not written as JSON writes them: other scripts' digits, spaces, signs, leading zeros, fractions.
+NOT_JSON_INTEGERS = [
+    "\u0661\u0662", "\uff11\uff12", "\u096a\u096e\u096a\u0966", "12 ", " 12", "\u00a012", "+12", "012", "1_2", "12.0",
+    "1e1", "0x10",
+]
+NOT_JSON_INTEGER_IDS = [
+    "arabic-indic", "fullwidth", "devanagari", "trailing-space", "leading-space", "no-break-space", "plus",
+    "leading-zero", "underscore", "fraction", "exponent", "hex",
+]
+
+
+@pytest.mark.parametrize("column", ["port", "renewal_days"])
+@pytest.mark.parametrize("cell", NOT_JSON_INTEGERS, ids=NOT_JSON_INTEGER_IDS)
+async def test_a_csv_integer_is_refused_unless_written_as_json_writes_it(api, column: str, cell: str) -> None:
+    """``certlm import`` took a port "١٢" as 12: a CSV cell is refused as ``POST /gds/inventory`` refuses the same
+    text in JSON, with the same error, and nothing is stored."""
+    (host,) = hosts(1)
+    csv = f'server,{column}\n{host},"{cell}"\n'
+    response = await api.post("/gds/inventory/import?mode=per_row", content=csv.encode(), headers=CSV)
+    assert response.status_code == 200, response.text
+    (row,) = response.json()["rows"]
+    direct = await api.post("/gds/inventory", json={"server": host, column: cell})
+    assert direct.status_code == 400
+    assert row["ok"] is False and row["error"] == direct.json()["error"] == f"{column}: Input should be a valid integer"
+    assert (await api.get(f"/gds/inventory/{host}")).status_code == 404
+
+
+async def test_a_csv_integer_in_ascii_digits_is_stored_as_that_integer(api) -> None:
+    first, second = hosts(2)
+    csv = f"server,port,renewal_days\n{first},4841,0\n{second},12,30\n"
+    response = await api.post("/gds/inventory/import", content=csv.encode(), headers=CSV)
+    assert response.status_code == 200, response.text
+    assert (await api.get(f"/gds/inventory/{first}:4841")).json()["renewal_days"] == 0
+    assert (await api.get(f"/gds/inventory/{second}:12")).json()["renewal_days"] == 30
+
+
 def test_csv_cells_become_the_json_fields_of_post() -> None:
     rows = parse_import(
         '\ufeffserver,port,name,device_status\nplc-1,4841,"Press, 1",\nplc-2,x,,0\n'.encode(), "text/csv"

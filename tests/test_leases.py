@@ -16,9 +16,9 @@ import pytest
 
 from certlm import leases
 from certlm.config import Settings
-from certlm.leases import DeviceBusy, device_lease, extend, try_claim
+from certlm.leases import DeviceBusy, EntryDeleted, device_lease, extend, try_claim
 from certlm.storage.models import DeviceSchedule, InventoryEntry
-from tests.support import LicenseKeys, licensed_app_in_process
+from tests.support import LicenseKeys, eventually, licensed_app_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,21 +77,98 @@ async def test_callers_in_one_instance_queue_for_the_device(entry_id: int) -> No
     assert order == ["a in", "a out", "b in", "b out"]
 
 
-def test_instances_on_one_postgresql_claim_each_device_once(postgres) -> None:
+async def test_instances_on_one_postgresql_claim_each_device_once(postgres) -> None:
     url = postgres.create_database()
     command = [sys.executable, "-m", "tests.lease_claimer", url]
-    setup = subprocess.run([*command, "setup", "60"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    setup = await asyncio.to_thread(
+        subprocess.run, [*command, "setup", "60"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert setup.returncode == 0, setup.stderr
     ids = json.loads(setup.stdout)
-    start = str(time.time() + 4)  # all four have their connections open by then
-    racers = [
-        subprocess.Popen([*command, start, "60"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(4)
-    ]
-    won = []
-    for racer in racers:
-        out, err = racer.communicate(timeout=120)
-        assert racer.returncode == 0, err
-        won.append(json.loads(out))
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    racers = [await asyncio.create_subprocess_exec(*command, "race", "60", cwd=ROOT, **pipes) for _ in range(4)]
+    try:
+        # A barrier: all four have their connections open and the entries read before any of them claims.
+        for racer in racers:
+            ready = await asyncio.wait_for(racer.stdout.readline(), 60)
+            assert ready == b"READY\n", (await racer.communicate())[1].decode()
+        for racer in racers:
+            racer.stdin.write(b"GO\n")
+        won = []
+        for racer in racers:
+            out, err = await asyncio.wait_for(racer.communicate(), 120)
+            assert racer.returncode == 0, err.decode()
+            won.append(json.loads(out))
+    finally:
+        for racer in racers:
+            if racer.returncode is None:
+                racer.kill()
+                await racer.wait()
     claimed = [entry_id for claims in won for entry_id in claims]
     assert sorted(claimed) == sorted(ids), "every device claimed exactly once"
+
+
+async def test_a_claim_on_a_deleted_entry_answers_404_and_makes_no_lease_row(entry_id: int) -> None:
+    await InventoryEntry.filter(id=entry_id).delete()
+    with pytest.raises(EntryDeleted) as gone:
+        await try_claim(entry_id)
+    assert gone.value.status == 404
+    assert gone.value.message == f"inventory entry {entry_id} was deleted while this operation waited for its device"
+    assert not await DeviceSchedule.exists(entry_id=entry_id)
+    # A scan listing it with others makes the others' rows.
+    other = await InventoryEntry.create(protocol="gds", service="gds-push-generic", server="plc-2", port=4840)
+    await leases.ensure_rows([entry_id, other.id])
+    assert await DeviceSchedule.filter(entry_id__in=[entry_id, other.id]).values_list("entry_id", flat=True) == [
+        other.id
+    ]
+
+
+async def test_an_entry_deleted_while_its_device_is_awaited_ends_the_wait_with_404(
+    entry_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push waiting for another instance's lease when the entry (with its lease row) is deleted."""
+    assert await try_claim(entry_id, holder="other-instance") is not None
+    refused = asyncio.Event()
+
+    async def counted_claim(*args, **kwargs):
+        claim = await try_claim(*args, **kwargs)
+        if claim is None:
+            refused.set()
+        return claim
+
+    monkeypatch.setattr(leases, "try_claim", counted_claim)
+
+    async def push() -> None:
+        async with device_lease(entry_id, wait_s=30):
+            pytest.fail("a lease on a deleted entry was granted")
+
+    waiting = asyncio.create_task(push())
+
+    await asyncio.wait_for(refused.wait(), 10)  # the push waits for the other instance's lease
+    await InventoryEntry.filter(id=entry_id).delete()
+    with pytest.raises(EntryDeleted):
+        await asyncio.wait_for(waiting, 10)
+    assert not await DeviceSchedule.exists(entry_id=entry_id)
+
+
+async def test_a_bounded_wait_in_this_instance_s_queue_answers_409(entry_id: int) -> None:
+    release_first = asyncio.Event()
+
+    async def first() -> None:
+        async with device_lease(entry_id, wait_s=0):
+            await release_first.wait()
+
+    holder = asyncio.create_task(first())
+    await eventually(lambda: _leased(entry_id), "the first caller holding the device")
+    with pytest.raises(DeviceBusy) as busy:
+        async with device_lease(entry_id, wait_s=0, queue_wait_s=0.2):
+            pytest.fail("the device was granted twice")
+    assert busy.value.message == "an operation on this device is still running after 0.2 s; try again later"
+    release_first.set()
+    await holder
+    async with device_lease(entry_id, wait_s=0, queue_wait_s=0.2):
+        pass
+
+
+async def _leased(entry_id: int) -> bool:
+    return await DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=False).exists()

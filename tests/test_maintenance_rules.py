@@ -18,6 +18,7 @@ from certlm.maintenance import (
     window_contains,
     zone_named,
 )
+from certlm.suppression import MaintenanceCalendar
 from tests.support import Rule, Window
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -541,3 +542,33 @@ def test_an_exrule_that_can_never_occur_excludes_nothing() -> None:
     )
     assert inside(Window(), rule, berlin(2026, 4, 30, 1, 30))
     assert not inside(Window(), rule, berlin(2026, 4, 30, 2, 30))
+
+
+# Where a suppression starts and ends (certlm.suppression): the rule's own times, whatever moment asks.
+
+
+def calendar_of(window: Window, *rules: Rule) -> MaintenanceCalendar:
+    return MaintenanceCalendar([(window, list(rules))])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("asked_at", ["12:00:00.170291", "12:00:00.477607", "12:03:59.999999", "12:04:00"])
+def test_a_suppression_starts_and_ends_at_the_rules_own_times_whoever_asks(asked_at: str) -> None:
+    now = datetime.fromisoformat(f"2026-10-24T{asked_at}+00:00")
+    # From 19:42 CEST (17:42Z) to 03:30 CET (02:30Z), across the night the Berlin clock goes back.
+    rule = Rule(1, start_at=berlin(2026, 10, 24, 19, 42), end_at=datetime(2026, 10, 25, 2, 30, tzinfo=UTC))
+    plant = calendar_of(Window(1, "Shutdown"), rule)
+    coming = plant.next_suppression(now, timedelta(days=1))
+    assert coming is not None
+    assert (coming.start, coming.end) == (datetime(2026, 10, 24, 17, 42, tzinfo=UTC), rule.end_at)
+    during = plant.suppression_at(coming.start + timedelta(hours=3, microseconds=123))
+    assert during is not None and during.end == rule.end_at
+
+
+def test_a_nightly_suppression_ends_on_the_wall_clock_second_across_the_spring_change() -> None:
+    # Berlin, 29 March 2026: 01:00:30 CET until 04:15:45 CEST, two hours and a quarter of real time.
+    rule = Rule(1, recurrence_type="daily", start_time="01:00:30", end_time="04:15:45")
+    nightly = calendar_of(Window(1, "Night"), rule)
+    coming = nightly.next_suppression(datetime(2026, 3, 28, 23, 10, 0, 314159, tzinfo=UTC), timedelta(hours=2))
+    assert coming is not None
+    assert coming.start == berlin(2026, 3, 29, 1, 0, 30).astimezone(UTC)
+    assert coming.end == berlin(2026, 3, 29, 4, 15, 45).astimezone(UTC)

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import quote
 
 import pytest
@@ -16,13 +17,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
 from certlm import crl_status
-from certlm.certs import key_usage
+from certlm.certs import key_usage, serial_hex
 from certlm.errors import UpstreamUnavailable
 from certlm.pki_backends import PkiBackend
-from certlm.revocation import CrlCache, RevocationCheck, check, revocation_of
+from certlm.revocation import CrlCache, RevocationCheck, check, revocation_of, store_revocation
 from certlm.storage.models import InventoryEntry, PkiEntry
 from tests.crypto_factory import Credential, certificate, ec_key, make_ca
-from tests.support import InProcessApp, free_port
+from tests.support import InProcessApp, free_port, serving
 
 NOW = datetime.now(UTC)
 ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
@@ -88,7 +89,7 @@ def test_not_revoked(root: Credential, device: x509.Certificate) -> None:
     outcome = check(device, [root.certificate], [crl_of(root, {other: x509.ReasonFlags.superseded})], NOW)
     assert status_name(outcome) == "not_revoked"
     assert outcome.reason is None and outcome.is_revoked is False
-    assert f"serial {device.serial_number:X} is not on the CRL" in outcome.detail
+    assert f"serial {serial_hex(device)} is not on the CRL" in outcome.detail
 
 
 def test_revoked_with_the_reason_of_the_crl_entry(root: Credential, device: x509.Certificate) -> None:
@@ -402,3 +403,73 @@ async def test_a_revoked_device_certificate_shows_revoked_with_its_reason(app, p
     assert detail["certificate_revocation_reason"] is None
     entry = await (await client.get(f"/gds/inventory/{quote(plc.url, safe='')}", headers=headers)).get_json()
     assert entry["cert_revoked"] is None
+
+
+@pytest.mark.parametrize("published", ["forged", "another CA's"])
+async def test_a_fetched_crl_that_does_not_verify_is_reported_as_such_not_as_missing(
+    app, root: Credential, device: x509.Certificate, published: str
+) -> None:
+    """An EST PKI whose distribution point serves a CRL naming the root and its key but signed by another key (or a
+    CRL of another CA): the check says so, with where the CRL came from, instead of "no CRL"."""
+    client, headers, _ = app
+    if published == "forged":
+        crl = crl_of(root, signed_by=make_ca("Plant Root CA"), names_key_of=root)
+    else:
+        crl = crl_of(make_ca("Another Plant CA"))
+    async with serving({"/root.crl": der(crl)}) as cdp, client.app.app_context():
+        pki = await PkiEntry.create(
+            pki_type=2,  # EST: fetches the CRL from a distribution point, as the CMP backend does
+            pki_connection="127.0.0.1:1",
+            ca_certificates=[root.certificate.public_bytes(serialization.Encoding.PEM).decode()],
+            est_cdp_urls=[f"{cdp}/root.crl"],
+        )
+        entry = await InventoryEntry.create(
+            protocol="gds", service="gds-push-generic", server="plc-9", port=4840, pki_id=pki.id,
+            certificate_der=der(device),
+        )  # fmt: skip
+        outcome = await revocation_of(entry, der(device))
+        store_revocation(entry, outcome)
+        await entry.save()
+    if published == "forged":
+        assert outcome.status_id == crl_status.CRL_SIGNATURE_INVALID == 9
+        assert outcome.detail.startswith("the CRL's signature does not verify with the key of CN=Plant Root CA: ")
+    else:
+        assert status_name(outcome) == "crl_issuer_mismatch"
+        assert outcome.detail.startswith("no CRL names the certificate's issuer CN=Plant Root CA; ")
+    assert f"{cdp}/root.crl: refused a CRL of" in outcome.detail and outcome.is_revoked is None
+    detail = await client.get(f"/gds/inventory/crt/{quote('opc.tcp://plc-9:4840', safe='')}", headers=headers)
+    assert detail.status_code == 200
+    revocation = (await detail.get_json())["certificate_revocation"]
+    assert revocation["id"] == outcome.status_id and revocation["name"] == status_name(outcome)
+
+
+async def test_the_certificate_detail_says_why_a_monitored_crl_does_not_verify(app, plc: SimulatedDevice) -> None:
+    """A device of the internal CA whose entry is moved to an EST PKI that knows the same CA, and whose distribution
+    point serves a CRL naming that CA but signed by another key: the monitor's check stores status 9, and the
+    certificate detail says why, with where the CRL came from."""
+    client, headers, _ = app
+    address = {"server": "127.0.0.1", "port": plc.config.port}
+    onboarded = await client.post("/gds/push/onboarding", json={**address, **ADMIN}, headers=headers)
+    assert onboarded.status_code == 200, await onboarded.get_data(as_text=True)
+    ca_pem = await (await client.get("/pki/ca/1")).get_data(as_text=True)
+    ca_certificate = x509.load_pem_x509_certificate(ca_pem.encode())
+    # The internal CA as the forger sees it: its name and public key, not its private key.
+    internal = SimpleNamespace(certificate=ca_certificate, key=SimpleNamespace(public_key=ca_certificate.public_key))
+    forged = crl_of(internal, signed_by=make_ca("Plant Root CA"), names_key_of=internal)  # type: ignore[arg-type]
+    async with serving({"/internal.crl": der(forged)}) as cdp:
+        async with client.app.app_context():
+            est = await PkiEntry.create(
+                pki_type=2, pki_connection="127.0.0.1:1", ca_certificates=[ca_pem], est_cdp_urls=[f"{cdp}/internal.crl"]
+            )
+        moved = await client.patch("/gds/inventory", json={**address, "pki": est.id}, headers=headers)
+        assert moved.status_code == 200, await moved.get_data(as_text=True)
+        monitored = await client.post(
+            "/gds/monitor/crt", json={"server": "127.0.0.1", "port": str(plc.config.port)}, headers=headers
+        )
+        assert monitored.status_code == 200, await monitored.get_data(as_text=True)
+    detail = await (await client.get(f"/gds/inventory/crt/{quote(plc.url, safe='')}", headers=headers)).get_json()
+    assert detail["certificate_revocation"]["id"] == crl_status.CRL_SIGNATURE_INVALID
+    why = detail["certificate_revocation_detail"]
+    issuer = ca_certificate.subject.rfc4514_string()
+    assert why.startswith(f"the CRL's signature does not verify with the key of {issuer}")
+    assert f"{cdp}/internal.crl" in why

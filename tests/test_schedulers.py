@@ -1,5 +1,7 @@
 """The renewal and monitor schedulers against simulated devices: switched on through ``POST /systeminfo``, they renew
-what is due (once), stop for a maintenance window, and record what the devices present and which cannot be reached."""
+what is due (once), stop for a maintenance window for as long as it lasts and no longer (a window changed through the
+API takes effect at the next scan, on other instances at their next poll), and record what the devices present and
+which cannot be reached."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
-from certlm.schedulers import ScanContext, ScanReport, Scheduler
+from certlm.schedulers import SETTINGS_POLL_S, ScanContext, ScanReport, Scheduler
 from certlm.storage.models import PkiEntry
+from certlm.suppression import MaintenanceCalendar
 from tests.plugins.gds_push.conftest import NodeOpcuaPeer
 from tests.support import InProcessApp, eventually, free_port
 
@@ -38,8 +41,10 @@ class Plant(InProcessApp):
         assert status == 200, body
         return body
 
-    async def maintenance_window(self, name: str, start: datetime, end: datetime, timezone: str = "UTC") -> None:
-        """An active one-time maintenance window from ``start`` to ``end``."""
+    async def maintenance_window(
+        self, name: str, start: datetime, end: datetime, timezone: str = "UTC"
+    ) -> tuple[int, int]:
+        """An active one-time maintenance window from ``start`` to ``end``; its id and its rule's."""
         status, window = await self.call(
             "POST",
             "/maintenance/inventory",
@@ -49,6 +54,7 @@ class Plant(InProcessApp):
         rule = {"maintenance_window_id": window["id"], "start_at": start.isoformat(), "end_at": end.isoformat()}
         status, body = await self.call("POST", "/maintenance/rule", rule)
         assert status in (200, 201), body
+        return window["id"], body["id"]
 
     async def switch_on(self, scheduler: str, interval_s: int) -> None:
         """``POST /systeminfo``: the scheduler (``gds_push`` or ``monitor``) on, scanning every ``interval_s``."""
@@ -94,8 +100,69 @@ async def devices(tmp_path: Path) -> AsyncIterator[list[SimulatedDevice]]:
             await device.stop()
 
 
-async def scans_finished(plant: Plant, scheduler: str) -> str | None:
-    return (await plant.system())[f"{scheduler}_scheduler_last_run"]
+async def scan_after(plant: Plant, scheduler: str, after: str | None) -> str:
+    """Wait for a scan of ``scheduler`` (``gds_push`` or ``monitor``) that started after the one that started at
+    ``after`` (None: any scan), and answer when it started. A scheduler runs one scan at a time, so once a scan has
+    started, every scan before it has finished."""
+
+    async def started() -> str | None:
+        last = (await plant.system())[f"{scheduler}_scheduler_last_run"]
+        later = last is not None and (after is None or datetime.fromisoformat(last) > datetime.fromisoformat(after))
+        return last if later else None
+
+    return await eventually(started, f"a {scheduler} scan started after {after}")
+
+
+def whole_seconds(moment: datetime) -> datetime:
+    return moment.replace(microsecond=0)
+
+
+def stated(moment: datetime) -> str:
+    """A moment as the API writes it, in status texts too: ISO 8601 to the second, UTC as +00:00."""
+    return moment.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def renewal_scheduler_in(plant: Plant, *states: str) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+    """A condition for ``eventually``: ``/systeminfo`` when it shows the renewal scheduler in one of ``states``."""
+
+    async def reached() -> dict[str, Any] | None:
+        info = await plant.system()
+        return info if info["gds_push_scheduler_status"] in states else None
+
+    return reached
+
+
+def in_state(scheduler: Scheduler, state: str) -> Callable[[], Awaitable[bool]]:
+    async def reached() -> bool:
+        return scheduler.status.state == state
+
+    return reached
+
+
+class ObservedScheduler(Scheduler):
+    """A scheduler run by the product's own loop (``start``), counting the steps of it that finished: a test moves
+    the clock or changes the calendar, then waits for the next step to see what the scheduler made of it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps = 0
+
+    async def tick(self) -> float:
+        try:
+            return await super().tick()
+        finally:
+            self.steps += 1
+
+    async def next_step(self) -> None:
+        """Wake the scheduler until a step that started after this call has finished."""
+        # The step running now, if any, may have read the calendar before the caller's change: wait for one more.
+        target = self.steps + 2
+
+        async def stepped() -> bool:
+            self.wake()
+            return self.steps >= target
+
+        await eventually(stepped, f"a step of the {self.name} scheduler")
 
 
 async def test_the_renewal_scheduler_is_stopped_until_switched_on_and_tells_when_it_runs_next(plant: Plant) -> None:
@@ -110,12 +177,33 @@ async def test_the_renewal_scheduler_is_stopped_until_switched_on_and_tells_when
     info = await eventually(idle, "idle renewal scheduler")
     next_run = datetime.fromisoformat(info["gds_push_scheduler_next_run"])
     assert timedelta(minutes=59) < next_run - datetime.now(UTC) <= timedelta(hours=1)
-    assert info["gds_push_scheduler_detail"] == f"next run at {next_run.isoformat(timespec='seconds')}".replace(
-        "+00:00", "Z"
-    )
-    # Switched off, it says so at once, on every instance within a few seconds.
-    await plant.call("POST", "/systeminfo", {"gds_push_scheduler_active": False})
-    assert (await eventually(plant.system, "system info"))["gds_push_scheduler_status"] == "stopped"
+    assert info["gds_push_scheduler_detail"] == f"next run at {stated(next_run)}"
+
+    # Another instance on the same database: the POST below does not wake it, it reads the settings at its next poll.
+    scans: list[ScanContext] = []
+
+    async def scan(context: ScanContext) -> ScanReport:
+        scans.append(context)
+        return ScanReport()
+
+    other = ObservedScheduler("gds_push", scan)
+    other.start()
+    try:
+        await eventually(in_state(other, "idle"), "the other instance idle")
+        assert len(scans) == 1  # switched on: it scanned at once, and waits an hour for the next
+        # Switched off, it says so at once here, and on the other instance within its poll of the settings.
+        await plant.call("POST", "/systeminfo", {"gds_push_scheduler_active": False})
+
+        async def stopped() -> bool:
+            return (await plant.system())["gds_push_scheduler_status"] == "stopped"
+
+        await eventually(stopped, "the renewal scheduler stopped", timeout=10)
+        switched_off = asyncio.get_running_loop().time()
+        await eventually(in_state(other, "stopped"), "the other instance stopped")
+        assert asyncio.get_running_loop().time() - switched_off < SETTINGS_POLL_S + 10  # its poll, on a busy machine
+        assert other.status.next_run is None and len(scans) == 1
+    finally:
+        await other.stop()
 
 
 async def test_a_due_device_is_renewed_once_and_a_pki_lifetime_below_renewal_days_is_reported_once(
@@ -144,16 +232,12 @@ async def test_a_due_device_is_renewed_once_and_a_pki_lifetime_below_renewal_day
     record = await eventually(renewed_by_scheduler, "renewal by the scheduler")
     assert record["success"] is True, record
     assert (await plant.entry(due))["cert_base64"] != onboarded_serial
-    first_scan = await scans_finished(plant, "gds_push")
 
-    # Several scans later: not renewed again, and the configuration error stands on the device's schedule.
-    async def later_scans() -> bool:
-        last = await scans_finished(plant, "gds_push")
-        return last is not None and datetime.fromisoformat(last) > datetime.fromisoformat(first_scan) + timedelta(
-            seconds=2
-        )
-
-    await eventually(later_scans, "two more renewal scans")
+    # Two more scans (the first of them whole, after the one that renewed): not renewed again, and the
+    # configuration error stands on the device's schedule.
+    scan = await scan_after(plant, "gds_push", None)
+    for _ in range(2):
+        scan = await scan_after(plant, "gds_push", scan)
     assert len(due.installed_certificates) == 2
     assert len(fresh.installed_certificates) == 1  # inactive: left alone
     schedule = (await plant.entry(due))["schedule"]
@@ -161,38 +245,177 @@ async def test_a_due_device_is_renewed_once_and_a_pki_lifetime_below_renewal_day
     assert schedule["renewal_failures"] == 0
     assert await plant.last_push(fresh) is None  # onboarded, never pushed to since
 
-    # Fixing the configuration ends the error; the device is renewed at its normal time again.
+    # Fixing the configuration ends the error at the next scan; the certificate is not due at 30 days, so the device
+    # is left alone until it is.
     await plant.set_renewal_days(due, 30)
-    await eventually(later_scans, "another renewal scan")
+
+    async def error_ended() -> dict[str, Any] | None:
+        schedule = (await plant.entry(due))["schedule"]
+        return schedule if schedule["renewal_config_error"] is None else None
+
+    await eventually(error_ended, "the configuration error ended")
+    await scan_after(plant, "gds_push", await scan_after(plant, "gds_push", None))
     assert len(due.installed_certificates) == 2
+    schedule = (await plant.entry(due))["schedule"]
+    assert schedule["renewal_config_error"] is None and schedule["renewal_failures"] == 0
 
 
-async def test_a_maintenance_window_suppresses_renewals_until_it_closes(
+async def test_a_maintenance_window_suppresses_renewals_until_it_closes_and_the_status_says_so_throughout(
     plant: Plant, devices: list[SimulatedDevice]
 ) -> None:
     device = devices[0]
     await plant.onboard(device)
     await plant.set_renewal_days(device, 400)
     now = datetime.now(UTC)
-    closes = now + timedelta(seconds=6)
-    await plant.maintenance_window("Line 3 shutdown", now - timedelta(hours=1), closes)
+    # Several times the schedulers' poll, so the status is looked at across several of them; ends on a whole second.
+    closes = whole_seconds(now) + timedelta(seconds=4 * SETTINGS_POLL_S)
+    window_id, _ = await plant.maintenance_window("Line 3 shutdown", now - timedelta(hours=1), closes)
+    await plant.switch_on("gds_push", 1)
+    suppressed = ("suppressed", f"maintenance window 'Line 3 shutdown' (id {window_id}) until {stated(closes)}", closes)
+
+    async def status() -> tuple[str, str | None, datetime | None]:
+        info = await plant.system()
+        next_run = info["gds_push_scheduler_next_run"]
+        return (
+            info["gds_push_scheduler_status"],
+            info["gds_push_scheduler_detail"],
+            datetime.fromisoformat(next_run) if next_run else None,
+        )
+
+    async def is_suppressed() -> bool:
+        return await status() == suppressed
+
+    await eventually(is_suppressed, "suppressed renewal scheduler")
+    # Every answer given before the window closes says so, with the window and its end; the device waits.
+    answered: list[datetime] = []
+
+    async def window_closed() -> bool:
+        seen, installed = await status(), len(device.installed_certificates)
+        if datetime.now(UTC) >= closes:
+            return True
+        assert seen == suppressed and installed == 1
+        answered.append(datetime.now(UTC))
+        return False
+
+    await eventually(window_closed, "the end of the window", timeout=4 * SETTINGS_POLL_S + 10)
+    assert answered[-1] - answered[0] > timedelta(seconds=SETTINGS_POLL_S)  # across more than one poll
+
+    record = await eventually(lambda: plant.last_push(device), "renewal after the window", timeout=40)
+    assert record["success"] is True and record["result"]["trigger"] == "scheduler"
+    assert datetime.fromisoformat(record["result"]["at"]) >= closes
+    assert len(device.installed_certificates) == 2
+
+
+@pytest.mark.parametrize("change", ["made inactive", "shortened", "deleted"])
+async def test_a_window_changed_through_the_api_lets_the_held_back_renewal_run_at_the_next_scan(
+    plant: Plant, devices: list[SimulatedDevice], change: str
+) -> None:
+    device = devices[0]
+    await plant.onboard(device)
+    await plant.set_renewal_days(device, 400)
+    now = datetime.now(UTC)
+    window_id, rule_id = await plant.maintenance_window(
+        "Line 3 shutdown", now - timedelta(hours=1), now + timedelta(hours=1)
+    )
+    await plant.switch_on("gds_push", 1)
+    await eventually(renewal_scheduler_in(plant, "suppressed"), "suppressed renewal scheduler")
+    assert await plant.last_push(device) is None
+
+    changed_at = datetime.now(UTC)
+    if change == "made inactive":
+        status, body = await plant.call("PATCH", f"/maintenance/inventory/{window_id}", {"status": "inactive"})
+    elif change == "shortened":
+        ends = whole_seconds(changed_at).isoformat()
+        status, body = await plant.call("PATCH", f"/maintenance/rule/{rule_id}", {"end_at": ends})
+    else:
+        status, body = await plant.call("DELETE", f"/maintenance/inventory/{window_id}")
+    assert status == 200, body
+
+    # Not at the window's old end, an hour away: at the next scan (a second, and the scheduler's poll at most).
+    record = await eventually(lambda: plant.last_push(device), "the renewal held back by the window", timeout=30)
+    assert record["success"] is True and record["result"]["trigger"] == "scheduler"
+    renewed_at = datetime.fromisoformat(record["result"]["at"])  # to the second
+    assert whole_seconds(changed_at) <= renewed_at < changed_at + timedelta(seconds=30)
+    assert len(device.installed_certificates) == 2
+
+
+@pytest.mark.parametrize("write", ["window", "rule"])
+async def test_a_maintenance_write_wakes_this_instances_schedulers_at_once(
+    plant: Plant, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    # Polls an hour apart: only the wake of the write can make the scheduler look at the calendar again.
+    monkeypatch.setattr("certlm.schedulers.SETTINGS_POLL_S", 3600.0)
+    now = datetime.now(UTC)
+    window_id, rule_id = await plant.maintenance_window(
+        "Line 3 shutdown", now - timedelta(hours=1), now + timedelta(hours=1)
+    )
     await plant.switch_on("gds_push", 1)
 
-    async def suppressed() -> dict[str, Any] | None:
-        info = await plant.system()
-        return info if info["gds_push_scheduler_status"] == "suppressed" else None
+    await eventually(renewal_scheduler_in(plant, "suppressed"), "suppressed renewal scheduler")
+    if write == "window":
+        status, body = await plant.call("DELETE", f"/maintenance/inventory/{window_id}")
+    else:
+        status, body = await plant.call("DELETE", f"/maintenance/rule/{rule_id}")
+    assert status == 200, body
+    released = renewal_scheduler_in(plant, "idle", "running")
+    info = await eventually(released, "the scheduler released by the write", timeout=10)
+    assert info["gds_push_scheduler_last_run"] is not None
 
-    info = await eventually(suppressed, "suppressed renewal scheduler")
-    assert "'Line 3 shutdown'" in info["gds_push_scheduler_detail"]
-    assert len(device.installed_certificates) == 1
 
-    async def renewed() -> dict[str, Any] | None:
-        return await plant.last_push(device)
+async def test_an_instance_the_change_does_not_wake_sees_it_at_its_next_poll_and_walks_the_calendar_only_on_changes(
+    plant: Plant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks: list[datetime] = []
+    walk = MaintenanceCalendar.suppression_at
 
-    record = await eventually(renewed, "renewal after the window", timeout=40)
-    assert record["success"] is True and record["result"]["trigger"] == "scheduler"
-    assert datetime.fromisoformat(record["result"]["at"]) >= closes - timedelta(seconds=1)
-    assert len(device.installed_certificates) == 2
+    def counted_walk(calendar: MaintenanceCalendar, moment: datetime):  # type: ignore[no-untyped-def]
+        walks.append(moment)
+        return walk(calendar, moment)
+
+    monkeypatch.setattr(MaintenanceCalendar, "suppression_at", counted_walk)
+    scans: list[ScanContext] = []
+
+    async def scan(context: ScanContext) -> ScanReport:
+        scans.append(context)
+        return ScanReport()
+
+    # Only the other instance's monitor walks the calendar from here on: this instance's is stopped, its renewal
+    # scheduler is off, and nothing asks /systeminfo after switching the monitor on.
+    await plant.host.schedulers.by_name["monitor"].stop()
+    now = datetime.now(UTC)
+    window_id, _ = await plant.maintenance_window(
+        "Line 3 shutdown", now - timedelta(hours=1), now + timedelta(hours=1)
+    )
+    await plant.switch_on("monitor", 1)
+    walks.clear()
+    # Another instance's monitor on the same database: the API's writes wake this instance's schedulers only.
+    other = ObservedScheduler("monitor", scan)
+    other.start()
+    try:
+        await eventually(in_state(other, "suppressed"), "the other instance suppressed")
+        assert other.status.detail.startswith(f"maintenance window 'Line 3 shutdown' (id {window_id}) until ")
+        # Polls with the calendar unchanged: the suppression found is kept, the walk to its end is not repeated.
+        for _ in range(3):
+            await other.next_step()
+        assert len(walks) == 1 and other.status.state == "suppressed" and scans == []
+        # A change that leaves the suppression as it was is still a change: the calendar is read and walked again.
+        status, body = await plant.call("PATCH", f"/maintenance/inventory/{window_id}", {"description": "Line 3"})
+        assert status == 200, body
+        await other.next_step()
+        assert len(walks) == 2 and other.status.state == "suppressed"
+
+        status, body = await plant.call("PATCH", f"/maintenance/inventory/{window_id}", {"status": "inactive"})
+        assert status == 200, body
+        changed = asyncio.get_running_loop().time()
+
+        async def scanned() -> bool:
+            return bool(scans)
+
+        await eventually(scanned, "a scan of the other instance", timeout=30)
+        assert asyncio.get_running_loop().time() - changed < SETTINGS_POLL_S + 10  # its poll, on a busy machine
+        assert len(walks) == 2
+    finally:
+        await other.stop()
 
 
 async def test_the_monitor_records_what_devices_present_and_which_cannot_be_reached(
@@ -227,7 +450,7 @@ async def test_the_monitor_records_what_devices_present_and_which_cannot_be_reac
 
 
 async def test_a_failing_scan_is_the_status_until_a_scan_succeeds(plant: Plant) -> None:
-    outcomes = [RuntimeError("database went away"), None]
+    outcomes: list[Exception | None] = [RuntimeError("database went away"), None]
 
     async def scan(context: ScanContext) -> ScanReport:
         failure = outcomes.pop(0)
@@ -236,21 +459,44 @@ async def test_a_failing_scan_is_the_status_until_a_scan_succeeds(plant: Plant) 
         return ScanReport(devices=0)
 
     clock = [datetime(2026, 11, 25, 12, 0, tzinfo=UTC)]
-    scheduler = Scheduler("gds_push", scan, clock=lambda: clock[0])
     await plant.switch_on("gds_push", 600)
-    async with plant.client.app.app_context():
-        with pytest.raises(RuntimeError):
-            await scheduler.tick()
-        scheduler.record_failure(RuntimeError("database went away"))
-        assert scheduler.status.state == "error"
-        assert scheduler.status.detail == "RuntimeError: database went away; next run at 2026-11-25T12:01:00Z"
+    # The scheduler's own loop runs the scans; the test only moves its clock and waits for its next step.
+    scheduler = ObservedScheduler("gds_push", scan, clock=lambda: clock[0])
+    scheduler.start()
+    try:
+        await eventually(in_state(scheduler, "error"), "the failed scan reported")
+        failed = "RuntimeError: database went away; next run at 2026-11-25T12:01:00+00:00"
+        assert scheduler.status.detail == failed and outcomes == [None]
         clock[0] += timedelta(seconds=30)
-        await scheduler.tick()  # waiting for the retry: still the error
-        assert scheduler.status.state == "error"
+        await scheduler.next_step()  # waiting for the retry: still the error
+        assert (scheduler.status.state, scheduler.status.detail) == ("error", failed) and outcomes == [None]
         clock[0] += timedelta(seconds=31)
-        await scheduler.tick()
-        assert scheduler.status.state == "idle"
-        assert scheduler.status.detail == "next run at 2026-11-25T12:11:01Z"
+        scheduler.wake()
+        await eventually(in_state(scheduler, "idle"), "the retried scan")
+        assert scheduler.status.detail == "next run at 2026-11-25T12:11:01+00:00" and outcomes == []
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_scheduler_woken_as_it_is_stopped_stops(plant: Plant) -> None:
+    async def scan(context: ScanContext) -> ScanReport:
+        return ScanReport()
+
+    scheduler = ObservedScheduler("monitor", scan)  # switched off: it reads the settings every few seconds
+    scheduler.start()
+    try:
+
+        async def waiting() -> bool:
+            return scheduler.steps > 0
+
+        await eventually(waiting, "the scheduler waiting for its next step")
+        # A settings change and the service's shutdown in the same turn of the event loop.
+        async with asyncio.timeout(10):
+            scheduler.wake()
+            await scheduler.stop()
+        assert scheduler.status.state == "stopped" and scheduler.steps == 1
+    finally:
+        await scheduler.stop()
 
 
 async def test_metrics_tell_prometheus_which_certificates_expire_and_which_devices_are_unreachable(
@@ -349,17 +595,10 @@ async def test_a_certificate_changed_behind_certlms_back_is_shown_and_not_overwr
 
     await eventually(noticed, "the monitor noticing the foreign certificate")
     await plant.switch_on("gds_push", 1)
-    first = await plant.system()
-
-    async def two_renewal_scans() -> bool:
-        last = (await plant.system())["gds_push_scheduler_last_run"]
-        return (
-            last is not None
-            and last != first["gds_push_scheduler_last_run"]
-            and (first["gds_push_scheduler_last_run"] is not None)
-        )
-
-    await eventually(two_renewal_scans, "renewal scans")
+    # Two whole renewal scans: the first, and the next, both finished once a third has started.
+    scan = await scan_after(plant, "gds_push", None)
+    for _ in range(2):
+        scan = await scan_after(plant, "gds_push", scan)
     assert await plant.last_push(device) is None  # the scheduler left it alone
     assert len(device.installed_certificates) == 1
     # The operator looks at the device and onboards it again: it is certlm's once more.

@@ -6,6 +6,7 @@ from quart import Blueprint
 from quart_schema import validate_response
 
 from certlm.admin import create_sample_data, wipe_with_totp
+from certlm.auth import request_source
 from certlm.responses import OperationResult, operation_result
 
 blueprint = Blueprint("admin", __name__)
@@ -32,6 +33,8 @@ async def wipe_database(totp_code: str) -> OperationResult:
     ``totp_code`` is the current 6-digit TOTP (RFC 6238, SHA-1, 30 s steps) whose secret is the API key:
     ``base32(api_key as UTF-8)`` without padding. The previous and next step are accepted for clock drift;
     a code is accepted once only, and no code older than the last accepted one. 401 ``Invalid TOTP code``
-    otherwise."""
-    deleted = await wipe_with_totp(totp_code)
+    otherwise. A source address that sent ``CERTLM_AUTH_FAILURE_LIMIT`` wrong six-digit codes within
+    ``CERTLM_AUTH_FAILURE_WINDOW_S`` is answered 429 (``Retry-After``) until that window ends, whatever code it
+    sends."""
+    deleted = await wipe_with_totp(totp_code, request_source())
     return OperationResult(**operation_result("database deleted", {"deleted": deleted}))

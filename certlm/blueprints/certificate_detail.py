@@ -10,13 +10,13 @@ from pydantic import BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
-from certlm.certs import certificate_detail
+from certlm.certs import api_timestamp, certificate_detail
 from certlm.enrollment import host_names_warnings
 from certlm.errors import NotFound
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import EntryAddress, entry_certificate, entry_url, find_entry, managed_entry_at
 from certlm.openapi import answers
-from certlm.revocation import stored_revocation
+from certlm.revocation import stored_revocation, stored_revocation_detail
 from certlm.storage.models import InventoryEntry
 
 blueprint = Blueprint("certificate_detail", __name__)
@@ -47,6 +47,11 @@ class CertificateDetailOut(BaseModel):
     certificate_revocation_reason: CrlReasonOut | None = Field(
         description="the RFC 5280 reason the CRL gives, when the certificate is revoked"
     )
+    certificate_revocation_detail: str | None = Field(
+        default=None,
+        description="extension: what led the last check to its status (e.g. which key a CRL's signature does not "
+        "verify against); null when the status was not found by a check",
+    )
     warnings: list[str] = Field(
         description="what the operator should know, e.g. a certificate that does not name the host certlm reaches "
         "the device at"
@@ -56,15 +61,15 @@ class CertificateDetailOut(BaseModel):
 def _certificate_detail_view(entry: InventoryEntry) -> CertificateDetailOut:
     certificate = entry_certificate(entry)
     status, reason = stored_revocation(entry, certificate)
-    changed = entry.last_changed_certificate_date
     return CertificateDetailOut(
         name=entry.name,
         url=entry_url(entry),
         device_status=entry.device_status,
-        last_changed_certificate_date=changed.isoformat() if changed else None,
+        last_changed_certificate_date=api_timestamp(entry.last_changed_certificate_date),
         certificate=certificate_detail(certificate),
         certificate_revocation=CrlStatusOut(**status._asdict()),
         certificate_revocation_reason=CrlReasonOut(**reason._asdict()) if reason else None,
+        certificate_revocation_detail=stored_revocation_detail(entry),
         warnings=host_names_warnings(entry.server, certificate),
     )
 

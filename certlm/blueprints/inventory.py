@@ -19,7 +19,7 @@ from certlm.certs import (
     sha1_fingerprint,
     to_pem,
 )
-from certlm.enrollment import identify_registered, revoke_on_decommission
+from certlm.enrollment import decommission, identify_registered
 from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.hostspec import parse_host_or_url
 from certlm.inventory import (
@@ -53,6 +53,7 @@ from certlm.inventory_import import (
     import_gds_entries,
     parse_import,
 )
+from certlm.leases import DeviceBusy
 from certlm.openapi import answers
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields
 from certlm.responses import OperationResult, operation_result
@@ -218,15 +219,15 @@ async def get_gds_entry(host_or_url: str) -> InventoryEntryOut:
 
 @blueprint.delete("/gds/inventory/<path:host_or_url>")
 @validate_response(InventoryEntryOut)
-@answers(UpstreamUnavailable)
+@answers(DeviceBusy, UpstreamUnavailable)
 async def delete_gds_entry(host_or_url: str) -> InventoryEntryOut:
-    """Remove a GDS entry and its stored credentials; returns the entry as it was. A certificate its PKI issued is
-    revoked first (``cert_revoked`` true in the answer); when the PKI cannot revoke it, nothing is deleted."""
-    entry = await find_entry(parse_host_or_url(host_or_url), (GDS,))
-    await revoke_on_decommission(entry)
-    deleted = await entry_out(entry)
-    await entry.delete()  # the credential row goes with it (ON DELETE CASCADE)
-    return deleted
+    """Remove an entry of any device table (a GDS entry, or ``ssh://host:port`` and the other schemes of the installed
+    drivers) with what is stored for it: credentials, and a plugin's rows such as an SSH entry's private key and
+    pinned host key; returns the entry as it was. A certificate its PKI issued is revoked first (``cert_revoked`` true
+    in the answer); when the PKI cannot revoke it, nothing is deleted. A push or read running on the device is waited
+    for (409 when it still runs after the device operation time-out)."""
+    entry = await find_entry(parse_host_or_url(host_or_url))
+    return await decommission(entry, entry_out)
 
 
 class LowLevelRequest(BaseModel):

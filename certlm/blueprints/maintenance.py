@@ -13,6 +13,7 @@ from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
 from certlm.errors import APIError, NotFound
+from certlm.host import current_host
 from certlm.maintenance import (
     DEFAULT_TIMEZONE,
     RuleSchedule,
@@ -28,7 +29,7 @@ from certlm.maintenance import (
     zone_named,
 )
 from certlm.openapi import answers
-from certlm.responses import PartialUpdate, parse_id, refuse_null
+from certlm.responses import PartialUpdate, Timestamp, parse_id, refuse_null
 from certlm.storage import MAX_ID, row_with_id
 from certlm.storage.models import MaintenanceRule, MaintenanceWindow
 
@@ -141,7 +142,11 @@ RuleOut = create_model(
     "RuleOut",
     id=(int, ...),
     maintenance_window_id=(int, ...),
-    **{field: (kind, ...) for field, kind in get_type_hints(RuleSchedule).items() if field != "id"},
+    **{
+        field: (Timestamp | None if kind == datetime | None else kind, ...)
+        for field, kind in get_type_hints(RuleSchedule).items()
+        if field != "id"
+    },
 )
 
 
@@ -152,16 +157,16 @@ class WindowOut(BaseModel):
     status: str
     window_type: str
     timezone: str
-    valid_from: datetime | None
-    valid_until: datetime | None
-    created_at: datetime
-    updated_at: datetime
+    valid_from: Timestamp | None
+    valid_until: Timestamp | None
+    created_at: Timestamp
+    updated_at: Timestamp
     rules: list[RuleOut]
 
 
 class WindowTestResult(BaseModel):
     window_id: int
-    at: datetime = Field(description="the moment tested, in the window's time zone")
+    at: Timestamp = Field(description="the moment tested, in the window's time zone")
     inside: bool
     matched_rule_id: int | None
     reason: str | None
@@ -224,6 +229,11 @@ async def _rrule_checked(rule: MaintenanceRule) -> None:
         raise APIError(f"rrule: {error}") from None
 
 
+def _calendar_changed() -> None:
+    """Let this instance's schedulers see the change now; other instances see it at their next poll."""
+    current_host().schedulers.wake()
+
+
 def _checked(check: Callable[[Any], None], subject: Any) -> None:
     try:
         check(subject)
@@ -256,6 +266,7 @@ async def create_window(data: WindowCreate) -> tuple[WindowOut, int]:
     window = MaintenanceWindow(**_localised(data.model_dump(), zone, ("valid_from", "valid_until")))
     _checked(check_window, window)
     await window.save()
+    _calendar_changed()
     return _window_out(window, []), 201
 
 
@@ -272,6 +283,7 @@ async def update_window(window_id: str, data: WindowUpdate) -> WindowOut:
         setattr(window, field, value)
     _checked(check_window, window)
     await window.save()
+    _calendar_changed()
     return _window_out(window, await _rules_of(window))
 
 
@@ -282,6 +294,7 @@ async def delete_window(window_id: str) -> WindowOut:
     window = await _window(parse_id(window_id, "window_id"))
     deleted = _window_out(window, await _rules_of(window))
     await window.delete()
+    _calendar_changed()
     return deleted
 
 
@@ -307,6 +320,7 @@ async def create_rule(data: RuleCreate) -> tuple[RuleOut, int]:
     _checked(check_rule, rule)
     await _rrule_checked(rule)
     await rule.save()
+    _calendar_changed()
     return _rule_out(rule, zone), 201
 
 
@@ -322,6 +336,7 @@ async def update_rule(rule_id: str, data: RuleUpdate) -> RuleOut:
     _checked(check_rule, rule)
     await _rrule_checked(rule)
     await rule.save()
+    _calendar_changed()
     return _rule_out(rule, zone)
 
 
@@ -332,6 +347,7 @@ async def delete_rule(rule_id: str) -> RuleOut:
     rule = await _rule(parse_id(rule_id, "rule_id"))
     deleted = _rule_out(rule, await _zone_of(rule))
     await rule.delete()
+    _calendar_changed()
     return deleted
 
 

@@ -6,8 +6,7 @@ validated and stored by ``certlm.pki_entries``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -15,12 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from quart import Blueprint, Response
 from quart_schema import validate_querystring, validate_request, validate_response
 
-from certlm.certs import load_certificate, load_crl, load_csr, sha1_fingerprint, to_der, to_pem
+from certlm.certs import api_timestamp, load_certificate, load_crl, load_csr, sha1_fingerprint, to_der, to_pem
 from certlm.errors import NotFound, UnsupportedOperation, UpstreamUnavailable
 from certlm.host import current_host
 from certlm.openapi import answers, downloads
 from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile, PkiBackend
 from certlm.pki_entries import PkiCreate, PkiFields, apply_fields, internal_ca_entry
+from certlm.publication import published_ca_certificates, published_crls
 from certlm.responses import DownloadQuery, parse_id
 from certlm.storage import row_with_id
 from certlm.storage.models import PkiEntry
@@ -29,7 +29,6 @@ blueprint = Blueprint("pki", __name__)
 
 _PEM_MIMETYPE = "application/x-pem-file"
 _DER_MIMETYPES = {"ca": "application/pkix-cert", "crt": "application/pkix-cert", "crl": "application/pkix-crl"}
-_Answer = TypeVar("_Answer")
 
 
 class PkiTypeOut(BaseModel):
@@ -72,7 +71,14 @@ class PkiOut(BaseModel):
         description="refuse an issued certificate that lacks a DNS or IP name certlm requested (else a warning)"
     )
     learned_capabilities: dict[str, Any] = Field(
-        description="what certlm learned by using the server (CMP: message types accepted or refused, and why)"
+        description="what certlm learned by using the server (CMP: message types accepted or refused, and why; "
+        "the MAC identifiers that worked)"
+    )
+    cmp_mac_algorithm: str | None = Field(
+        description="CMP: the MAC identifiers pinned (rfc9481-hmac-sha256, rfc4210-hmac-sha1); null negotiates"
+    )
+    allow_certlm_generated_keys: bool = Field(
+        description="certlm may make a device's key pair and push it when the PKI certifies no key the device made"
     )
 
 
@@ -109,11 +115,10 @@ def _crl_info(pem: str) -> CrlInfo:
         number: int | None = crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number
     except x509.ExtensionNotFound:
         number = None
-    next_update = crl.next_update_utc
     return CrlInfo(
         crl_number=number,
-        crl_last_update=crl.last_update_utc.isoformat(),
-        crl_next_update=next_update.isoformat() if next_update else None,
+        crl_last_update=api_timestamp(crl.last_update_utc),
+        crl_next_update=api_timestamp(crl.next_update_utc),
     )
 
 
@@ -138,6 +143,8 @@ def render(entry: PkiEntry) -> PkiOut:
         redirect_origins=list(entry.redirect_origins or ()),
         require_requested_names=entry.require_requested_names,
         learned_capabilities=dict(entry.learned_capabilities or {}),
+        cmp_mac_algorithm=entry.cmp_mac_algorithm,
+        allow_certlm_generated_keys=entry.allow_certlm_generated_keys,
     )
 
 
@@ -150,15 +157,6 @@ async def _entry(pki_id: str) -> PkiEntry:
 
 def _backend(entry: PkiEntry) -> PkiBackend:
     return current_host().pki_backends.get(entry.pki_type)  # 501 when no plugin provides the type
-
-
-async def _unless_unsupported(entry: PkiEntry, operation: Callable[[PkiBackend], Awaitable[_Answer]]) -> _Answer | None:
-    """What the entry's backend answers to ``operation``; None when no installed plugin provides its PKI type or the
-    backend does not offer the operation, which a download answers with 404."""
-    try:
-        return await operation(_backend(entry))
-    except UnsupportedOperation:
-        return None
 
 
 def _download(body: bytes, resource: str, pki_id: int, file_format: str) -> Response:
@@ -259,11 +257,11 @@ async def validate_pki_entry_strictly(pki_id: str) -> ValidationOut:
 @validate_querystring(DownloadQuery)
 @downloads(_PEM_MIMETYPE, _DER_MIMETYPES["ca"], description="The CA chain (PEM) or the issuing CA (DER)")
 async def download_ca(pki_id: str, query_args: DownloadQuery) -> Response:
-    """The CA chain, issuing CA first: all of it as PEM, the issuing CA alone as DER. Open: no API key."""
+    """The CA chain, issuing CA first: all of it as PEM, the issuing CA alone as DER. Open: no API key. Serves only
+    what certlm holds (the internal CA; EST's after validate; CMP's from an earlier genm or enrollment answer): it never
+    contacts the PKI."""
     entry = await _entry(pki_id)
-    certificates = await _unless_unsupported(entry, lambda backend: backend.ca_certificates(entry))
-    if not certificates:
-        raise NotFound(f"No CA available for PKI entry {entry.id}")
+    certificates = await published_ca_certificates(entry, current_host().pki_backends)
     if query_args.format == "der":
         body = to_der(certificates[0])
     else:
@@ -276,11 +274,10 @@ async def download_ca(pki_id: str, query_args: DownloadQuery) -> Response:
 @downloads(_PEM_MIMETYPE, _DER_MIMETYPES["crl"], description="The CRL")
 @answers(UpstreamUnavailable)
 async def download_crl(pki_id: str, query_args: DownloadQuery) -> Response:
-    """The CA's current CRL. Open: no API key."""
+    """The CA's current CRL, fetched from its CRL distribution points and kept until its nextUpdate (the internal
+    CA's is its own). Open: no API key; 404 without a distribution point, 502 when none delivers a CRL."""
     entry = await _entry(pki_id)
-    crl = await _unless_unsupported(entry, lambda backend: backend.crl(entry))
-    if crl is None:
-        raise NotFound(f"No CRL available for PKI entry {entry.id}")
+    crl = await published_crls().crl(entry, current_host().pki_backends)
     encoding = serialization.Encoding.DER if query_args.format == "der" else serialization.Encoding.PEM
     return _download(crl.public_bytes(encoding), "crl", entry.id, query_args.format)
 

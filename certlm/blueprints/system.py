@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pydantic import BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
@@ -12,7 +10,7 @@ from certlm.crl_status import CRL_REASONS, CRL_STATUSES
 from certlm.errors import APIError
 from certlm.host import current_host
 from certlm.openapi import answers
-from certlm.responses import PartialUpdate
+from certlm.responses import PartialUpdate, Timestamp
 from certlm.system import (
     DEVICE_STATUS_NAMES,
     MAX_RENEWAL_DAYS,
@@ -33,8 +31,8 @@ class MaintenanceOutlook(BaseModel):
     window_id: int
     window_name: str
     active: bool = Field(description="whether it suppresses automated operations now")
-    starts_at: datetime | None = Field(description="when it starts suppressing them; null while active")
-    ends_at: datetime = Field(description="when the suppression ends (with every window overlapping it)")
+    starts_at: Timestamp | None = Field(description="when it starts suppressing them; null while active")
+    ends_at: Timestamp = Field(description="when the suppression ends (with every window overlapping it)")
 
 
 class SystemInfo(BaseModel):
@@ -54,13 +52,13 @@ class SystemInfo(BaseModel):
     gds_push_scheduler_detail: str | None = Field(
         default=None, description="extension: the next run, the suppressing maintenance window, or the error"
     )
-    gds_push_scheduler_last_run: datetime | None = Field(default=None, description="extension: last scan's start")
-    gds_push_scheduler_next_run: datetime | None = Field(default=None, description="extension: next scan")
+    gds_push_scheduler_last_run: Timestamp | None = Field(default=None, description="extension: last scan's start")
+    gds_push_scheduler_next_run: Timestamp | None = Field(default=None, description="extension: next scan")
     monitor_scheduler_detail: str | None = Field(
         default=None, description="extension: the next run, the suppressing maintenance window, or the error"
     )
-    monitor_scheduler_last_run: datetime | None = Field(default=None, description="extension: last scan's start")
-    monitor_scheduler_next_run: datetime | None = Field(default=None, description="extension: next scan")
+    monitor_scheduler_last_run: Timestamp | None = Field(default=None, description="extension: last scan's start")
+    monitor_scheduler_next_run: Timestamp | None = Field(default=None, description="extension: next scan")
     show_inactive_devices: bool
     maintenance_window: MaintenanceOutlook | None = Field(
         default=None,

@@ -172,6 +172,23 @@ async def _count_rest_entries(connection: BaseDBAsyncClient, dialect: str) -> No
     await install_endpoint_count(connection, dialect)
 
 
+async def _add_cmp_mac_and_certlm_keys_columns(connection: BaseDBAsyncClient, dialect: str) -> None:
+    false = "0" if dialect == "sqlite" else "FALSE"
+    for column, definition in (
+        ("cmp_mac_algorithm", "VARCHAR(32) NULL"),
+        ("allow_certlm_generated_keys", f"BOOLEAN NOT NULL DEFAULT {false}"),
+    ):
+        if not await _column_exists(connection, dialect, "pki_entry", column):
+            await connection.execute_script(f"ALTER TABLE pki_entry ADD COLUMN {column} {definition}")
+
+
+async def _add_identity_changed_columns(connection: BaseDBAsyncClient, dialect: str) -> None:
+    sql_type = "TIMESTAMP" if dialect == "sqlite" else "TIMESTAMPTZ"
+    for column, definition in (("identity_changed_at", f"{sql_type} NULL"), ("identity_changed_reason", "TEXT NULL")):
+        if not await _column_exists(connection, dialect, "device_schedule", column):
+            await connection.execute_script(f"ALTER TABLE device_schedule ADD COLUMN {column} {definition}")
+
+
 async def _scheduler_state_table(connection: BaseDBAsyncClient, dialect: str) -> None:
     # device_schedule is a new table: generate_schemas created it before the steps ran. The step records the version.
     return None
@@ -198,6 +215,16 @@ STEPS: tuple[MigrationStep, ...] = (
         _add_server_key_and_endpoint_count,
     ),
     MigrationStep(9, "license: entries of the rest table count as endpoints", _count_rest_entries),
+    MigrationStep(
+        10,
+        "PKI entries: the CMP MAC identifiers pinned, the permission for keys certlm makes",
+        _add_cmp_mac_and_certlm_keys_columns,
+    ),
+    MigrationStep(
+        11,
+        "schedulers: a device whose SSH host key or TLS certificate changed, since when and why",
+        _add_identity_changed_columns,
+    ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 

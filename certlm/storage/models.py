@@ -44,7 +44,8 @@ class SystemSettings(Model):
 
 
 class StoredLicense(Model):
-    """One row (id 1) at most: the installed license file, as uploaded."""
+    """The installed license file, as uploaded (id 1), and the one it replaced (id 2, ``certlm.licensing``), which
+    ``POST /systeminfo/lic/restore`` puts back."""
 
     id = fields.IntField(primary_key=True)
     license_b64 = fields.TextField()
@@ -94,6 +95,11 @@ class PkiEntry(Model):
     require_requested_names = fields.BooleanField(default=False)
     # What certlm learned about the server by using it (CMP: which message types it accepts or refuses, and why).
     learned_capabilities = fields.JSONField(default=dict)
+    # CMP only: the MAC identifiers to protect with ("rfc9481-hmac-sha256", "rfc4210-hmac-sha1"); null negotiates.
+    cmp_mac_algorithm = fields.CharField(max_length=32, null=True)
+    # The operator's permission for certlm to make a device's key pair and push it, when the PKI certifies no key
+    # the device made itself (a CMP server refusing p10cr, without an RA credential for cr with raVerified).
+    allow_certlm_generated_keys = fields.BooleanField(default=False)
     creator_id = fields.CharField(max_length=255, null=True)
     created_at = fields.DatetimeField(auto_now_add=True)
     updated_at = fields.DatetimeField(auto_now=True)
@@ -184,6 +190,10 @@ class DeviceSchedule(Model):
     # When the monitor found the device presenting a certificate certlm did not install; cleared by an operator's
     # push or onboarding.
     certificate_changed_at = fields.DatetimeField(null=True)
+    # When a driver found the device's management channel presenting another identity than the pinned one (an SSH
+    # host key, a REST TLS certificate), and its message naming both; cleared when an operator re-pins.
+    identity_changed_at = fields.DatetimeField(null=True)
+    identity_changed_reason = fields.TextField(null=True)
     # When a monitor scan last claimed the device: instances sharing the database read each device once a scan.
     monitored_at = fields.DatetimeField(null=True)
     updated_at = fields.DatetimeField(auto_now=True)

@@ -56,6 +56,8 @@ def full_body() -> dict:
         "creator_id": 42,
         "redirect_origins": ["HTTPS://pki-mirror.plant.example:8443", "http://[2001:db8::2]:80"],
         "require_requested_names": True,
+        "cmp_mac_algorithm": "rfc4210-hmac-sha1",
+        "allow_certlm_generated_keys": True,
     }
 
 
@@ -85,6 +87,8 @@ def expected_full_entry(pki_id: int) -> dict:
         "redirect_origins": ["https://pki-mirror.plant.example:8443", "http://[2001:db8::2]:80"],
         "require_requested_names": True,
         "learned_capabilities": {},
+        "cmp_mac_algorithm": "rfc4210-hmac-sha1",
+        "allow_certlm_generated_keys": True,
     }
 
 
@@ -126,12 +130,14 @@ async def test_create_read_update_delete(api) -> None:
     cleared = await api.patch(
         f"/pki/inventory/{pki_id}",
         json={"username": None, "password": None, "est_client_pkcs12_base64": None, "tls_ca": None, "creator_id": None,
-              "redirect_origins": None, "require_requested_names": None},
+              "redirect_origins": None, "require_requested_names": None, "cmp_mac_algorithm": None,
+              "allow_certlm_generated_keys": None},
     )  # fmt: skip
     assert cleared.status_code == 200, cleared.text
     expected |= {
         "username": None, "password_encrypted": 0, "est_client_certificate_sha1": None, "tls_ca": [],
-        "creator_id": None, "redirect_origins": [], "require_requested_names": False,
+        "creator_id": None, "redirect_origins": [], "require_requested_names": False, "cmp_mac_algorithm": None,
+        "allow_certlm_generated_keys": False,
     }  # fmt: skip
     assert cleared.json() == expected
 
@@ -155,7 +161,7 @@ async def test_minimal_entry_has_empty_optional_fields(api) -> None:
         "username": None, "password_encrypted": 0, "additional_path_segment": None,
         "est_client_certificate_sha1": None, "est_cdp_urls": [], "tls_cdp_urls": [], "tls_ca": [],
         "tls_crls_info": [], "creator_id": None, "redirect_origins": [], "require_requested_names": False,
-        "learned_capabilities": {},
+        "learned_capabilities": {}, "cmp_mac_algorithm": None, "allow_certlm_generated_keys": False,
     }  # fmt: skip
 
 
@@ -314,6 +320,20 @@ BAD_FIELDS = [
     pytest.param({"redirect_origins": [7]}, id="redirect_origins-not-text"),
     pytest.param({"redirect_origins": ["https://pki.example:443"] * 65}, id="redirect_origins-too-many"),
     pytest.param({"require_requested_names": "yes"}, id="require_requested_names-not-boolean"),
+    *(
+        pytest.param({field: value}, id=f"{field}-{label}")
+        for field, value, label in (
+            ("cmp_mac_algorithm", "hmac-sha256", "unknown-name"),
+            ("cmp_mac_algorithm", "RFC4210-HMAC-SHA1", "wrong-case"),
+            ("cmp_mac_algorithm", "1.3.6.1.5.5.8.1.2", "an-oid"),
+            ("cmp_mac_algorithm", "", "empty"),
+            ("cmp_mac_algorithm", 2, "int"),
+            ("cmp_mac_algorithm", ["rfc4210-hmac-sha1"], "list"),
+            ("allow_certlm_generated_keys", "yes", "text"),
+            ("allow_certlm_generated_keys", 1, "int"),
+            ("allow_certlm_generated_keys", "true", "quoted-true"),
+        )
+    ),
     pytest.param({"unexpected": 1}, id="unknown-field"),
 ]
 
@@ -334,6 +354,33 @@ async def test_update_rejects_bad_fields(api, fields: dict) -> None:
     assert response.status_code == 400, response.text
     assert set(response.json()) == {"error"}
     assert (await api.get(f"/pki/inventory/{entry['pki_id']}")).json() == entry
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("cmp_mac_algorithm", "hmac-sha256"), ("cmp_mac_algorithm", 2), ("allow_certlm_generated_keys", "yes")],
+)
+async def test_a_bad_cmp_mac_algorithm_or_key_permission_names_the_field(api, field: str, value) -> None:
+    entry = await create(api, pki_type=3, pki_connection="cmp.plant.example:8080")
+    response = await api.patch(f"/pki/inventory/{entry['pki_id']}", json={field: value})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith(f"{field}: ")
+    if field == "cmp_mac_algorithm":
+        assert "'rfc9481-hmac-sha256' or 'rfc4210-hmac-sha1'" in response.json()["error"]
+    assert (await api.get(f"/pki/inventory/{entry['pki_id']}")).json() == entry
+
+
+async def test_cmp_mac_algorithm_and_key_permission_are_stored_and_cleared(api) -> None:
+    entry = await create(api, pki_type=3, pki_connection="cmp.plant.example:8080")
+    assert (entry["cmp_mac_algorithm"], entry["allow_certlm_generated_keys"]) == (None, False)
+    pinned = await api.patch(
+        f"/pki/inventory/{entry['pki_id']}",
+        json={"cmp_mac_algorithm": "rfc9481-hmac-sha256", "allow_certlm_generated_keys": True},
+    )
+    assert pinned.status_code == 200, pinned.text
+    assert pinned.json() == entry | {"cmp_mac_algorithm": "rfc9481-hmac-sha256", "allow_certlm_generated_keys": True}
+    cleared = await api.patch(f"/pki/inventory/{entry['pki_id']}", json={"cmp_mac_algorithm": None})
+    assert cleared.json() == entry | {"allow_certlm_generated_keys": True}
 
 
 CONNECTION_FORMS = "host:port, https://host:port or http://host:port"
@@ -389,15 +436,13 @@ async def test_networked_entries_need_only_type_and_connection(api, pki_type: in
     assert entry["est_client_certificate_sha1"] is None
 
 
-async def test_a_cmp_entry_without_credentials_says_so_when_used(service, api) -> None:
+async def test_the_open_ca_route_describes_no_cmp_configuration(service, api) -> None:
+    # Anyone may ask: the answer must neither contact the CMP server nor say how the entry is set up.
     entry = await create(api, pki_type=3, pki_connection="cmp.plant.example:8080", username="ra-operator")
     async with service.client(api_key=None) as anonymous:
         response = await anonymous.get(f"/pki/ca/{entry['pki_id']}")
-    assert response.status_code == 400
-    assert response.json() == {
-        "error": f"PKI entry {entry['pki_id']} (CMP) has no password: set password (the MAC secret, with username "
-        "as senderKID) or est_client_pkcs12_base64 (a client certificate for signature protection)"
-    }
+    assert response.status_code == 404
+    assert response.json() == {"error": f"No CA available for PKI entry {entry['pki_id']}"}
 
 
 async def test_est_entries_still_refuse_port_0(api) -> None:

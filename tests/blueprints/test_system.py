@@ -172,3 +172,40 @@ async def test_systeminfo_names_the_active_or_next_maintenance_window(api) -> No
     assert outlook["window_name"] == "Later" and outlook["active"] is False
     assert abs(datetime.fromisoformat(outlook["starts_at"]) - (now + timedelta(days=2))) < timedelta(seconds=2)
     assert (await api.delete(f"/maintenance/inventory/{windows['Later']}")).status_code == 200
+
+
+async def test_the_maintenance_window_starts_and_ends_when_its_rule_says_on_every_call(api) -> None:
+    """``starts_at`` and ``ends_at`` are the rule's own times, to the second, and the same whenever they are asked."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    rules = {"Later": (now + timedelta(days=1, minutes=42), now + timedelta(days=1, hours=2)),
+             "Now": (now - timedelta(hours=1), now + timedelta(hours=2, minutes=17))}  # fmt: skip
+    windows = {}
+
+    async def outlooks() -> list[dict]:
+        """Two answers, then a third after a change that moves nothing (certlm walks the calendar again for it)."""
+        seen = [(await api.get("/systeminfo")).json()["maintenance_window"] for _ in range(2)]
+        changed = await api.patch(f"/maintenance/inventory/{windows['Later']}", json={"description": str(len(seen))})
+        assert changed.status_code == 200, changed.text
+        return [*seen, (await api.get("/systeminfo")).json()["maintenance_window"]]
+
+    try:
+        for name in ("Later", "Now"):
+            window = {"name": name, "status": "active", "window_type": "one_time", "timezone": "Europe/Berlin"}
+            response = await api.post("/maintenance/inventory", json=window)
+            assert response.status_code == 201, response.text
+            windows[name] = response.json()["id"]
+            start, end = rules[name]
+            rule = {"maintenance_window_id": windows[name], "start_at": start.isoformat(), "end_at": end.isoformat()}
+            assert (await api.post("/maintenance/rule", json=rule)).status_code == 201
+            if name == "Later":
+                for outlook in await outlooks():
+                    assert (outlook["window_name"], outlook["active"]) == ("Later", False)
+                    assert "." not in outlook["starts_at"] and "." not in outlook["ends_at"]
+                    assert datetime.fromisoformat(outlook["starts_at"]) == start
+                    assert datetime.fromisoformat(outlook["ends_at"]) == end
+        for outlook in await outlooks():
+            assert (outlook["window_name"], outlook["active"], outlook["starts_at"]) == ("Now", True, None)
+            assert "." not in outlook["ends_at"] and datetime.fromisoformat(outlook["ends_at"]) == rules["Now"][1]
+    finally:
+        for window_id in windows.values():
+            assert (await api.delete(f"/maintenance/inventory/{window_id}")).status_code == 200

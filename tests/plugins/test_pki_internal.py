@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
+from certlm.certs import serial_hex
 from certlm.errors import APIError
 from certlm.secretbox import SecretBox
 from certlm.storage.models import PkiEntry
@@ -345,7 +346,7 @@ async def test_revocation_is_published_on_the_next_crl(local_app) -> None:
     revoked = second.get_revoked_certificate_by_serial_number(certificate.serial_number)
     assert revoked is not None
     assert revoked.extensions.get_extension_for_class(x509.CRLReason).value.reason == x509.ReasonFlags.key_compromise
-    record = await IssuedCertificate.get(serial_number=f"{certificate.serial_number:X}")
+    record = await IssuedCertificate.get(serial_number=serial_hex(certificate))
     assert record.profile == "server" and record.revocation_reason == "keyCompromise"
 
     await backend.revoke(entry, certificate, x509.ReasonFlags.key_compromise)

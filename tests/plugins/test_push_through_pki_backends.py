@@ -15,11 +15,22 @@ import pytest
 from certlm_opcua_simulator import SimulatedDevice
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.serialization import pkcs12
 
 from tests.conftest import StartDevice
-from tests.crypto_factory import DEVICE_KEY_USAGE, SERVER_AND_CLIENT, host_names
+from tests.crypto_factory import DEVICE_KEY_USAGE, SERVER_AND_CLIENT, ec_key, host_names
 from tests.plugins.gds_push.conftest import ADMIN
-from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, IssuingCmpServer, TestPki, http_error, refusing
+from tests.plugins.pki_cmp.cmp_server import (
+    CmpMockServer,
+    HttpRelay,
+    IssuingCmpServer,
+    TestPki,
+    TrustpointLike,
+    http_error,
+    mac_oid,
+    refusing,
+    requested,
+)
 from tests.plugins.pki_est.est_server import EstTestServer
 
 CMP_REFERENCE, CMP_SECRET = "certlm-ra", "plant-cmp-secret"
@@ -332,11 +343,13 @@ async def test_cmp_server_without_genm_and_p10cr_enrolls_a_device_that_cannot_ma
         assert der(pki.ca_certificate) in trusted_on(device), "the chain from caPubs is in the trust list"
         assert server.body_types == ["genm", "p10cr", "ir", "certConf"]
         learned = (await api.get(f"/pki/inventory/{pki_id}")).json()["learned_capabilities"]["cmp"]
-        assert {kind: lesson["accepted"] for kind, lesson in learned.items() if kind != "endpoint"} == {
+        assert {kind: lesson["accepted"] for kind, lesson in learned.items() if kind in ("genm", "p10cr", "ir")} == {
             "genm": False,
             "p10cr": False,
             "ir": True,
         }
+        assert set(learned) == {"endpoint", "mac_algorithm", "genm", "p10cr", "ir"}
+        assert learned["mac_algorithm"]["name"] == "rfc9481-hmac-sha256", "OpenSSL takes RFC 9481's identifiers"
         assert learned["genm"]["answer"] == "HTTP 500: Server Error (500)"
         # The chain is cached from the enrollment: served without asking genm again.
         chain = x509.load_pem_x509_certificates((await api.get(f"/pki/ca/{pki_id}")).content)
@@ -352,6 +365,179 @@ async def test_cmp_server_without_genm_and_p10cr_enrolls_a_device_that_cannot_ma
         await server.stop()
         issuing.stop()
         await crl_distribution_point.stop()
+
+
+@dataclass
+class TrustpointPlant:
+    """A CMP server like Trustpoint 0.6 (``TrustpointLike``: ir, cr, rr, certConf and pollReq only, HTTP 500 text
+    for other bodies, hmac-sha1 under RFC 4210's identifier only), issuing what each request asks for, with its CA
+    chain in extraCerts and a CRL distribution point; a PKI entry for it."""
+
+    relay: HttpRelay
+    server: TrustpointLike
+    issuing: IssuingCmpServer
+    pki: TestPki
+    pki_id: int
+
+    def macs(self) -> list[str | None]:
+        return [mac_oid(request) for request in self.server.requests]
+
+
+@pytest.fixture
+async def trustpoint_plant(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[TrustpointPlant]]]:
+    """Start a ``TrustpointPlant``; keywords are more fields of its PKI entry (``ra=True`` gives it an RA
+    credential of the CA's)."""
+    started: list[tuple[TrustpointPlant, HttpRelay]] = []
+
+    async def start(*, ra: bool = False, **fields) -> TrustpointPlant:
+        pki = TestPki.create(tmp_path / f"trustpoint-{len(started)}", "Trustpoint Issuing CA")
+        crl_distribution_point = await serve_crl(pki)
+        pki.crl_url = f"http://{crl_distribution_point.address}/ca.crl"
+        issuing = IssuingCmpServer(
+            pki, "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}", *pki.trusted_signers(),
+            "-accept_raverified", chain_option="-rsp_extracerts",
+        )  # fmt: skip
+        server = TrustpointLike(issuing.handle, pki.ca)
+        relay = await HttpRelay(server).start()
+        if ra:
+            ra_key = ec_key()
+            ra_certificate = pki.issue(ra_key.public_key(), "certlm-ra")
+            blob = pkcs12.serialize_key_and_certificates(
+                b"ra", ra_key, ra_certificate, None, serialization.BestAvailableEncryption(b"p12-pass")
+            )
+            fields |= {
+                "est_client_pkcs12_base64": base64.b64encode(blob).decode(),
+                "est_client_pkcs12_password": "p12-pass",
+            }
+        pki_id = await create_pki(
+            api, pki_type=3, name="Trustpoint", pki_connection=relay.address, username=CMP_REFERENCE,
+            password=CMP_SECRET, **fields,
+        )  # fmt: skip
+        plant = TrustpointPlant(relay, server, issuing, pki, pki_id)
+        started.append((plant, crl_distribution_point))
+        return plant
+
+    yield start
+    for plant, crl_distribution_point in started:
+        await plant.relay.stop()
+        plant.issuing.stop()
+        await crl_distribution_point.stop()
+
+
+SHA256_HMAC_9481, SHA1_HMAC_4210 = "1.2.840.113549.2.9", "1.3.6.1.5.5.8.1.2"
+TRUSTPOINT_500 = "HTTP 500: An error occurred processing the CMP request."
+
+
+async def test_cmp_against_trustpoint_pushes_a_key_certlm_makes_where_the_pki_entry_allows_it(
+    api: httpx.AsyncClient, trustpoint_plant, device: SimulatedDevice
+) -> None:
+    """A device that makes its own key, a server that refuses p10cr, no RA credential: certlm makes the key, says
+    why, enrolls it with ir under the MAC identifiers it negotiated, and pushes key and certificate."""
+    plant = await trustpoint_plant(allow_certlm_generated_keys=True)
+    await register(api, device, plant.pki_id)
+
+    result = await push(api, device)
+
+    names = [step["step"] for step in result["steps"]]
+    assert names.index("create_signing_request") < names.index("generate_key") < names.index("enroll")
+    steps = {step["step"]: step for step in result["steps"]}
+    assert steps["generate_key"]["message"] == (
+        f"RSA 2048 key pair made in certlm, sent as PEM: the PKI refused every request for the device's own key (p10cr "
+        f"({TRUSTPOINT_500})) and PKI entry {plant.pki_id} allows keys certlm makes (allow_certlm_generated_keys)"
+    )
+    assert " via ir with a signature POPO for the key certlm made, MAC rfc4210-hmac-sha1" in steps["enroll"]["message"]
+    assert result["steps"][-1]["ok"] is True
+    # genm before the push (HTTP 500), the device's CSR as p10cr (HTTP 500), then certlm's key: ir under RFC 9481's
+    # identifiers (the signed error), again under RFC 4210's, issued.
+    assert plant.relay.body_types == ["genm", "p10cr", "ir", "ir", "certConf"]
+    assert plant.macs()[2:] == [SHA256_HMAC_9481, SHA1_HMAC_4210, SHA1_HMAC_4210]
+    device_key = requested(plant.server.requests[1]).public_key
+    assert device.certificate == plant.issuing.issued[-1]
+    assert device.certificate.public_key() != device_key, "the key certlm made, pushed with the certificate"
+    device.certificate.verify_directly_issued_by(plant.pki.ca_certificate)
+    learned = (await api.get(f"/pki/inventory/{plant.pki_id}")).json()["learned_capabilities"]["cmp"]
+    assert learned["mac_algorithm"]["name"] == "rfc4210-hmac-sha1"
+    assert {kind: learned[kind]["accepted"] for kind in ("genm", "p10cr", "ir")} == {
+        "genm": False, "p10cr": False, "ir": True,
+    }  # fmt: skip
+
+    # The renewal: RFC 4210's identifiers from the start; kur refused once and learned, the device's CSR not sent
+    # again as p10cr (refused within the day), then ir with a new key certlm makes.
+    first = device.certificate
+    renewal = await push(api, device, "/gds/push/change")
+    assert plant.relay.body_types[5:] == ["kur", "ir", "certConf"]
+    assert set(plant.macs()[5:]) == {SHA1_HMAC_4210}
+    steps = {step["step"]: step for step in renewal["steps"]}
+    assert f"(kur ({TRUSTPOINT_500}); p10cr ({TRUSTPOINT_500}, learned " in steps["generate_key"]["message"]
+    assert device.certificate == plant.issuing.issued[-1] != first
+    assert device.certificate.public_key() != first.public_key()
+
+
+async def test_cmp_against_trustpoint_without_the_permission_names_both_remedies(
+    api: httpx.AsyncClient, trustpoint_plant, device: SimulatedDevice
+) -> None:
+    plant = await trustpoint_plant()
+    await register(api, device, plant.pki_id)
+    factory = device.certificate
+
+    response = await api.post("/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN})
+
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == (
+        f"enroll failed: CMP server of PKI entry {plant.pki_id} refused every request certlm could make for the "
+        f"device's own key: p10cr ({TRUSTPOINT_500}). To enroll, configure an RA certificate (est_client_pkcs12_base64)"
+        f" so that certlm sends cr with raVerified, or allow keys certlm makes on the PKI entry (PATCH /pki/inventory/"
+        f'{plant.pki_id} {{"allow_certlm_generated_keys": true}}) so that certlm makes the key, sends ir with a '
+        "signature POPO and pushes the key to the device with the certificate"
+    )
+    failed = response.json()["result"]["steps"][-1]
+    assert (failed["step"], failed["ok"]) == ("enroll", False)
+    assert "generate_key" not in [step["step"] for step in response.json()["result"]["steps"]]
+    assert device.certificate == factory
+    assert plant.relay.body_types == ["genm", "p10cr"]
+
+
+async def test_cmp_against_trustpoint_and_a_device_that_takes_no_pushed_key(
+    api: httpx.AsyncClient, trustpoint_plant, simulated_device: StartDevice
+) -> None:
+    device = await simulated_device(private_key_formats=())
+    plant = await trustpoint_plant(allow_certlm_generated_keys=True)
+    await register(api, device, plant.pki_id)
+    factory = device.certificate
+
+    response = await api.post("/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN})
+
+    assert response.status_code == 500, response.text
+    failed = response.json()["result"]["steps"][-1]
+    assert (failed["step"], failed["ok"], failed["status"]) == ("generate_key", False, "BadNotSupported")
+    assert failed["message"].endswith(
+        "for one that does not, configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr with "
+        "raVerified. This device takes no private key in a format certlm sends"
+    )
+    assert device.certificate == factory
+    assert plant.relay.body_types == ["genm", "p10cr"]
+
+
+async def test_cmp_against_trustpoint_with_an_ra_credential_keeps_the_device_key(
+    api: httpx.AsyncClient, trustpoint_plant, device: SimulatedDevice
+) -> None:
+    plant = await trustpoint_plant(ra=True, allow_certlm_generated_keys=True)
+    await register(api, device, plant.pki_id)
+
+    result = await push(api, device)
+
+    steps = {step["step"]: step for step in result["steps"]}
+    assert "generate_key" not in steps, "the RA vouches for the device's own key"
+    assert steps["enroll"]["message"].endswith(
+        " via cr with POPO raVerified, certlm vouching for the device's CSR as RA, signed with the client certificate; "
+        f"the server refused p10cr ({TRUSTPOINT_500})"
+    )
+    assert plant.relay.body_types == ["genm", "p10cr", "cr", "certConf"]
+    assert plant.macs() == [None, None, None, None], "every request signed with the RA credential"
+    assert device.certificate == plant.issuing.issued[-1]
+    assert device.certificate.public_key() == requested(plant.server.requests[1]).public_key, "the device's key"
 
 
 async def test_a_certificate_without_its_chain_never_reaches_the_device(api: httpx.AsyncClient, cmp_plant) -> None:

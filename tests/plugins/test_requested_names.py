@@ -1,6 +1,7 @@
 """A PKI whose certificate profile drops the DNS and IP names certlm asked for (as an independent EST server's did):
-the push reports it as a warning step, the monitor views show it, and a PKI entry that requires the requested names
-refuses such a certificate before it reaches the device."""
+the push reports it as a warning step on every push (a renewal too, although the device's CSR, based on the certificate
+that lost them, no longer asks for them) and at the top of a failed push's answer, the monitor views show it, and a
+PKI entry that requires the requested names refuses such a certificate before it reaches the device."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from tests.plugins.test_push_through_pki_backends import ADMIN, est_pki, push, r
 # The fixtures of the push-through-PKI tests: the settings of this module's service, an EST server, a device.
 service_env, est_server, device = pki_push.service_env, pki_push.est_server, pki_push.device
 
-DROPPED = "DNS:localhost, IP:127.0.0.1, which certlm requested"
-NOT_NAMED = "the certificate does not name IP:127.0.0.1, which certlm reaches the device at"
+DROPPED = "DNS:localhost, IP:127.0.0.1, which the device is reached at or asked for"
+NOT_NAMED = "the certificate does not name IP:127.0.0.1, which the device is reached at or asked for"
+CONSEQUENCE = "clients that connect to it by a missing name, or check its ApplicationUri, may refuse it"
 
 
 async def test_names_the_pki_dropped_are_a_warning_then_an_error_when_required(
@@ -44,9 +46,22 @@ async def test_names_the_pki_dropped_are_a_warning_then_an_error_when_required(
     # The monitor views say so too: the cached certificate detail and the live read.
     path = quote(device.url, safe="")
     detail = (await api.get(f"/gds/inventory/crt/{path}")).json()
-    assert detail["warnings"] == [f"{NOT_NAMED}: clients that connect to the device by that address may refuse it"]
+    assert detail["warnings"] == [f"{NOT_NAMED}: {CONSEQUENCE}"]
     live = (await api.get(f"/gds/monitor/crt/{path}", params={"connection_security": "true"})).json()
     assert live["warnings"] == detail["warnings"]
+
+    # A renewal: the device's CSR now carries only what its certificate names (no DNS:localhost any more), and the
+    # address certlm reaches it at is still missing.
+    renewed = await push(api, device, "/gds/push/change")
+    assert renewed["warnings"] == [f"{NOT_NAMED}: {CONSEQUENCE}"]
+    assert [step["step"] for step in renewed["steps"] if step.get("warning")] == ["check_names"]
+
+    # A push that fails after the enrollment still says it, at the top of its answer as a success does.
+    failing = await simulated_device(fail_at="apply_changes")
+    await register(api, failing, pki_id)
+    failed = await api.post("/gds/push/onboarding", json={"server": "127.0.0.1", "port": failing.config.port, **ADMIN})
+    assert failed.status_code == 500, failed.text
+    assert DROPPED in failed.json()["result"]["warnings"][0]
 
     # Required: a device whose CSR names them is refused before it gets such a certificate.
     required = await api.patch(f"/pki/inventory/{pki_id}", json={"require_requested_names": True})

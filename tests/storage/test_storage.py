@@ -9,6 +9,7 @@ import sqlite3
 from certlm.storage.migrations import CURRENT_VERSION
 
 PKI_COLUMNS_SINCE_5 = ("redirect_origins", "require_requested_names", "learned_capabilities")
+PKI_COLUMNS_SINCE_10 = ("cmp_mac_algorithm", "allow_certlm_generated_keys")
 INVENTORY_COLUMNS_SINCE_6 = ("cert_revocation_status", "cert_revocation_reason")
 VERSION_8_TRIGGERS = ("inventory_entry_count_insert", "inventory_entry_count_delete", "inventory_entry_count_update")
 LEGACY_LAST_RESULT = '{"operation": "push", "success": true, "at": "2025-01-01T00:00:00+00:00"}'
@@ -55,7 +56,7 @@ def _downgrade_sqlite_to_version_1(path) -> None:
         db.execute("ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der")
         for column in INVENTORY_COLUMNS_SINCE_6:
             db.execute(f"ALTER TABLE inventory_entry DROP COLUMN {column}")
-        for column in PKI_COLUMNS_SINCE_5:
+        for column in (*PKI_COLUMNS_SINCE_5, *PKI_COLUMNS_SINCE_10):
             db.execute(f"ALTER TABLE pki_entry DROP COLUMN {column}")
         db.execute(
             "INSERT INTO inventory_entry (protocol, service, server, port, device_status, certificate_der, last_result,"
@@ -99,7 +100,8 @@ async def test_version_1_sqlite_database_is_upgraded_in_place(make_service) -> N
         assert json.loads(last_result) == {"push": json.loads(LEGACY_LAST_RESULT)}
         assert db.execute("SELECT version FROM certlm_schema").fetchone()[0] == CURRENT_VERSION
         assert db.execute("SELECT recurrence_type, start_time FROM maintenance_rule").fetchall() == [("daily", "01:00")]
-        assert set(PKI_COLUMNS_SINCE_5) <= {row[1] for row in db.execute("PRAGMA table_info(pki_entry)")}
+        pki_columns = {row[1] for row in db.execute("PRAGMA table_info(pki_entry)")}
+        assert {*PKI_COLUMNS_SINCE_5, *PKI_COLUMNS_SINCE_10} <= pki_columns
     async with service.client() as client:
         assert (await client.get("/systeminfo")).json()["infrastructure"]["db_version"] == str(CURRENT_VERSION)
         created = await client.post("/pki/inventory", json={"pki_type": 2, "pki_connection": "est.plant:8443"})
@@ -120,7 +122,9 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
         + "ALTER TABLE inventory_entry DROP COLUMN device_description;"
         "ALTER TABLE inventory_entry DROP COLUMN pinned_certificate_der;"
         + "".join(f"ALTER TABLE inventory_entry DROP COLUMN {column};" for column in INVENTORY_COLUMNS_SINCE_6)
-        + "".join(f"ALTER TABLE pki_entry DROP COLUMN {column};" for column in PKI_COLUMNS_SINCE_5)
+        + "".join(
+            f"ALTER TABLE pki_entry DROP COLUMN {column};" for column in (*PKI_COLUMNS_SINCE_5, *PKI_COLUMNS_SINCE_10)
+        )
         + "INSERT INTO inventory_entry (protocol, service, server, port, device_status, certificate_der, last_result,"
         " created_at, updated_at) VALUES ('gds', 'gds-push-generic', 'plc-1', 4840, 1, '\\x30820102', "
         f"'{LEGACY_LAST_RESULT}', now(), now());"
@@ -142,7 +146,7 @@ async def test_version_1_postgres_database_is_upgraded_in_place(make_service, po
     pki_columns = postgres.query(
         url, "SELECT column_name FROM information_schema.columns WHERE table_name = 'pki_entry'"
     ).split()
-    assert set(PKI_COLUMNS_SINCE_5) <= set(pki_columns)
+    assert {*PKI_COLUMNS_SINCE_5, *PKI_COLUMNS_SINCE_10} <= set(pki_columns)
     pinned = postgres.query(url, "SELECT encode(pinned_certificate_der, 'hex') FROM inventory_entry").strip()
     assert pinned == "30820102"
     last_result = postgres.query(url, "SELECT last_result FROM inventory_entry").strip()
@@ -252,3 +256,59 @@ async def test_a_version_8_sqlite_database_counts_rest_entries_against_the_licen
     with sqlite3.connect(database) as db:
         db.execute("UPDATE inventory_entry SET device_status = 2 WHERE server = 'panel-1'")
         assert db.execute("SELECT used FROM licensed_endpoint_count").fetchone() == (1,)
+
+
+PKI_ENTRY_OF_VERSION_9 = (
+    "INSERT INTO pki_entry (name, pki_type, pki_connection, est_cdp_urls, tls_cdp_urls, tls_ca, tls_crls, "
+    "ca_certificates, redirect_origins, require_requested_names, learned_capabilities, created_at, updated_at) "
+    "VALUES ('plant CMP', 3, 'cmp.plant.local:8080', '[]', '[]', '[]', '[]', '[]', '[]', {false}, '{{}}', {now}, {now})"
+)
+
+
+async def _assert_version_10_pki_fields(service) -> None:
+    """A PKI entry stored before version 10 negotiates its MAC and does not allow keys certlm makes, until changed."""
+    async with service.client() as client:
+        (entry,) = [entry for entry in (await client.get("/pki/inventory")).json() if entry["name"] == "plant CMP"]
+        assert (entry["cmp_mac_algorithm"], entry["allow_certlm_generated_keys"]) == (None, False)
+        patched = await client.patch(
+            f"/pki/inventory/{entry['pki_id']}",
+            json={"cmp_mac_algorithm": "rfc4210-hmac-sha1", "allow_certlm_generated_keys": True},
+        )
+        assert patched.status_code == 200, patched.text
+        assert (patched.json()["cmp_mac_algorithm"], patched.json()["allow_certlm_generated_keys"]) == (
+            "rfc4210-hmac-sha1",
+            True,
+        )
+
+
+async def test_a_version_9_sqlite_database_gets_the_cmp_mac_and_key_permission_columns(make_service) -> None:
+    service = await make_service()
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    with sqlite3.connect(database) as db:
+        for column in PKI_COLUMNS_SINCE_10:
+            db.execute(f"ALTER TABLE pki_entry DROP COLUMN {column}")
+        db.execute(PKI_ENTRY_OF_VERSION_9.format(false="0", now="'2025-01-01'"))
+        db.execute("UPDATE certlm_schema SET version = 9")
+    await service.start()
+    with sqlite3.connect(database) as db:
+        assert set(PKI_COLUMNS_SINCE_10) <= {row[1] for row in db.execute("PRAGMA table_info(pki_entry)")}
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+    await _assert_version_10_pki_fields(service)
+
+
+async def test_a_version_9_postgres_database_gets_the_cmp_mac_and_key_permission_columns(
+    make_service, postgres
+) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await service.stop()
+    postgres.query(
+        url,
+        "".join(f"ALTER TABLE pki_entry DROP COLUMN {column};" for column in PKI_COLUMNS_SINCE_10)
+        + PKI_ENTRY_OF_VERSION_9.format(false="FALSE", now="now()")
+        + "; UPDATE certlm_schema SET version = 9;",
+    )
+    await service.start()
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    await _assert_version_10_pki_fields(service)

@@ -149,6 +149,9 @@ function forgetData() {
   state.selectedUrl = null;
   replaceChildren($("device-rows"));
   $("detail").hidden = true;
+  resetLicensePanel();
+  $("license-form").reset();
+  $("license-result").hidden = true;
 }
 
 async function submitKey(event) {
@@ -207,16 +210,20 @@ async function refresh() {
   showError($("load-error"), "");
   $("refresh").disabled = true;
   try {
-    const [entries, operations, system, license, pki, pkiTypes] = await Promise.all([
+    // The license first and on its own: it needs no license, so the License section works on an unlicensed service.
+    state.license = await api("/systeminfo/lic").catch((error) => {
+      if (error.status === 401) throw error;
+      return { missing: error.message };
+    });
+    renderLicenseInstalled();
+    const [entries, operations, system, pki, pkiTypes] = await Promise.all([
       pages("/inventory", "entries"),
       pages("/dashboard/operations", "operations"),
       api("/systeminfo"),
-      api("/systeminfo/lic").catch((error) => ({ missing: error.message })),
       api("/pki/inventory"),
       api("/pki"),
     ]);
     state.system = system;
-    state.license = license;
     state.pkiTypes = new Map(pkiTypes.map((type) => [type.pki_type_id, type.pki_type]));
     state.trustLists = null;
     const lastById = new Map(operations.map((operation) => [operation.id, operation]));
@@ -228,7 +235,8 @@ async function refresh() {
     $("refreshed").textContent = `updated ${localFormat.format(new Date())}`;
     if (state.selectedUrl && state.byUrl.has(state.selectedUrl)) await openDetail(state.selectedUrl, false);
   } catch (error) {
-    if (error.status !== 401) showError($("load-error"), `Could not load the data: ${error.message}`);
+    const hint = error.status === 403 ? " — install a valid license in the License section below." : "";
+    if (error.status !== 401) showError($("load-error"), `Could not load the data: ${error.message}${hint}`);
   } finally {
     $("refresh").disabled = false;
   }
@@ -268,11 +276,11 @@ function children(bytes, node) {
   return items;
 }
 
+// A serial as whole bytes, as OpenSSL and the API show it (083F71..., never 83F71...): DER's sign byte dropped only.
 function hex(bytes, node) {
   let start = node.start;
   while (start < node.end - 1 && bytes[start] === 0) start += 1;
-  const text = Array.from(bytes.subarray(start, node.end), (b) => b.toString(16).padStart(2, "0")).join("");
-  return text.replace(/^0+(?=.)/, "").toUpperCase();
+  return Array.from(bytes.subarray(start, node.end), (b) => b.toString(16).padStart(2, "0")).join("").toUpperCase();
 }
 
 const ATTRIBUTE_NAMES = { "2.5.4.3": "CN", "2.5.4.6": "C", "2.5.4.7": "L", "2.5.4.8": "ST", "2.5.4.10": "O", "2.5.4.11": "OU", "0.9.2342.19200300.100.1.25": "DC" };
@@ -353,6 +361,8 @@ function crlFacts(base64) {
 function deviceState(entry) {
   if (entry.device_status === 0) return "inactive";
   if (entry.device_status === 2) return "deleted";
+  // A changed SSH host key or TLS certificate outranks everything else: it stays until an operator re-pins.
+  if (entry.schedule && entry.schedule.identity_changed_at) return "identity changed";
   if (entry.schedule && entry.schedule.unreachable_since) return "unreachable";
   return "active";
 }
@@ -401,8 +411,10 @@ function expiryBucket(row) {
 function renderOverview() {
   const rows = state.rows;
   const count = (predicate) => rows.filter(predicate).length;
-  $("count-active").textContent = count((row) => row.state === "active" || row.state === "unreachable");
+  const active = new Set(["active", "unreachable", "identity changed"]);
+  $("count-active").textContent = count((row) => active.has(row.state));
   $("count-unreachable").textContent = count((row) => row.state === "unreachable");
+  $("count-identity-changed").textContent = count((row) => row.state === "identity changed");
   const listsInactive = state.system.show_inactive_devices;
   $("count-inactive").textContent = listsInactive ? count((row) => row.state === "inactive") : "not listed";
   $("inactive-note").hidden = listsInactive;
@@ -477,7 +489,7 @@ function compare(a, b) {
 }
 
 function stateBadge(stateName) {
-  const tone = { active: "ok", unreachable: "bad", inactive: "none", deleted: "none" }[stateName] || "none";
+  const tone = { active: "ok", unreachable: "bad", "identity changed": "bad", inactive: "none", deleted: "none" }[stateName] || "none";
   return statusBadge(stateName, tone);
 }
 
@@ -592,7 +604,7 @@ async function openDetail(url, scroll = true) {
 function renderCertificateDetail(detail, row) {
   const list = $("certificate-detail");
   if (!detail || !detail.certificate || !detail.certificate.subject_dn) {
-    pairs(list, [["Certificate", "none stored for this device"]]);
+    pairs(list, [["Certificate", "none stored for this device"], ...identityPairs(row.entry.schedule)]);
     return;
   }
   const c = detail.certificate;
@@ -618,7 +630,17 @@ function renderCertificateDetail(detail, row) {
     ["Self-signed", c.self_signed ? "yes" : "no"],
     ["Revocation", revocation.name ? `${revocation.name}: ${revocation.description || ""}${reason ? ` (${reason.name || reason.id})` : ""}` : null],
     ["Certificate changed", timeElement(detail.last_changed_certificate_date)],
+    ...identityPairs(row.entry.schedule),
   ]);
+}
+
+// The management channel's identity (SSH host key, TLS certificate) that no longer matches the pin, and why.
+function identityPairs(schedule) {
+  if (!schedule || !schedule.identity_changed_at) return [];
+  return [
+    ["Identity changed", el("span", { className: "identity-changed" }, timeElement(schedule.identity_changed_at))],
+    ["Why", el("span", { className: "identity-changed-reason" }, schedule.identity_changed_reason || "")],
+  ];
 }
 
 function stepRows(steps) {
@@ -852,6 +874,133 @@ async function submitEnroll(event) {
   await refresh();
 }
 
+// ---- the license: checked by a dry run, installed (or the previous one restored) once the operator confirms ----------
+
+function licenseValidity(license) {
+  if (!license.validity_start && !license.validity_end) return "–";
+  return `${license.validity_start || "?"} to ${license.validity_end || "?"}`;
+}
+
+function licenseVerdict(license) {
+  return license.validation_success
+    ? statusBadge("valid", "ok")
+    : el("span", {}, statusBadge("not valid", "bad"), ` ${license.validation_message || ""}`);
+}
+
+function licenseFacts(license) {
+  return [
+    ["Company", license.company],
+    ["Type", license.license_type],
+    ["Valid", licenseValidity(license)],
+    ["Endpoints", license.licensed_endpoints],
+    ["Features", (license.features || []).join(", ")],
+    ["Validation", licenseVerdict(license)],
+  ];
+}
+
+function renderLicenseInstalled() {
+  const license = state.license;
+  if (!license || license.missing) {
+    pairs($("license-installed"), [
+      ["License", statusBadge("none installed", "bad")],
+      ["Effect", "Every feature-gated request answers 403 until a valid license is installed."],
+    ]);
+    return;
+  }
+  pairs($("license-installed"), [
+    ...licenseFacts(license),
+    ["Endpoints in use", license.licensed_endpoints_in_use],
+    ["Days left", license.days_until_expiry],
+  ]);
+}
+
+// What the dry run answered, and what the operator would confirm: {action: "install" | "restore", body, change}.
+let pendingLicense = null;
+
+function resetLicensePanel() {
+  pendingLicense = null;
+  $("license-preview").hidden = true;
+  showError($("license-error"), "");
+}
+
+async function licenseText() {
+  const file = $("license-file").files[0];
+  const pasted = $("license-text").value.trim();
+  if (file && pasted) throw new Error("Choose a license file or paste its text, not both.");
+  if (file) return (await file.text()).trim();
+  if (pasted) return pasted;
+  throw new Error("Choose a license file or paste its text first.");
+}
+
+async function checkLicense(event) {
+  event.preventDefault();
+  resetLicensePanel();
+  $("license-result").hidden = true;
+  try {
+    const body = { license_b64: await licenseText() };
+    const change = await api("/systeminfo/lic?dry_run=true", { method: "POST", body });
+    showLicensePreview({ action: "install", body, change });
+  } catch (error) {
+    if (error.status !== 401) showError($("license-error"), error.status ? `certlm refused the license: ${error.message}` : error.message);
+  }
+}
+
+async function checkRestore() {
+  resetLicensePanel();
+  $("license-result").hidden = true;
+  try {
+    const change = await api("/systeminfo/lic/restore?dry_run=true", { method: "POST" });
+    showLicensePreview({ action: "restore", change });
+  } catch (error) {
+    if (error.status !== 401) showError($("license-error"), error.message);
+  }
+}
+
+function showLicensePreview(pending) {
+  pendingLicense = pending;
+  const { action, change } = pending;
+  const verb = action === "install" ? "Installing" : "Restoring";
+  $("license-preview-title").textContent = `${verb} would put this license in force`;
+  const replaced = change.replaced_license;
+  pairs($("license-preview-fields"), [
+    ...licenseFacts(change),
+    ["Replaces", replaced ? replaced.description : "nothing: no license is installed now"],
+  ]);
+  const warning = $("license-warning");
+  warning.hidden = change.service_licensed;
+  warning.textContent = change.service_licensed
+    ? ""
+    : `This license is not valid: ${verb.toLowerCase()} it leaves the service unlicensed. Every feature-gated request, this page's data among them, answers 403 until a valid license is installed.${replaced ? ` The license in force now, ${replaced.description}, would be kept as the previous license and can be restored.` : ""}`;
+  const noun = action === "install" ? "Install" : "Restore";
+  $("license-apply").textContent = change.service_licensed ? `${noun} this license` : `${noun} anyway (unlicensed)`;
+  $("license-apply").classList.toggle("primary", change.service_licensed);
+  $("license-preview").hidden = false;
+  $("license-apply").focus();
+}
+
+async function applyLicense() {
+  const pending = pendingLicense;
+  if (!pending) return;
+  const { action, body, change } = pending;
+  const question = change.service_licensed
+    ? `${action === "install" ? "Install" : "Restore"} ${change.description}?`
+    : `${action === "install" ? "Install" : "Restore"} ${change.description}, which is not valid? The service will be unlicensed until a valid license is installed.`;
+  if (!(await confirmAction(action === "install" ? "Install the license" : "Restore the previous license", question))) return;
+  const path = action === "install" ? "/systeminfo/lic" : "/systeminfo/lic/restore";
+  try {
+    const result = await api(path, { method: "POST", body });
+    resetLicensePanel();
+    $("license-form").reset();
+    const resultNode = $("license-result");
+    replaceChildren(resultNode, statusBadge(result.service_licensed ? "licensed" : "unlicensed", result.service_licensed ? "ok" : "bad"), ` ${result.summary}`);
+    resultNode.hidden = false;
+  } catch (error) {
+    if (error.status !== 401) showError($("license-error"), error.message);
+    return;
+  }
+  await refresh();
+}
+
 // ---- wiring ---------------------------------------------------------------------------------------------------
 
 function wire() {
@@ -896,6 +1045,10 @@ function wire() {
   $("enroll-open").addEventListener("click", openEnroll);
   $("enroll-cancel").addEventListener("click", () => $("enroll-dialog").close());
   $("enroll-form").addEventListener("submit", submitEnroll);
+  $("license-form").addEventListener("submit", checkLicense);
+  $("license-restore-check").addEventListener("click", checkRestore);
+  $("license-cancel").addEventListener("click", resetLicensePanel);
+  $("license-apply").addEventListener("click", applyLicense);
 }
 
 wire();

@@ -42,7 +42,7 @@ from certlm.drivers import (
     TrustList,
 )
 from certlm.errors import UnsupportedOperation
-from certlm.pki_backends import Enrollment
+from certlm.pki_backends import CertlmKeyRequired, Enrollment
 from certlm_gds_push.connection import (
     DeviceError,
     DeviceSession,
@@ -235,7 +235,9 @@ async def obtain_certificate(
     pki: PkiMaterial,
 ) -> tuple[Enrollment, rsa.RSAPrivateKey | None, str]:
     """The steps up to the issued certificate: a CSR from the device (or a key pair certlm makes, and the format the
-    device takes it in), signed by the PKI; the key is None when the device holds it."""
+    device takes it in), signed by the PKI; the key is None when the device holds it. When the PKI certifies no key
+    the device made (``CertlmKeyRequired``) and its entry allows it, certlm makes the key and says why in the step
+    ``generate_key``; without that permission the push fails with the PKI's message, which names the remedies."""
     csr: x509.CertificateSigningRequest | None = None
     if driver.device_makes_csr:
         async with run.step("create_signing_request") as note:
@@ -253,16 +255,30 @@ async def obtain_certificate(
     key_format = ""
     if csr is None:
         async with run.step("generate_key") as note:
-            key_format = driver.private_key_format(description)
-            private_key = await asyncio.to_thread(
-                rsa.generate_private_key, public_exponent=65537, key_size=GENERATED_KEY_BITS
-            )
-            csr = certlm_csr(private_key, request.subject, session, target)
+            private_key, key_format, csr = await certlm_key(driver, description, request, session, target)
             note.message = f"RSA {GENERATED_KEY_BITS} key pair made in certlm, sent as {key_format}"
 
     async with run.step("enroll") as note:
-        enrollment, private_key = await enroll(pki, csr, private_key, note)
-        note.message = f"issued {_name(enrollment.certificate)}{note.message}"
+        try:
+            enrollment, private_key = await enroll(pki, csr, private_key, note)
+        except CertlmKeyRequired as refusal:
+            # The PKI certifies no key the device made: a key certlm makes, only where the PKI entry allows it.
+            if private_key is not None or not refusal.certlm_keys_allowed:
+                raise
+            async with run.step("generate_key") as key_note:
+                try:
+                    private_key, key_format, csr = await certlm_key(driver, description, request, session, target)
+                except DeviceError as error:
+                    raise DeviceError(
+                        f"{refusal.message}. This device takes no private key in a format certlm sends",
+                        error.device_status,
+                    ) from error
+                key_note.message = (
+                    f"RSA {GENERATED_KEY_BITS} key pair made in certlm, sent as {key_format}: {refusal.reason}"
+                )
+            enrollment = await pki.enroll(csr, private_key)
+        via = f" via {enrollment.via}" if enrollment.via else ""
+        note.message = f"issued {_name(enrollment.certificate)}{via}{note.message}"
     for warning in enrollment.warnings:
         run.warn("check_names", warning)
 
@@ -384,6 +400,19 @@ def known_device_check(request: PushRequest) -> ServerCheck | None:
         )
 
     return check
+
+
+async def certlm_key(
+    driver: PushDriver,
+    description: DeviceDescription,
+    request: PushRequest,
+    session: DeviceSession,
+    target: DeviceTarget,
+) -> tuple[rsa.RSAPrivateKey, str, x509.CertificateSigningRequest]:
+    """A key pair certlm makes for the device, the format the device takes it in, and its CSR."""
+    key_format = driver.private_key_format(description)
+    private_key = await asyncio.to_thread(rsa.generate_private_key, public_exponent=65537, key_size=GENERATED_KEY_BITS)
+    return private_key, key_format, certlm_csr(private_key, request.subject, session, target)
 
 
 async def enroll(

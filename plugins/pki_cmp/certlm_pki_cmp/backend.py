@@ -6,7 +6,8 @@ How a PKI entry configures it:
   own protection), or ``https://host:port`` (``http://host:port``) choosing the scheme; ``additional_path_segment``
   is the HTTP path of its CMP endpoint (default ``/``).
 - ``username`` and ``password``: MAC protection (PasswordBasedMac, or PBMAC1 once the server answers with it),
-  the username being the senderKID that names the shared secret at the CA.
+  the username being the senderKID that names the shared secret at the CA. ``cmp_mac_algorithm`` pins the
+  PasswordBasedMac identifiers (see below); null, the default, negotiates them.
 - The client PKCS#12 (``est_client_pkcs12_base64``): signature protection, and the RA certificate when certlm
   acts as registration authority. When both are configured requests are signed, the stronger of the two; the
   password then still verifies MAC-protected responses.
@@ -33,7 +34,24 @@ A server that refuses a message type (``capabilities`` says what counts as that)
 remembered in the entry's ``learned_capabilities`` and that type tried last for a day, so the next enrollment goes
 straight to what works. Any other error ends the enrollment. When every request is refused the error names each with
 the server's answer and the configuration that would give certlm another request to make (400), or says there is
-none (502).
+none (502). ``Enrollment.via`` says which request was taken, how it was protected, and what was refused before.
+
+A device's own key that the server takes no request for, where a key certlm made would do (``p10cr`` refused and no
+RA certificate for ``cr``/``raVerified``), raises ``certlm.CertlmKeyRequired``: its ``certlm_keys_allowed`` is the
+entry's ``allow_certlm_generated_keys``. A driver that can push keys then makes one and enrolls again with it; without
+the permission the error names both remedies. With the permission and the refusals learned, it is raised without
+asking the server again.
+
+MAC identifiers (``transaction.MacNegotiation``). PasswordBasedMac names its one-way function and MAC by OID. certlm
+sends RFC 9481's (SHA-256, HMAC-SHA256 ``1.2.840.113549.2.9``) first; a server that knows only RFC 4210's arc
+(hmac-sha1 ``1.3.6.1.5.5.8.1.2``, Trustpoint 0.6 among them) answers with an error that rejects the protection
+(failInfo badAlg, badMessageCheck or wrongIntegrity, or protected so that certlm cannot verify it). certlm then sends
+that request once more, in a new transaction, under RFC 4210's identifiers; a verified answer confirms them, and the
+entry's ``learned_capabilities`` keeps them (``mac_algorithm``), so later requests use them from the start. Answers
+are verified under either identifiers, whichever the server chose. A pinned ``cmp_mac_algorithm`` is used alone.
+Once the identifiers are known, an error the server protects so that certlm cannot verify it counts as a refusal of
+the message type (learned), not as a failure. An answer that does not verify is reported with the server's words;
+certlm suggests checking username and password only when the server's failInfo points at the credentials.
 
 CA certificates (the cache ``PkiEntry.ca_certificates``, issuing CA first) come from each enrollment's answer
 (``caPubs``, ``extraCerts``) and from ``genm``, keeping only CA certificates whose signatures chain the issued
@@ -45,24 +63,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from pyasn1_alt_modules import rfc9480
 
-from certlm import pki_client
+from certlm import pki_client, serial_hex
 from certlm.certs import is_self_signed, issued_by, issuer_chain, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
-from certlm.pki_backends import CertificateProfile, Enrollment, EnrollmentRequest, PkiBackend
+from certlm.pki_backends import CertificateProfile, CertlmKeyRequired, Enrollment, EnrollmentRequest, PkiBackend
 from certlm.storage.models import PkiEntry
 from certlm_pki_cmp import messages, protection
 from certlm_pki_cmp.capabilities import LearnedCapabilities, TypeRefused, type_refusal
-from certlm_pki_cmp.transaction import Credentials, ServerRefused, Transaction
+from certlm_pki_cmp.transaction import (
+    Credentials,
+    MacNegotiation,
+    ProtectionRejected,
+    ServerRefused,
+    Transaction,
+)
 from certlm_pki_cmp.transport import CmpTransport, HttpErrorAnswer
 
 log = logging.getLogger(__name__)
+
+_Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True)
@@ -75,6 +103,20 @@ class _Request:
     public_key: bytes  # SubjectPublicKeyInfo DER
     recipient: x509.Name | None
     ra_verified: bool = False
+
+    def describe(self, credentials: Credentials, negotiation: MacNegotiation) -> str:
+        """How it asked, for ``Enrollment.via``: ``ir with a signature POPO for the key certlm made, MAC
+        rfc4210-hmac-sha1``."""
+        if self.kind == "p10cr":
+            how = "p10cr"
+        elif self.ra_verified:
+            how = f"{self.kind} with POPO raVerified" + (
+                ", certlm vouching for the device's CSR as RA" if credentials.signs else ""
+            )
+        else:
+            how = f"{self.kind} with a signature POPO for the key certlm made"
+        protected = "signed with the client certificate" if credentials.signs else f"MAC {negotiation.current.name}"
+        return f"{how}, {protected}"
 
 
 def _valid_now(certificate: x509.Certificate, now: datetime) -> bool:
@@ -143,15 +185,18 @@ class CmpPki(PkiBackend):
             raise CsrRejected("the private key given for the CSR is not the CSR's key")
         credentials = self._credentials(entry)
         learned = LearnedCapabilities.of(entry)
+        negotiation = self._negotiation(entry, learned)
         attempts = self._requests(csr, request.profile, credentials, request.renewing, private_key)
         # A type refused within REFUSAL_LIFETIME goes last: tried again only when nothing else is left, since the
         # lesson may be stale and failing is all that not asking would achieve.
         attempts.sort(key=lambda attempt: learned.refusal(attempt.kind) is not None)
         refused: dict[str, str] = {}
         try:
-            for attempt in attempts:
+            for index, attempt in enumerate(attempts):
+                if private_key is None and learned.refusal(attempt.kind) is not None:
+                    self._certlm_key_instead(entry, credentials, learned, refused, attempts[index:])
                 try:
-                    certificate, candidates = await self._enroll(entry, credentials, attempt)
+                    certificate, candidates = await self._enroll(entry, credentials, negotiation, attempt)
                 except TypeRefused as refusal:
                     log.info("CMP server of PKI entry %s refused %s: %s", entry.id, refusal.kind, refusal.answer)
                     refused[refusal.kind] = refusal.answer
@@ -159,13 +204,68 @@ class CmpPki(PkiBackend):
                     continue
                 except ServerRefused as rejected:
                     by = " from certlm as RA" if attempt.ra_verified and credentials.signs else ""
-                    raise rejected.as_api_error(entry.id, f"rejected the request{by}") from None
+                    raise self._with_negotiation(
+                        rejected.as_api_error(entry.id, f"rejected the request{by}"), negotiation
+                    ) from None
+                finally:
+                    self._learn_mac(credentials, negotiation, learned)
                 learned.accepted(attempt.kind)
-                chain = await self._chain(entry, credentials, learned, certificate, candidates)
-                return Enrollment(certificate=certificate, chain=tuple(chain))
+                chain = await self._chain(entry, credentials, negotiation, learned, certificate, candidates)
+                via = attempt.describe(credentials, negotiation) + "".join(
+                    f"; the server refused {kind} ({answer})" for kind, answer in refused.items()
+                )
+                return Enrollment(certificate=certificate, chain=tuple(chain), via=via)
         finally:
             await learned.save(entry)
         raise self._nothing_accepted(entry, credentials, refused, private_key)
+
+    @staticmethod
+    def _negotiation(entry: PkiEntry, learned: LearnedCapabilities) -> MacNegotiation:
+        """The MAC identifiers to protect with: the entry's pinned ones alone, else those learned to work first
+        (confirmed), else RFC 9481's first (``MacNegotiation``)."""
+        pinned = protection.MAC_ALGORITHMS.get(entry.cmp_mac_algorithm or "")
+        if pinned is not None:
+            return MacNegotiation((pinned,))
+        preferred = (protection.RFC9481_HMAC_SHA256, protection.RFC4210_HMAC_SHA1)
+        known = learned.mac_algorithm()
+        if known is None:
+            return MacNegotiation(preferred)
+        return MacNegotiation((known, *(algorithm for algorithm in preferred if algorithm != known)), confirmed=True)
+
+    @staticmethod
+    def _learn_mac(credentials: Credentials, negotiation: MacNegotiation, learned: LearnedCapabilities) -> None:
+        if negotiation.confirmed and not credentials.signs:
+            learned.mac_worked(negotiation.current, negotiation.refused)
+
+    @staticmethod
+    def _with_negotiation(error: APIError, negotiation: MacNegotiation) -> APIError:
+        """``error``, naming what the server answered to each MAC identifiers when certlm tried more than one and
+        none worked."""
+        if negotiation.confirmed or len(negotiation.answers) < 2:
+            return error
+        tried = "; ".join(f"{name}: {answer}" for name, answer in negotiation.answers.items())
+        error.message += f" (certlm sent the request under each of its MAC identifiers, answered {tried})"
+        error.args = (error.message,)
+        return error
+
+    def _certlm_key_instead(
+        self,
+        entry: PkiEntry,
+        credentials: Credentials,
+        learned: LearnedCapabilities,
+        refused: dict[str, str],
+        remaining: list[_Request],
+    ) -> None:
+        """Raise ``CertlmKeyRequired`` rather than send the ``remaining`` requests for the device's own key, all
+        refused within ``REFUSAL_LIFETIME``, when the entry allows keys certlm makes and the server did not refuse the
+        request for one: each push would otherwise cost requests the server refuses. Without that permission they
+        are sent (the server may have been upgraded), as the last resort they are."""
+        pushed_kind = "cr" if credentials.signs else "ir"
+        if not entry.allow_certlm_generated_keys or pushed_kind in refused or learned.refusal(pushed_kind):
+            return
+        lessons = {attempt.kind: learned.refusal(attempt.kind) or {} for attempt in remaining}
+        answers = {kind: f"{lesson.get('answer')}, learned {lesson.get('at')}" for kind, lesson in lessons.items()}
+        raise self._certlm_key_required(entry, credentials, {**refused, **answers})
 
     def _requests(
         self,
@@ -214,40 +314,89 @@ class CmpPki(PkiBackend):
         refused: dict[str, str],
         private_key: CertificateIssuerPrivateKeyTypes | None,
     ) -> APIError:
-        """The error when the server refused every request certlm could make: 400 naming the configuration that
-        would give certlm another request to make, 502 when there is none."""
+        """The error when the server refused every request certlm could make: ``CertlmKeyRequired`` when a key
+        certlm makes would give it another, 400 naming the configuration that would, 502 when there is none."""
         answers = "; ".join(f"{kind} ({answer})" for kind, answer in refused.items())
         said = f"CMP server of PKI entry {entry.id} refused every request certlm could make: {answers}"
-        remedies = []
-        if not credentials.signs:
-            popo = "a signature POPO" if private_key is not None else "raVerified"
-            remedies.append(
-                f"configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr with {popo}"
-            )
-        # A pushed key makes certlm send ir (MAC) or cr (signed): worth it unless the server refused that type.
+        # A key certlm makes lets it send ir (MAC) or cr (signed): worth it unless the server refused that type.
         pushed_kind = "cr" if credentials.signs else "ir"
         if private_key is None and pushed_kind not in refused:
-            remedies.append(
-                f"use a device that accepts a pushed key, so that certlm makes the key and sends {pushed_kind} with a "
-                "signature POPO"
+            return self._certlm_key_required(entry, credentials, refused)
+        if not credentials.signs:
+            popo = "a signature POPO" if private_key is not None else "raVerified"
+            return APIError(
+                f"{said}. To enroll, configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr "
+                f"with {popo}"
             )
-        if remedies:
-            return APIError(f"{said}. To enroll, " + ", or ".join(remedies))
         return UpstreamUnavailable(
             f"{said}. certlm has no other request to make: check that additional_path_segment names the server's CMP "
             "endpoint for enrollment and that the server accepts certlm's credentials (some servers, OpenSSL's "
             "among them, answer those with badRequest too)"
         )
 
+    def _certlm_key_required(
+        self, entry: PkiEntry, credentials: Credentials, refused: dict[str, str]
+    ) -> CertlmKeyRequired:
+        """The server takes no request for the device's own key, but would take ir (cr when certlm signs) for a key
+        certlm makes: the message names the remedies, the permission the entry gives or lacks."""
+        answers = "; ".join(f"{kind} ({answer})" for kind, answer in refused.items())
+        pushed_kind = "cr" if credentials.signs else "ir"
+        said = f"CMP server of PKI entry {entry.id} refused every request certlm could make for the device's own key: "
+        if entry.allow_certlm_generated_keys:
+            remedy = (
+                f"PKI entry {entry.id} allows keys certlm makes (allow_certlm_generated_keys), for a device that takes "
+                f"a pushed key: certlm makes one and enrolls it with {pushed_kind} and a signature POPO"
+            ) + (
+                "" if credentials.signs else "; for one that does not, configure an RA certificate "
+                "(est_client_pkcs12_base64) so that certlm sends cr with raVerified"
+            )
+        else:
+            remedy = "To enroll, " + ", or ".join(
+                ([] if credentials.signs else [
+                    "configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr with raVerified"
+                ]) + [
+                    f"allow keys certlm makes on the PKI entry (PATCH /pki/inventory/{entry.id} "
+                    f'{{"allow_certlm_generated_keys": true}}) so that certlm makes the key, sends {pushed_kind} with '
+                    "a signature POPO and pushes the key to the device with the certificate"
+                ]
+            )  # fmt: skip
+        return CertlmKeyRequired(
+            f"{said}{answers}. {remedy}",
+            pki_id=entry.id,
+            refused=answers,
+            certlm_keys_allowed=entry.allow_certlm_generated_keys,
+        )
+
+    async def _in_transaction(
+        self,
+        entry: PkiEntry,
+        credentials: Credentials,
+        negotiation: MacNegotiation,
+        work: Callable[[Transaction], Awaitable[_Result]],
+        recipient: x509.Name | None = None,
+    ) -> _Result:
+        """``work`` in a transaction over a connection of its own (servers close theirs when a transaction ends,
+        OpenSSL's among them); done once more, in a new transaction, when the server rejects the MAC protection of
+        its first request and the negotiation has other identifiers (``ProtectionRejected``)."""
+        while True:
+            async with CmpTransport(entry, self.services) as transport:
+                try:
+                    return await work(Transaction(transport, credentials, negotiation, recipient))
+                except ProtectionRejected:
+                    log.info(
+                        "CMP server of PKI entry %s: sending again under the MAC identifiers %s",
+                        entry.id, negotiation.current.name,
+                    )  # fmt: skip
+
     async def _enroll(
-        self, entry: PkiEntry, credentials: Credentials, request: _Request
+        self, entry: PkiEntry, credentials: Credentials, negotiation: MacNegotiation, request: _Request
     ) -> tuple[x509.Certificate, list[x509.Certificate]]:
-        """One certificate transaction, over a connection of its own (servers close theirs when a transaction ends,
-        OpenSSL's among them): request, polling while waiting, certificate checked, then confirmed. Returns the
-        certificate and the CA certificates the messages carried (caPubs, extraCerts). ``TypeRefused`` when the
+        """One certificate transaction: request, polling while waiting, certificate checked, then confirmed. Returns
+        the certificate and the CA certificates the messages carried (caPubs, extraCerts). ``TypeRefused`` when the
         answer to the request itself refuses its message type."""
-        async with CmpTransport(entry, self.services) as transport:
-            return await self._transact(Transaction(transport, credentials, request.recipient), request)
+        return await self._in_transaction(
+            entry, credentials, negotiation, lambda transaction: self._transact(transaction, request), request.recipient
+        )
 
     async def _transact(
         self, transaction: Transaction, request: _Request
@@ -256,8 +405,10 @@ class CmpPki(PkiBackend):
         expected = messages.CERTIFICATE_RESPONSES[request.kind]
         try:
             response = await transaction.exchange(request.body, implicit_confirm=True)
+        except ProtectionRejected:
+            raise
         except (ServerRefused, HttpErrorAnswer) as error:
-            refusal = type_refusal(error)
+            refusal = type_refusal(error, transaction.protection_known)
             if refusal is None:
                 raise
             raise TypeRefused(request.kind, refusal) from None
@@ -282,7 +433,7 @@ class CmpPki(PkiBackend):
                 await self._confirm(transaction, certificate, answer.cert_req_id, rejection)
             raise self._invalid(
                 credentials,
-                f"issued a certificate ({certificate.subject.rfc4514_string()}, serial {certificate.serial_number:X}) "
+                f"issued a certificate ({certificate.subject.rfc4514_string()}, serial {serial_hex(certificate)}) "
                 "for another public key than requested; certlm refused it"
                 + (" (the CA granted implicit confirmation, so it counts it as accepted)" if implicit else ""),
             )
@@ -298,6 +449,7 @@ class CmpPki(PkiBackend):
         self,
         entry: PkiEntry,
         credentials: Credentials,
+        negotiation: MacNegotiation,
         learned: LearnedCapabilities,
         certificate: x509.Certificate,
         candidates: list[x509.Certificate],
@@ -317,7 +469,7 @@ class CmpPki(PkiBackend):
         cached = self._cached_chain(entry)
         chain = _verified_chain(certificate, [*candidates, *cached])
         if not chain and not is_self_signed(certificate) and learned.refusal("genm") is None:
-            fetched = await self._genm(entry, credentials, learned)
+            fetched = await self._genm(entry, credentials, negotiation, learned)
             chain = _verified_chain(certificate, [*candidates, *fetched, *cached])
         if chain and chain != pki_client.stored_ca_certificates(entry):
             await pki_client.store_ca_certificates(entry, chain)
@@ -384,18 +536,27 @@ class CmpPki(PkiBackend):
                 f"certificate {certificate.subject.rfc4514_string()} was not issued by the CA of PKI entry {entry.id}"
             )
         credentials = self._credentials(entry)
-        async with CmpTransport(entry, self.services) as transport:
-            transaction = Transaction(transport, credentials, certificate.issuer)
-            try:
-                response = await transaction.exchange(messages.rr_body(certificate, reason))
-                if messages.body_type(response) != "rp":
-                    raise self._invalid(credentials, f"answered rr with {messages.body_type(response)}, not rp")
-                status = self._read(credentials, messages.revocation_status, response)
-                if not status.granted:
-                    raise ServerRefused(status)
-            except ServerRefused as refused:
-                raise refused.as_api_error(entry.id, "refused the revocation", APIError) from None
-        log.info("CMP server of PKI entry %s revoked serial %X", entry.id, certificate.serial_number)
+        learned = LearnedCapabilities.of(entry)
+        negotiation = self._negotiation(entry, learned)
+
+        async def revoked(transaction: Transaction) -> None:
+            response = await transaction.exchange(messages.rr_body(certificate, reason))
+            if messages.body_type(response) != "rp":
+                raise self._invalid(credentials, f"answered rr with {messages.body_type(response)}, not rp")
+            status = self._read(credentials, messages.revocation_status, response)
+            if not status.granted:
+                raise ServerRefused(status)
+
+        try:
+            await self._in_transaction(entry, credentials, negotiation, revoked, certificate.issuer)
+        except ServerRefused as refused:
+            raise self._with_negotiation(
+                refused.as_api_error(entry.id, "refused the revocation", APIError), negotiation
+            ) from None
+        finally:
+            self._learn_mac(credentials, negotiation, learned)
+            await learned.save(entry)
+        log.info("CMP server of PKI entry %s revoked serial %s", entry.id, serial_hex(certificate))
 
     @staticmethod
     def _cached_chain(entry: PkiEntry) -> list[x509.Certificate]:
@@ -414,9 +575,11 @@ class CmpPki(PkiBackend):
         learned = LearnedCapabilities.of(entry)
         if learned.refusal("genm") is None:
             credentials = self._credentials(entry)
+            negotiation = self._negotiation(entry, learned)
             try:
-                chain = _longest_chain(await self._genm(entry, credentials, learned))
+                chain = _longest_chain(await self._genm(entry, credentials, negotiation, learned))
             finally:
+                self._learn_mac(credentials, negotiation, learned)
                 await learned.save(entry)
             if chain:
                 await pki_client.store_ca_certificates(entry, chain)
@@ -433,16 +596,19 @@ class CmpPki(PkiBackend):
         )
 
     async def _genm(
-        self, entry: PkiEntry, credentials: Credentials, learned: LearnedCapabilities
+        self, entry: PkiEntry, credentials: Credentials, negotiation: MacNegotiation, learned: LearnedCapabilities
     ) -> list[x509.Certificate]:
         """The CA certificates a genm for id-it-caCerts returns (RFC 9483 §4.3.1). None when the server answers
         with a CMP error message or an HTTP error: not fatal, since every enrollment brings the chain as well; a
         refusal of the type is learned."""
+
+        async def asked(transaction: Transaction) -> rfc9480.PKIMessage:
+            return await transaction.exchange(messages.genm_body(rfc9480.id_it_caCerts))
+
         try:
-            async with CmpTransport(entry, self.services) as transport:
-                response = await Transaction(transport, credentials).exchange(messages.genm_body(rfc9480.id_it_caCerts))
+            response = await self._in_transaction(entry, credentials, negotiation, asked)
         except (ServerRefused, HttpErrorAnswer) as error:
-            refusal = type_refusal(error)
+            refusal = type_refusal(error, credentials.signs or negotiation.confirmed)
             if refusal is not None:
                 learned.refused("genm", refusal)
             log.info("CMP server of PKI entry %s answered genm caCerts with %s", credentials.entry_id, refusal or error)

@@ -1,28 +1,38 @@
-"""What certlm learns about a CMP server by using it: which message types it accepts and which it refuses, kept in
-``PkiEntry.learned_capabilities`` so that the next enrollment goes straight to what works.
+"""What certlm learns about a CMP server by using it: which message types it accepts and which it refuses, and which
+MAC identifiers it takes, kept in ``PkiEntry.learned_capabilities`` so that the next enrollment goes straight to what
+works.
 
 Stored under the key ``cmp`` and shown as ``learned_capabilities`` in ``GET /pki/inventory/{pki_id}`` (CMP has no
 validate endpoint: this is where an operator sees what the server took)::
 
     {"cmp": {"endpoint": "http://ca.plant.local:8080/pkix/",
-             "genm": {"accepted": false, "at": "2025-05-02T09:14:03Z", "answer": "HTTP 500: Server Error (500)"},
-             "p10cr": {"accepted": false, "at": "2025-05-02T09:14:03Z", "answer": "badRequest (unsupported pkibody)"},
-             "ir": {"accepted": true, "at": "2025-05-02T09:14:04Z"}}}
+             "mac_algorithm": {"name": "rfc4210-hmac-sha1", "owf": "2.16.840.1.101.3.4.2.1",
+                               "mac": "1.3.6.1.5.5.8.1.2", "at": "2025-05-02T09:14:04+00:00",
+                               "refused": {"rfc9481-hmac-sha256": "rejection (CMP shared secret authentication
+                                           failed: hmac algorithm not supported.) (protection does not verify)"}},
+             "genm": {"accepted": false, "at": "2025-05-02T09:14:03+00:00", "answer": "HTTP 500: Server Error (500)"},
+             "p10cr": {"accepted": false, "at": "2025-05-02T09:14:03+00:00",
+                       "answer": "badRequest (unsupported pkibody)"},
+             "ir": {"accepted": true, "at": "2025-05-02T09:14:04+00:00"}}}
 
 One key per message type certlm sent (``genm`` standing for the genm asking for id-it-caCerts): ``accepted``, when
 that was learned (``at``, UTC), and for a refusal the server's answer (bounded, sanitised; ``(unprotected answer)``
-marks a CMP error message without protection). ``endpoint`` is the CMP endpoint the lessons are about.
+marks a CMP error message without protection, ``(protection does not verify)`` one certlm cannot verify).
+``mac_algorithm`` names the PasswordBasedMac identifiers (``protection.MAC_ALGORITHMS``) a verified answer showed the
+server to take, by name and OIDs, with what it answered to those it rejected before (``transaction.MacNegotiation``):
+MAC-protected requests use them first, and no other. ``endpoint`` is the CMP endpoint the lessons are about.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from certlm import pki_client
+from certlm import api_timestamp
 from certlm.storage.models import PkiEntry
 from certlm_pki_cmp import messages
+from certlm_pki_cmp.protection import MAC_ALGORITHMS, MacAlgorithm
 from certlm_pki_cmp.transaction import ServerRefused
 from certlm_pki_cmp.transport import HttpErrorAnswer, endpoint_url
 
@@ -57,6 +67,15 @@ TYPE_REFUSAL_FAILURES = frozenset({"badRequest", "badDataFormat"})
 # An unprotected CMP error message counts like an HTTP error answer: anyone on the path could have sent either, and
 # the most they achieve is that certlm tries another request type, every one of them protected (certlm never accepts
 # an unprotected certificate), or fails, which dropping the connection achieves too.
+#
+# An error message protected so that certlm cannot verify it, from a server known to verify certlm's protection
+# (signed requests, or MAC identifiers it took before), refuses the type whatever it says: Trustpoint 0.6 signs such
+# answers with a key of its own, and a server that cannot be understood is refused like one that answers HTTP 500.
+# While the MAC identifiers are not known to work, such an answer rejects the protection (``MacNegotiation``).
+
+
+# The key of the MAC lesson next to the message types.
+MAC_LESSON = "mac_algorithm"
 
 
 class TypeRefused(Exception):
@@ -68,16 +87,17 @@ class TypeRefused(Exception):
         self.answer = answer
 
 
-def type_refusal(error: ServerRefused | HttpErrorAnswer) -> str | None:
+def type_refusal(error: ServerRefused | HttpErrorAnswer, protection_known: bool = True) -> str | None:
     """The answer to record when ``error`` says the server does not take the request's message type; None when it
-    is a real error of this request."""
+    is a real error of this request. ``protection_known``: the server is known to verify certlm's protection."""
     if isinstance(error, HttpErrorAnswer):
         return error.answer if error.status_code in REFUSING_HTTP_STATUSES else None
+    if error.protection_failure is not None:
+        return error.said if protection_known else None
     failures = set(error.status.failures)
     if error.status.status != messages.REJECTION or not failures or not failures <= TYPE_REFUSAL_FAILURES:
         return None
-    said = replace(error.status, text=pki_client.answer_text(error.status.text)).describe()
-    return said + ("" if error.verified else " (unprotected answer)")
+    return error.said
 
 
 def _now() -> datetime:
@@ -85,7 +105,7 @@ def _now() -> datetime:
 
 
 def _timestamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return api_timestamp(moment.astimezone(UTC))
 
 
 def _moment(value: Any) -> datetime | None:
@@ -101,6 +121,7 @@ class LearnedCapabilities:
 
     endpoint: str
     types: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mac: dict[str, Any] = field(default_factory=dict)
     changed: bool = False
 
     @classmethod
@@ -112,8 +133,26 @@ class LearnedCapabilities:
         stored = (entry.learned_capabilities or {}).get("cmp")
         if not isinstance(stored, dict) or stored.get("endpoint") != endpoint:
             return cls(endpoint, changed=isinstance(stored, dict))
-        types = {kind: dict(value) for kind, value in stored.items() if kind != "endpoint" and isinstance(value, dict)}
-        return cls(endpoint, types)
+        types = {
+            kind: dict(value)
+            for kind, value in stored.items()
+            if kind not in ("endpoint", MAC_LESSON) and isinstance(value, dict)
+        }
+        mac = stored.get(MAC_LESSON)
+        return cls(endpoint, types, dict(mac) if isinstance(mac, dict) else {})
+
+    def mac_algorithm(self) -> MacAlgorithm | None:
+        """The MAC identifiers the server was seen to take, if any."""
+        return MAC_ALGORITHMS.get(str(self.mac.get("name")))
+
+    def mac_worked(self, algorithm: MacAlgorithm, refused: dict[str, str]) -> None:
+        """The server verified requests under ``algorithm``, having answered ``refused`` to other identifiers."""
+        if self.mac.get("name") == algorithm.name and not refused:
+            return
+        self.mac = {"name": algorithm.name, "owf": algorithm.owf, "mac": algorithm.mac, "at": _timestamp(_now())}
+        if refused:
+            self.mac["refused"] = dict(refused)
+        self.changed = True
 
     def refusal(self, kind: str, now: datetime | None = None) -> dict[str, Any] | None:
         """The refusal of ``kind`` learned within ``REFUSAL_LIFETIME``, else None."""
@@ -140,9 +179,9 @@ class LearnedCapabilities:
         write theirs, the last one winning: a lesson lost is learned again on the next enrollment."""
         if not self.changed:
             return
-        entry.learned_capabilities = {
-            **(entry.learned_capabilities or {}),
-            "cmp": {"endpoint": self.endpoint, **self.types},
-        }
+        lessons: dict[str, Any] = {"endpoint": self.endpoint}
+        if self.mac:
+            lessons[MAC_LESSON] = self.mac
+        entry.learned_capabilities = {**(entry.learned_capabilities or {}), "cmp": {**lessons, **self.types}}
         await entry.save(update_fields=["learned_capabilities", "updated_at"])
         self.changed = False

@@ -356,7 +356,8 @@ def cert_conf_body(
         failure, text = rejection
         status["statusInfo"]["status"] = REJECTION
         status["statusInfo"]["statusString"].append(char.UTF8String(text))
-        status["statusInfo"]["failInfo"] = rfc9480.PKIFailureInfo((failure,))
+        # By name: a tuple would be read as bit values, setting badAlg whatever the name.
+        status["statusInfo"]["failInfo"] = rfc9480.PKIFailureInfo(failure)
     body = rfc9480.PKIBody()
     body["certConf"].append(status)
     return body

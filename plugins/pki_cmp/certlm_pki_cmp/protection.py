@@ -1,5 +1,6 @@
 """CMP message protection (RFC 4210 §5.1.3 with the algorithms of RFC 9481): MAC from a shared secret
-(PasswordBasedMac, PBMAC1) and signatures with a certificate, for requests made and responses verified."""
+(PasswordBasedMac under RFC 9481's or RFC 4210's identifiers, ``MAC_ALGORITHMS``; PBMAC1) and signatures with a
+certificate, for requests made and responses verified."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import functools
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from cryptography import x509
@@ -35,7 +37,7 @@ _HASHES = {
     "2.16.840.1.101.3.4.2.3": "sha512",
 }
 _HMACS = {
-    "1.3.6.1.5.5.8.1.2": "sha1",  # hmac-sha1 (RFC 2104 as registered for IPsec), OpenSSL's default
+    "1.3.6.1.5.5.8.1.2": "sha1",  # hmac-sha1 (RFC 2104 as registered for IPsec, RFC 4210), OpenSSL's default
     "1.2.840.113549.2.7": "sha1",
     "1.2.840.113549.2.8": "sha224",
     "1.2.840.113549.2.9": "sha256",
@@ -44,6 +46,25 @@ _HMACS = {
 }
 _SHA256_OID = "2.16.840.1.101.3.4.2.1"
 _HMAC_SHA256_OID = "1.2.840.113549.2.9"
+_HMAC_SHA1_OID = "1.3.6.1.5.5.8.1.2"
+
+
+@dataclass(frozen=True)
+class MacAlgorithm:
+    """The identifiers certlm puts into PasswordBasedMac's parameters: a one-way function and a MAC, both by OID.
+    ``name`` is how a PKI entry pins them (``cmp_mac_algorithm``) and how ``learned_capabilities`` shows them."""
+
+    name: str
+    owf: str
+    mac: str
+
+
+# RFC 9481 §6.1.1: SHA-256 and HMAC-SHA256 under PKCS#5's identifier; what certlm sends first.
+RFC9481_HMAC_SHA256 = MacAlgorithm("rfc9481-hmac-sha256", _SHA256_OID, _HMAC_SHA256_OID)
+# RFC 4210 §5.1.3.1 and RFC 4211 §4.4 name hmac-sha1 under the IPsec arc 1.3.6.1.5.5.8.1, the only arc some deployed
+# servers know (Trustpoint 0.6); SHA-256 stays the one-way function, which they all take (OpenSSL's defaults too).
+RFC4210_HMAC_SHA1 = MacAlgorithm("rfc4210-hmac-sha1", _SHA256_OID, _HMAC_SHA1_OID)
+MAC_ALGORITHMS = {algorithm.name: algorithm for algorithm in (RFC9481_HMAC_SHA256, RFC4210_HMAC_SHA1)}
 
 _RSA_SIGNATURES = {
     "1.2.840.113549.1.1.5": hashes.SHA1,
@@ -110,13 +131,15 @@ def is_pbmac1(identifier: rfc5280.AlgorithmIdentifier) -> bool:
     return identifier["algorithm"] == rfc8018.id_PBMAC1
 
 
-def password_based_mac_algorithm(salt: bytes | None = None) -> rfc5280.AlgorithmIdentifier:
-    """PasswordBasedMac (RFC 4210 §5.1.3.1) with SHA-256 and HMAC-SHA256 and a fresh salt."""
+def password_based_mac_algorithm(
+    algorithm: MacAlgorithm = RFC9481_HMAC_SHA256, salt: bytes | None = None
+) -> rfc5280.AlgorithmIdentifier:
+    """PasswordBasedMac (RFC 4210 §5.1.3.1) under ``algorithm``'s identifiers, with a fresh salt."""
     parameters = rfc4210.PBMParameter()
     parameters["salt"] = salt or secrets.token_bytes(SALT_BYTES)
-    parameters["owf"] = _algorithm(_SHA256_OID)
+    parameters["owf"] = _algorithm(algorithm.owf)
     parameters["iterationCount"] = MAC_ITERATIONS
-    parameters["mac"] = _algorithm(_HMAC_SHA256_OID)
+    parameters["mac"] = _algorithm(algorithm.mac)
     return _algorithm(str(rfc4210.id_PasswordBasedMac), parameters)
 
 

@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
-from certlm import pki_client
+from certlm import api_timestamp, pki_client, serial_hex
 from certlm.certs import crl_signed_by, issued_by, issuer_chain, load_crl, sha1_fingerprint, spki_der
 from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
 from certlm.pki_backends import (
@@ -250,8 +250,8 @@ class EstPki(PkiBackend):
             revoked = crl.get_revoked_certificate_by_serial_number(certificate.serial_number)
             if revoked is not None:
                 raise APIError(
-                    f"TLS certificate of EST server {server.where} (serial {certificate.serial_number:X}) is "
-                    f"revoked since {revoked.revocation_date_utc.isoformat()} by the CRL of "
+                    f"TLS certificate of EST server {server.where} (serial {serial_hex(certificate)}) is "
+                    f"revoked since {api_timestamp(revoked.revocation_date_utc)} by the CRL of "
                     f"{crl.issuer.rfc4514_string()}"
                 )
 

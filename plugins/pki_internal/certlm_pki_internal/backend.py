@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
+from certlm import serial_hex
 from certlm.errors import APIError
 from certlm.pki_backends import Enrollment, EnrollmentRequest, PkiBackend
 from certlm.registry import HostServices
@@ -28,13 +29,15 @@ CRL_REFRESH_AFTER = timedelta(days=1)
 class InternalPki(PkiBackend):
     pki_type = 1
     name = "internal"
-    asks_for_profile_hosts = True
+    crl_is_local = True
 
     def __init__(self, services: HostServices) -> None:
         super().__init__(services)
-        validity_days = int(services.settings.extra.get(VALIDITY_SETTING, ca.DEFAULT_LEAF_VALIDITY_DAYS))
-        if validity_days < 1:
-            raise ValueError(f"{VALIDITY_SETTING} must be at least 1, got {validity_days}")
+        raw = services.settings.extra.get(VALIDITY_SETTING, ca.DEFAULT_LEAF_VALIDITY_DAYS)
+        text = str(raw)
+        if isinstance(raw, bool) or not (text.isascii() and text.isdigit() and len(text) <= 5 and int(text) >= 1):
+            raise ValueError(f"{VALIDITY_SETTING} must be a whole number of days from 1, got {raw!r}")
+        validity_days = int(text)
         self._validity = timedelta(days=validity_days)
         # Serialises root creation and CRL numbering within this process; the database's unique key and row
         # lock do the same across instances sharing a PostgreSQL database.
@@ -94,6 +97,10 @@ class InternalPki(PkiBackend):
         authority = await self._authority(entry)
         return [x509.load_pem_x509_certificate(authority.certificate_pem.encode())]
 
+    async def published_ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
+        # The CA lives in certlm's own database: serving it contacts nothing.
+        return await self.ca_certificates(entry)
+
     async def issue(self, entry: PkiEntry, request: EnrollmentRequest) -> Enrollment:
         # A renewal is an enrollment like any other here: the CSR's own signature is the proof of possession
         # and the CA's policy does not depend on the old certificate.
@@ -110,7 +117,7 @@ class InternalPki(PkiBackend):
         certificate, ca_certificate = await asyncio.to_thread(sign)
         await IssuedCertificate.create(
             ca_id=authority.id,
-            serial_number=f"{certificate.serial_number:X}",
+            serial_number=serial_hex(certificate),
             subject_dn=certificate.subject.rfc4514_string(),
             profile=request.profile.name,
             not_valid_after=certificate.not_valid_after_utc,
@@ -173,7 +180,7 @@ class InternalPki(PkiBackend):
             raise APIError("removeFromCRL belongs in delta CRLs, which the internal CA does not publish")
         record, _ = await IssuedCertificate.get_or_create(
             ca_id=authority.id,
-            serial_number=f"{certificate.serial_number:X}",
+            serial_number=serial_hex(certificate),
             defaults={
                 "subject_dn": certificate.subject.rfc4514_string(),
                 "profile": "unknown",

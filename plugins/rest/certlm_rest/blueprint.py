@@ -14,7 +14,7 @@ from quart_schema import document_response, validate_querystring, validate_reque
 from tortoise.transactions import in_transaction
 
 from certlm.certs import sha1_fingerprint
-from certlm.enrollment import identify_registered, revoke_on_decommission
+from certlm.enrollment import decommission, identify_registered, last_recorded
 from certlm.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.host import current_host
 from certlm.hostspec import HostSpec, parse_host_or_url
@@ -137,16 +137,32 @@ class RestEntryOut(InventoryEntryOut):
     opcua_url: str | None = Field(description="The OPC UA endpoint a push checks the installed certificate on")
     tls_certificate_sha1: str | None = Field(description="The management API's pinned TLS certificate")
     bearer_token_set: bool = Field(description="Whether a bearer token is stored (it is never shown)")
+    identification_error: str | None = Field(
+        description="Why certlm could not identify the device when it was registered (its credentials refused, "
+        "unreachable), kept until its TLS certificate is pinned (an operator's onboarding); null otherwise"
+    )
+    warnings: list[str] = Field(description="What the operator should know of this entry now, in words")
 
 
 async def rest_entry_out(entry: InventoryEntry) -> RestEntryOut:
     stored = await RestDevice.get_or_none(entry_id=entry.id)
     pinned = stored.tls_certificate_der if stored is not None else None
+    identified = last_recorded(entry, "identify")
+    error = identified.get("error") if identified and not identified.get("success") and not pinned else None
+    warnings = []
+    if error:
+        warnings.append(
+            f"certlm could not identify the device: {error}. Nothing is pinned, so automated renewals refuse it "
+            "until an operator onboards it (POST /gds/push/onboarding) with credentials it accepts (PATCH "
+            "/rest/inventory stores new ones)"
+        )
     return RestEntryOut(
         **await render_entry(entry),
         opcua_url=stored.opcua_url if stored is not None else None,
         tls_certificate_sha1=sha1_fingerprint(x509.load_der_x509_certificate(pinned)) if pinned else None,
         bearer_token_set=bool(stored is not None and stored.bearer_token_enc),
+        identification_error=str(error) if error else None,
+        warnings=warnings,
     )
 
 
@@ -167,7 +183,9 @@ async def create_rest_entry(data: RestEntryIn) -> RestEntryOut:
     """Add a device whose OPC UA certificates are managed through its HTTP(S) API. 409 when ``server:port`` is in
     the REST inventory, 403 at the license's endpoint limit; secrets are stored encrypted. certlm then connects to
     identify the device: its management API's TLS certificate is pinned, ``service`` names the driver of the API the
-    device answers, and the OPC UA certificate in use is pinned (``cert_*``)."""
+    device answers, and the OPC UA certificate in use is pinned (``cert_*``). A device that refuses the credentials
+    (or cannot be reached) is registered all the same, unidentified: ``identification_error`` says why and
+    ``warnings`` what to do; nothing is pinned until an operator onboards it."""
     await data.check_references()
     async with in_transaction("default"):
         entry = await create_entry(REST, data.server, data.port, data.entry_columns())
@@ -207,12 +225,10 @@ async def get_rest_entry(host_or_url: str) -> RestEntryOut:
 
 @blueprint.delete("/rest/inventory/<path:host_or_url>")
 @validate_response(RestEntryOut)
-@answers(NotFound, UpstreamUnavailable)
+@answers(NotFound, UpstreamUnavailable, 409)
 async def delete_rest_entry(host_or_url: str) -> RestEntryOut:
-    """Remove a REST entry with its credentials and pinned TLS certificate; returns the entry as it was. A
-    certificate its PKI issued is revoked first; when the PKI cannot revoke it, nothing is deleted."""
+    """Remove a REST entry with its credentials and pinned TLS certificate; returns the entry as it was. A running
+    operation on the device is waited for (409 when it outlasts a device operation's time-out); a certificate its
+    PKI issued is revoked first; when the PKI cannot revoke it, nothing is deleted."""
     entry = await find_entry(parse_host_or_url(host_or_url), (REST,))
-    await revoke_on_decommission(entry)
-    deleted = await rest_entry_out(entry)
-    await entry.delete()
-    return deleted
+    return await decommission(entry, rest_entry_out)

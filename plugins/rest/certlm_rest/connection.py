@@ -1,6 +1,7 @@
 """One connection to a device's HTTP(S) management API: TLS verified against the certificate pinned for the entry (or,
 at an operator's first contact, the one the device presents, which is then pinned), the entry's credentials, bounded
-requests, and every transport or HTTP failure as a ``DeviceFailure`` naming its cause."""
+requests, and every transport or HTTP failure as a ``DeviceFailure`` naming its cause. A device presenting another
+TLS certificate than the pinned one is ``TlsCertificateChanged`` (the host's ``DeviceIdentityChanged``), naming both."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Any
 import aiohttp
 from cryptography import x509
 
-from certlm.certs import sha1_fingerprint, to_pem
+from certlm import DeviceIdentityChanged
+from certlm.certs import sha1_fingerprint, to_der, to_pem
 from certlm.config import Settings
 from certlm.errors import DeviceFailure
 from certlm.pki_client import answer_text, http_answer_text, transport_cause
@@ -30,6 +32,10 @@ TIMEOUT = "Timeout"
 BAD_ANSWER = "BadAnswer"
 # What is read of an answer at most: certificates, CSRs and trust lists are kilobytes.
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
+REPIN_REMEDY = (
+    "If the device was replaced or its management certificate renewed, an operator onboards it again "
+    "(POST /gds/push/onboarding) to pin the certificate it presents now"
+)
 
 
 def http_status(status: int) -> str:
@@ -69,9 +75,21 @@ def describe_certificate(certificate: x509.Certificate) -> str:
     return f"{certificate.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(certificate)})"
 
 
+class TlsCertificateChanged(DeviceIdentityChanged):
+    """The management API presented another TLS certificate than the one pinned for the entry; nothing was sent to
+    it. The message names both certificates (subject and SHA-1, as ``tls_certificate_sha1`` shows the pin)."""
+
+    def __init__(self, pinned: x509.Certificate, presented: x509.Certificate) -> None:
+        pinned_text, presented_text = describe_certificate(pinned), describe_certificate(presented)
+        super().__init__("TLS certificate", pinned_text, presented_text, REPIN_REMEDY, TLS_UNTRUSTED)
+        self.pinned_certificate = pinned
+        self.presented_certificate = presented
+
+
 async def presented_tls_certificate(host: str, port: int, timeouts: Timeouts) -> x509.Certificate:
     """The TLS certificate the device presents, read from a handshake that sends nothing else: what an operator's
-    first contact pins. Only this handshake skips verification; every request goes over a verified connection."""
+    first contact pins, and what a pinned device is compared with. Only this handshake skips verification; every
+    request goes over a verified connection."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -95,6 +113,40 @@ async def presented_tls_certificate(host: str, port: int, timeouts: Timeouts) ->
     return x509.load_der_x509_certificate(der)
 
 
+async def confirm_pinned_tls(host: str, port: int, pinned: x509.Certificate, timeouts: Timeouts) -> None:
+    """``TlsCertificateChanged`` when the device's management API presents another TLS certificate than ``pinned``
+    (a handshake, nothing sent). A device that cannot be reached passes: the read that follows says why."""
+    try:
+        presented = await presented_tls_certificate(host, port, timeouts)
+    except DeviceFailure:
+        return
+    if to_der(presented) != to_der(pinned):
+        raise TlsCertificateChanged(pinned, presented)
+
+
+async def unverified_tls(
+    host: str, port: int, pinned: x509.Certificate, timeouts: Timeouts, cause: str
+) -> DeviceFailure:
+    """Why a handshake did not verify against ``pinned``: ``TlsCertificateChanged`` when the device presents another
+    certificate, else (the pinned one no longer verifies, or the device cannot be asked again) a ``DeviceFailure``."""
+    try:
+        presented = await presented_tls_certificate(host, port, timeouts)
+    except DeviceFailure as failure:
+        return DeviceFailure(
+            f"the device's TLS certificate does not verify against the one pinned for it "
+            f"({describe_certificate(pinned)}): {cause}; reading the certificate it presents failed: "
+            f"{failure.message}. Nothing was sent to it",
+            TLS_UNTRUSTED,
+        )
+    if to_der(presented) != to_der(pinned):
+        return TlsCertificateChanged(pinned, presented)
+    return DeviceFailure(
+        f"the device presents the TLS certificate pinned for it ({describe_certificate(pinned)}), but it does not "
+        f"verify: {cause}. Nothing was sent to it. {REPIN_REMEDY}",
+        TLS_UNTRUSTED,
+    )
+
+
 def pinned_context(pinned: x509.Certificate) -> ssl.SSLContext:
     """A client context that accepts the pinned certificate and nothing else (nor what another CA issued): the pin
     is the only trust anchor, taken as it is (partial chain), and the device's name need not be in it."""
@@ -105,13 +157,17 @@ def pinned_context(pinned: x509.Certificate) -> ssl.SSLContext:
 
 
 class ManagementApi:
-    """An open connection to one device's management API at ``base_url`` (``https://host:port``). The driver's
+    """An open connection to one device's management API at ``server:port`` (``base_url``). The driver's
     ``login`` decides how credentials travel: ``authorization`` is sent with every request when set, cookies a login
     answers are kept for the session."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, pinned: x509.Certificate, timeouts: Timeouts):
+    def __init__(
+        self, session: aiohttp.ClientSession, server: str, port: int, pinned: x509.Certificate, timeouts: Timeouts
+    ) -> None:
         self.session = session
-        self.base_url = base_url
+        self.server, self.port = server, port
+        host = f"[{server}]" if ":" in server else server
+        self.base_url = f"https://{host}:{port}"
         self.pinned = pinned
         self.timeouts = timeouts
         self.authorization: str | None = None
@@ -152,7 +208,11 @@ class ManagementApi:
                 f"{what}: no answer within {self.timeouts.operation_s:g}s (CERTLM_DEVICE_OPERATION_TIMEOUT_S)", TIMEOUT
             ) from error
         except (aiohttp.ClientError, OSError, ssl.SSLError) as error:
-            raise transport_failure(what, error, self.pinned) from error
+            inner = getattr(error, "certificate_error", None) or getattr(error, "os_error", None) or error
+            if isinstance(inner, ssl.SSLCertVerificationError):
+                cause = transport_cause(inner)
+                raise await unverified_tls(self.server, self.port, self.pinned, self.timeouts, cause) from error
+            raise transport_failure(what, error) from error
 
 
 def refused(what: str, status: int, text: str) -> DeviceFailure:
@@ -161,15 +221,7 @@ def refused(what: str, status: int, text: str) -> DeviceFailure:
     return DeviceFailure(f"{what}: {reason}" + (f": {answer_text(text)}" if text else ""), http_status(status))
 
 
-def transport_failure(what: str, error: BaseException, pinned: x509.Certificate) -> DeviceFailure:
-    inner = getattr(error, "certificate_error", None) or getattr(error, "os_error", None) or error
-    if isinstance(inner, ssl.SSLCertVerificationError):
-        return DeviceFailure(
-            f"the device's TLS certificate is not the one pinned for it ({describe_certificate(pinned)}): "
-            f"{transport_cause(inner)}. Nothing was sent to it. If the device was replaced or its management "
-            "certificate renewed, onboard it again to accept the certificate it presents now",
-            TLS_UNTRUSTED,
-        )
+def transport_failure(what: str, error: BaseException) -> DeviceFailure:
     if isinstance(error, aiohttp.ClientConnectorError):
         return DeviceFailure(f"cannot connect to the device: {transport_cause(error)}", CONNECTION_FAILED)
     return DeviceFailure(f"{what}: the connection broke off: {transport_cause(error)}", CONNECTION_LOST)
@@ -181,10 +233,9 @@ async def management_api(
 ) -> AsyncIterator[ManagementApi]:
     """A session with the management API at ``server:port`` that accepts only ``pinned``; the TLS handshake is
     checked before the caller sends anything with credentials."""
-    host = f"[{server}]" if ":" in server else server
     connector = aiohttp.TCPConnector(ssl=pinned_context(pinned), limit=1)
     timeout = aiohttp.ClientTimeout(total=timeouts.operation_s, sock_connect=timeouts.connect_s)
     async with aiohttp.ClientSession(
         connector=connector, timeout=timeout, cookie_jar=aiohttp.CookieJar(unsafe=True)
     ) as session:
-        yield ManagementApi(session, f"https://{host}:{port}", pinned, timeouts)
+        yield ManagementApi(session, server, port, pinned, timeouts)

@@ -10,8 +10,9 @@ list, apply, roll back and read back. The push flow (``push_flow``), TLS pinning
 from __future__ import annotations
 
 import base64
+import math
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -20,6 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from certlm import DeviceIdentityChanged, HostServices, identity_repinned
 from certlm.certs import load_certificate, load_crl, to_der, to_pem
 from certlm.drivers import (
     CertificateReading,
@@ -42,11 +44,12 @@ from certlm_rest.connection import (
     Credentials,
     ManagementApi,
     Timeouts,
+    confirm_pinned_tls,
     describe_certificate,
     management_api,
     presented_tls_certificate,
 )
-from certlm_rest.models import RestDevice
+from certlm_rest.models import RestDevice, RestTrustWritten, digests
 from certlm_rest.opcua_endpoint import endpoint_certificate
 from certlm_rest.push_flow import run_push
 
@@ -54,6 +57,27 @@ from certlm_rest.push_flow import run_push
 NOT_THIS_API = frozenset({"HTTP 404", "HTTP 405"})
 # Answers of POST csr meaning "this device cannot make a key pair": certlm makes one.
 NO_CSR = frozenset({"HTTP 404", "HTTP 501"})
+# The setting (``Settings.extra`` key) bounding how long a push waits for the device's OPC UA endpoint to present the
+# certificate it should after apply or rollback, in seconds: on its own, well below the device operation time-out.
+VERIFY_WAIT_SETTING = "rest_verify_wait_s"
+DEFAULT_VERIFY_WAIT_S = 20.0
+MAX_VERIFY_WAIT_S = 600.0
+
+
+def verify_wait_setting(extra: Mapping[str, Any]) -> float:
+    """``rest_verify_wait_s`` from the settings (default 20): more than 0 and at most 600 seconds; a ``ValueError``
+    naming the setting otherwise, which stops certlm at start-up."""
+    raw = extra.get(VERIFY_WAIT_SETTING, DEFAULT_VERIFY_WAIT_S)
+    try:
+        if isinstance(raw, bool):
+            raise TypeError(raw)
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{VERIFY_WAIT_SETTING} must be a number of seconds, got {raw!r}") from None
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_VERIFY_WAIT_S):
+        raise ValueError(f"{VERIFY_WAIT_SETTING} must be more than 0 and at most {MAX_VERIFY_WAIT_S:g} seconds, "
+                         f"got {raw!r}")  # fmt: skip
+    return seconds
 
 
 class RestGenericDriver(DeviceDriver):
@@ -79,6 +103,12 @@ class RestGenericDriver(DeviceDriver):
     retries within the operation time-out anyway."""
     key_bits: ClassVar[int] = 2048
     """The RSA key certlm makes for a device that cannot make its own."""
+
+    def __init__(self, services: HostServices) -> None:
+        super().__init__(services)
+        self.verify_wait_s = verify_wait_setting(services.settings.extra)
+        """How long a push waits for the OPC UA endpoint to present the certificate it should after apply or
+        rollback (``rest_verify_wait_s``)."""
 
     @property
     def timeouts(self) -> Timeouts:
@@ -129,6 +159,8 @@ class RestGenericDriver(DeviceDriver):
             note += f", replacing {describe_certificate(previous)}"
         stored.tls_certificate_der, stored.tls_pinned_at = der, datetime.now(UTC)
         await stored.save()
+        # An operator accepted the certificate the device presents now: a changed identity is explained.
+        await identity_repinned(target.entry_id)
         return note
 
     @asynccontextmanager
@@ -138,6 +170,8 @@ class RestGenericDriver(DeviceDriver):
             async with self.connection(target, first_contact=False) as api:
                 await self.login(api, await self.credentials(target))
                 yield api
+        except DeviceIdentityChanged:
+            raise
         except DeviceFailure as failure:
             raise DeviceFailure(f"{action} failed: {failure.message}", failure.device_status) from failure
 
@@ -175,6 +209,8 @@ class RestGenericDriver(DeviceDriver):
                 certificate = await driver.read_installed_certificate(api)
                 if first_contact:
                     await self.pin_tls(target, api)
+        except DeviceIdentityChanged:
+            raise
         except DeviceFailure as failure:
             raise DeviceFailure(f"identifying the device failed: {failure.message}", failure.device_status) from None
         return DeviceDescription(description.identity, description.capabilities, certificate=certificate)
@@ -185,9 +221,14 @@ class RestGenericDriver(DeviceDriver):
 
     async def read_certificate(self, target: DeviceTarget, *, secure_session: bool) -> CertificateReading:
         """Without ``secure_session``, what the entry's OPC UA endpoint announces (GetEndpoints) when it has one;
-        else, and with it, the certificate the management API says is installed, over the pinned TLS connection."""
+        else, and with it, the certificate the management API says is installed, over the pinned TLS connection.
+        Either way a management API presenting another TLS certificate than the pinned one is
+        ``TlsCertificateChanged`` first: the monitor's read names a swapped device before its OPC UA certificate."""
         stored = await self.stored(target)
         if not secure_session and stored is not None and stored.opcua_url:
+            if stored.tls_certificate_der is not None:
+                pinned = x509.load_der_x509_certificate(stored.tls_certificate_der)
+                await confirm_pinned_tls(target.server, target.port, pinned, self.timeouts)
             certificate = await endpoint_certificate(stored.opcua_url, self.timeouts)
             return CertificateReading(certificate, 0, 0)
         async with self.logged_in(target, "reading the device certificate") as api:
@@ -217,6 +258,25 @@ class RestGenericDriver(DeviceDriver):
             firmware=FirmwareInfo(firmware_version=identity.firmware, device_name=identity.product),
             status=str(description.capabilities.get("state") or "unknown"),
         )
+
+    async def written_trust_list(self, target: DeviceTarget) -> tuple[frozenset[str], frozenset[str]]:
+        """The SHA-256 digests of the trusted certificates and CRLs certlm wrote in its last successful push to the
+        entry: the next push replaces these, and keeps the rest of the device's list."""
+        written = None if target.entry_id is None else await RestTrustWritten.get_or_none(entry_id=target.entry_id)
+        if written is None:
+            return frozenset(), frozenset()
+        return frozenset(written.trusted_certificates), frozenset(written.trusted_crls)
+
+    async def remember_written_trust_list(self, target: DeviceTarget, written: TrustList) -> None:
+        """Record what certlm wrote to the device's trust list in a push that succeeded (``written_trust_list``)."""
+        if target.entry_id is not None:
+            await RestTrustWritten.update_or_create(
+                {
+                    "trusted_certificates": digests(written.trusted_certificates),
+                    "trusted_crls": digests(written.trusted_crls),
+                },
+                entry_id=target.entry_id,
+            )
 
     async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
         """The REST push flow (``push_flow``): connect, CSR (or a key certlm makes), enroll, upload the trust list

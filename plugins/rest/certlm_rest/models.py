@@ -1,6 +1,9 @@
-"""The REST plugin's table: what certlm keeps about a REST entry beyond the host's inventory row."""
+"""The REST plugin's tables: what certlm keeps about a REST entry beyond the host's inventory row."""
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
 
 from tortoise import fields
 from tortoise.models import Model
@@ -22,3 +25,24 @@ class RestDevice(Model):
 
     class Meta:
         table = "rest_device"
+
+
+class RestTrustWritten(Model):
+    """What certlm wrote to the device's trusted list in its last successful push (SHA-256 hex digests of the DER
+    certificates and CRLs). The next push replaces these and keeps every other entry of the device's list, as the SSH
+    plugin keeps files it did not write. A table of its own, so that databases from before it get it at start-up
+    (new tables are created; the plugin has no migrations for new columns). Deleted with its entry."""
+
+    id = fields.IntField(primary_key=True)
+    entry = fields.OneToOneField("models.InventoryEntry", related_name="rest_trust_written", on_delete=fields.CASCADE)
+    trusted_certificates = fields.JSONField(default=list)
+    trusted_crls = fields.JSONField(default=list)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "rest_trust_written"
+
+
+def digests(items: Iterable[bytes]) -> list[str]:
+    """The SHA-256 hex digest of each DER item, as ``RestTrustWritten`` stores them."""
+    return [hashlib.sha256(item).hexdigest() for item in items]

@@ -3,10 +3,11 @@
 connect (TLS against the pin, or pinned at an operator's first contact; log in; read the certificate in use) →
 identify (first contact) → describe → create_signing_request (or generate_key) → enroll → fetch_crls →
 upload_trust_list → upload_certificate → apply → verify. Uploads are staged: a failure before apply discards them and
-the device runs on what it had. Verification reads the certificate and trust list back through the API and, when the
-entry names its OPC UA endpoint, waits for that endpoint to present the issued certificate. A failed apply or
-verification is rolled back (``rollback``): the device goes back to its previous files, and the push reports the
-device unchanged once it presents its previous certificate again.
+the device runs on what it had. The trusted list written is the PKI's CAs and CRLs plus what the device holds that
+certlm did not write (``merged_trust_list``). Verification reads the certificate and trust list back through the API
+and, when the entry names its OPC UA endpoint, waits up to ``rest_verify_wait_s`` for that endpoint to present the
+issued certificate. A failed apply or verification is rolled back (``rollback``): the device goes back to its
+previous files, and the push reports the device unchanged once it presents its previous certificate again.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from certlm.certs import host_general_name, issued_by, to_der
+from certlm.certs import host_general_name, is_self_signed, issued_by, issuer_chain, to_der
 from certlm.drivers import (
     DeviceDescription,
     DeviceTarget,
@@ -36,6 +37,7 @@ from certlm.drivers import (
 from certlm.errors import DeviceFailure
 from certlm.pki_backends import Enrollment
 from certlm_rest.connection import BAD_ANSWER, ManagementApi, describe_certificate
+from certlm_rest.models import digests
 from certlm_rest.opcua_endpoint import CERTIFICATE_MISMATCH, await_endpoint_presenting
 
 if TYPE_CHECKING:
@@ -76,7 +78,7 @@ async def run_push(
                 await connection.aclose()
                 return await hand_over(run, selected, target, request, pki, description)
             driver = selected  # type: ignore[assignment]
-        enrollment, trust_list = await stage(run, driver, api, target, request, pki, description, previous)
+        enrollment, written, trust_list = await stage(run, driver, api, target, request, pki, description, previous)
         try:
             async with run.step("apply") as note:
                 run.changed_device = True  # whatever the answer, the device may have switched
@@ -86,6 +88,7 @@ async def run_push(
                 note.message = await verify(driver, api, enrollment.certificate, trust_list, opcua_url)
         except PushFailed as failure:
             raise await rolled_back(run, driver, api, failure, previous, opcua_url) from failure.__cause__
+    await driver.remember_written_trust_list(target, written)
     return PushOutcome(
         certificate=enrollment.certificate,
         chain=enrollment.chain,
@@ -107,8 +110,9 @@ async def stage(
     pki: PkiMaterial,
     description: DeviceDescription | None,
     previous: x509.Certificate,
-) -> tuple[Enrollment, TrustList]:
-    """Every step before apply: the issued certificate and the trust list, both staged on the device. A failure
+) -> tuple[Enrollment, TrustList, TrustList]:
+    """Every step before apply: the issued certificate and the trust list, both staged on the device. The
+    enrollment, what certlm wrote of the trusted list and the whole list staged (with what the device kept). A failure
     discards what was staged (as far as the device can still be reached)."""
     try:
         async with run.step("describe") as note:
@@ -143,23 +147,26 @@ async def stage(
                 chain_crls = await pki.chain_crls(enrollment)
                 crls = chain_crls.crls
                 note.message = f"{len(crls)} CRLs for the chain" + "".join(f"; {m}" for m in chain_crls.missing)
-        trust_list = planned_trust_list(pki, enrollment, crls)
+        written = planned_trust_list(pki, enrollment, crls)
         async with run.step("upload_trust_list") as note:
+            on_device = await driver.read_installed_trust_list(api)
+            trust_list, kept = merged_trust_list(written, on_device, await driver.written_trust_list(target))
             check_trust_list_size(trust_list, description)
             await driver.upload_trust_list(api, trust_list)
             note.message = (
-                f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} CRLs, "
-                "staged"
+                f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} CRLs "
+                f"({kept} of them the device's own, kept), staged"
             )
         async with run.step("upload_certificate") as note:
-            await driver.upload_certificate(api, enrollment.certificate, enrollment.chain, private_key)
-            note.message = f"with {len(enrollment.chain)} chain certificates" + (", and its key" if private_key else "")
-            note.message += ", staged"
+            chain = device_chain(enrollment, pki)
+            await driver.upload_certificate(api, enrollment.certificate, chain, private_key)
+            note.message = f"with {len(chain)} chain certificates (issuer first, no root)"
+            note.message += (", and its key" if private_key else "") + ", staged"
     except PushFailed:
         with contextlib.suppress(DeviceFailure):
             await driver.discard(api)
         raise
-    return enrollment, trust_list
+    return enrollment, written, trust_list
 
 
 async def verify(
@@ -188,8 +195,8 @@ async def verify(
     checked = "the API reports the issued certificate and the trust list as uploaded"
     if opcua_url is None:
         return checked + "; the entry names no OPC UA endpoint to check"
-    await await_endpoint_presenting(opcua_url, issued, driver.timeouts, driver.timeouts.operation_s)
-    return f"{checked}; {opcua_url} presents the issued certificate"
+    waited = await await_endpoint_presenting(opcua_url, issued, driver.timeouts, driver.verify_wait_s)
+    return f"{checked}; {opcua_url} presents the issued certificate (after {waited:.1f} s)"
 
 
 async def rolled_back(
@@ -213,7 +220,7 @@ async def rolled_back(
                     CERTIFICATE_MISMATCH,
                 )
             if opcua_url is not None:
-                await await_endpoint_presenting(opcua_url, previous, driver.timeouts, driver.timeouts.operation_s)
+                await await_endpoint_presenting(opcua_url, previous, driver.timeouts, driver.verify_wait_s)
             run.changed_device = False
             note.message = f"the device uses its previous certificate {describe_certificate(previous)} again"
         outcome = "; rolled back: the device runs on its previous certificate"
@@ -258,6 +265,37 @@ def planned_trust_list(
     trusted = [to_der(ca) for ca in (*pki.ca_certificates, *enrollment.chain)]
     crl_ders = [crl.public_bytes(serialization.Encoding.DER) for crl in crls]
     return TrustList(trusted_certificates=_unique(trusted), trusted_crls=_unique(crl_ders))
+
+
+def merged_trust_list(
+    ours: TrustList, on_device: TrustList, written_before: tuple[frozenset[str], frozenset[str]]
+) -> tuple[TrustList, int]:
+    """The trusted list to write: ``ours`` (the PKI's CAs and CRLs) and what the device holds that certlm did not
+    write (in its last successful push, ``written_before`` as digests) nor replaces (a CRL of a CA in ``ours`` is
+    superseded by ours). How many of the device's own certificates and CRLs were kept."""
+    certificates_before, crls_before = written_before
+    our_cas = {x509.load_der_x509_certificate(der).subject for der in ours.trusted_certificates}
+    kept_certificates = [
+        der for der, digest in zip(on_device.trusted_certificates, digests(on_device.trusted_certificates), strict=True)
+        if der not in ours.trusted_certificates and digest not in certificates_before
+    ]  # fmt: skip
+    kept_crls = [
+        der for der, digest in zip(on_device.trusted_crls, digests(on_device.trusted_crls), strict=True)
+        if der not in ours.trusted_crls and digest not in crls_before
+        and x509.load_der_x509_crl(der).issuer not in our_cas
+    ]  # fmt: skip
+    merged = TrustList(
+        trusted_certificates=_unique([*ours.trusted_certificates, *kept_certificates]),
+        trusted_crls=_unique([*ours.trusted_crls, *kept_crls]),
+    )
+    return merged, len(_unique(kept_certificates)) + len(_unique(kept_crls))
+
+
+def device_chain(enrollment: Enrollment, pki: PkiMaterial) -> tuple[x509.Certificate, ...]:
+    """The chain sent with the certificate: its issuer first, each CA followed by the one that issued it, without the
+    self-signed root (the device trusts it through its trusted list)."""
+    path = issuer_chain(enrollment.certificate, (*enrollment.chain, *pki.ca_certificates))
+    return tuple(ca for ca in path if not is_self_signed(ca))
 
 
 def check_trust_list_size(trust_list: TrustList, description: DeviceDescription) -> None:

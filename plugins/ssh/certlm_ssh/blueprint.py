@@ -43,7 +43,10 @@ class SshDeviceIn(SshAddress):
     private_key: str | None = Field(
         default=None, min_length=1, max_length=MAX_PRIVATE_KEY_CHARS, description="OpenSSH, PKCS#1 or PKCS#8 PEM"
     )
-    private_key_passphrase: str | None = Field(default=None, min_length=1, max_length=MAX_SECRET_CHARS)
+    private_key_passphrase: str | None = Field(
+        default=None, min_length=1, max_length=MAX_SECRET_CHARS,
+        description="the passphrase of an encrypted private_key (ssh-keygen encrypts by default); given with it",
+    )  # fmt: skip
     opcua_url: str | None = Field(
         default=None, max_length=512, description="opc.tcp://host:port of the server the store belongs to"
     )
@@ -96,8 +99,9 @@ class SshDeviceOut(BaseModel):
 @validate_response(SshDeviceOut)
 @answers(NotFound)
 async def set_ssh_device(data: SshDeviceIn) -> SshDeviceOut:
-    """Set an SSH entry's login (username with password and/or private key), OPC UA endpoint, ApplicationUri and
-    store layout overrides; 404 when the ssh inventory has no entry at ``server:port``."""
+    """Set an SSH entry's login (username with password and/or private key, with its passphrase when it is
+    encrypted), OPC UA endpoint, ApplicationUri and store layout overrides; 404 when the ssh inventory has no entry
+    at ``server:port``, 400 naming the problem when the private key does not open with the passphrase given."""
     entry = await ssh_entry_at(data.server, data.port)
     await update_device_settings(entry, data.model_dump(include=set(data.model_fields_set) - {"server", "port"}))
     return SshDeviceOut(**await device_view(entry))

@@ -3,7 +3,8 @@ private key, commands and file transfers bounded by the host's time-outs, and fa
 
 No session ever trusts an unknown host key by itself: at an operator's first contact the key the device offers is read
 first (``offered_host_key``) and the session then trusts exactly that key, so the credentials go only to the device
-whose key is pinned afterwards.
+whose key is pinned afterwards. A device that presents another key than the pinned one is refused before it is sent
+anything, with ``DeviceIdentityChanged`` naming both keys.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import asyncssh
 
+from certlm import DeviceIdentityChanged
 from certlm.errors import DeviceFailure
 
 # OpenSSH's own names for what went wrong, used as each failed step's status.
@@ -27,6 +29,14 @@ CONNECTION_LOST = "ConnectionLost"
 TIMEOUT = "Timeout"
 COMMAND_FAILED = "CommandFailed"
 NO_CREDENTIALS = "NoCredentials"
+
+# The host key types certlm asks for, in OpenSSH's order: the key an operator's first contact pins is the one ``ssh``
+# itself would use (Ed25519 where the host has one). A session asks for the pinned key's type first and then these, so
+# that a device that no longer has a key of the pinned type presents another, named as a changed identity instead of
+# failing the key exchange.
+HOST_KEY_ALGORITHMS = (
+    "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "rsa-sha2-512", "rsa-sha2-256",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,12 +57,22 @@ class SshTimeouts:
     operation_s: float
 
 
+class HostKeyNotPinned(DeviceFailure):
+    """An operation on a device whose SSH host key no operator pinned: refused before it connects (409: an operator
+    pins the key first)."""
+
+    status = 409
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, HOST_KEY_NOT_PINNED)
+
+
 class CommandFailed(Exception):
     """A command on the device exited non-zero."""
 
     def __init__(self, command: str, exit_status: int | None, stderr: str) -> None:
         detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no output on stderr"
-        super().__init__(f"{command!r} exited with {exit_status}: {detail}")
+        super().__init__(f"{command} exited with {exit_status}: {detail}")
         self.exit_status = exit_status
 
 
@@ -64,6 +84,31 @@ def host_key_text(key: asyncssh.SSHKey) -> str:
 def host_key_fingerprint(key_text: str) -> str:
     """OpenSSH's SHA256 fingerprint of a pinned key (``SHA256:...``), as ``ssh-keygen -lf`` shows it."""
     return asyncssh.import_public_key(key_text).get_fingerprint("sha256")
+
+
+def host_key_description(key: asyncssh.SSHKey) -> str:
+    """A host key for a person: its algorithm and SHA256 fingerprint (``ssh-ed25519 SHA256:...``)."""
+    return f"{key.get_algorithm()} {key.get_fingerprint('sha256')}"
+
+
+def repin_remedy(host: str, port: int) -> str:
+    """How an operator pins the key a device presents now, once the change is explained."""
+    return (
+        "An operator checks the device (ssh-keygen -lf on its console shows its key) and pins the key it presents "
+        f'now: POST /ssh/hostkey {{"server": "{host}", "port": {port}, "replace": true, "fingerprint": "SHA256:..."}}'
+    )
+
+
+class _HostKeyWitness(asyncssh.SSHClient):
+    """The client side of one connection, which keeps the host key the device presented when it is not the trusted
+    one (asyncssh asks the client about a key only then) and refuses it."""
+
+    def __init__(self) -> None:
+        self.untrusted_key: asyncssh.SSHKey | None = None
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        self.untrusted_key = key
+        return False
 
 
 def _options(timeouts: SshTimeouts) -> dict:
@@ -82,7 +127,7 @@ async def offered_host_key(host: str, port: int, timeouts: SshTimeouts) -> async
     contact)."""
     try:
         key = await asyncio.wait_for(
-            asyncssh.get_server_host_key(host, port, config=None),
+            asyncssh.get_server_host_key(host, port, config=None, server_host_key_algs=list(HOST_KEY_ALGORITHMS)),
             timeouts.connect_s * 2,
         )
     except Exception as error:
@@ -99,13 +144,16 @@ class SshSession:
         self.connection = connection
         self.timeouts = timeouts
 
-    async def run(self, command: str, *, check: bool = True, stdin: str | bytes | None = None) -> str:
-        """``command`` run by the login shell; its stdout. Raises ``CommandFailed`` on a non-zero exit if ``check``."""
+    async def run(
+        self, command: str, *, check: bool = True, stdin: str | bytes | None = None, name: str | None = None
+    ) -> str:
+        """``command`` run by the login shell; its stdout. Raises ``CommandFailed`` on a non-zero exit if ``check``,
+        naming the command by ``name`` (certlm's own scripts) or as it was given (an entry's commands)."""
         result = await self.connection.run(
             command, check=False, input=stdin, timeout=self.timeouts.operation_s, encoding="utf-8", errors="replace"
         )
         if check and result.exit_status != 0:
-            raise CommandFailed(command, result.exit_status, str(result.stderr or ""))
+            raise CommandFailed(name or repr(command), result.exit_status, str(result.stderr or ""))
         return str(result.stdout or "")
 
     async def read_files(self, directory: str) -> dict[str, bytes]:
@@ -125,6 +173,15 @@ class SshSession:
                 async with sftp.open(path, "rb") as handle:
                     files[name] = await asyncio.wait_for(handle.read(), self.timeouts.operation_s)
             return files
+
+    async def list_files(self, directory: str) -> list[str]:
+        """The names of the regular files in ``directory`` (none when it does not exist), sorted."""
+        async with self.connection.start_sftp_client() as sftp:
+            try:
+                names = await asyncio.wait_for(sftp.listdir(directory), self.timeouts.operation_s)
+            except asyncssh.SFTPNoSuchFile:
+                return []
+            return [name for name in sorted(names) if await sftp.isfile(f"{directory}/{name}")]
 
     async def read_file(self, path: str) -> bytes | None:
         async with self.connection.start_sftp_client() as sftp:
@@ -161,16 +218,31 @@ async def open_session(login: SshLogin, host_key: str, timeouts: SshTimeouts) ->
     if login.private_key is not None:
         keys = [asyncssh.import_private_key(login.private_key, login.private_key_passphrase)]
     trusted = asyncssh.import_public_key(host_key)
-    connection = await asyncssh.connect(
-        login.host,
-        login.port,
-        username=login.username,
-        password=login.password,
-        client_keys=keys,
-        known_hosts=([trusted], [], []),
-        kbdint_auth=False,
-        **_options(timeouts),
-    )
+    own_algorithms = [algorithm.decode() for algorithm in trusted.sig_algorithms]
+    witness = _HostKeyWitness()
+    try:
+        connection = await asyncssh.connect(
+            login.host,
+            login.port,
+            username=login.username,
+            password=login.password,
+            client_keys=keys,
+            known_hosts=([trusted], [], []),
+            server_host_key_algs=own_algorithms + [a for a in HOST_KEY_ALGORITHMS if a not in own_algorithms],
+            client_factory=lambda: witness,
+            kbdint_auth=False,
+            **_options(timeouts),
+        )
+    except asyncssh.HostKeyNotVerifiable as error:
+        if witness.untrusted_key is None:
+            raise
+        raise DeviceIdentityChanged(
+            "SSH host key",
+            host_key_description(trusted),
+            host_key_description(witness.untrusted_key),
+            repin_remedy(login.host, login.port),
+            HOST_KEY_MISMATCH,
+        ) from error
     try:
         yield SshSession(connection, timeouts)
     finally:
@@ -197,7 +269,7 @@ def describe_error(error: BaseException) -> tuple[str, str]:
         return PERMISSION_DENIED, "the device refused the SSH credentials"
     if isinstance(error, CommandFailed):
         return COMMAND_FAILED, str(error)
-    if isinstance(error, asyncssh.KeyImportError):
+    if isinstance(error, asyncssh.KeyImportError | asyncssh.KeyEncryptionError):
         return NO_CREDENTIALS, "the stored SSH private key cannot be read with its passphrase"
     if isinstance(error, TimeoutError | asyncssh.ProcessError | asyncio.TimeoutError):
         return TIMEOUT, "the device did not answer in time"

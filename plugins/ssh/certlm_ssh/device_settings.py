@@ -10,9 +10,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncssh
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from pydantic import ValidationError
 from tortoise.transactions import in_transaction
 
+from certlm import identity_repinned
 from certlm.drivers import DeviceTarget
 from certlm.errors import APIError, NotFound
 from certlm.host import current_host
@@ -122,18 +125,38 @@ def checked_layout(overrides: dict[str, Any], base: StoreLayout) -> dict[str, An
     return overrides
 
 
+def is_encrypted_key(private_key: str) -> bool:
+    """Whether ``private_key`` is an OpenSSH or PEM private key that needs a passphrase (``cryptography`` refuses
+    to open it without one, with TypeError)."""
+    data = private_key.encode()
+    load = serialization.load_ssh_private_key if b"OPENSSH PRIVATE KEY" in data else serialization.load_pem_private_key
+    try:
+        load(data, None)
+    except TypeError:
+        return True
+    except (ValueError, UnsupportedAlgorithm):
+        return False
+    return False
+
+
 def checked_private_key(private_key: str, passphrase: str | None) -> None:
+    """400 unless ``private_key`` opens with ``passphrase`` as a session would open it, naming what is wrong: not a
+    key, an encrypted key without its passphrase, or a passphrase that does not open it."""
     try:
         asyncssh.import_private_key(private_key, passphrase)
-    except (asyncssh.KeyImportError, ValueError, TypeError):
-        raise APIError(
-            "private_key: not an OpenSSH, PKCS#1 or PKCS#8 private key that opens with private_key_passphrase"
-        ) from None
+        return
+    except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError, ValueError, TypeError):
+        pass
+    if not is_encrypted_key(private_key):
+        raise APIError("private_key: not an OpenSSH, PKCS#1 or PKCS#8 private key")
+    if passphrase is None:
+        raise APIError("private_key is encrypted: give its passphrase as private_key_passphrase")
+    raise APIError("private_key_passphrase does not open private_key: check the passphrase")
 
 
 async def update_device_settings(entry: InventoryEntry, given: dict[str, Any]) -> None:
     """Store the settings ``given`` (a ``SshDeviceIn`` dump of the fields set): credentials through the host's
-    encrypted credential store, the private key encrypted in the plugin's table."""
+    encrypted credential store, the private key and its passphrase encrypted in the plugin's table."""
     secrets = current_host().secrets
     row = await settings_row(entry.id)
     if "private_key" in given:
@@ -182,7 +205,8 @@ async def device_view(entry: InventoryEntry) -> dict[str, Any]:
 
 async def pin_offered_host_key(entry: InventoryEntry, fingerprint: str | None, replace: bool) -> None:
     """An operator pins the host key the device offers now: it must have ``fingerprint`` when given (as the operator
-    read it on the device's console), and replaces a pinned key only with ``replace``."""
+    read it on the device's console), and replaces a pinned key only with ``replace``. A changed identity the monitor
+    marked on the entry is explained by this act, and cleared."""
     settings = current_host().settings
     timeouts = SshTimeouts(settings.device_connect_timeout_s, settings.device_operation_timeout_s)
     offered = host_key_text(await offered_host_key(entry.server, entry.port, timeouts))
@@ -199,4 +223,5 @@ async def pin_offered_host_key(entry: InventoryEntry, fingerprint: str | None, r
             409,
         )
     await pin_host_key(entry.id, offered)
+    await identity_repinned(entry.id)
     log.info("%s: SSH host key %s pinned by the operator", entry_url(entry), offered_fingerprint)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import ClassVar
 
+from certlm import HostServices
 from certlm.drivers import (
     CertificateReading,
     DeviceDescription,
@@ -27,12 +28,37 @@ from certlm.drivers import (
     TrustList,
 )
 from certlm.errors import DeviceFailure
-from certlm_ssh.connection import HOST_KEY_NOT_PINNED, SshSession, SshTimeouts, failure, open_session
+from certlm_ssh.connection import HostKeyNotPinned, SshSession, SshTimeouts, failure, open_session
 from certlm_ssh.device_settings import DeviceSettings, device_settings, login_of, opcua_url_of
 from certlm_ssh.layout import StoreLayout
 from certlm_ssh.opcua import presented_certificate
 from certlm_ssh.push_flow import run_push
 from certlm_ssh.store import load_certificate_file, trust_list_of
+
+# How long a push waits for the reloaded server to present the new certificate (and, after a rollback, the previous
+# one), unless the entry's layout sets reload_timeout_s. The host fills ``Settings.extra`` from the environment:
+# ``CERTLM_SSH_VERIFY_WAIT_S`` arrives as this key.
+VERIFY_WAIT_SETTING = "ssh_verify_wait_s"
+DEFAULT_VERIFY_WAIT_S = 20.0
+MAX_VERIFY_WAIT_S = 600.0
+
+
+def verify_wait_s(services: HostServices) -> float:
+    """The verify wait the host was started with; a bad value stops the start, naming the setting."""
+    raw = services.settings.extra.get(VERIFY_WAIT_SETTING)
+    if raw is None:
+        return DEFAULT_VERIFY_WAIT_S
+    try:
+        if isinstance(raw, bool):
+            raise TypeError(raw)
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{VERIFY_WAIT_SETTING} must be a number of seconds, got {raw!r}") from None
+    if not 0 < value <= MAX_VERIFY_WAIT_S:
+        raise ValueError(
+            f"{VERIFY_WAIT_SETTING} must be more than 0 and at most {MAX_VERIFY_WAIT_S:g} seconds, got {raw!r}"
+        )
+    return value
 
 
 class SshStoreDriver(DeviceDriver):
@@ -46,6 +72,10 @@ class SshStoreDriver(DeviceDriver):
 
     layout: ClassVar[StoreLayout] = StoreLayout()
     """Where the store is and how the server is reloaded; an entry overrides fields of it (``POST /ssh/device``)."""
+
+    def __init__(self, services: HostServices) -> None:
+        super().__init__(services)
+        self.verify_wait_s = verify_wait_s(services)
 
     @property
     def timeouts(self) -> SshTimeouts:
@@ -62,10 +92,9 @@ class SshStoreDriver(DeviceDriver):
         """A session for a read: only with a pinned host key (a read never pins one)."""
         settings = await device_settings(target.entry_id, self.services.secrets)
         if settings.host_key is None:
-            raise DeviceFailure(
+            raise HostKeyNotPinned(
                 f"{action} failed: {target.url} has no pinned SSH host key: an operator onboards the device "
-                "(POST /gds/push/onboarding) or pins its key (POST /ssh/hostkey)",
-                HOST_KEY_NOT_PINNED,
+                "(POST /gds/push/onboarding) or pins its key (POST /ssh/hostkey)"
             )
         try:
             async with open_session(login_of(target, settings), settings.host_key, self.timeouts) as session:
@@ -84,9 +113,14 @@ class SshStoreDriver(DeviceDriver):
         the authenticated SSH session."""
         if secure_session:
             async with self._reading(target, "reading the device certificate") as (session, layout, _):
-                data = await session.read_file(layout.path("own_certs", layout.certificate_file))
+                path = layout.path("own_certs", layout.certificate_file)
+                data = await session.read_file(path)
             if not data:
-                raise DeviceFailure("the store holds no certificate", "BadCertificateInvalid")
+                raise DeviceFailure(
+                    f"the store holds no certificate at {path} (layout of {self.service}; the entry's layout "
+                    "overrides say otherwise with POST /ssh/device)",
+                    "BadCertificateInvalid",
+                )
             return CertificateReading(load_certificate_file(data), 0, 0)
         settings = await device_settings(target.entry_id, self.services.secrets)
         url = opcua_url_of(target, settings, self.layout_for(settings))

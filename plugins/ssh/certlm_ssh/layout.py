@@ -67,9 +67,11 @@ class StoreLayout(BaseModel):
         description="prints the server's status",
     )  # fmt: skip
     opcua_port: int = Field(default=4840, ge=1, le=65535, description="the server's OPC UA port on the host")
-    reload_timeout_s: float = Field(
-        default=30.0, gt=0, le=600, description="how long the server may take to present the new certificate"
-    )
+    reload_timeout_s: float | None = Field(
+        default=None, gt=0, le=600,
+        description="how long the server may take to present the new certificate after the reload (verify), and the "
+        "previous one after a rollback; null: the plugin's verify wait (CERTLM_SSH_VERIFY_WAIT_S, 20 s)",
+    )  # fmt: skip
 
     @field_validator("root")
     @classmethod

@@ -8,6 +8,7 @@ import asyncio
 from asyncua import Client
 from cryptography import x509
 
+from certlm import serial_hex
 from certlm.errors import DeviceFailure
 
 ENDPOINT_UNREACHABLE = "BadCommunicationError"
@@ -29,11 +30,14 @@ async def presented_certificate(url: str, timeout_s: float) -> x509.Certificate:
     raise DeviceFailure(f"the OPC UA endpoint {url} announces no certificate", NO_CERTIFICATE)
 
 
-async def await_certificate(url: str, expected: x509.Certificate, timeout_s: float, connect_s: float) -> None:
-    """Wait until ``url`` presents ``expected``, up to ``timeout_s``; raises ``DeviceFailure`` naming what it
-    presented last."""
+async def await_certificate(
+    url: str, expected: x509.Certificate, timeout_s: float, connect_s: float, what: str = "the new certificate"
+) -> float:
+    """Wait until ``url`` presents ``expected`` (``what``, for the message), up to ``timeout_s``; how many seconds
+    that took. Raises ``DeviceFailure`` naming how long it waited and what the endpoint presented last."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    started = loop.time()
+    deadline = started + timeout_s
     last: str = "nothing yet"
     while True:
         try:
@@ -42,12 +46,12 @@ async def await_certificate(url: str, expected: x509.Certificate, timeout_s: flo
             last = error.message
         else:
             if presented == expected:
-                return
-            last = f"a certificate with serial {presented.serial_number:x}"
+                return loop.time() - started
+            last = f"a certificate with serial {serial_hex(presented)}"
         if loop.time() >= deadline:
             raise DeviceFailure(
-                f"the OPC UA endpoint {url} did not present the new certificate (serial {expected.serial_number:x}) "
-                f"within {timeout_s:g} s; last: {last}",
+                f"the OPC UA endpoint {url} did not present {what} (serial {serial_hex(expected)}) within the verify "
+                f"wait of {timeout_s:g} s (waited {loop.time() - started:.1f} s); last: {last}",
                 "BadCertificateInvalid",
             )
         await asyncio.sleep(0.2)

@@ -1,7 +1,8 @@
-"""The SSH enrollment of one device, step by step: connect (host key pinned or, at an operator's first contact,
-pinned now), identify, read the store, make the key and CSR (on the device with openssl where it can), enroll, upload
-to a staging directory, swap the files in keeping the previous ones, reload the server, verify over OPC UA that it
-presents the new certificate; on a failure after the swap, restore the previous files and reload again."""
+"""The SSH enrollment of one device, step by step: connect (host key pinned, or pinned now at an operator's onboarding),
+identify (which driver and layout, and why), read the store, make the key and CSR (on the device with openssl where it
+can), enroll, upload to a staging directory, swap the files in keeping the previous generation, reload the server,
+verify over OPC UA that it presents the new certificate within the verify wait; when the install, reload or verify
+fails, restore the kept generation, reload again and check the server presents the previous certificate."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import NameOID
 
+from certlm import serial_hex
 from certlm.certs import host_general_name, issued_by, to_der
 from certlm.drivers import (
     DeviceDescription,
@@ -26,7 +28,8 @@ from certlm.drivers import (
 )
 from certlm.errors import APIError, DeviceFailure
 from certlm_ssh.connection import (
-    HOST_KEY_NOT_PINNED,
+    CommandFailed,
+    HostKeyNotPinned,
     SshSession,
     describe_error,
     host_key_fingerprint,
@@ -39,6 +42,8 @@ from certlm_ssh.device_settings import DeviceSettings, device_settings, login_of
 from certlm_ssh.layout import StoreLayout
 from certlm_ssh.opcua import await_certificate
 from certlm_ssh.store import (
+    NOTHING_SWAPPED,
+    PREVIOUS,
     STAGING,
     certificate_bytes,
     install_script,
@@ -75,6 +80,29 @@ def step_explanation(error: BaseException) -> str:
     return error.message if isinstance(error, APIError) else describe_error(error)[1]
 
 
+def layout_summary(layout: StoreLayout) -> str:
+    """Where a layout keeps the certificate, key and trust list, for the operator to compare with the device."""
+    return (
+        f"store {layout.root}: certificate {layout.own_certs}/{layout.certificate_file} ({layout.certificate_format}), "
+        f"key {layout.own_private}/{layout.private_key_file} ({layout.private_key_format}), trust list "
+        f"{layout.trust_format}; reload: {layout.reload_command}"
+    )
+
+
+def driver_choice(description: DeviceDescription, before: SshStoreDriver, chosen: SshStoreDriver) -> str:
+    """Which driver the device's description selected, and why."""
+    identity = description.identity
+    said = f"the device says {identity.manufacturer or '?'} / {identity.product or '?'} / {identity.firmware or '?'}"
+    if chosen.generic:
+        why = f"no installed SSH driver supports it: {chosen.service}"
+    else:
+        supported = next((device for device in chosen.supported_devices if device.matches(identity)), None)
+        versions = ", ".join(supported.firmware_versions) if supported else identity.firmware
+        why = f"{chosen.service} supports it (firmware {versions})"
+    switched = f", instead of {before.service}" if chosen.service != before.service else ""
+    return f"{said}; {why}{switched}"
+
+
 class SshPush:
     """One push: its steps on the host's ``StepLog``, and what the device said of itself."""
 
@@ -85,6 +113,7 @@ class SshPush:
         self.pki = pki
         self.run = StepLog(status_of=step_status, explain=step_explanation)
         self.description: DeviceDescription | None = None
+        self.choice: str | None = None
 
     async def push(self) -> PushOutcome:
         settings = await device_settings(self.target.entry_id, self.driver.services.secrets)
@@ -98,18 +127,20 @@ class SshPush:
         async with run.step("connect") as note:
             pin_now = host_key is None
             if host_key is None:
-                if not self.request.trust_on_first_use:
-                    raise DeviceFailure(
-                        f"{self.target.url} has no pinned SSH host key, and automated operations never trust a "
-                        "device on first contact: an operator onboards it (POST /gds/push/onboarding) or pins its key "
-                        "(POST /ssh/hostkey)",
-                        HOST_KEY_NOT_PINNED,
+                # Pinning is an operator's act: an onboarding, or POST /ssh/hostkey. A renewal, even one an operator
+                # asks for, and every automated run only ever verify.
+                if not (self.request.onboarding and self.request.trust_on_first_use):
+                    raise HostKeyNotPinned(
+                        f"{self.target.url} has no pinned SSH host key, and only an operator's onboarding pins one: "
+                        f'pin it with POST /ssh/hostkey {{"server": "{self.target.server}", "port": '
+                        f'{self.target.port}, "fingerprint": "SHA256:..."}} (the fingerprint read on the device\'s '
+                        "console), or onboard the device (POST /gds/push/onboarding)"
                     )
                 host_key = host_key_text(await offered_host_key(self.target.server, self.target.port, timeouts))
             session = await stack.enter_async_context(open_session(login_of(self.target, settings), host_key, timeouts))
             if pin_now and self.target.entry_id is not None:
                 await pin_host_key(self.target.entry_id, host_key)
-                note.message = f"SSH host key {host_key_fingerprint(host_key)} pinned at first contact"
+                note.message = f"SSH host key {host_key_fingerprint(host_key)} pinned by the operator's onboarding"
 
         layout = driver.layout_for(settings)
         if self.request.identify is not None:
@@ -120,13 +151,19 @@ class SshPush:
 
                 if isinstance(chosen, SshStoreDriver):
                     # The driver selected for what the device said goes on in this session, with its own layout.
+                    self.choice = driver_choice(description, driver, chosen)
                     driver, layout = chosen, chosen.layout_for(settings)
-                note.message = f"{description.identity.product} {description.identity.firmware}: {driver.service}"
+                overrides = f"; the entry overrides {', '.join(sorted(settings.layout))}" if settings.layout else ""
+                note.message = f"{self.choice or driver.service}. Layout: {layout_summary(layout)}{overrides}"
 
-        async with run.step("read_store"):
+        async with run.step("read_store") as note:
             current = await self._read_store(session, layout)
-        async with run.step("csr"):
-            csr, key = await self._make_csr(session, layout, current, self._application_uri(current, settings))
+            path = layout.path("own_certs", layout.certificate_file)
+            note.message = f"{path}: " + (f"serial {serial_hex(current)}" if current else "no certificate there")
+        async with run.step("csr") as note:
+            application_uri = await self._application_uri(session, layout, current, settings)
+            csr, key = await self._make_csr(session, layout, current, application_uri)
+            note.message = "key made on the device (openssl)" if key is None else "key made by certlm, to be uploaded"
         async with run.step("enroll"):
             enrollment = await self.pki.enroll(csr, key)
         for warning in enrollment.warnings:
@@ -134,17 +171,18 @@ class SshPush:
         async with run.step("upload"):
             await self._upload(session, layout, enrollment, key)
         run.changed_device = True
-        async with run.step("install"):
-            await session.run(install_script(layout))
         url = opcua_url_of(self.target, settings, layout)
+        wait_s = layout.reload_timeout_s or driver.verify_wait_s
         try:
+            async with run.step("install"):
+                await session.run(install_script(layout), name="the install script")
             async with run.step("reload"):
                 await session.run(layout.reload_command)
             async with run.step("verify") as note:
-                await await_certificate(url, enrollment.certificate, layout.reload_timeout_s, timeouts.connect_s)
-                note.message = f"{url} presents the new certificate"
+                waited = await await_certificate(url, enrollment.certificate, wait_s, timeouts.connect_s)
+                note.message = f"{url} presents the new certificate (after {waited:.1f} s)"
         except PushFailed as stopped:
-            await self._roll_back(settings, host_key, layout, url, current)
+            await self._roll_back(settings, host_key, layout, url, current, wait_s)
             raise PushFailed(
                 stopped.message,
                 run.steps,
@@ -174,12 +212,16 @@ class SshPush:
         if any(issued_by(current, ca) for ca in self.request.trusted_cas):
             return current
         raise DeviceFailure(
-            f"the store holds a certificate certlm did not install (serial {current.serial_number:x}, issued by "
+            f"the store holds a certificate certlm did not install (serial {serial_hex(current)}, issued by "
             f"{current.issuer.rfc4514_string()}): an operator pushes to the device or onboards it again",
             UNTRUSTED_STORE,
         )
 
-    def _application_uri(self, current: x509.Certificate | None, settings: DeviceSettings) -> str:
+    async def _application_uri(
+        self, session: SshSession, layout: StoreLayout, current: x509.Certificate | None, settings: DeviceSettings
+    ) -> str:
+        """The ApplicationUri the new certificate names: the current certificate's, else the entry's; when neither
+        is known, the failure names the path that was read and what the directory holds instead."""
         if current is not None:
             try:
                 uris = current.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -190,8 +232,19 @@ class SshPush:
                 return found[0]
         if settings.application_uri:
             return settings.application_uri
+        path = layout.path("own_certs", layout.certificate_file)
+        if current is not None:
+            read = f"the certificate at {path} names no ApplicationUri"
+        else:
+            others = await session.list_files(layout.path("own_certs"))
+            held = f"the directory holds {', '.join(others)}" if others else "the directory holds no file"
+            read = (
+                f"there is no certificate at {path} ({held}; layout of {self.choice or self.driver.service}: set "
+                "layout.certificate_file and layout.certificate_format with POST /ssh/device if the server keeps it "
+                "elsewhere)"
+            )
         raise DeviceFailure(
-            "the store holds no certificate naming the server's ApplicationUri: set application_uri with "
+            f"{read}, and the entry has no application_uri for a first certificate: set application_uri with "
             "POST /ssh/device",
             NO_APPLICATION_URI,
         )
@@ -223,9 +276,9 @@ class SshPush:
         else here (returned, to be uploaded)."""
         subject = self._subject(current)
         names = self._alt_names(current, application_uri)
-        await session.run(staging_script(layout))
+        await session.run(staging_script(layout), name="making the staging directory")
         if layout.device_makes_key and (await session.run("command -v openssl", check=False)).strip():
-            pem = await session.run(_openssl_request(layout, subject, names))
+            pem = await session.run(_openssl_request(layout, subject, names), name="openssl req on the device")
             return x509.load_pem_x509_csr(pem.encode()), None
         key = _new_key(layout.key_type)
         builder = x509.CertificateSigningRequestBuilder().subject_name(subject)
@@ -258,18 +311,38 @@ class SshPush:
 
     async def _roll_back(
         self, settings: DeviceSettings, host_key: str, layout: StoreLayout, url: str,
-        previous: x509.Certificate | None,
+        previous: x509.Certificate | None, wait_s: float,
     ) -> None:  # fmt: skip
-        """Restore the kept files and reload, in a new session (the push's may be gone with the device)."""
+        """Restore the kept generation and reload, in a new session (the push's may be gone with the device). The
+        device is unchanged once its files are restored and its server presents the previous certificate, whether or
+        not the reload went through (a server that a failed reload never stopped still runs on the old files)."""
         timeouts = self.driver.timeouts
+        reload_failed: CommandFailed | None = None
         try:
             async with self.run.step("rollback") as note:
                 async with open_session(login_of(self.target, settings), host_key, timeouts) as session:
-                    await session.run(restore_script(layout))
-                    await session.run(layout.reload_command)
-                if previous is not None:
-                    await await_certificate(url, previous, layout.reload_timeout_s, timeouts.connect_s)
-                note.message = "previous files restored; the server presents them again"
+                    restored = await session.run(restore_script(layout), name="the restore script")
+                    if restored.strip() == NOTHING_SWAPPED:
+                        note.message = "the install stopped before it changed the store: nothing to restore"
+                        self.run.changed_device = False
+                        return
+                    try:
+                        await session.run(layout.reload_command)
+                    except CommandFailed as error:
+                        reload_failed = error
+                reloaded = f"the reload after the restore failed ({reload_failed}), but " if reload_failed else ""
+                if previous is None:
+                    if reload_failed is not None:
+                        raise reload_failed
+                    note.message = "previous files restored (the store had no certificate before)"
+                else:
+                    waited = await await_certificate(
+                        url, previous, wait_s, timeouts.connect_s, "the previous certificate"
+                    )
+                    note.message = (
+                        f"previous files restored and kept in {PREVIOUS}; {reloaded}the server presents the previous "
+                        f"certificate (serial {serial_hex(previous)}, after {waited:.1f} s)"
+                    )
         except PushFailed:
             return
         self.run.changed_device = False

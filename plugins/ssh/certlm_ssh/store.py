@@ -1,5 +1,5 @@
 """The store's files as bytes and back: certificates, keys and CRLs in the layout's formats, the trust list's file
-names, and the shell scripts that swap staged files in (keeping the previous ones) and restore them."""
+names, and the shell scripts that swap staged files in (keeping the previous generation) and restore it."""
 
 from __future__ import annotations
 
@@ -118,22 +118,47 @@ def _trust_dirs(layout: StoreLayout) -> list[str]:
 
 
 def staging_script(layout: StoreLayout) -> str:
-    """Make an empty staging tree (private) with the store's directories."""
+    """Make the store's root when it is missing (0755), and an empty staging tree private to the SSH user with the
+    store's directories."""
     staging = posixpath.join(layout.root, STAGING)
     directories = sorted({posixpath.dirname(p) for p in _own_files(layout)} | set(_trust_dirs(layout)))
     return " && ".join(
         [
-            f"umask 077 && mkdir -p {_q(layout.root)}",
+            f"(umask 022 && mkdir -p {_q(layout.root)})",
             f"rm -rf {_q(staging)}",
-            *(f"mkdir -p {_q(posixpath.join(staging, d))}" for d in directories),
+            f"(umask 077 && mkdir -p {' '.join(_q(posixpath.join(staging, d)) for d in directories)})",
         ]
     )
 
 
+def _names(directory: str) -> str:
+    """Shell: the names of certlm's files in ``directory``, space-separated and space-framed (`` a b ``)."""
+    return f'" $(cd {_q(directory)} && for f in {OWN_PREFIX}*; do if [ -e "$f" ]; then printf "%s " "$f"; fi; done) "'
+
+
+def _sync_own_files(source: str, target: str, copy: str) -> list[str]:
+    """Shell: make certlm's files in ``target`` those of ``source`` (``copy`` moves or copies each in, replacing the
+    same name), then remove certlm's files ``source`` does not have. Other files of ``target`` are left alone."""
+    return [
+        f"keep={_names(source)}",
+        f'for f in {_q(source)}/{OWN_PREFIX}*; do if [ -f "$f" ]; then {copy} "$f" {_q(target)}/; fi; done',
+        f'for f in {_q(target)}/{OWN_PREFIX}*; do case "$keep" in *" ${{f##*/}} "*) ;; *) rm -f "$f" ;; esac; done',
+    ]
+
+
+def key_directory_mode(key_mode: str) -> int:
+    """The mode of an ``own_private`` directory certlm makes: its owner's, and entry (r-x) for the group and others
+    exactly where ``key_mode`` lets them read the key (0700 for 0600, 0750 for 0640)."""
+    mode = int(key_mode, 8)
+    return 0o700 | (0o050 if mode & 0o040 else 0) | (0o005 if mode & 0o004 else 0)
+
+
 def install_script(layout: StoreLayout) -> str:
-    """Swap the staged files in: the previous certificate, key and trust directories are kept in ``PREVIOUS`` first;
-    files of the trust directories that certlm did not write are carried over. The key gets its owner and mode before
-    it takes its name. Each file and directory takes its place by a rename."""
+    """Swap the staged files in, keeping the previous generation in ``PREVIOUS`` first: the certificate, the key and
+    certlm's own files of the trust directories. The trust directories are updated in place, so they keep the modes
+    and owners they have and the files certlm did not write; directories that are missing are made (0755; the key's
+    own as ``key_directory_mode`` says, given to ``key_owner``). Every directory is checked writable before anything
+    changes. The key gets its owner and mode before it takes its name; each file takes its place by a rename."""
     key = posixpath.join(layout.own_private, layout.private_key_file)
     lines = [
         "set -e",
@@ -145,38 +170,54 @@ def install_script(layout: StoreLayout) -> str:
     if layout.key_owner:
         lines.append(f"chown {_q(layout.key_owner)} {_q(posixpath.join(STAGING, key))}")
     lines.append(f"chmod {layout.key_mode} {_q(posixpath.join(STAGING, key))}")
-    for directory in _trust_dirs(layout):
-        staged = posixpath.join(STAGING, directory)
-        lines.append(
-            f'if [ -d {_q(directory)} ]; then for f in {_q(directory)}/*; do case "${{f##*/}}" in {OWN_PREFIX}*) ;; '
-            f'*) if [ -f "$f" ]; then cp -p "$f" {_q(staged)}/; fi ;; esac; done; fi'
-        )
     for path in _own_files(layout):
-        lines.append(f"mkdir -p {_q(posixpath.dirname(path))} {_q(posixpath.join(PREVIOUS, posixpath.dirname(path)))}")
+        directory = posixpath.dirname(path)
+        made = f"(umask 022 && mkdir -p {_q(directory)})"
+        if directory == layout.own_private and layout.own_private != layout.own_certs:
+            made += f" && chmod {key_directory_mode(layout.key_mode):03o} {_q(directory)}"
+            if layout.key_owner:
+                made += f" && chown {_q(layout.key_owner)} {_q(directory)}"
+        lines.append(f"if [ ! -d {_q(directory)} ]; then {made}; fi")
+        lines.append(f"mkdir -p {_q(posixpath.join(PREVIOUS, directory))}")
         lines.append(f"if [ -e {_q(path)} ]; then cp -p {_q(path)} {_q(posixpath.join(PREVIOUS, path))}; fi")
     for directory in _trust_dirs(layout):
-        parent = posixpath.dirname(directory) or "."
         kept = posixpath.join(PREVIOUS, directory)
-        lines.append(f"mkdir -p {_q(parent)} {_q(posixpath.join(PREVIOUS, parent))}")
-        lines.append(f"if [ -d {_q(directory)} ]; then mv {_q(directory)} {_q(kept)}; fi")
-        lines.append(f"mv {_q(posixpath.join(STAGING, directory))} {_q(directory)}")
+        lines.append(f"if [ ! -d {_q(directory)} ]; then (umask 022 && mkdir -p {_q(directory)}); fi")
+        lines.append(f"mkdir -p {_q(kept)}")
+        lines.append(f'for f in {_q(directory)}/{OWN_PREFIX}*; do if [ -f "$f" ]; then cp -p "$f" {_q(kept)}; fi; done')
+    for directory in sorted({posixpath.dirname(p) for p in _own_files(layout)} | set(_trust_dirs(layout))):
+        lines.append(f'[ -w {_q(directory)} ] || {{ echo "{directory} is not writable by the SSH user" >&2; exit 1; }}')
     lines.append(f"touch {PREVIOUS}/complete")
     for path in _own_files(layout):
         lines.append(f"mv -f {_q(posixpath.join(STAGING, path))} {_q(path)}")
+    for directory in _trust_dirs(layout):
+        lines += _sync_own_files(posixpath.join(STAGING, directory), directory, "mv -f")
     lines.append(f"rm -rf {STAGING}")
     return "\n".join(lines) + "\n"
 
 
+RESTORED = "restored"
+NOTHING_SWAPPED = "nothing swapped"
+
+
 def restore_script(layout: StoreLayout) -> str:
-    """Put the files ``install_script`` kept back in place (a file or directory that did not exist before is
-    removed)."""
-    lines = ["set -e", f"cd {_q(layout.root)}", f"[ -e {PREVIOUS}/complete ]"]
+    """Put the generation ``install_script`` kept back in place and keep it in ``PREVIOUS`` (the last good one): the
+    certificate and key (a file that did not exist before is removed), certlm's files of the trust directories.
+    Prints ``RESTORED``, or ``NOTHING_SWAPPED`` when the install stopped before it changed the store."""
+    lines = [
+        "set -e",
+        "umask 077",
+        f"cd {_q(layout.root)}",
+        f'if [ ! -e {PREVIOUS}/complete ]; then rm -rf {STAGING}; echo "{NOTHING_SWAPPED}"; exit 0; fi',
+    ]
     for path in _own_files(layout):
-        kept = posixpath.join(PREVIOUS, path)
-        lines.append(f"if [ -e {_q(kept)} ]; then mv -f {_q(kept)} {_q(path)}; else rm -f {_q(path)}; fi")
+        kept, restoring = posixpath.join(PREVIOUS, path), f"{path}.certlm-restoring"
+        lines.append(
+            f"if [ -e {_q(kept)} ]; then cp -p {_q(kept)} {_q(restoring)} && mv -f {_q(restoring)} {_q(path)}; "
+            f"else rm -f {_q(path)}; fi"
+        )
     for directory in _trust_dirs(layout):
-        kept = posixpath.join(PREVIOUS, directory)
-        lines.append(f"rm -rf {_q(directory)}")
-        lines.append(f"if [ -d {_q(kept)} ]; then mv {_q(kept)} {_q(directory)}; fi")
-    lines.append(f"rm -rf {PREVIOUS} {STAGING}")
+        lines += _sync_own_files(posixpath.join(PREVIOUS, directory), directory, "cp -p")
+    lines.append(f"rm -rf {STAGING}")
+    lines.append(f'echo "{RESTORED}"')
     return "\n".join(lines) + "\n"

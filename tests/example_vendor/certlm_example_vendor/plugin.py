@@ -76,6 +76,10 @@ class AcmeKeyVaultPki(PkiBackend):
 
         return [certificate for pem in entry.tls_ca for certificate in load_certificates_pem(pem)]
 
+    async def published_ca_certificates(self, entry) -> list:
+        # The CA is part of the entry's configuration: the open GET /pki/ca may serve it, as it contacts nothing.
+        return await self.ca_certificates(entry)
+
 
 @hookimpl
 def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:

@@ -12,13 +12,14 @@ The mock answers every request with its fixed ``-rsp_cert``, handles one connect
 answer echoes the request (no CA certificates). ``IssuingCmpServer`` puts a CA in front of it that certifies the key
 each request asks for, one mock per transaction. ``refusing`` makes a relay turn chosen message types down, the way a
 server that does not implement them does: an HTTP error page (``http_error``) or a CMP error message (forwarded to a
-mock started with ``-send_error``). ``BrokenTcpServer`` fails connections the ways networks do, for the EST tests as
-much as the CMP ones.
+mock started with ``-send_error``). ``TrustpointLike`` answers as Trustpoint 0.6 does. ``BrokenTcpServer`` fails
+connections the ways networks do, for the EST tests as much as the CMP ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import socket
 import ssl
 import subprocess
@@ -30,12 +31,13 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtensionOID
 from pyasn1.codec.der import decoder, encoder
-from pyasn1_alt_modules import rfc2986, rfc5280, rfc9480
+from pyasn1.type import char
+from pyasn1_alt_modules import rfc2986, rfc4210, rfc5280, rfc9480
 
 from tests.crypto_factory import DEVICE_KEY_USAGE, SERVER_AND_CLIENT, Credential, ec_key, host_names, make_ca
 from tests.support import free_port, stop_process
@@ -412,3 +414,111 @@ class IssuingCmpServer:
         self._started.clear()
         self._transactions.clear()
         self._standing = None
+
+
+# What Trustpoint 0.6 takes (its trustpoint_core.oid): the PasswordBasedMac MACs of HmacAlgorithm, all under the IPsec
+# arc 1.3.6.1.5.5.8.1 or the SHA-3 HMACs, and the one-way functions of HashAlgorithm. RFC 9481's HMAC-SHA256
+# (1.2.840.113549.2.9) is not among them.
+TRUSTPOINT_MACS = frozenset(
+    {f"1.3.6.1.5.5.8.1.{n}" for n in (1, 2, 4, 5, 6, 7)} | {f"2.16.840.1.101.3.4.2.{n}" for n in (13, 14, 15, 16)}
+)
+TRUSTPOINT_ONE_WAY_FUNCTIONS = frozenset(
+    {"1.2.840.113549.2.5", "1.3.14.3.2.26"} | {f"2.16.840.1.101.3.4.2.{n}" for n in (1, 2, 3, 4, 7, 8, 9, 10, 11, 12)}
+)
+TRUSTPOINT_BODIES = frozenset({"ir", "cr", "rr", "certConf", "pollReq"})
+# What its CMP endpoint answers, as text/plain with HTTP 500, when it cannot build a CMP answer.
+TRUSTPOINT_SERVER_ERROR = b"An error occurred processing the CMP request."
+TRUSTPOINT_MAC_REFUSAL = "CMP shared secret authentication failed: hmac algorithm not supported."
+
+
+class TrustpointLike:
+    """A relay handler that answers as Trustpoint 0.6's CMP endpoint does (from its source: the request pipeline's
+    ``request/authentication/cmp.py`` and ``request/message_responder/cmp.py``), in front of ``handle`` (an
+    ``IssuingCmpServer``'s) for what it takes:
+
+    - A body type other than ir, cr, rr, certConf and pollReq (genm, p10cr, kur): HTTP 500, text/plain.
+    - A PasswordBasedMac request whose MAC or one-way function is not in Trustpoint's tables: a CMP error message,
+      rejection, "CMP shared secret authentication failed: hmac algorithm not supported.". Trustpoint builds it with
+      the request's protectionAlg in its header but, having no shared secret after the failed authentication, signs
+      it with its issuing CA's key (``signer``): no client can verify it.
+    - The body types in ``signed_errors``: such a signed error too (Trustpoint's answer when a later stage fails).
+    - ``fail_info``: a failInfo bit its error messages carry (Trustpoint's carry none).
+
+    ``requests`` are the requests seen, for the MAC identifiers each used (``mac_oid``)."""
+
+    def __init__(
+        self,
+        handle: Handler,
+        signer: Credential,
+        *,
+        signed_errors: Iterable[str] = (),
+        fail_info: str | None = None,
+    ) -> None:
+        self.handle = handle
+        self.signer = signer
+        self.signed_errors = frozenset(signed_errors)
+        self.fail_info = fail_info
+        self.requests: list[rfc9480.PKIMessage] = []
+
+    async def __call__(self, request: bytes) -> Answer:
+        message, _ = decoder.decode(request, asn1Spec=rfc9480.PKIMessage())
+        self.requests.append(message)
+        kind = message["body"].getName()
+        if kind in self.signed_errors:
+            return self.signed_error(message, TRUSTPOINT_SERVER_ERROR.decode()), CMP_CONTENT_TYPE
+        if kind not in TRUSTPOINT_BODIES:
+            return TRUSTPOINT_SERVER_ERROR, "text/plain", 500
+        parameters = password_based_mac(message)
+        if parameters is not None and (
+            str(parameters["mac"]["algorithm"]) not in TRUSTPOINT_MACS
+            or str(parameters["owf"]["algorithm"]) not in TRUSTPOINT_ONE_WAY_FUNCTIONS
+        ):
+            return self.signed_error(message, TRUSTPOINT_MAC_REFUSAL), CMP_CONTENT_TYPE
+        return await self.handle(request)
+
+    def signed_error(self, request: rfc9480.PKIMessage, text: str) -> bytes:
+        """An error message answering ``request``, its header naming the request's protection, signed with the CA."""
+        answer = rfc9480.PKIMessage()
+        header = answer["header"]
+        header["pvno"] = 2
+        sender, _ = decoder.decode(self.signer.certificate.subject.public_bytes(), asn1Spec=rfc5280.Name())
+        header["sender"]["directoryName"]["rdnSequence"] = sender["rdnSequence"]
+        header["recipient"] = request["header"]["sender"]
+        header["messageTime"] = time.strftime("%Y%m%d%H%M%SZ", time.gmtime())
+        header["protectionAlg"]["algorithm"] = request["header"]["protectionAlg"]["algorithm"]
+        if request["header"]["protectionAlg"]["parameters"].isValue:
+            header["protectionAlg"]["parameters"] = request["header"]["protectionAlg"]["parameters"]
+        header["senderKID"] = x509.SubjectKeyIdentifier.from_public_key(self.signer.key.public_key()).digest
+        header["transactionID"] = bytes(request["header"]["transactionID"])
+        header["senderNonce"] = secrets.token_bytes(16)
+        header["recipNonce"] = bytes(request["header"]["senderNonce"])
+        status = answer["body"]["error"]["pKIStatusInfo"]
+        status["status"] = 2
+        status["statusString"].append(char.UTF8String(text))
+        if self.fail_info is not None:
+            status["failInfo"] = rfc9480.PKIFailureInfo(self.fail_info)
+        part = rfc9480.ProtectedPart()
+        part["header"] = answer["header"]
+        part["body"] = answer["body"]
+        signature = self.signer.key.sign(encoder.encode(part), ec.ECDSA(hashes.SHA256()))
+        schema = answer.componentType.getTypeByPosition(answer.componentType.getPositionByName("protection"))
+        answer["protection"] = schema.clone(hexValue=signature.hex())
+        certificate, _ = decoder.decode(
+            self.signer.certificate.public_bytes(serialization.Encoding.DER), asn1Spec=rfc9480.CMPCertificate()
+        )
+        answer["extraCerts"].append(certificate)
+        return encoder.encode(answer)
+
+
+def password_based_mac(message: rfc9480.PKIMessage) -> rfc4210.PBMParameter | None:
+    """The PasswordBasedMac parameters protecting ``message``; None for another protection."""
+    algorithm = message["header"]["protectionAlg"]
+    if not algorithm.isValue or algorithm["algorithm"] != rfc4210.id_PasswordBasedMac:
+        return None
+    return decoder.decode(bytes(algorithm["parameters"]), asn1Spec=rfc4210.PBMParameter())[0]
+
+
+def mac_oid(message: rfc9480.PKIMessage) -> str | None:
+    """The MAC identifier of a PasswordBasedMac-protected message (``1.3.6.1.5.5.8.1.2``)."""
+    parameters = password_based_mac(message)
+    return None if parameters is None else str(parameters["mac"]["algorithm"])

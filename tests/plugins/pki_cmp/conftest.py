@@ -159,3 +159,10 @@ def signed(body: bytes) -> bool:
 async def mac_entry(cmp_app: CmpHarness, server: CmpMockServer | HttpRelay, **fields: Any) -> PkiEntry:
     """A PKI entry for ``server`` that protects its requests with a MAC over SECRET."""
     return await cmp_app.create_entry(pki_connection=server.address, username=REFERENCE, password=SECRET, **fields)
+
+
+async def learned(cmp_app: CmpHarness, entry: PkiEntry) -> dict:
+    """The entry's learned_capabilities as GET /pki/inventory/{id} shows them."""
+    response = await cmp_app.client.get(f"/pki/inventory/{entry.id}", headers=cmp_app.headers)
+    assert response.status_code == 200
+    return (await response.get_json())["learned_capabilities"]

@@ -18,16 +18,9 @@ from certlm.pki_client import stored_ca_certificates
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import device_csr, ec_key, rsa_key
 from tests.plugins.pki_cmp.cmp_server import forward_to, http_error, refusing
-from tests.plugins.pki_cmp.conftest import MAC_SERVER, decoded, mac_entry, received
+from tests.plugins.pki_cmp.conftest import MAC_SERVER, decoded, learned, mac_entry, received
 
 DJANGO_500 = "HTTP 500: Server Error (500)"
-
-
-async def learned(cmp_app, entry: PkiEntry) -> dict:
-    """The entry's learned_capabilities as GET /pki/inventory/{id} shows them."""
-    response = await cmp_app.client.get(f"/pki/inventory/{entry.id}", headers=cmp_app.headers)
-    assert response.status_code == 200
-    return (await response.get_json())["learned_capabilities"]
 
 
 def error_mock(start_mock, test_pki, *options: str):
@@ -183,9 +176,11 @@ async def test_nothing_fits_names_the_refused_types_and_the_fix(cmp_app, start_m
     entry = await mac_entry(cmp_app, relay)
 
     expected = (
-        f"CMP server of PKI entry {entry.id} refused every request certlm could make: p10cr ({DJANGO_500}). To enroll, "
-        "configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr with raVerified, or use a "
-        "device that accepts a pushed key, so that certlm makes the key and sends ir with a signature POPO"
+        f"CMP server of PKI entry {entry.id} refused every request certlm could make for the device's own key: p10cr "
+        f"({DJANGO_500}). To enroll, configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr "
+        f"with raVerified, or allow keys certlm makes on the PKI entry (PATCH /pki/inventory/{entry.id} "
+        '{"allow_certlm_generated_keys": true}) so that certlm makes the key, sends ir with a signature POPO and '
+        "pushes the key to the device with the certificate"
     )
     with pytest.raises(APIError) as refused:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)

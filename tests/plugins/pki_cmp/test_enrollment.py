@@ -124,17 +124,22 @@ async def test_polling_gives_up_after_the_pending_wait(cmp_app, test_pki, start_
     assert time.monotonic() - started < PENDING_WAIT_S, "no point sleeping past the deadline"
 
 
-async def test_certificate_for_another_key_is_rejected_with_certconf(cmp_app, test_pki, start_mock) -> None:
+async def test_certificate_for_another_key_is_rejected_with_certconf(
+    cmp_app, test_pki, start_mock, start_relay
+) -> None:
     key = ec_key()
     foreign = test_pki.issue(ec_key().public_key(), "device-8")
     server = start_mock(*MAC_SERVER, *test_pki.answering(foreign, test_pki.ca_certificate))
-    entry = await mac_entry(cmp_app, server)
+    relay = await start_relay(forward_to(server))
+    entry = await mac_entry(cmp_app, relay)
 
     with pytest.raises(UpstreamUnavailable, match="for another public key than requested; certlm refused it"):
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
 
     assert received(server) == ["P10CR", "CERTCONF"]
     assert "certificate rejected by client with PKIStatus: rejection" in server.log()
+    (status,) = decoded(relay.requests[1])["body"]["certConf"]
+    assert status["statusInfo"]["failInfo"].asBinary() == "0" * 19 + "1", "badCertTemplate (bit 19), nothing else"
     assert stored_ca_certificates(await PkiEntry.get(id=entry.id)) == []
 
 
@@ -180,15 +185,18 @@ async def test_ca_certificates_ask_the_server_with_genm(cmp_app, test_pki, start
         f"No CA available for PKI entry {entry.id}: the CMP server sends its CA certificates with the first enrollment"
     )
     assert received(server) == ["GENM"]
+    # The open download serves only what certlm holds, and never asks the server.
     response = await cmp_app.client.get(f"/pki/ca/{entry.id}")
     assert response.status_code == 404
-    assert (await response.get_json())["error"] == missing.value.message
+    assert (await response.get_json())["error"] == f"No CA available for PKI entry {entry.id}"
+    assert received(server) == ["GENM"]
 
 
 async def test_crl_needs_a_known_ca(cmp_app, start_mock, test_pki) -> None:
     server = start_mock(*MAC_SERVER, *test_pki.answering(test_pki.ca_certificate))
     entry = await mac_entry(cmp_app, server)
+    with pytest.raises(NotFound, match="no CA certificate known yet"):
+        await cmp_app.backend.crl(entry)
     response = await cmp_app.client.get(f"/pki/crl/{entry.id}")
     assert response.status_code == 404
-    assert "no CA certificate known yet" in (await response.get_json())["error"]
     assert received(server) == []

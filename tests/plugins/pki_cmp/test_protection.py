@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives import serialization
 from pyasn1.codec.der import encoder
 
 from certlm.errors import APIError, CsrRejected, UpstreamUnavailable
-from certlm.pki_backends import SERVER_PROFILE
+from certlm.pki_backends import SERVER_PROFILE, CertlmKeyRequired
 from tests.crypto_factory import device_csr, ec_key, pem
 from tests.plugins.pki_cmp.cmp_server import CMP_CONTENT_TYPE, TestPki, forward_to, sleeping
 from tests.plugins.pki_cmp.conftest import (
@@ -18,6 +18,7 @@ from tests.plugins.pki_cmp.conftest import (
     REQUEST_TIMEOUT_S,
     SECRET,
     decoded,
+    learned,
     mac_entry,
     make_party,
     received,
@@ -154,26 +155,40 @@ async def test_refused_p10cr_without_an_ra_certificate(cmp_app, start_mac_mock) 
     key = ec_key()
     server = start_mac_mock(key, "-pkistatus", "2", "-failure", "2", "-statusstring", "p10cr not supported")
     entry = await mac_entry(cmp_app, server)
-    with pytest.raises(APIError) as refused:
+    with pytest.raises(CertlmKeyRequired) as refused:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
     assert refused.value.status == 400
+    assert refused.value.certlm_keys_allowed is False
     assert refused.value.message == (
-        f"CMP server of PKI entry {entry.id} refused every request certlm could make: p10cr (badRequest (p10cr not "
-        "supported)). To enroll, configure an RA certificate (est_client_pkcs12_base64) so that certlm sends cr with "
-        "raVerified, or use a device that accepts a pushed key, so that certlm makes the key and sends ir with a "
-        "signature POPO"
+        f"CMP server of PKI entry {entry.id} refused every request certlm could make for the device's own key: p10cr "
+        "(badRequest (p10cr not supported)). To enroll, configure an RA certificate (est_client_pkcs12_base64) so that "
+        f"certlm sends cr with raVerified, or allow keys certlm makes on the PKI entry (PATCH /pki/inventory/{entry.id}"
+        ' {"allow_certlm_generated_keys": true}) so that certlm makes the key, sends ir with a signature POPO and '
+        "pushes the key to the device with the certificate"
     )
 
 
 async def test_wrong_secret(cmp_app, start_mac_mock) -> None:
+    """OpenSSL answers a MAC it cannot verify with badRequest, protected with its own secret, which certlm cannot
+    verify either: certlm tries RFC 4210's MAC identifiers once, then quotes the server. Its failInfo does not point
+    at the credentials, so certlm does not claim they are wrong; its text says so."""
     key = ec_key()
     server = start_mac_mock(key)
     entry = await cmp_app.create_entry(pki_connection=server.address, username=REFERENCE, password="not-the-secret")
-    with pytest.raises(UpstreamUnavailable, match="the server did not accept the credentials") as failed:
+    with pytest.raises(UpstreamUnavailable) as failed:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
     assert failed.value.status == 502
+    assert failed.value.message.startswith(
+        f"CMP server of PKI entry {entry.id} answered with an error message that certlm cannot verify (the MAC does "
+        f"not verify with the password of PKI entry {entry.id}); the server said, unverified: badRequest (wrong pbm "
+        "value; "
+    )
+    assert "rfc9481-hmac-sha256: badRequest (wrong pbm value" in failed.value.message
+    assert "rfc4210-hmac-sha1: badRequest (wrong pbm value" in failed.value.message
+    assert "username and password" not in failed.value.message
     assert "not-the-secret" not in failed.value.message
-    assert received(server) == ["P10CR"]
+    assert received(server) == ["P10CR", "P10CR"]
+    assert await learned(cmp_app, entry) == {}, "nothing worked, nothing is learned"
 
 
 async def test_rejection_names_status_and_failure(cmp_app, start_mac_mock) -> None:

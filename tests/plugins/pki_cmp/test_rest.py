@@ -96,10 +96,10 @@ async def test_entry_without_credentials_is_stored_and_refused_when_used(
     entry = await PkiEntry.get(id=(await created.get_json())["pki_id"])
     expected = message.format(id=entry.id)
 
-    # GET /pki/ca asks the server for its CA certificates: that needs credentials.
-    ca = await cmp_app.client.get(f"/pki/ca/{entry.id}")
-    assert ca.status_code == 400
-    assert await ca.get_json() == {"error": expected}
+    # Asking the server for its CA certificates (genm, as a push does first) needs credentials.
+    with pytest.raises(APIError) as asking:
+        await cmp_app.backend.ca_certificates(entry)
+    assert (asking.value.status, asking.value.message) == (400, expected)
     with pytest.raises(APIError) as enrolling:
         await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
     assert (enrolling.value.status, enrolling.value.message) == (400, expected)
@@ -142,6 +142,7 @@ async def test_patch_an_internal_entry_into_a_cmp_entry(cmp_app) -> None:
     cleared = await cmp_app.client.patch(f"/pki/inventory/{pki_id}", json={"password": None}, headers=cmp_app.headers)
     assert cleared.status_code == 200
     assert (await cleared.get_json())["password_encrypted"] == 0
-    ca = await cmp_app.client.get(f"/pki/ca/{pki_id}")
-    assert ca.status_code == 400
-    assert (await ca.get_json())["error"].startswith(f"PKI entry {pki_id} (CMP) has no password: set password")
+    with pytest.raises(APIError) as asking:
+        await cmp_app.backend.ca_certificates(await PkiEntry.get(id=pki_id))
+    assert asking.value.status == 400
+    assert asking.value.message.startswith(f"PKI entry {pki_id} (CMP) has no password: set password")

@@ -9,6 +9,7 @@ import re
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from certlm.errors import APIError
 from certlm.pki_backends import SERVER_PROFILE
 from tests.crypto_factory import device_csr, ec_key, pem, self_signed
 from tests.plugins.pki_cmp.cmp_server import forward_to
@@ -21,10 +22,12 @@ async def never_answered(body: bytes) -> tuple[bytes, str]:
 
 
 async def ca_download_error(cmp_app, pki_connection: str, **fields) -> tuple[int, str]:
-    """GET /pki/ca of a new MAC entry for ``pki_connection``: with no CA stored it asks the server (genm)."""
+    """The error status and message of asking the server of a new MAC entry for ``pki_connection`` for its CA
+    certificates (genm), as the host does before a push."""
     entry = await cmp_app.create_entry(pki_connection=pki_connection, username=REFERENCE, password=SECRET, **fields)
-    response = await cmp_app.client.get(f"/pki/ca/{entry.id}")
-    return response.status_code, (await response.get_json())["error"]
+    with pytest.raises(APIError) as failed:
+        await cmp_app.backend.ca_certificates(entry)
+    return failed.value.status, failed.value.message
 
 
 async def test_host_port_is_plain_http_and_tls_ca_still_anchors_signed_answers(

@@ -34,11 +34,20 @@ async def rest_device(tmp_path: Path) -> AsyncIterator[StartRestDevice]:
 
 
 @pytest.fixture
-async def certlm(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[InProcessApp]:
+def certlm_extra() -> dict[str, Any]:
+    """Plugin settings (``Settings.extra``) of the ``certlm`` fixture's app: a test sets them by parametrizing it."""
+    return {}
+
+
+@pytest.fixture
+async def certlm(
+    tmp_path: Path, license_keys: LicenseKeys, certlm_extra: dict[str, Any]
+) -> AsyncIterator[InProcessApp]:
     """certlm in this process, licensed, with short device time-outs."""
     settings = in_process_settings(
-        tmp_path / "data", license_keys, device_connect_timeout_s=3.0, device_operation_timeout_s=6.0
-    )
+        tmp_path / "data", license_keys, device_connect_timeout_s=3.0, device_operation_timeout_s=6.0,
+        extra=certlm_extra,
+    )  # fmt: skip
     async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
         yield InProcessApp(client, headers, host)
 

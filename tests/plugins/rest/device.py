@@ -2,16 +2,18 @@
 certificate that keeps the device's certificate store in a directory, and a real OPC UA server (asyncua) that serves
 the certificate in use and restarts on apply.
 
-It speaks the generic JSON API of ``plugins/rest/README.md`` (``api="generic"``: HTTP Basic or a bearer token) or the
-Contoso GW-200's (``api="contoso"``: a login form and a session cookie, base64 DER). Faults are switched on
-``device.faults``: apply fails (the OPC UA server does not come back), apply answers but the server keeps its old
-certificate, the connection drops mid-upload and the device stays down; ``replace_tls_certificate`` changes the
-management API's TLS certificate.
+It speaks the generic JSON API of ``plugins/rest/README.md`` (``api="generic"``: HTTP Basic or a bearer token), as
+``certlm_rest/device-api.yaml`` has it (``test_contract.py`` checks it against that document), or the Contoso
+GW-200's (``api="contoso"``: a login form and a session cookie, base64 DER). Faults are switched on ``device.faults``:
+apply fails (the OPC UA server does not come back), apply answers but the server keeps its old certificate, the
+connection drops mid-upload and the device stays down; ``replace_tls_certificate`` changes the management API's TLS
+certificate.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 import ssl
 from dataclasses import dataclass, replace
@@ -22,6 +24,7 @@ from aiohttp import web
 from asyncua import Server, ua
 from asyncua.server.binary_server_asyncio import BinaryServer
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -155,6 +158,7 @@ class RestTestDevice:
         self.sessions: set[str] = set()
         self.requests: list[tuple[str, str]] = []
         self.applies = 0
+        self.state = "running"
         self.down = False
         self.tls_certificate, self.tls_key = tls_certificate()
         self.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -181,10 +185,15 @@ class RestTestDevice:
         # New handshakes take the new chain; connections open keep theirs.
         self.ssl_context.load_cert_chain(certificate_file, key_file)
 
-    def replace_tls_certificate(self) -> None:
-        """The management API presents a new TLS certificate from now on (a swapped or reset device)."""
-        self.tls_certificate, self.tls_key = tls_certificate()
+    def replace_tls_certificate(
+        self, replacement: tuple[x509.Certificate, rsa.RSAPrivateKey] | None = None
+    ) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
+        """The management API presents a new TLS certificate from now on (a swapped or reset device), or
+        ``replacement``; the certificate and key it presented before."""
+        before = self.tls_certificate, self.tls_key
+        self.tls_certificate, self.tls_key = replacement or tls_certificate()
         self._load_tls()
+        return before
 
     async def start(self) -> None:
         self.active.save(self.directory / "active")
@@ -224,7 +233,7 @@ class RestTestDevice:
 
     def _check(self, request: web.Request) -> None:
         if not self._authorized(request):
-            raise web.HTTPUnauthorized(text='{"error": "not logged in"}', content_type="application/json")
+            raise refusal(web.HTTPUnauthorized, "not logged in")
 
     def _drop_if(self, upload: str, request: web.Request) -> None:
         if self.faults.drop_on == upload:
@@ -245,14 +254,16 @@ class RestTestDevice:
 
     def _stage_certificate(self, certificate: x509.Certificate, chain: list[x509.Certificate], key: Any) -> None:
         key = key or self.pending_key
-        if key is None or key.public_key().public_numbers() != certificate.public_key().public_numbers():
-            raise web.HTTPBadRequest(text='{"error": "the certificate does not match the key"}')
+        if key is None:
+            raise refusal(web.HTTPConflict, "no pending key pair: POST /csr first, or send private_key")
+        if key.public_key().public_numbers() != certificate.public_key().public_numbers():
+            raise refusal(web.HTTPBadRequest, "the certificate does not match the key")
         self.staged["certificate"] = (certificate, tuple(chain), key)
 
     async def _apply(self) -> None:
         """Install the staged files, keep the previous ones, restart the OPC UA server."""
         if not self.staged:
-            raise web.HTTPConflict(text='{"error": "nothing staged"}')
+            raise refusal(web.HTTPConflict, "nothing staged")
         store = self.active
         if "certificate" in self.staged:
             certificate, chain, key = self.staged["certificate"]
@@ -260,23 +271,26 @@ class RestTestDevice:
         if "trust_list" in self.staged:
             trusted, crls = self.staged["trust_list"]
             store = replace(store, trusted_certificates=trusted, trusted_crls=crls)
+        if "certificate" in self.staged:
+            self.pending_key = None  # used up
         self.previous, self.active, self.staged = self.active, store, {}
         self.applies += 1
         store.save(self.directory / "active")
         self.previous.save(self.directory / "previous")
         if self.faults.fail_apply:
             await self.opcua.go_down()
-            raise web.HTTPInternalServerError(
-                text='{"error": "the OPC UA server did not restart"}', content_type="application/json"
-            )
+            self.state = "error"
+            raise refusal(web.HTTPInternalServerError, "the OPC UA server did not restart")
         await self.opcua.present(self.previous if self.faults.apply_keeps_old else self.active)
+        self.state = "running"
 
     async def _rollback(self) -> None:
         if self.previous is None:
-            raise web.HTTPConflict(text='{"error": "nothing to roll back to"}')
-        self.active, self.previous = self.previous, None
+            raise refusal(web.HTTPConflict, "nothing to roll back to")
+        self.active, self.previous, self.staged = self.previous, None, {}
         self.active.save(self.directory / "active")
         await self.opcua.present(self.active)
+        self.state = "running"
 
     # The generic JSON API.
 
@@ -299,25 +313,34 @@ class RestTestDevice:
     async def _device(self, request: web.Request) -> web.Response:
         self._check(request)
         return web.json_response(
-            {**GENERIC_IDENTITY, "state": "running", "key_generation": self.makes_keys, "max_trust_list_bytes": 0}
+            {**GENERIC_IDENTITY, "state": self.state, "key_generation": self.makes_keys, "max_trust_list_bytes": 0}
         )
 
     async def _post_csr(self, request: web.Request) -> web.Response:
         self._check(request)
+        body = await json_object(request, {"subject": (str, type(None))})
         if not self.makes_keys:
-            raise web.HTTPNotImplemented(text='{"error": "no key generation"}')
-        subject = (await request.json()).get("subject")
-        return web.json_response({"csr": pem(self._csr(x509.Name.from_rfc4514_string(subject) if subject else None))})
+            raise refusal(web.HTTPNotImplemented, "no key generation")
+        subject = body["subject"]
+        try:
+            name = x509.Name.from_rfc4514_string(subject) if subject else None
+        except ValueError as error:
+            raise refusal(web.HTTPBadRequest, f"subject: {error}") from None
+        return web.json_response({"csr": pem(self._csr(name))})
 
     async def _put_certificate(self, request: web.Request) -> web.Response:
         self._check(request)
         self._drop_if("certificate", request)
-        body = await request.json()
+        body = await json_object(request, {"certificate": (str,), "chain": (list,), "private_key": (str,)})
         key = body.get("private_key")
+        try:
+            private_key = serialization.load_pem_private_key(key.encode(), None) if key else None
+        except (ValueError, TypeError, UnsupportedAlgorithm):
+            raise refusal(web.HTTPBadRequest, "private_key: not an unencrypted PKCS#8 PEM key") from None
         self._stage_certificate(
-            x509.load_pem_x509_certificate(body["certificate"].encode()),
-            [x509.load_pem_x509_certificate(item.encode()) for item in body["chain"]],
-            serialization.load_pem_private_key(key.encode(), None) if key else None,
+            pem_certificate(body["certificate"], "certificate"),
+            [pem_certificate(item, "chain") for item in body["chain"]],
+            private_key,
         )
         return web.Response(status=204)
 
@@ -330,11 +353,10 @@ class RestTestDevice:
     async def _put_trust_list(self, request: web.Request) -> web.Response:
         self._check(request)
         self._drop_if("trust-list", request)
-        body = await request.json()
-        trusted = tuple(x509.load_pem_x509_certificate(p.encode()).public_bytes(serialization.Encoding.DER)
-                        for p in body["trusted_certificates"])  # fmt: skip
-        crls = tuple(x509.load_pem_x509_crl(p.encode()).public_bytes(serialization.Encoding.DER)
-                     for p in body["trusted_crls"])  # fmt: skip
+        body = await json_object(request, {"trusted_certificates": (list,), "trusted_crls": (list,)})
+        trusted = tuple(to_der_bytes(pem_certificate(item, "trusted_certificates"))
+                        for item in body["trusted_certificates"])  # fmt: skip
+        crls = tuple(pem_crl(item).public_bytes(serialization.Encoding.DER) for item in body["trusted_crls"])
         self.staged["trust_list"] = (trusted, crls)
         return web.Response(status=204)
 
@@ -351,18 +373,18 @@ class RestTestDevice:
 
     async def _delete_pending(self, request: web.Request) -> web.Response:
         self._check(request)
-        self.staged = {}
+        self.staged, self.pending_key = {}, None
         return web.Response(status=204)
 
     async def _post_apply(self, request: web.Request) -> web.Response:
         self._check(request)
         await self._apply()
-        return web.json_response({"state": "running"})
+        return web.json_response({"state": self.state})
 
     async def _post_rollback(self, request: web.Request) -> web.Response:
         self._check(request)
         await self._rollback()
-        return web.json_response({"state": "running"})
+        return web.json_response({"state": self.state})
 
     # The Contoso GW-200 API.
 
@@ -444,6 +466,48 @@ class RestTestDevice:
         self._check(request)
         await self._rollback()
         return web.json_response({"ok": True})
+
+
+def refusal(answer: type[web.HTTPException], error: str) -> web.HTTPException:
+    """An error answer of the generic API: ``{"error": ...}`` as JSON."""
+    return answer(text=json.dumps({"error": error}), content_type="application/json")
+
+
+async def json_object(request: web.Request, fields: dict[str, tuple[type, ...]]) -> dict[str, Any]:
+    """The request's JSON object, each of ``fields`` of one of the types given (a list: of strings), all of them
+    present but ``private_key``; 400 naming what is wrong otherwise."""
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        raise refusal(web.HTTPBadRequest, "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise refusal(web.HTTPBadRequest, "the body is not a JSON object")
+    for name, types in fields.items():
+        if name not in body:
+            if name == "private_key":
+                continue
+            raise refusal(web.HTTPBadRequest, f"{name}: missing")
+        if not isinstance(body[name], types) or (list in types and not all(isinstance(i, str) for i in body[name])):
+            raise refusal(web.HTTPBadRequest, f"{name}: wrong type")
+    return body
+
+
+def pem_certificate(text: str, field: str) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(text.encode())
+    except ValueError:
+        raise refusal(web.HTTPBadRequest, f"{field}: not a PEM certificate") from None
+
+
+def pem_crl(text: str) -> x509.CertificateRevocationList:
+    try:
+        return x509.load_pem_x509_crl(text.encode())
+    except ValueError:
+        raise refusal(web.HTTPBadRequest, "trusted_crls: not a PEM CRL") from None
+
+
+def to_der_bytes(certificate: x509.Certificate) -> bytes:
+    return certificate.public_bytes(serialization.Encoding.DER)
 
 
 def _b64(der: bytes) -> str:

@@ -5,16 +5,23 @@ fault ends as it should (rollback, refused credentials, refused TLS certificate,
 from __future__ import annotations
 
 import base64
+import re
+import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from certlm_rest.connection import Timeouts
-from certlm_rest.models import RestDevice
+from certlm_rest.driver import VERIFY_WAIT_SETTING
+from certlm_rest.models import RestDevice, RestTrustWritten
 from certlm_rest.opcua_endpoint import endpoint_certificate
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
-from certlm.certs import to_der
+from certlm.app import create_app
+from certlm.certs import sha1_fingerprint, to_der
 from certlm.enrollment import PushError, PushOrder, push_certificate
 from certlm.monitoring import monitor_device
 from certlm.renewal import renewal_scan
@@ -22,15 +29,19 @@ from certlm.schedulers import ScanContext
 from certlm.storage.models import InventoryEntry
 from certlm.suppression import MaintenanceCalendar
 from certlm.system import system_settings
+from tests.crypto_factory import certificate, host_names, make_ca, rsa_key
 from tests.plugins.rest.conftest import StartRestDevice
 from tests.plugins.rest.device import RestTestDevice
-from tests.support import InProcessApp
+from tests.support import InProcessApp, in_process_settings
 
 TIMEOUTS = Timeouts(3.0, 6.0)
 
 
 async def register(certlm: InProcessApp, device: RestTestDevice, pki_id: int | None, **fields: Any) -> dict:
+    """Register ``device`` with its OPC UA endpoint and the admin's password; ``fields`` add to that (None leaves
+    one out)."""
     body = {"server": "127.0.0.1", "port": device.port, "opcua_url": device.opcua_url, **fields}
+    body = {key: value for key, value in body.items() if value is not None}
     if pki_id is not None:
         body["pki"] = pki_id
     if "bearer_token" not in fields:
@@ -50,6 +61,12 @@ async def failed_push(certlm: InProcessApp, device: RestTestDevice, **order: Any
     with pytest.raises(PushError) as failure:
         await push(certlm, device, **order)
     return failure.value
+
+
+async def rest_entry(certlm: InProcessApp, device: RestTestDevice) -> dict[str, Any]:
+    status, entry = await certlm.call("GET", f"/rest/inventory/127.0.0.1:{device.port}")
+    assert status == 200, entry
+    return entry
 
 
 async def entry_of(certlm: InProcessApp, device: RestTestDevice) -> InventoryEntry:
@@ -211,24 +228,49 @@ async def test_a_patched_token_and_opcua_url_are_what_the_next_push_uses(
     assert f"{device.opcua_url} presents the issued certificate" in verified
 
 
-async def test_a_changed_tls_certificate_is_refused_before_anything_is_sent(
+async def test_a_changed_tls_certificate_is_refused_naming_both_certificates_and_marks_the_entry(
     certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
 ) -> None:
     device = await rest_device()
     issued = await enrolled(certlm, device, pki_id)
+    pinned_sha1 = sha1_fingerprint(device.tls_certificate)
     device.replace_tls_certificate()
+    presented_sha1 = sha1_fingerprint(device.tls_certificate)
     requests_before = len(device.requests)
     failure = await failed_push(certlm, device, automated=True, trigger="scheduler")
     (connect,) = failure.details["result"]["steps"]
     assert connect["status"] == "TlsCertificateUntrusted", connect
-    assert "not the one pinned" in connect["message"] and "Nothing was sent" in connect["message"]
+    assert f"pinned CN=REST device management (SHA-1 {pinned_sha1})" in connect["message"], connect
+    assert f"presented CN=REST device management (SHA-1 {presented_sha1})" in connect["message"], connect
+    assert "certlm sent it nothing" in connect["message"]
     assert len(device.requests) == requests_before  # no request, no credentials
     assert device.active.certificate == issued
+    marked = (await rest_entry(certlm, device))["schedule"]
+    assert marked["identity_changed_at"] is not None and presented_sha1 in marked["identity_changed_reason"]
     # An operator's push without onboarding is refused too; re-onboarding accepts the new TLS certificate.
     await failed_push(certlm, device)
     outcome = await push(certlm, device, onboarding=True)
     assert outcome["success"], outcome
     assert "replacing" in outcome["result"]["steps"][0]["message"]
+    entry = await rest_entry(certlm, device)
+    assert entry["tls_certificate_sha1"] == presented_sha1
+    assert entry["schedule"]["identity_changed_at"] is None and entry["schedule"]["identity_changed_reason"] is None
+
+
+async def test_a_failed_onboarding_that_accepted_the_new_tls_certificate_clears_the_mark(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    await enrolled(certlm, device, pki_id)
+    device.replace_tls_certificate()
+    await failed_push(certlm, device, automated=True, trigger="scheduler")
+    assert (await rest_entry(certlm, device))["schedule"]["identity_changed_at"] is not None
+    device.faults.fail_apply = True
+    failure = await failed_push(certlm, device, onboarding=True)
+    assert steps(failure.details["result"])["connect"] is True, failure.details
+    entry = await rest_entry(certlm, device)
+    assert entry["tls_certificate_sha1"] == sha1_fingerprint(device.tls_certificate)
+    assert entry["schedule"]["identity_changed_at"] is None, entry["schedule"]
 
 
 @pytest.mark.parametrize("upload", ["trust-list", "certificate"])
@@ -317,14 +359,20 @@ async def test_the_host_push_and_monitor_routes_reach_a_rest_entry(
     address = {"server": "127.0.0.1", "port": device.port}
     status, outcome = await certlm.call("POST", "/gds/push/onboarding", address)
     assert status == 200 and outcome["success"], outcome
+    onboarded = device.active.certificate
     status, outcome = await certlm.call("POST", "/gds/push/change", address)
     assert status == 200 and outcome["success"], outcome
     renewed = device.active.certificate
+    assert renewed != onboarded and renewed.serial_number != onboarded.serial_number
+    assert outcome["result"]["certificate"]["sha1_thumbprint"] == sha1_fingerprint(renewed)
     assert await presented(device) == to_der(renewed)
     status, last = await certlm.call("GET", f"/gds/push/https://127.0.0.1:{device.port}")
     assert status == 200 and last["result"]["trigger"] == "POST /gds/push/change", last
-    status, read = await certlm.call("GET", f"/gds/monitor/crt/127.0.0.1:{device.port}")
+    status, read = await certlm.call("GET", f"/gds/monitor/crt/127.0.0.1:{device.port}?fingerprint=sha1&x509=true")
     assert status == 200, read
+    assert read["url"] == f"https://127.0.0.1:{device.port}"
+    assert read["fingerprint"] == sha1_fingerprint(renewed), (read, sha1_fingerprint(onboarded))
+    assert sha1_fingerprint(renewed) in read["x509"]
     status, trust = await certlm.call("GET", f"/gds/monitor/trustlist/127.0.0.1:{device.port}")
     assert status == 200 and len(trust["trustlist_trusted_ca"]) == 1, trust
     device.faults.fail_apply = True
@@ -332,3 +380,122 @@ async def test_the_host_push_and_monitor_routes_reach_a_rest_entry(
     assert status == 500 and steps(failed["result"])["rollback"] is True, failed
     assert failed["result"]["device_changed"] is False
     assert await presented(device) == to_der(renewed)
+
+
+async def test_registration_with_a_refused_token_says_so_and_marks_the_entry_until_onboarding(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device(users={}, bearer_token="right-token")
+    body = {"server": "127.0.0.1", "port": device.port, "pki": pki_id, "bearer_token": "wrong-token"}
+    status, entry = await certlm.call("POST", "/rest/inventory", body)
+    assert status == 200, entry
+    assert entry["tls_certificate_sha1"] is None and entry["cert_base64"] is None
+    assert "refused the credentials" in entry["identification_error"], entry
+    (warning,) = entry["warnings"]
+    assert "could not identify the device" in warning and "refused the credentials" in warning, warning
+    assert "POST /gds/push/onboarding" in warning
+    assert "wrong-token" not in str(entry)
+    assert await rest_entry(certlm, device) == entry  # the mark stays on the entry
+    # New credentials alone do not explain it; an onboarding that the device accepts does.
+    status, patched = await certlm.call("PATCH", "/rest/inventory", {**body, "bearer_token": "right-token"})
+    assert status == 200 and patched["warnings"] == entry["warnings"], patched
+    outcome = await push(certlm, device, onboarding=True)
+    assert outcome["success"], outcome
+    entry = await rest_entry(certlm, device)
+    assert entry["warnings"] == [] and entry["identification_error"] is None, entry
+    assert entry["tls_certificate_sha1"] == sha1_fingerprint(device.tls_certificate)
+
+
+async def test_an_identified_device_has_no_warning(certlm: InProcessApp, rest_device: StartRestDevice) -> None:
+    device = await rest_device()
+    entry = await register(certlm, device, None)
+    assert entry["warnings"] == [] and entry["identification_error"] is None, entry
+
+
+@pytest.mark.parametrize("certlm_extra", [{VERIFY_WAIT_SETTING: 1.5}])
+async def test_the_verify_wait_for_the_old_certificate_is_bounded_by_its_own_setting(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    issued = await enrolled(certlm, device, pki_id)
+    device.faults.apply_keeps_old = True
+    started = time.monotonic()
+    failure = await failed_push(certlm, device)
+    took = time.monotonic() - started
+    result = failure.details["result"]
+    verify = next(step for step in result["steps"] if step["step"] == "verify")
+    assert not verify["ok"] and verify["status"] == "CertificateMismatch", verify
+    waited = float(re.search(r"certlm waited (\d+\.\d) s for it \(rest_verify_wait_s: 1\.5 s\)", failure.message)[1])
+    assert 1.5 <= waited < 2.5, failure.message
+    # Well within the 6 s operation time-out, which bounded the wait before.
+    assert 1.5 <= verify["seconds"] < 2.5 and took < 5.5, (verify, took)
+    assert steps(result)["rollback"] is True and result["device_changed"] is False
+    assert await presented(device) == to_der(issued)
+    device.faults.apply_keeps_old = False
+    outcome = await push(certlm, device)
+    assert outcome["success"], outcome
+    verified = next(step["message"] for step in outcome["result"]["steps"] if step["step"] == "verify")
+    assert re.search(r"presents the issued certificate \(after \d+\.\d s\)", verified), verified
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.0, 601, "soon", "", None, True, float("nan"), float("inf"), [5]])
+def test_bad_verify_wait_settings_stop_certlm_at_start_up(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match=VERIFY_WAIT_SETTING):
+        create_app(in_process_settings(tmp_path / "data", extra={VERIFY_WAIT_SETTING: bad}))
+
+
+@pytest.mark.parametrize(("given", "seconds"), [(None, 20.0), (2.5, 2.5), ("7", 7.0), (600, 600.0)])
+def test_the_verify_wait_setting_and_its_default(tmp_path: Path, given: Any, seconds: float) -> None:
+    extra = {} if given is None else {VERIFY_WAIT_SETTING: given}
+    app = create_app(in_process_settings(tmp_path / "data", extra=extra))
+    assert app.extensions["certlm"].drivers.get("rest-generic").verify_wait_s == seconds
+    assert app.extensions["certlm"].drivers.get("rest-contoso").verify_wait_s == seconds
+
+
+async def test_the_devices_own_trusted_certificates_and_crls_are_kept_and_only_certlms_are_replaced(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    vendor_ca = make_ca("Vendor service CA")
+    own = (to_der(vendor_ca.certificate), vendor_ca.crl().public_bytes(serialization.Encoding.DER))
+    device.active = replace(device.active, trusted_certificates=(own[0],), trusted_crls=(own[1],))
+    await enrolled(certlm, device, pki_id)
+    assert own[0] in device.active.trusted_certificates and own[1] in device.active.trusted_crls
+    assert len(device.active.trusted_certificates) == 2 and len(device.active.trusted_crls) == 2
+    first_pki = set(device.active.trusted_certificates) - {own[0]}
+
+    # Moved to another PKI: certlm replaces what it wrote (the old CA and its CRL), the device's own stay.
+    other = await certlm.create_internal_ca()
+    status, patched = await certlm.call("PATCH", "/rest/inventory", {"server": "127.0.0.1", "port": device.port,
+                                                                     "pki": other})  # fmt: skip
+    assert status == 200, patched
+    outcome = await push(certlm, device)
+    assert outcome["success"], outcome
+    upload = next(step["message"] for step in outcome["result"]["steps"] if step["step"] == "upload_trust_list")
+    assert "2 of them the device's own, kept" in upload, upload
+    trusted = set(device.active.trusted_certificates)
+    assert own[0] in trusted and not trusted & first_pki and len(trusted) == 2
+    assert own[1] in device.active.trusted_crls and len(device.active.trusted_crls) == 2
+    async with certlm.context():
+        entry_id = (await entry_of(certlm, device)).id
+        assert await RestTrustWritten.exists(entry_id=entry_id)
+    status, _ = await certlm.call("DELETE", f"/rest/inventory/127.0.0.1:{device.port}")
+    assert status == 200
+    async with certlm.context():
+        assert not await RestTrustWritten.exists(entry_id=entry_id)
+
+
+async def test_a_pinned_tls_certificate_that_no_longer_verifies_is_named_and_is_no_identity_change(
+    certlm: InProcessApp, rest_device: StartRestDevice, pki_id: int
+) -> None:
+    device = await rest_device()
+    key = rsa_key()
+    expired = certificate("REST device management", key.public_key(), key, san=host_names("127.0.0.1"),
+                          not_before=datetime.now(UTC) - timedelta(days=10), days=1)  # fmt: skip
+    device.replace_tls_certificate((expired, key))
+    entry = await register(certlm, device, pki_id)
+    error = entry["identification_error"]
+    pinned = f"CN=REST device management (SHA-1 {sha1_fingerprint(expired)})"
+    assert f"presents the TLS certificate pinned for it ({pinned})" in error, error
+    assert "certificate has expired" in error, error
+    assert entry["schedule"] is None or entry["schedule"]["identity_changed_at"] is None, entry

@@ -4,15 +4,20 @@ inventory through the API."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+from certlm_ssh.driver import VERIFY_WAIT_SETTING
 
 from certlm.enrollment import PushOrder, push_certificate
 from certlm.inventory import find_entry_at
 from tests.plugins.ssh.device import SshTestBed, StoreDevice
-from tests.support import InProcessApp
+from tests.support import InProcessApp, LicenseKeys, in_process_settings, licensed_app_in_process
+
+# The verify wait of ``quick_verify_plant``, in seconds.
+QUICK_VERIFY_WAIT_S = 3.0
 
 
 class SshPlant(InProcessApp):
@@ -91,3 +96,17 @@ async def plant(in_process: InProcessApp, bed: SshTestBed) -> SshPlant:
     plant.bed = bed
     plant.pki_id = await plant.create_internal_ca()
     return plant
+
+
+@pytest.fixture
+async def quick_verify_plant(tmp_path: Path, license_keys: LicenseKeys, bed: SshTestBed) -> AsyncIterator[SshPlant]:
+    """A plant whose SSH plugin waits ``QUICK_VERIFY_WAIT_S`` for a reloaded server (``ssh_verify_wait_s``)."""
+    settings = in_process_settings(
+        tmp_path / "data", license_keys, device_connect_timeout_s=3.0, device_operation_timeout_s=15.0,
+        extra={VERIFY_WAIT_SETTING: QUICK_VERIFY_WAIT_S},
+    )  # fmt: skip
+    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
+        plant = SshPlant(client, headers, host)
+        plant.bed = bed
+        plant.pki_id = await plant.create_internal_ca()
+        yield plant

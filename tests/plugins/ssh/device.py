@@ -26,10 +26,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncua import Client, ua
+from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
@@ -100,10 +102,11 @@ class SshServer:
     def host_key_file(self) -> Path:
         return self.base / "ssh_host_ed25519_key"
 
-    def new_host_key(self) -> None:
+    def new_host_key(self, key_type: str = "ed25519") -> None:
+        """A new host key of ``key_type`` (``ssh-keygen -t``), the only one sshd offers once it is started again."""
         self.host_key_file.unlink(missing_ok=True)
         Path(f"{self.host_key_file}.pub").unlink(missing_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key_file)], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", key_type, "-N", "", "-f", str(self.host_key_file)], check=True)
 
     def write_config(self) -> Path:
         sftp = self.base / "sftp.sh"
@@ -154,6 +157,11 @@ class SshServer:
         """The host key sshd offers, in OpenSSH format."""
         return " ".join(Path(f"{self.host_key_file}.pub").read_text().split()[0:2])
 
+    def host_key_fingerprint(self) -> str:
+        """Its SHA256 fingerprint as ``ssh-keygen -lf`` prints it on the device's console."""
+        listed = subprocess.run(["ssh-keygen", "-lf", f"{self.host_key_file}.pub"], capture_output=True, text=True)
+        return listed.stdout.split()[1]
+
 
 def self_signed(application_uri: str, days: int = 30) -> tuple[bytes, bytes]:
     """A device's factory certificate (DER) and key (PKCS#8 PEM), naming ``application_uri``."""
@@ -178,6 +186,56 @@ def self_signed(application_uri: str, days: int = 30) -> tuple[bytes, bytes]:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     return certificate.public_bytes(serialization.Encoding.DER), pem_key
+
+
+CLIENT_URI = "urn:certlm-test:ssh-test-client"
+
+
+def client_identity() -> tuple[bytes, bytes]:
+    """A self-signed OPC UA client application certificate (DER) and its key (PKCS#8 DER)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "SSH test client")])
+    now = dt.datetime.now(dt.UTC)
+    usage = x509.KeyUsage(True, True, True, True, False, False, False, False, False)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(CLIENT_URI), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(usage, critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_der = key.private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return certificate.public_bytes(serialization.Encoding.DER), key_der
+
+
+async def secure_channel_state(url: str, server_certificate: x509.Certificate, timeout_s: float = 10) -> ua.ServerState:
+    """The server state read in a session over a Basic256Sha256 SignAndEncrypt channel whose requests are encrypted
+    for ``server_certificate``: only a server that holds that certificate's private key can open it, and asyncua
+    refuses a session whose server presents another certificate."""
+    certificate, key = client_identity()
+    client = Client(url, timeout=timeout_s)
+    client.application_uri = CLIENT_URI
+    await client.set_security(
+        SecurityPolicyBasic256Sha256,
+        certificate,
+        key,
+        server_certificate=server_certificate.public_bytes(serialization.Encoding.DER),
+        mode=ua.MessageSecurityMode.SignAndEncrypt,
+    )
+    async with client:
+        return await client.get_node(ua.ObjectIds.Server_ServerStatus_State).read_value()
 
 
 @dataclass
@@ -229,8 +287,9 @@ class StoreDevice:
         self.reload_script.write_text(
             "#!/bin/sh\n"
             f"dir={self.directory}\n"
-            # A device that refuses the next reload (exit 2), to test the rollback.
+            # A device that refuses the next reload (exit 2), or every reload, to test the rollback.
             'if [ -e "$dir/reject-next" ]; then rm -f "$dir/reject-next"; echo refused >&2; exit 2; fi\n'
+            'if [ -e "$dir/reject-all" ]; then echo refused again >&2; exit 2; fi\n'
             # Like systemctl restart: ask the service manager (root, as systemd is) to restart the server; wait for it.
             'echo restart > "$dir/control"\n'
             'read status < "$dir/reply"\n'

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from asyncua import ua
 from certlm_ssh.opcua import presented_certificate
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from certlm.certs import to_der
 from tests.plugins.ssh.conftest import SshPlant
+from tests.plugins.ssh.device import secure_channel_state
 
 
 async def test_onboarding_pins_the_host_key_identifies_the_device_and_installs_a_certificate(plant: SshPlant) -> None:
@@ -34,9 +37,14 @@ async def test_onboarding_pins_the_host_key_identifies_the_device_and_installs_a
     uris = installed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert device.application_uri in uris.get_values_for_type(x509.UniformResourceIdentifier)
     assert await presented_certificate(device.opcua_url, 5) == installed
-    # The key never left the device: the CSR's key is the installed key, made there, private.
-    key = device.key_path()
-    assert key.stat().st_mode & 0o777 == 0o600
+    # The key was made on the device (openssl), is the installed certificate's key and is private; the server uses it:
+    # it opens a secure channel encrypted for the new certificate.
+    [csr] = [step for step in result["result"]["steps"] if step["step"] == "csr"]
+    assert csr["message"] == "key made on the device (openssl)", csr
+    key = serialization.load_pem_private_key(device.key_path().read_bytes(), None)
+    assert key.public_key() == installed.public_key()
+    assert device.key_path().stat().st_mode & 0o777 == 0o600
+    assert await secure_channel_state(device.opcua_url, installed) == ua.ServerState.Running
     assert (device.store / ".certlm-previous" / "own" / "certs" / device.cert_file).read_bytes() == to_der(factory)
     trusted = sorted(p.name for p in (device.store / "trusted" / "certs").iterdir())
     assert "scada-client.der" in trusted and any(name.startswith("certlm-") for name in trusted)
@@ -59,6 +67,7 @@ async def test_renewal_through_push_change_installs_a_new_certificate(plant: Ssh
     assert status == 200, body
     renewed = device.installed_certificate()
     assert renewed != first and await presented_certificate(device.opcua_url, 5) == renewed
+    assert await secure_channel_state(device.opcua_url, renewed) == ua.ServerState.Running
     status, last = await plant.call("GET", f"/gds/push/{quote(f'ssh://127.0.0.1:{device.ssh_port}', safe='')}")
     assert status == 200 and last["result"]["trigger"] == "POST /gds/push/change"
 

@@ -10,7 +10,7 @@ from urllib.parse import quote
 from certlm_ssh.opcua import presented_certificate
 from cryptography import x509
 
-from certlm.certs import sha1_fingerprint
+from certlm.certs import serial_hex, sha1_fingerprint
 from tests.plugins.ssh.conftest import SshPlant
 
 
@@ -58,7 +58,7 @@ async def test_the_host_push_monitor_and_inventory_routes_reach_an_ssh_entry(pla
     # The stored certificate detail: the installed serial.
     status, detail = await plant.call("GET", f"/gds/inventory/crt/{host}")
     assert status == 200 and detail["url"] == url, detail
-    assert detail["certificate"]["serial_number"] == f"{installed.serial_number:X}", detail
+    assert detail["certificate"]["serial_number"] == serial_hex(installed), detail
     assert detail["certificate"]["sha1_thumbprint"] == sha1_fingerprint(installed)
     uris = installed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert device.application_uri in uris.get_values_for_type(x509.UniformResourceIdentifier)
