@@ -31,7 +31,8 @@ from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
 DASHBOARD = "/opcua_gds_dashboard.html"
 IMPORT_CHUNK = 10_000
-# The page's own page sizes (certlm/static/dashboard/dashboard.js: INVENTORY_PAGE; operations: the route's maximum).
+# The page's own page sizes (certlm/http/static/dashboard/dashboard.js: INVENTORY_PAGE; operations: the route's
+# maximum).
 INVENTORY_PAGE = 1000
 WAIT_MS = 300_000
 

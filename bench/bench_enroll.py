@@ -38,9 +38,9 @@ from cryptography.x509.oid import NameOID
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test servers live in the test suite
 
-from certlm.app import create_app  # noqa: E402
-from certlm.config import Settings  # noqa: E402
-from certlm.pki_backends import SERVER_PROFILE  # noqa: E402
+from certlm.contracts.pki_backends import SERVER_PROFILE  # noqa: E402
+from certlm.foundation.config import Settings  # noqa: E402
+from certlm.http.app import create_app  # noqa: E402
 from certlm.storage.models import PkiEntry  # noqa: E402
 
 APPLICATION_URI = "urn:bench:plc"

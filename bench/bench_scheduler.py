@@ -34,7 +34,7 @@ from pathlib import Path
 from common import ADMIN, LicenseKeys, PostgresServer, ProcessMeter, RunningService, Simulators, Usage, start_certlm
 from prometheus_client.parser import text_string_to_metric_families
 
-from certlm.config import Settings
+from certlm.foundation.config import Settings
 
 TARGET_S_PER_1000 = 60.0
 POLL_S = 0.5

@@ -1,14 +1,14 @@
 """certlm: certificate lifecycle management for OPC UA devices.
 
 Vendors write plugins against the names re-exported here: ``from certlm import hookimpl, DeviceDriver, PkiBackend``.
-The contracts are ``certlm.hookspecs`` (the hooks), ``certlm.drivers`` (a device driver) and ``certlm.pki_backends``
+The contracts are ``certlm.contracts.hookspecs`` (the hooks), ``certlm.contracts.drivers`` (a device driver) and
+``certlm.contracts.pki_backends``
 (a PKI backend).
 """
 
 __version__ = "0.1.0"  # first: the modules imported below read it
 
-from certlm.certs import api_timestamp, serial_hex
-from certlm.drivers import (
+from certlm.contracts.drivers import (
     CertificateReading,
     DeviceDescription,
     DeviceDriver,
@@ -27,9 +27,8 @@ from certlm.drivers import (
     SupportedDevice,
     TrustList,
 )
-from certlm.hookspecs import hookimpl
-from certlm.identity import identity_repinned
-from certlm.pki_backends import (
+from certlm.contracts.hookspecs import hookimpl
+from certlm.contracts.pki_backends import (
     CLIENT_PROFILE,
     SERVER_PROFILE,
     CertificateProfile,
@@ -40,7 +39,9 @@ from certlm.pki_backends import (
     PkiBackend,
     ServerValidation,
 )
-from certlm.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
+from certlm.contracts.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
+from certlm.foundation.certs import api_timestamp, serial_hex
+from certlm.inventory.identity import identity_repinned
 
 __all__ = [
     "CLIENT_PROFILE",

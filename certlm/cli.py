@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from certlm import __version__
-from certlm.logs import LEVELS, configure_logging, console_level
+from certlm.foundation.logs import LEVELS, configure_logging, console_level
 
 # The import route takes a file's bytes as they are; the suffix says which kind they are.
 IMPORT_MEDIA_TYPES = {".csv": "text/csv", ".json": "application/json"}
@@ -38,8 +38,8 @@ def _configure_logging(args: argparse.Namespace, data_dir: Path) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from certlm.config import Settings
-    from certlm.server import serve
+    from certlm.foundation.config import Settings
+    from certlm.http.server import serve
 
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     settings = Settings.from_env(**overrides)
@@ -49,7 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _license_keygen(args: argparse.Namespace) -> int:
-    from certlm.licensing import generate_key_pair
+    from certlm.system.licensing import generate_key_pair
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +59,7 @@ def _license_keygen(args: argparse.Namespace) -> int:
 
 
 def _license_issue(args: argparse.Namespace) -> int:
-    from certlm.licensing import issue_license, load_private_key
+    from certlm.system.licensing import issue_license, load_private_key
 
     if args.endpoints < 0:
         raise SystemExit("--endpoints must be at least 0")
@@ -224,7 +224,7 @@ def _api_key_file(args: argparse.Namespace) -> Path:
     which file it chose when it was not named."""
     if args.api_key_file:
         return Path(args.api_key_file)
-    from certlm.config import Settings
+    from certlm.foundation.config import Settings
 
     settings = Settings.from_env()
     if os.environ.get("CERTLM_API_KEY_FILE"):

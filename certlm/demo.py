@@ -14,12 +14,12 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from certlm.config import Settings
-from certlm.licensing import generate_key_pair, issue_license, load_private_key
-from certlm.logs import log_file
+from certlm.foundation.config import Settings
+from certlm.foundation.logs import log_file
+from certlm.system.licensing import generate_key_pair, issue_license, load_private_key
 
 if TYPE_CHECKING:
-    from certlm.enrollment import PushOrder
+    from certlm.lifecycle.push import PushOrder
     from certlm.storage.models import InventoryEntry
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,8 @@ class DeviceOutcome:
 
 
 async def _prepare(settings: Settings) -> None:
-    from certlm.app import create_app
-    from certlm.pki_entries import INTERNAL_PKI_TYPE
+    from certlm.http.app import create_app
+    from certlm.pki.entries import INTERNAL_PKI_TYPE
     from certlm.storage import close_storage, open_storage
     from certlm.storage.models import PkiEntry
 
@@ -107,10 +107,10 @@ async def onboard_devices(device_urls: list[str], username: str | None, password
     """Register each device and onboard it (first contact, trust, enrollment from the demo's internal CA), the way
     ``POST /gds/push/onboarding`` does, once it accepts connections. Devices enrolled by an earlier demo run are left
     alone."""
-    from certlm.enrollment import PushOrder
-    from certlm.errors import APIError
-    from certlm.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url
-    from certlm.inventory import canonical_server, create_entry, find_entry_at
+    from certlm.foundation.errors import APIError
+    from certlm.foundation.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url
+    from certlm.inventory.entries import canonical_server, create_entry, find_entry_at
+    from certlm.lifecycle.push import PushOrder
 
     outcomes: list[DeviceOutcome] = []
     to_onboard = []
@@ -144,8 +144,8 @@ async def onboard_devices(device_urls: list[str], username: str | None, password
 
 async def _onboard(url: str, entry: InventoryEntry, order: PushOrder) -> str:
     """Onboard one device; why it failed, or "" when it did."""
-    from certlm.enrollment import push_certificate
-    from certlm.errors import APIError
+    from certlm.foundation.errors import APIError
+    from certlm.lifecycle.push import push_certificate
 
     try:
         answer = await push_certificate(entry, order)
@@ -211,7 +211,7 @@ def run_demo(
     device_username: str | None = None,
     device_password: str | None = None,
 ) -> int:
-    from certlm.server import serve
+    from certlm.http.server import serve
 
     data_dir = data_dir.resolve()
     settings = Settings.from_env(

@@ -12,7 +12,7 @@ import asyncio
 import json
 import sys
 
-from certlm.leases import ensure_rows, try_claim
+from certlm.lifecycle.leases import ensure_rows, try_claim
 from certlm.storage import close_storage, open_storage
 from certlm.storage.models import InventoryEntry
 

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 import httpx
 from aiohttp import web
 
-from certlm.app import create_app
-from certlm.config import Settings
-from certlm.licensing import generate_key_pair, issue_license, load_private_key
+from certlm.foundation.config import Settings
+from certlm.http.app import create_app
+from certlm.system.licensing import generate_key_pair, issue_license, load_private_key
 
 T = TypeVar("T")
 
@@ -365,7 +365,8 @@ async def licensed_app_in_process(settings: Settings, license_keys: LicenseKeys)
 
 @dataclass
 class Window:
-    """A maintenance window as the evaluator reads it (``certlm.maintenance.WindowSchedule``), without a database."""
+    """A maintenance window as the evaluator reads it (``certlm.lifecycle.maintenance.WindowSchedule``), without a
+    database."""
 
     id: int = 1
     name: str = "Maintenance"
@@ -378,7 +379,8 @@ class Window:
 
 @dataclass
 class Rule:
-    """A maintenance rule as the evaluator reads it (``certlm.maintenance.RuleSchedule``), without a database."""
+    """A maintenance rule as the evaluator reads it (``certlm.lifecycle.maintenance.RuleSchedule``), without a
+    database."""
 
     id: int | None = 1
     recurrence_type: str | None = None

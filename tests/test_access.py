@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from certlm.app import create_app
-from certlm.auth import LICENSE_EXEMPT_RULES, OPEN_ROUTES
-from certlm.config import Settings
+from certlm.foundation.config import Settings
+from certlm.http.app import create_app
+from certlm.http.auth import LICENSE_EXEMPT_RULES, OPEN_ROUTES
 
 # Sample values for path parameters, so that every route can be called.
 PARAMETER_SAMPLES = {"host_or_url": "127.0.0.1:4840", "totp_code": "123456", "creator_id": "system"}

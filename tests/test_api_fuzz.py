@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from certlm.app import create_app
+from certlm.http.app import create_app
 from tests.support import LicenseKeys, in_process_settings, watching_dials
 
 EXAMPLES_PER_OPERATION = int(os.environ.get("CERTLM_FUZZ_EXAMPLES", "25"))

@@ -14,8 +14,8 @@ import pyotp
 import pytest
 from quart import Quart
 
-from certlm.auth import API_KEY, FailureLimiter, TooManyFailures, is_open, request_source
-from certlm.config import Settings
+from certlm.foundation.config import Settings
+from certlm.http.auth import API_KEY, FailureLimiter, TooManyFailures, is_open, request_source
 from tests.support import RunningService, eventually
 
 LIMIT = 3
@@ -89,7 +89,7 @@ async def test_wrong_keys_from_one_address_are_refused_after_the_limit(limited: 
         for _ in range(20):  # hammering on
             assert (await guesser.get("/inventory")).status_code == 429
 
-    warnings = [line for line in log_lines(limited, "WARNING") if "certlm.auth" in line]
+    warnings = [line for line in log_lines(limited, "WARNING") if "certlm.http.auth" in line]
     assert any("refused GET /gds/systeminfo from 127.0.0.2: invalid API key" in line for line in warnings)
     assert any(f"{LIMIT} failed attempts at the API key from 127.0.0.2" in line for line in warnings)
     assert any("refused GET /inventory from 127.0.0.4: missing API key" in line for line in warnings)
@@ -128,7 +128,7 @@ async def test_wrong_totp_codes_are_refused_after_the_limit(limited: RunningServ
         response = await operator.delete(f"/sql/{wrong_codes(limited.api_key, 1)[0]}")
         assert response.status_code == 401 and response.json() == INVALID_TOTP
         assert (await operator.delete(f"/sql/{totp_code(limited.api_key)}")).status_code == 200
-    warnings = [line for line in log_lines(limited, "WARNING") if "certlm.auth" in line]
+    warnings = [line for line in log_lines(limited, "WARNING") if "certlm.http.auth" in line]
     assert any("refused DELETE /sql/<totp_code> from 127.0.0.2: malformed TOTP code" in line for line in warnings)
     assert any(f"{LIMIT} failed attempts at the TOTP code from 127.0.0.2" in line for line in warnings)
     assert not re.search(r"/sql/[0-9]", limited.log()), "a code tried was logged"

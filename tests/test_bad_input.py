@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from certlm.request_bodies import MAX_JSON_DEPTH
+from certlm.http.request_bodies import MAX_JSON_DEPTH
 from tests.support import InProcessApp
 
 WINDOW = {"name": "Line 3 shutdown", "status": "active", "window_type": "one_time"}

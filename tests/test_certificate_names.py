@@ -1,5 +1,7 @@
-"""How certlm names a device's hosts in a certificate (``certlm.certs.with_host_names``), the same for the CMP
-request and the internal CA, and the small X.509 helpers of ``certlm.certs`` that CMP and the internal CA share."""
+"""How certlm names a device's hosts in a certificate (``certlm.foundation.certs.with_host_names``), the same for the
+CMP
+request and the internal CA, and the small X.509 helpers of ``certlm.foundation.certs`` that CMP and the internal CA
+share."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from certlm_pki_internal.ca import check_csr
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certlm.certs import extension_value, key_usage, load_certificate, load_crl, with_host_names
-from certlm.errors import APIError
-from certlm.pki_backends import CertificateProfile
+from certlm.contracts.pki_backends import CertificateProfile
+from certlm.foundation.certs import extension_value, key_usage, load_certificate, load_crl, with_host_names
+from certlm.foundation.errors import APIError
 from tests.crypto_factory import DEVICE_URI, device_csr, make_ca, pem, self_signed
 
 HOSTS = ("press-7.plant.local", "10.0.0.7", "[fd00::7]", "press-7")

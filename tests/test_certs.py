@@ -1,4 +1,5 @@
-"""``certlm.certs``: loading what users upload (CSRs, PKCS#12, certificate lists), walking issuers, and describing a
+"""``certlm.foundation.certs``: loading what users upload (CSRs, PKCS#12, certificate lists), walking issuers, and
+describing a
 certificate the way the certificate detail and the monitor show it. Host names in certificates, ``key_usage``,
 ``extension_value`` and loading single certificates and CRLs are in ``test_certificate_names.py``."""
 
@@ -16,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certlm.certs import (
+from certlm.foundation.certs import (
     certificate_detail,
     certificate_text,
     crl_signed_by,
@@ -31,7 +32,7 @@ from certlm.certs import (
     serial_hex,
     spec_datetime,
 )
-from certlm.errors import APIError, CsrRejected
+from certlm.foundation.errors import APIError, CsrRejected
 from tests.crypto_factory import (
     DEVICE_KEY_USAGE,
     DEVICE_URI,

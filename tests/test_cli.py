@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives import serialization
 
 from certlm import __version__
 from certlm.cli import build_parser
-from certlm.licensing import validate_license
-from certlm.logs import PrivateRotatingFileHandler
+from certlm.foundation.logs import PrivateRotatingFileHandler
+from certlm.system.licensing import validate_license
 from tests.support import LicenseKeys, RunningService, free_port
 from tests.test_demo import MAX_CONSOLE_LINE
 
@@ -125,7 +125,7 @@ async def test_serve_logs_certlm_to_the_console_and_every_detail_to_a_private_fi
     console = service.console()
     assert [line for line in console.splitlines() if len(line) > MAX_CONSOLE_LINE] == []
     assert console.count("Running on") == 1, console
-    assert f"INFO certlm.server: Running on {service.url} (data in {service.data_dir}; Ctrl-C stops it)" in console
+    assert f"INFO certlm.http.server: Running on {service.url} (data in {service.data_dir}; Ctrl-C stops it)" in console
     assert "INFO tortoise" not in console  # the libraries' INFO lines stay off the console ...
 
     log_file = service.data_dir / "logs" / "certlm.log"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from certlm.config import Settings
+from certlm.foundation.config import Settings
 from tests.crypto_factory import device_csr_pem
 
 

@@ -19,7 +19,7 @@ import pytest
 from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
-from certlm.certs import serial_hex
+from certlm.foundation.certs import serial_hex
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, BrowserLog
 from tests.support import REPO, RunningService, database_rows, free_port
 
@@ -563,7 +563,7 @@ async def test_the_license_section_says_what_is_wrong_with_what_it_was_given(
 
 async def test_a_device_whose_identity_changed_is_shown_as_such_with_why(visit: Visit, fleet) -> None:
     # What the monitor stores when a device's SSH host key or TLS certificate is not the pinned one
-    # (certlm.identity.mark_identity_changed), written as the service's own database would hold it.
+    # (certlm.inventory.identity.mark_identity_changed), written as the service's own database would hold it.
     url = fleet[0].url
     (entry_id,) = database_rows(visit.service, "SELECT id FROM inventory_entry WHERE port = ?", fleet[0].config.port)[0]
     reason = (

@@ -13,7 +13,7 @@ import pytest
 from certlm_opcua_simulator import SimulatedDevice
 from cryptography import x509
 
-from certlm.leases import release, try_claim
+from certlm.lifecycle.leases import release, try_claim
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import ADMIN

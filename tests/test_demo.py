@@ -20,7 +20,7 @@ from typing import TypeVar
 import httpx
 
 from certlm.demo import wait_until_listening
-from certlm.licensing import validate_license
+from certlm.system.licensing import validate_license
 from tests.support import LicenseKeys, consecutive_free_ports, database_rows, free_port
 
 VENV_BIN = Path(sys.executable).parent
@@ -251,7 +251,7 @@ async def test_demo_onboards_its_devices_then_ends_with_a_summary(tmp_path: Path
     assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
     details = log_file.read_text()
     assert re.search(r"^\S+ \S+ INFO asyncua\.", details, re.M), details[-2000:]
-    assert f"INFO certlm.server: Running on {demo.url}" in details
+    assert f"INFO certlm.http.server: Running on {demo.url}" in details
     assert " DEBUG " not in details
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from certlm import PushFailed, StepLog
-from certlm.errors import DeviceFailure
+from certlm.foundation.errors import DeviceFailure
 
 
 async def test_steps_are_recorded_and_the_first_failure_becomes_push_failed() -> None:

@@ -1,4 +1,4 @@
-"""``certlm.enrollment`` called directly: what a push records, which certificate the PKI renews, the names a
+"""``certlm.lifecycle.push`` called directly: what a push records, which certificate the PKI renews, the names a
 certificate lacks, the PKI an entry enrolls with, the CRLs of an enrollment's chain, and the schedulers' entry point
 ``push_certificate`` with an automated order (it never trusts a device on first contact, and a device that presents
 anything but its pinned certificate, or one the PKI issued, gets nothing). Host functions run in the app's context
@@ -17,9 +17,12 @@ from certlm_opcua_simulator import SimulatedDevice
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certlm.certs import sha1_fingerprint, to_der
-from certlm.drivers import DeviceDescription, DeviceIdentity, TrustList
-from certlm.enrollment import (
+from certlm.contracts.drivers import DeviceDescription, DeviceIdentity, TrustList
+from certlm.contracts.pki_backends import Enrollment
+from certlm.foundation.certs import sha1_fingerprint, to_der
+from certlm.foundation.errors import APIError
+from certlm.inventory.entries import create_entry, find_entry_at
+from certlm.lifecycle.push import (
     PushOrder,
     crls_of_chain,
     current_certificate_from,
@@ -33,9 +36,6 @@ from certlm.enrollment import (
     stored_identity,
     trust_list_record,
 )
-from certlm.errors import APIError
-from certlm.inventory import create_entry, find_entry_at
-from certlm.pki_backends import Enrollment
 from certlm.storage.models import InventoryEntry, PkiEntry
 from tests.conftest import StartDevice
 from tests.crypto_factory import ec_key, host_names, make_ca

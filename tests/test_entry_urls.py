@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from quart import Quart
 
-from certlm.app import create_app
-from certlm.drivers import DeviceDriver, SupportedDevice
-from certlm.errors import APIError
-from certlm.host import current_host
-from certlm.hostspec import installed_url_schemes, parse_host_or_url
-from certlm.inventory import checked_service, default_port, default_service, device_url, entry_url
-from certlm.pki_backends import PkiBackend, ServerValidation
-from certlm.registry import PkiBackendRegistry
+from certlm.contracts.drivers import DeviceDriver, SupportedDevice
+from certlm.contracts.pki_backends import PkiBackend, ServerValidation
+from certlm.contracts.registry import PkiBackendRegistry
+from certlm.foundation.errors import APIError
+from certlm.foundation.hostspec import installed_url_schemes, parse_host_or_url
+from certlm.http.app import create_app
+from certlm.inventory.entries import checked_service, default_port, default_service, device_url, entry_url
+from certlm.service.host import current_host
 from certlm.storage.models import InventoryEntry, PkiEntry
 from tests import ssh_gateway_plugin
 from tests.ssh_gateway_plugin import GatewayOverSsh

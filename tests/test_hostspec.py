@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from certlm.errors import APIError
-from certlm.hostspec import HostSpec, address_url, parse_host_or_url
+from certlm.foundation.errors import APIError
+from certlm.foundation.hostspec import HostSpec, address_url, parse_host_or_url
 
 # What the GDS routes accept with the GDS push plugin installed.
 OPC_UA = ("opc.tcp",)

@@ -150,12 +150,12 @@ async def test_an_unreachable_device_is_logged_at_info_once_per_change_of_state(
             "/gds/inventory", json={"server": "127.0.0.1", "port": port}, headers=in_process.headers
         )
         assert response.status_code == 200
-        lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "certlm.identification"]
+        lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "certlm.lifecycle.identification"]
         response = await in_process.client.delete(f"/gds/inventory/{address}", headers=in_process.headers)
         assert response.status_code == 200
         return lines
 
-    caplog.set_level(logging.DEBUG, logger="certlm.identification")
+    caplog.set_level(logging.DEBUG, logger="certlm.lifecycle.identification")
     [(level, first)] = await register()
     assert level == logging.INFO and first.startswith(f"could not identify {address} yet: ")
     for _ in range(3):

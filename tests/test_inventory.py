@@ -1,4 +1,5 @@
-"""``certlm.inventory`` called directly, as the schedulers and the monitor call it: how a host is spelled and found,
+"""``certlm.inventory.entries`` called directly, as the schedulers and the monitor call it: how a host is spelled and
+found,
 registering an entry again, what a driver gets to reach a device, and forgetting stored trust lists. The REST
 views of entries are tested through the API (``blueprints/test_inventory.py``); entry URLs and services in
 ``test_entry_urls.py``."""
@@ -9,11 +10,11 @@ import base64
 
 import pytest
 
-from certlm.certs import to_der
-from certlm.drivers import TrustList
-from certlm.errors import APIError, NotFound
-from certlm.hostspec import HostSpec
-from certlm.inventory import (
+from certlm.contracts.drivers import TrustList
+from certlm.foundation.certs import to_der
+from certlm.foundation.errors import APIError, NotFound
+from certlm.foundation.hostspec import HostSpec
+from certlm.inventory.entries import (
     TRUST_LIST_FIELDS,
     canonical_server,
     checked_server,

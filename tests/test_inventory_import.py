@@ -1,4 +1,4 @@
-"""Bulk registration (``certlm.inventory_import``) through ``POST /gds/inventory/import``: JSON and CSV, the atomic
+"""Bulk registration (``certlm.inventory.importing``) through ``POST /gds/inventory/import``: JSON and CSV, the atomic
 and per-row modes, per-row results, the license limit, and every bad file refused with nothing stored."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from certlm.inventory_import import MAX_IMPORT_ROWS, parse_import
+from certlm.inventory.importing import MAX_IMPORT_ROWS, parse_import
 
 CSV = {"Content-Type": "text/csv"}
 

@@ -11,8 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_DIRECTORIES = ("certlm", "plugins", "tests", "bench", "scripts")
-HOST_ROUTES = "certlm.blueprints"
-APP_FACTORY = "certlm.app"
+HOST_ROUTES = "certlm.http.blueprints"
+APP_FACTORY = "certlm.http.app"
 # The module of a plugin package that hands its routes to the host (hook ``certlm_provide_blueprints``).
 PLUGIN_HOOK_MODULE = "plugin"
 
@@ -106,7 +106,7 @@ def forbidden_imports(sources: Sources) -> list[str]:
 def test_route_modules_are_found() -> None:
     """The walk sees the host's and a plugin's route modules, so that no forbidden import is a finding."""
     routes = route_modules(parse_sources())
-    assert {"certlm.blueprints.push", "certlm.blueprints.inventory", "certlm_gds_push.blueprint"} <= routes
+    assert {"certlm.http.blueprints.push", "certlm.http.blueprints.inventory", "certlm_gds_push.blueprint"} <= routes
 
 
 def test_routes_are_leaves() -> None:
@@ -119,32 +119,48 @@ def test_routes_are_leaves() -> None:
 @pytest.mark.parametrize(
     ("importer", "source", "route_module"),
     [
-        ("certlm/inventory.py", "from certlm.blueprints.system import SOFTWARE\n", "certlm.blueprints.system"),
         (
-            "certlm/blueprints/push.py",
-            "from certlm.blueprints.inventory import MAX_ID\n",
-            "certlm.blueprints.inventory",
+            "certlm/inventory/entries.py",
+            "from certlm.http.blueprints.system import SOFTWARE\n",
+            "certlm.http.blueprints.system",
         ),
-        ("certlm/blueprints/push.py", "from . import inventory\n", "certlm.blueprints, certlm.blueprints.inventory"),
-        ("certlm/blueprints/push.py", "from .pki import render\n", "certlm.blueprints.pki"),
-        ("certlm/demo.py", "def onboard():\n    import certlm.blueprints.inventory\n", "certlm.blueprints.inventory"),
-        ("certlm/demo.py", "from certlm import blueprints\n", "certlm.blueprints"),
+        (
+            "certlm/http/blueprints/push.py",
+            "from certlm.http.blueprints.inventory import MAX_ID\n",
+            "certlm.http.blueprints.inventory",
+        ),
+        (
+            "certlm/http/blueprints/push.py",
+            "from . import inventory\n",
+            "certlm.http.blueprints, certlm.http.blueprints.inventory",
+        ),
+        ("certlm/http/blueprints/push.py", "from .pki import render\n", "certlm.http.blueprints.pki"),
+        (
+            "certlm/demo.py",
+            "def onboard():\n    import certlm.http.blueprints.inventory\n",
+            "certlm.http.blueprints.inventory",
+        ),
+        ("certlm/demo.py", "from certlm.http import blueprints\n", "certlm.http.blueprints"),
         (
             "certlm/cli.py",
-            "import importlib\n\nimportlib.import_module('certlm.blueprints.pki')\n",
-            "certlm.blueprints.pki",
+            "import importlib\n\nimportlib.import_module('certlm.http.blueprints.pki')\n",
+            "certlm.http.blueprints.pki",
         ),
         (
             "plugins/gds_push/certlm_gds_push/blueprint.py",
-            "from certlm.blueprints.pki import render\n",
-            "certlm.blueprints.pki",
+            "from certlm.http.blueprints.pki import render\n",
+            "certlm.http.blueprints.pki",
         ),
         (
             "plugins/gds_push/certlm_gds_push/identity.py",
             "from .blueprint import blueprint\n",
             "certlm_gds_push.blueprint",
         ),
-        ("tests/blueprints/test_pki.py", "from certlm.blueprints.pki import render\n", "certlm.blueprints.pki"),
+        (
+            "tests/blueprints/test_pki.py",
+            "from certlm.http.blueprints.pki import render\n",
+            "certlm.http.blueprints.pki",
+        ),
     ],
 )
 def test_a_forbidden_import_is_found(importer: str, source: str, route_module: str) -> None:

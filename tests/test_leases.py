@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from certlm import leases
-from certlm.config import Settings
-from certlm.leases import DeviceBusy, EntryDeleted, device_lease, extend, try_claim
+from certlm.foundation.config import Settings
+from certlm.lifecycle import leases
+from certlm.lifecycle.leases import DeviceBusy, EntryDeleted, device_lease, extend, try_claim
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from tests.support import LicenseKeys, eventually, licensed_app_in_process
 

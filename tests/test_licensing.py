@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from certlm.licensing import canonical_json, load_private_key, validate_license
+from certlm.system.licensing import canonical_json, load_private_key, validate_license
 from tests.support import LicenseKeys
 
 # Fragments of Python's own exception texts, which a person installing a license cannot act on.

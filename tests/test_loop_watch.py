@@ -8,8 +8,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from certlm.config import Settings
-from certlm.loop_watch import DEFAULT_TICK_S, LoopWatch
+from certlm.foundation.config import Settings
+from certlm.foundation.loop_watch import DEFAULT_TICK_S, LoopWatch
 from tests.support import LicenseKeys, eventually, in_process_settings, licensed_app_in_process
 
 
@@ -105,7 +105,7 @@ async def test_a_traced_watch_logs_the_stack_that_held_the_loop(caplog: pytest.L
     try:
         await ticked(watch, 0)
         ticks = watch.ticks
-        with caplog.at_level("WARNING", logger="certlm.loop_watch"):
+        with caplog.at_level("WARNING", logger="certlm.foundation.loop_watch"):
             hold_the_loop_for(0.3)
             await ticked(watch, ticks)
     finally:

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from certlm.maintenance import (
+from certlm.lifecycle.maintenance import (
     ScheduleError,
     check_cron,
     check_rrule,
@@ -18,7 +18,7 @@ from certlm.maintenance import (
     window_contains,
     zone_named,
 )
-from certlm.suppression import MaintenanceCalendar
+from certlm.lifecycle.suppression import MaintenanceCalendar
 from tests.support import Rule, Window
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -544,7 +544,7 @@ def test_an_exrule_that_can_never_occur_excludes_nothing() -> None:
     assert not inside(Window(), rule, berlin(2026, 4, 30, 2, 30))
 
 
-# Where a suppression starts and ends (certlm.suppression): the rule's own times, whatever moment asks.
+# Where a suppression starts and ends (certlm.lifecycle.suppression): the rule's own times, whatever moment asks.
 
 
 def calendar_of(window: Window, *rules: Rule) -> MaintenanceCalendar:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from cryptography.hazmat.primitives import serialization
 from prometheus_client.parser import text_string_to_metric_families
 
-from certlm.inventory import LISTING_BATCH
+from certlm.inventory.entries import LISTING_BATCH
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from tests.crypto_factory import ec_key, make_ca
 from tests.support import LicenseKeys, in_process_settings, licensed_app_in_process

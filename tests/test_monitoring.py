@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from certlm.monitoring import monitor_device
+from certlm.lifecycle.monitoring import monitor_device
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from tests.support import InProcessApp, free_port
 

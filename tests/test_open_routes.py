@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 
-from certlm.auth import is_open
+from certlm.http.auth import is_open
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import make_ca
 from tests.support import in_process_settings, licensed_app_in_process, watching_dials

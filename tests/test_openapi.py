@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from certlm.app import create_app
-from certlm.auth import LICENSE_EXEMPT_RULES, is_open
-from certlm.config import Settings
-from certlm.openapi import ENTRY_PARAMETERS, fields_refusing_null
+from certlm.foundation.config import Settings
+from certlm.http.app import create_app
+from certlm.http.auth import LICENSE_EXEMPT_RULES, is_open
+from certlm.http.openapi import ENTRY_PARAMETERS, fields_refusing_null
 
 # Routes that answer with something other than a JSON document.
 NON_JSON_RULES = {

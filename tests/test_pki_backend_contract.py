@@ -1,4 +1,4 @@
-"""The PKI-backend contract (``certlm.pki_backends.PkiBackend``): the host calls ``enroll`` and
+"""The PKI-backend contract (``certlm.contracts.pki_backends.PkiBackend``): the host calls ``enroll`` and
 ``enroll_server_key`` with their documented arguments, a backend implements ``issue`` and ``issue_with_server_key``
 on one ``EnrollmentRequest``, and ``offers`` tells which of them a backend implements."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from certlm.errors import UnsupportedOperation
-from certlm.pki_backends import (
+from certlm.contracts.pki_backends import (
     SERVER_PROFILE,
     Enrollment,
     EnrollmentRequest,
     KeyedEnrollment,
     PkiBackend,
 )
+from certlm.foundation.errors import UnsupportedOperation
 from tests.crypto_factory import device_csr, ec_key, make_ca
 
 

@@ -1,4 +1,4 @@
-"""``certlm.pki_client``: what EST and CMP share when they reach a PKI over HTTP(S): the server an entry names, a
+"""``certlm.pki.client``: what EST and CMP share when they reach a PKI over HTTP(S): the server an entry names, a
 server's words fit for an error message, the cause of a transport failure, TLS trust, and CRLs fetched from
 distribution points. ``pki_connection`` and redirects are checked through the REST API and the EST client
 (``blueprints/test_pki.py``, ``plugins/pki_est/test_redirects.py``), the HTTP session in
@@ -17,8 +17,10 @@ from cryptography import x509
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import serialization
 
-from certlm.errors import APIError, NotFound, UpstreamUnavailable
-from certlm.pki_client import (
+from certlm.contracts.registry import HostServices
+from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
+from certlm.foundation.secretbox import SecretBox
+from certlm.pki.client import (
     allowed_redirect_origins,
     answer_text,
     client_credential,
@@ -30,8 +32,6 @@ from certlm.pki_client import (
     tls_trust_anchors,
     transport_cause,
 )
-from certlm.registry import HostServices
-from certlm.secretbox import SecretBox
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import ec_key, host_names, make_ca, pem, pkcs12_base64
 from tests.support import free_port, in_process_settings, serving

@@ -1,4 +1,4 @@
-"""The HTTP session EST and CMP share (``certlm.pki_client.PkiHttpSession``): one session per backend call, closed
+"""The HTTP session EST and CMP share (``certlm.pki.client.PkiHttpSession``): one session per backend call, closed
 when the call ends, and a cookie jar only where a client stays at one origin."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from certlm.pki_client import PkiHttpSession
+from certlm.pki.client import PkiHttpSession
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 

@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 
-from certlm import hookspecs
-from certlm.drivers import DeviceIdentity
-from certlm.plugins import PluginLoadError, build_plugin_manager
-from certlm.registry import DeviceDriverRegistry, DuplicateRegistration
+from certlm.contracts import hookspecs
+from certlm.contracts.drivers import DeviceIdentity
+from certlm.contracts.registry import DeviceDriverRegistry, DuplicateRegistration
+from certlm.http.plugins import PluginLoadError, build_plugin_manager
 from tests.support import REPO, free_port
 
 
@@ -243,7 +243,7 @@ def test_two_plugins_claiming_one_service_is_an_error() -> None:
 def test_most_specific_driver_is_selected() -> None:
     from certlm_example_vendor.plugin import AcmeWidgetDriver
 
-    from certlm.drivers import DeviceDriver
+    from certlm.contracts.drivers import DeviceDriver
 
     class GenericDriver(DeviceDriver):
         service = "gds-push-generic"

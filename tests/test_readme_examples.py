@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from certlm.licensing import validate_license
+from certlm.system.licensing import validate_license
 from tests.support import REPO
 from tests.test_demo import VENV_BIN, RunningDemo
 

@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 
 from cryptography import x509
 
-from certlm.renewal import backoff, renewal_reason
-from certlm.suppression import BOUNDARY_PRECISION, MaintenanceCalendar
+from certlm.lifecycle.renewal import backoff, renewal_reason
+from certlm.lifecycle.suppression import BOUNDARY_PRECISION, MaintenanceCalendar
 from tests.crypto_factory import Credential, ec_key, make_ca
 from tests.support import Rule, Window
 

@@ -1,4 +1,5 @@
-"""Revocation checking (``certlm.revocation``): each of the thirteen CRL check statuses with a CA and CRL made for it,
+"""Revocation checking (``certlm.pki.revocation``): each of the thirteen CRL check statuses with a CA and CRL made for
+it,
 which status wins when several apply, the CRL cache honouring nextUpdate, and a device of the internal CA whose
 certificate is revoked, as monitoring and the certificate detail show it."""
 
@@ -16,11 +17,11 @@ from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
-from certlm import crl_status
-from certlm.certs import key_usage, serial_hex
-from certlm.errors import UpstreamUnavailable
-from certlm.pki_backends import PkiBackend
-from certlm.revocation import CrlCache, RevocationCheck, check, revocation_of, store_revocation
+from certlm.contracts.pki_backends import PkiBackend
+from certlm.foundation import crl_status
+from certlm.foundation.certs import key_usage, serial_hex
+from certlm.foundation.errors import UpstreamUnavailable
+from certlm.pki.revocation import CrlCache, RevocationCheck, check, revocation_of, store_revocation
 from certlm.storage.models import InventoryEntry, PkiEntry
 from tests.crypto_factory import Credential, certificate, ec_key, make_ca
 from tests.support import InProcessApp, free_port, serving

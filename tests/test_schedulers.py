@@ -18,9 +18,9 @@ from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
-from certlm.schedulers import SETTINGS_POLL_S, ScanContext, ScanReport, Scheduler
+from certlm.lifecycle.schedulers import SETTINGS_POLL_S, ScanContext, ScanReport, Scheduler
+from certlm.lifecycle.suppression import MaintenanceCalendar
 from certlm.storage.models import PkiEntry
-from certlm.suppression import MaintenanceCalendar
 from tests.plugins.gds_push.conftest import NodeOpcuaPeer
 from tests.support import InProcessApp, eventually, free_port
 
@@ -344,7 +344,7 @@ async def test_a_maintenance_write_wakes_this_instances_schedulers_at_once(
     plant: Plant, monkeypatch: pytest.MonkeyPatch, write: str
 ) -> None:
     # Polls an hour apart: only the wake of the write can make the scheduler look at the calendar again.
-    monkeypatch.setattr("certlm.schedulers.SETTINGS_POLL_S", 3600.0)
+    monkeypatch.setattr("certlm.lifecycle.schedulers.SETTINGS_POLL_S", 3600.0)
     now = datetime.now(UTC)
     window_id, rule_id = await plant.maintenance_window(
         "Line 3 shutdown", now - timedelta(hours=1), now + timedelta(hours=1)

@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from certlm.tls import prepare_server_tls
+from certlm.system.tls import prepare_server_tls
 from tests.crypto_factory import csr_pem, pkcs12_base64
 from tests.support import in_process_settings, licensed_app_in_process, stored_bytes
 

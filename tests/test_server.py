@@ -8,7 +8,7 @@ import json
 import socket
 from collections.abc import AsyncIterator
 
-from certlm.config import Settings
+from certlm.foundation.config import Settings
 from tests.support import RunningService
 
 LIMIT = Settings.max_body_bytes  # the default MAX_CONTENT_LENGTH

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from certlm import hookimpl
-from certlm.pki_backends import PkiBackend
-from certlm.registry import PkiBackendRegistry
+from certlm.contracts.pki_backends import PkiBackend
+from certlm.contracts.registry import PkiBackendRegistry
 
 
 class NoPki(PkiBackend):

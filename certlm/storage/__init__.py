@@ -10,7 +10,7 @@ from typing import TypeVar
 from tortoise import Model, Tortoise, connections
 from tortoise.backends.base.config_generator import expand_db_url
 
-from certlm.secretbox import PRIVATE_FILE_MODE, open_private_file
+from certlm.foundation.secretbox import PRIVATE_FILE_MODE, open_private_file
 from certlm.storage.migrations import migrate
 
 log = logging.getLogger(__name__)

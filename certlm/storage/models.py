@@ -8,7 +8,7 @@ from tortoise import fields
 from tortoise.backends.base.client import BaseDBAsyncClient
 from tortoise.models import Model
 
-# The unique index every lookup of an inventory entry by address uses (``certlm.inventory.find_entry_at``).
+# The unique index every lookup of an inventory entry by address uses (``certlm.inventory.entries.find_entry_at``).
 SERVER_KEY_UNIQUE = ("server_key", "port", "protocol")
 
 
@@ -44,7 +44,8 @@ class SystemSettings(Model):
 
 
 class StoredLicense(Model):
-    """The installed license file, as uploaded (id 1), and the one it replaced (id 2, ``certlm.licensing``), which
+    """The installed license file, as uploaded (id 1), and the one it replaced (id 2, ``certlm.system.licensing``),
+    which
     ``POST /systeminfo/lic/restore`` puts back."""
 
     id = fields.IntField(primary_key=True)
@@ -134,7 +135,8 @@ class InventoryEntry(Model):
     # read) it never follows what a device merely presents.
     pinned_certificate_der = fields.BinaryField(null=True)
     cert_revoked = fields.BooleanField(null=True)
-    # The last revocation check of ``certificate_der`` (``certlm.revocation``): its ``certlm.crl_status`` id and, when
+    # The last revocation check of ``certificate_der`` (``certlm.pki.revocation``): its
+    # ``certlm.foundation.crl_status`` id and, when
     # revoked, the RFC 5280 reason id; null when not checked. ``cert_revoked`` is what the status says.
     cert_revocation_status = fields.IntField(null=True)
     cert_revocation_reason = fields.IntField(null=True)
@@ -168,7 +170,8 @@ class InventoryEntry(Model):
 
 class DeviceSchedule(Model):
     """What the schedulers keep about one inventory entry, and the lease that lets one certlm instance at a time
-    operate on the device (``certlm.leases``). Kept apart from ``InventoryEntry`` so that saving an entry never
+    operate on the device (``certlm.lifecycle.leases``). Kept apart from ``InventoryEntry`` so that saving an entry
+    never
     overwrites a lease another instance holds."""
 
     id = fields.IntField(primary_key=True)

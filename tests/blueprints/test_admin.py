@@ -8,7 +8,7 @@ import time
 import pyotp
 import pytest
 
-from certlm.certs import to_pem
+from certlm.foundation.certs import to_pem
 from tests.crypto_factory import pkcs12_base64, self_signed
 from tests.support import database_rows, stored_bytes
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from certlm.certs import sha1_fingerprint, to_pem
-from certlm.inventory import ScheduleOut
+from certlm.foundation.certs import sha1_fingerprint, to_pem
+from certlm.inventory.entries import ScheduleOut
 from tests.crypto_factory import pkcs12_base64, self_signed
 from tests.support import database_rows
 

@@ -11,7 +11,7 @@ from datetime import date, timedelta
 
 import pytest
 
-from certlm.app import create_app
+from certlm.http.app import create_app
 from tests.support import InProcessApp, LicenseKeys, in_process_settings
 from tests.test_licensing import assert_is_a_sentence, tampered
 
@@ -204,7 +204,7 @@ async def test_a_dry_run_without_a_license_installed_says_so(unlicensed, license
 async def test_valid_license_replaces_the_license_in_force_and_the_log_says_which(
     in_process, license_keys, caplog
 ) -> None:
-    caplog.set_level(logging.INFO, logger="certlm.licensing")
+    caplog.set_level(logging.INFO, logger="certlm.system.licensing")
     renewal = license_keys.issue(company="Werk Nord AG", endpoints=50)
     status, body = await in_process.call("POST", "/systeminfo/lic", {"license_b64": renewal})
     assert status == 201 and body["validation_success"] is True and body["service_licensed"] is True
@@ -219,9 +219,9 @@ async def test_valid_license_replaces_the_license_in_force_and_the_log_says_whic
 async def test_an_upload_that_leaves_the_service_unlicensed_is_logged_as_a_warning(
     in_process, license_keys, caplog
 ) -> None:
-    caplog.set_level(logging.INFO, logger="certlm.licensing")
+    caplog.set_level(logging.INFO, logger="certlm.system.licensing")
     await in_process.call("POST", "/systeminfo/lic", {"license_b64": license_keys.issue(features=("reporting",))})
-    (record,) = [r for r in caplog.records if r.name == "certlm.licensing"]
+    (record,) = [r for r in caplog.records if r.name == "certlm.system.licensing"]
     assert record.levelno == logging.WARNING
     assert (
         "(not valid: the license lacks feature 'core', which every route but /systeminfo/lic needs; the service is "

@@ -14,8 +14,8 @@ from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.app import create_app
-from certlm.pki_backends import PkiBackend, ServerValidation
+from certlm.contracts.pki_backends import PkiBackend, ServerValidation
+from certlm.http.app import create_app
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import Credential, csr_pem, ec_key, pem, pkcs12_base64, self_signed
 from tests.support import in_process_settings

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certlm.secretbox import SecretBox
+from certlm.foundation.secretbox import SecretBox
 from tests.conftest import start_service
 from tests.crypto_factory import certificate, ec_key, host_names, rsa_key, self_signed
 from tests.support import RunningService

@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-from certlm.certs import serial_hex
-from certlm.errors import APIError
-from certlm.secretbox import SecretBox
+from certlm.foundation.certs import serial_hex
+from certlm.foundation.errors import APIError
+from certlm.foundation.secretbox import SecretBox
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import (
     DEVICE_DNS,

@@ -8,11 +8,11 @@ from cryptography import x509
 from quart import Blueprint, Response
 from quart_schema import validate_querystring
 
-from certlm.certs import to_pem
-from certlm.errors import NotFound
-from certlm.host import current_host
-from certlm.openapi import answers, downloads
-from certlm.responses import DownloadQuery
+from certlm.foundation.certs import to_pem
+from certlm.foundation.errors import NotFound
+from certlm.foundation.responses import DownloadQuery
+from certlm.http.openapi import answers, downloads
+from certlm.service.host import current_host
 from certlm_gds_push.identity import client_identity, stored_client_identity
 
 log = logging.getLogger(__name__)

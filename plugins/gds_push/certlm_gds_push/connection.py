@@ -26,10 +26,10 @@ from asyncua.crypto import security_policies, uacrypto
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.certs import sha1_fingerprint
-from certlm.config import Settings
-from certlm.drivers import DeviceTarget
-from certlm.errors import APIError, CsrRejected, DeviceFailure, UnsupportedOperation, UpstreamUnavailable
+from certlm.contracts.drivers import DeviceTarget
+from certlm.foundation.certs import sha1_fingerprint
+from certlm.foundation.config import Settings
+from certlm.foundation.errors import APIError, CsrRejected, DeviceFailure, UnsupportedOperation, UpstreamUnavailable
 from certlm_gds_push.identity import ClientIdentity
 
 log = logging.getLogger(__name__)

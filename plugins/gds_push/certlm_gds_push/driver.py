@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from asyncua import ua
 
-from certlm.drivers import (
+from certlm.contracts.drivers import (
     CertificateReading,
     DeviceDescription,
     DeviceDriver,

@@ -27,8 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.certs import host_general_name, issued_by, sha1_fingerprint, to_der
-from certlm.drivers import (
+from certlm.contracts.drivers import (
     DeviceDescription,
     DeviceDriver,
     DeviceTarget,
@@ -41,8 +40,9 @@ from certlm.drivers import (
     StepNote,
     TrustList,
 )
-from certlm.errors import UnsupportedOperation
-from certlm.pki_backends import CertlmKeyRequired, Enrollment
+from certlm.contracts.pki_backends import CertlmKeyRequired, Enrollment
+from certlm.foundation.certs import host_general_name, issued_by, sha1_fingerprint, to_der
+from certlm.foundation.errors import UnsupportedOperation
 from certlm_gds_push.connection import (
     DeviceError,
     DeviceSession,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from certlm import hookimpl
-from certlm.registry import DeviceDriverRegistry
+from certlm.contracts.registry import DeviceDriverRegistry
 from certlm_opcua_simulator.driver import SimulatedPlcDriver
 
 

@@ -72,10 +72,17 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from pyasn1_alt_modules import rfc9480
 
-from certlm import pki_client, serial_hex
-from certlm.certs import is_self_signed, issued_by, issuer_chain, spki_der
-from certlm.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
-from certlm.pki_backends import CertificateProfile, CertlmKeyRequired, Enrollment, EnrollmentRequest, PkiBackend
+from certlm import serial_hex
+from certlm.contracts.pki_backends import (
+    CertificateProfile,
+    CertlmKeyRequired,
+    Enrollment,
+    EnrollmentRequest,
+    PkiBackend,
+)
+from certlm.foundation.certs import is_self_signed, issued_by, issuer_chain, spki_der
+from certlm.foundation.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
+from certlm.pki import client as pki_client
 from certlm.storage.models import PkiEntry
 from certlm_pki_cmp import messages, protection
 from certlm_pki_cmp.capabilities import LearnedCapabilities, TypeRefused, type_refusal

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from certlm import hookimpl
-from certlm.registry import PkiBackendRegistry
+from certlm.contracts.registry import PkiBackendRegistry
 
 
 @hookimpl

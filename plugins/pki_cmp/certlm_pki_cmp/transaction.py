@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, replace
 from cryptography import x509
 from pyasn1_alt_modules import rfc9480
 
-from certlm import pki_client
-from certlm.errors import APIError, CsrRejected, UpstreamUnavailable
-from certlm.pki_client import ClientCredential
+from certlm.foundation.errors import APIError, CsrRejected, UpstreamUnavailable
+from certlm.pki import client as pki_client
+from certlm.pki.client import ClientCredential
 from certlm_pki_cmp import messages, protection
 from certlm_pki_cmp.messages import Status
 from certlm_pki_cmp.protection import MacAlgorithm

@@ -4,9 +4,9 @@ verified against the entry's ``tls_ca`` (else the system's trust store)."""
 
 from __future__ import annotations
 
-from certlm import pki_client
-from certlm.errors import UpstreamUnavailable
-from certlm.registry import HostServices
+from certlm.contracts.registry import HostServices
+from certlm.foundation.errors import UpstreamUnavailable
+from certlm.pki import client as pki_client
 from certlm.storage.models import PkiEntry
 
 CONTENT_TYPE = "application/pkixcmp"

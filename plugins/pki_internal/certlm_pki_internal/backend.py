@@ -13,9 +13,9 @@ from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
 from certlm import serial_hex
-from certlm.errors import APIError
-from certlm.pki_backends import Enrollment, EnrollmentRequest, PkiBackend
-from certlm.registry import HostServices
+from certlm.contracts.pki_backends import Enrollment, EnrollmentRequest, PkiBackend
+from certlm.contracts.registry import HostServices
+from certlm.foundation.errors import APIError
 from certlm.storage.models import PkiEntry
 from certlm_pki_internal import ca
 from certlm_pki_internal.models import InternalCa, IssuedCertificate

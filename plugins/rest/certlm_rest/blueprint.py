@@ -13,12 +13,12 @@ from quart import Blueprint, Response, stream_with_context
 from quart_schema import document_response, validate_querystring, validate_request, validate_response
 from tortoise.transactions import in_transaction
 
-from certlm.certs import sha1_fingerprint
-from certlm.enrollment import decommission, identify_registered, last_recorded
-from certlm.errors import APIError, NotFound, UpstreamUnavailable
-from certlm.host import current_host
-from certlm.hostspec import HostSpec, parse_host_or_url
-from certlm.inventory import (
+from certlm.foundation.certs import sha1_fingerprint
+from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
+from certlm.foundation.hostspec import HostSpec, parse_host_or_url
+from certlm.foundation.responses import StrictBody
+from certlm.http.openapi import answers
+from certlm.inventory.entries import (
     MAX_SECRET_CHARS,
     InventoryEntryOut,
     ListingPage,
@@ -31,11 +31,11 @@ from certlm.inventory import (
     save_credentials,
     update_entry,
 )
-from certlm.openapi import answers
-from certlm.responses import StrictBody
+from certlm.lifecycle.push import decommission, identify_registered, last_recorded
+from certlm.service.host import current_host
 from certlm.storage import MAX_ID
 from certlm.storage.models import InventoryEntry, PkiEntry
-from certlm.system import MAX_RENEWAL_DAYS
+from certlm.system.settings import MAX_RENEWAL_DAYS
 from certlm_rest.models import RestDevice
 
 blueprint = Blueprint("rest", __name__)

@@ -19,10 +19,10 @@ import aiohttp
 from cryptography import x509
 
 from certlm import DeviceIdentityChanged
-from certlm.certs import sha1_fingerprint, to_der, to_pem
-from certlm.config import Settings
-from certlm.errors import DeviceFailure
-from certlm.pki_client import answer_text, http_answer_text, transport_cause
+from certlm.foundation.certs import sha1_fingerprint, to_der, to_pem
+from certlm.foundation.config import Settings
+from certlm.foundation.errors import DeviceFailure
+from certlm.pki.client import answer_text, http_answer_text, transport_cause
 
 # Device status names a failed step reports (the REST counterpart of OPC UA's Bad... names).
 TLS_UNTRUSTED = "TlsCertificateUntrusted"

@@ -22,8 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from certlm import DeviceIdentityChanged, HostServices, identity_repinned
-from certlm.certs import load_certificate, load_crl, to_der, to_pem
-from certlm.drivers import (
+from certlm.contracts.drivers import (
     CertificateReading,
     DeviceDescription,
     DeviceDriver,
@@ -36,8 +35,9 @@ from certlm.drivers import (
     PushRequest,
     TrustList,
 )
-from certlm.errors import APIError, DeviceFailure
-from certlm.host import current_host
+from certlm.foundation.certs import load_certificate, load_crl, to_der, to_pem
+from certlm.foundation.errors import APIError, DeviceFailure
+from certlm.service.host import current_host
 from certlm_rest.connection import (
     BAD_ANSWER,
     TLS_UNTRUSTED,

@@ -9,8 +9,8 @@ import time
 from asyncua import Client
 from cryptography import x509
 
-from certlm.certs import to_der
-from certlm.errors import DeviceFailure
+from certlm.foundation.certs import to_der
+from certlm.foundation.errors import DeviceFailure
 from certlm_rest.connection import CONNECTION_FAILED, TIMEOUT, Timeouts, describe_certificate
 
 RETRY_S = 0.3

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quart import Blueprint
 
 from certlm import hookimpl
-from certlm.registry import DeviceDriverRegistry
+from certlm.contracts.registry import DeviceDriverRegistry
 from certlm_rest.contoso import ContosoGatewayDriver
 from certlm_rest.driver import RestGenericDriver
 

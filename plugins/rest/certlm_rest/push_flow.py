@@ -23,8 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from certlm.certs import host_general_name, is_self_signed, issued_by, issuer_chain, to_der
-from certlm.drivers import (
+from certlm.contracts.drivers import (
     DeviceDescription,
     DeviceTarget,
     PkiMaterial,
@@ -34,8 +33,9 @@ from certlm.drivers import (
     StepLog,
     TrustList,
 )
-from certlm.errors import DeviceFailure
-from certlm.pki_backends import Enrollment
+from certlm.contracts.pki_backends import Enrollment
+from certlm.foundation.certs import host_general_name, is_self_signed, issued_by, issuer_chain, to_der
+from certlm.foundation.errors import DeviceFailure
 from certlm_rest.connection import BAD_ANSWER, ManagementApi, describe_certificate
 from certlm_rest.models import digests
 from certlm_rest.opcua_endpoint import CERTIFICATE_MISMATCH, await_endpoint_presenting

@@ -11,11 +11,11 @@ from pydantic import BaseModel, Field, field_validator
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
-from certlm.errors import NotFound, UpstreamUnavailable
-from certlm.hostspec import parse_host_or_url
-from certlm.inventory import MAX_SECRET_CHARS, checked_server, find_entry
-from certlm.openapi import answers
-from certlm.responses import StrictBody
+from certlm.foundation.errors import NotFound, UpstreamUnavailable
+from certlm.foundation.hostspec import parse_host_or_url
+from certlm.foundation.responses import StrictBody
+from certlm.http.openapi import answers
+from certlm.inventory.entries import MAX_SECRET_CHARS, checked_server, find_entry
 from certlm_ssh.device_settings import device_view, pin_offered_host_key, ssh_entry_at, update_device_settings
 
 blueprint = Blueprint("ssh", __name__)

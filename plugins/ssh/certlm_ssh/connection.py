@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import asyncssh
 
 from certlm import DeviceIdentityChanged
-from certlm.errors import DeviceFailure
+from certlm.foundation.errors import DeviceFailure
 
 # OpenSSH's own names for what went wrong, used as each failed step's status.
 HOST_KEY_NOT_PINNED = "HostKeyNotPinned"

@@ -16,12 +16,12 @@ from pydantic import ValidationError
 from tortoise.transactions import in_transaction
 
 from certlm import identity_repinned
-from certlm.drivers import DeviceTarget
-from certlm.errors import APIError, NotFound
-from certlm.host import current_host
-from certlm.hostspec import address_url
-from certlm.inventory import entry_url, find_entry_at, save_credentials
-from certlm.secretbox import SecretBox
+from certlm.contracts.drivers import DeviceTarget
+from certlm.foundation.errors import APIError, NotFound
+from certlm.foundation.hostspec import address_url
+from certlm.foundation.secretbox import SecretBox
+from certlm.inventory.entries import entry_url, find_entry_at, save_credentials
+from certlm.service.host import current_host
 from certlm.storage.models import DeviceCredential, InventoryEntry
 from certlm_ssh.connection import SshLogin, SshTimeouts, host_key_fingerprint, host_key_text, offered_host_key
 from certlm_ssh.layout import StoreLayout

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import ClassVar
 
 from certlm import HostServices
-from certlm.drivers import (
+from certlm.contracts.drivers import (
     CertificateReading,
     DeviceDescription,
     DeviceDriver,
@@ -27,7 +27,7 @@ from certlm.drivers import (
     SupportedDevice,
     TrustList,
 )
-from certlm.errors import DeviceFailure
+from certlm.foundation.errors import DeviceFailure
 from certlm_ssh.connection import HostKeyNotPinned, SshSession, SshTimeouts, failure, open_session
 from certlm_ssh.device_settings import DeviceSettings, device_settings, login_of, opcua_url_of
 from certlm_ssh.layout import StoreLayout

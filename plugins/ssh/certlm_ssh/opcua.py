@@ -9,7 +9,7 @@ from asyncua import Client
 from cryptography import x509
 
 from certlm import serial_hex
-from certlm.errors import DeviceFailure
+from certlm.foundation.errors import DeviceFailure
 
 ENDPOINT_UNREACHABLE = "BadCommunicationError"
 NO_CERTIFICATE = "BadCertificateInvalid"

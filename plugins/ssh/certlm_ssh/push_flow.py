@@ -16,8 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPri
 from cryptography.x509.oid import NameOID
 
 from certlm import serial_hex
-from certlm.certs import host_general_name, issued_by, to_der
-from certlm.drivers import (
+from certlm.contracts.drivers import (
     DeviceDescription,
     PkiMaterial,
     PushFailed,
@@ -26,7 +25,8 @@ from certlm.drivers import (
     StepLog,
     plain_status,
 )
-from certlm.errors import APIError, DeviceFailure
+from certlm.foundation.certs import host_general_name, issued_by, to_der
+from certlm.foundation.errors import APIError, DeviceFailure
 from certlm_ssh.connection import (
     CommandFailed,
     HostKeyNotPinned,
@@ -55,7 +55,7 @@ from certlm_ssh.store import (
 )
 
 if TYPE_CHECKING:
-    from certlm.drivers import DeviceTarget
+    from certlm.contracts.drivers import DeviceTarget
     from certlm_ssh.driver import SshStoreDriver
 
 UNTRUSTED_STORE = "CertificateUntrusted"

@@ -23,7 +23,7 @@ from certlm import (
     SupportedDevice,
     hookimpl,
 )
-from certlm.errors import UpstreamUnavailable
+from certlm.foundation.errors import UpstreamUnavailable
 
 
 class AcmeWidgetDriver(DeviceDriver):
@@ -72,7 +72,7 @@ class AcmeKeyVaultPki(PkiBackend):
         return [] if entry.tls_ca else ["an acme-keyvault entry needs its CA certificate in tls_ca"]
 
     async def ca_certificates(self, entry) -> list:
-        from certlm.certs import load_certificates_pem
+        from certlm.foundation.certs import load_certificates_pem
 
         return [certificate for pem in entry.tls_ca for certificate in load_certificates_pem(pem)]
 

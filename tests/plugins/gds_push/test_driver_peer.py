@@ -16,10 +16,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
-from certlm.certs import sha1_fingerprint, to_der
-from certlm.drivers import DeviceTarget, PkiMaterial, PushFailed, PushRequest, TrustList
-from certlm.errors import CsrRejected
-from certlm.registry import HostServices
+from certlm.contracts.drivers import DeviceTarget, PkiMaterial, PushFailed, PushRequest, TrustList
+from certlm.contracts.registry import HostServices
+from certlm.foundation.certs import sha1_fingerprint, to_der
+from certlm.foundation.errors import CsrRejected
 from tests.plugins.gds_push.conftest import (
     ADMIN,
     NodeOpcuaPeer,

@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from certlm.certs import to_der
-from certlm.drivers import PushFailed, PushRequest, TrustList
-from certlm.registry import HostServices
+from certlm.contracts.drivers import PushFailed, PushRequest, TrustList
+from certlm.contracts.registry import HostServices
+from certlm.foundation.certs import to_der
 from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import (
     ADMIN,

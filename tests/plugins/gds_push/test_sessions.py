@@ -15,8 +15,7 @@ from certlm_gds_push.identity import ClientIdentity
 from certlm_opcua_simulator.driver import SimulatedPlcDriver
 from cryptography import x509
 
-from certlm.certs import to_der
-from certlm.drivers import (
+from certlm.contracts.drivers import (
     DeviceDescription,
     DeviceDriver,
     DeviceTarget,
@@ -27,8 +26,9 @@ from certlm.drivers import (
     StepOutcome,
     TrustList,
 )
-from certlm.errors import CsrRejected
-from certlm.registry import HostServices
+from certlm.contracts.registry import HostServices
+from certlm.foundation.certs import to_der
+from certlm.foundation.errors import CsrRejected
 from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for
 

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from certlm.errors import APIError, NotFound, UpstreamUnavailable
-from certlm.pki_backends import SERVER_PROFILE
-from certlm.pki_client import stored_ca_certificates
+from certlm.contracts.pki_backends import SERVER_PROFILE
+from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
+from certlm.pki.client import stored_ca_certificates
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import device_csr, ec_key, rsa_key
 from tests.plugins.pki_cmp.cmp_server import forward_to, http_error, refusing

@@ -9,9 +9,9 @@ from cryptography import x509
 from pyasn1.codec.der import decoder
 from pyasn1_alt_modules import rfc4211
 
-from certlm.errors import APIError, NotFound, UpstreamUnavailable
-from certlm.pki_backends import CLIENT_PROFILE, SERVER_PROFILE
-from certlm.pki_client import stored_ca_certificates
+from certlm.contracts.pki_backends import CLIENT_PROFILE, SERVER_PROFILE
+from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
+from certlm.pki.client import stored_ca_certificates
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import device_csr, ec_key, self_signed
 from tests.plugins.pki_cmp.cmp_server import forward_to

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from cryptography import x509
 
-from certlm.errors import APIError
-from certlm.pki_backends import SERVER_PROFILE
+from certlm.contracts.pki_backends import SERVER_PROFILE
+from certlm.foundation.errors import APIError
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import device_csr, ec_key
 from tests.plugins.pki_cmp.conftest import MAC_SERVER, REFERENCE, SECRET, received

@@ -11,7 +11,7 @@ import pytest
 from certlm_pki_est.backend import EstPki
 from cryptography import x509
 
-from certlm.config import Settings
+from certlm.foundation.config import Settings
 from certlm.storage.models import PkiEntry
 from tests.plugins.broken_server import start_broken_server  # noqa: F401 - a fixture for this package's tests
 from tests.plugins.pki_est.est_server import EstTestServer

@@ -8,10 +8,10 @@ import pytest
 from certlm_pki_est.backend import EstPki
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from certlm.config import Settings
-from certlm.errors import UpstreamUnavailable
-from certlm.pki_backends import SERVER_PROFILE
-from certlm.registry import HostServices
+from certlm.contracts.pki_backends import SERVER_PROFILE
+from certlm.contracts.registry import HostServices
+from certlm.foundation.config import Settings
+from certlm.foundation.errors import UpstreamUnavailable
 from tests.crypto_factory import device_csr, ec_key, self_signed
 from tests.support import free_port
 

@@ -9,10 +9,10 @@ import re
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from certlm.certs import serial_hex
-from certlm.errors import UpstreamUnavailable
-from certlm.pki_backends import SERVER_PROFILE
-from certlm.pki_client import MAX_REDIRECTS
+from certlm.contracts.pki_backends import SERVER_PROFILE
+from certlm.foundation.certs import serial_hex
+from certlm.foundation.errors import UpstreamUnavailable
+from certlm.pki.client import MAX_REDIRECTS
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import device_csr, ec_key
 from tests.plugins.pki_est.conftest import same_key

@@ -28,12 +28,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from certlm.certs import issued_by, to_der
-from certlm.renewal import renewal_scan
-from certlm.schedulers import ScanContext
+from certlm.foundation.certs import issued_by, to_der
+from certlm.lifecycle.renewal import renewal_scan
+from certlm.lifecycle.schedulers import ScanContext
+from certlm.lifecycle.suppression import MaintenanceCalendar
 from certlm.storage.models import InventoryEntry
-from certlm.suppression import MaintenanceCalendar
-from certlm.system import system_settings
+from certlm.system.settings import system_settings
 from tests.crypto_factory import make_ca, pem
 from tests.plugins.rest.contract import BASE_PATH, device_api, operation, operations
 from tests.plugins.rest.contract_device import APPLICATION_URI, KEY_BITS, ContractDevice

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from certlm_rest.models import RestDevice
 
-from certlm.host import current_host
+from certlm.service.host import current_host
 from certlm.storage.models import DeviceCredential, InventoryEntry
 from tests.support import InProcessApp, LicenseKeys, free_port
 

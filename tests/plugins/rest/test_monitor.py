@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from certlm.certs import sha1_fingerprint
-from certlm.monitoring import monitor_device
+from certlm.foundation.certs import sha1_fingerprint
+from certlm.lifecycle.monitoring import monitor_device
 from tests.plugins.rest.conftest import StartRestDevice
 from tests.plugins.rest.device import RestTestDevice
 from tests.plugins.rest.test_push import enrolled, entry_of, push, register, rest_entry

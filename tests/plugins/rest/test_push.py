@@ -20,15 +20,15 @@ from certlm_rest.opcua_endpoint import endpoint_certificate
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certlm.app import create_app
-from certlm.certs import sha1_fingerprint, to_der
-from certlm.enrollment import PushError, PushOrder, push_certificate
-from certlm.monitoring import monitor_device
-from certlm.renewal import renewal_scan
-from certlm.schedulers import ScanContext
+from certlm.foundation.certs import sha1_fingerprint, to_der
+from certlm.http.app import create_app
+from certlm.lifecycle.monitoring import monitor_device
+from certlm.lifecycle.push import PushError, PushOrder, push_certificate
+from certlm.lifecycle.renewal import renewal_scan
+from certlm.lifecycle.schedulers import ScanContext
+from certlm.lifecycle.suppression import MaintenanceCalendar
 from certlm.storage.models import InventoryEntry
-from certlm.suppression import MaintenanceCalendar
-from certlm.system import system_settings
+from certlm.system.settings import system_settings
 from tests.crypto_factory import certificate, host_names, make_ca, rsa_key
 from tests.plugins.rest.conftest import StartRestDevice
 from tests.plugins.rest.device import RestTestDevice

@@ -11,8 +11,8 @@ from urllib.parse import quote
 import pytest
 from certlm_ssh.driver import VERIFY_WAIT_SETTING
 
-from certlm.enrollment import PushOrder, push_certificate
-from certlm.inventory import find_entry_at
+from certlm.inventory.entries import find_entry_at
+from certlm.lifecycle.push import PushOrder, push_certificate
 from tests.plugins.ssh.device import SshTestBed, StoreDevice
 from tests.support import InProcessApp, LicenseKeys, in_process_settings, licensed_app_in_process
 

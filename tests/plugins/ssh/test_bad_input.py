@@ -11,8 +11,8 @@ from urllib.parse import quote
 import pytest
 from certlm_ssh.driver import VERIFY_WAIT_SETTING
 
-from certlm.app import create_app
-from certlm.config import Settings
+from certlm.foundation.config import Settings
+from certlm.http.app import create_app
 from tests.support import InProcessApp, in_process_settings
 
 ADDRESS = {"server": "127.0.0.1", "port": 2222}

@@ -11,7 +11,7 @@ from certlm_ssh.opcua import presented_certificate
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certlm.certs import to_der
+from certlm.foundation.certs import to_der
 from tests.plugins.ssh.conftest import SshPlant
 from tests.plugins.ssh.device import secure_channel_state
 

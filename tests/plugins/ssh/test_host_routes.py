@@ -10,7 +10,7 @@ from urllib.parse import quote
 from certlm_ssh.opcua import presented_certificate
 from cryptography import x509
 
-from certlm.certs import serial_hex, sha1_fingerprint
+from certlm.foundation.certs import serial_hex, sha1_fingerprint
 from tests.plugins.ssh.conftest import SshPlant
 
 

@@ -9,8 +9,8 @@ from urllib.parse import quote
 
 from certlm_ssh.opcua import presented_certificate
 
-from certlm.inventory import find_entry_at
-from certlm.monitoring import monitor_device
+from certlm.inventory.entries import find_entry_at
+from certlm.lifecycle.monitoring import monitor_device
 from tests.plugins.ssh.conftest import SshPlant
 from tests.support import eventually
 

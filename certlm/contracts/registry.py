@@ -1,0 +1,161 @@
+"""What plugins register and the host looks up by name: device drivers by service id, PKI backends by type.
+
+The contracts a vendor implements are ``certlm.contracts.drivers`` and ``certlm.contracts.pki_backends``. Every device
+or PKI operation
+the host performs goes through one of these registries; the host itself never branches on a protocol or PKI type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from certlm.contracts.drivers import DeviceDriver
+from certlm.contracts.pki_backends import Enrollment, PkiBackend
+from certlm.foundation.errors import UnsupportedOperation
+
+if TYPE_CHECKING:
+    from cryptography import x509
+
+    from certlm.contracts.drivers import DeviceIdentity, SupportedDevice
+    from certlm.foundation.config import Settings
+    from certlm.foundation.secretbox import SecretBox
+
+Key = TypeVar("Key", str, int)
+Plugin = TypeVar("Plugin")
+
+
+class DuplicateRegistration(RuntimeError):
+    """Two installed plugins claim the same service id or PKI type."""
+
+
+ClientCertificateIssuer = Callable[["x509.CertificateSigningRequest"], Awaitable[Enrollment | None]]
+
+
+async def no_internal_ca(csr: x509.CertificateSigningRequest) -> Enrollment | None:
+    """The issuer of a host without an internal CA: certlm's client certificates are then self-signed."""
+    return None
+
+
+@dataclass(frozen=True)
+class HostServices:
+    """What the host lends to drivers and backends: settings, the at-rest encryption of secrets, and the internal
+    CA for certlm's own client certificates."""
+
+    settings: Settings
+    secrets: SecretBox
+    issue_client_certificate: ClientCertificateIssuer = no_internal_ca
+    """Signs a CSR for certlm's own client certificate (a driver's client application, which devices then trust)
+    with the internal CA under the client profile; None when no internal CA is configured."""
+
+
+class Registry(Generic[Key, Plugin]):
+    """Plugin classes by the key the host looks them up by, and one instance of each once the host's services exist
+    (``instantiate``). ``describe`` names a key in messages (``service 'gds-push-generic'``, ``pki type 2``)."""
+
+    def __init__(self, key_of: Callable[[type[Plugin]], Key], describe: Callable[[Key], str]) -> None:
+        self._key_of = key_of
+        self._describe = describe
+        self._classes: dict[Key, type[Plugin]] = {}
+        self._instances: dict[Key, Plugin] = {}
+
+    def add(self, plugin_class: type[Plugin]) -> None:
+        key = self._key_of(plugin_class)
+        if key in self._classes:
+            raise DuplicateRegistration(
+                f"{self._describe(key)} registered by both {self._classes[key].__module__} "
+                f"and {plugin_class.__module__}"
+            )
+        self._classes[key] = plugin_class
+
+    def instantiate(self, services: HostServices) -> None:
+        self._instances = {key: cls(services) for key, cls in self._classes.items()}  # type: ignore[call-arg]
+
+    def known(self, key: Key) -> bool:
+        return key in self._classes
+
+    def get(self, key: Key) -> Plugin:
+        try:
+            return self._instances[key]
+        except KeyError:
+            raise UnsupportedOperation(f"no installed plugin provides {self._describe(key)}") from None
+
+    def classes(self) -> list[tuple[Key, type[Plugin]]]:
+        """The registered classes by key, in key order."""
+        return sorted(self._classes.items())
+
+
+def stable_device_id(service: str, device: SupportedDevice, firmware: str) -> int:
+    """A positive id that stays the same across restarts and plugin install order."""
+    digest = hashlib.sha256(f"{service}\0{device.vendor}\0{device.device_name}\0{firmware}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def _manages(driver: type[DeviceDriver], table: str) -> bool:
+    return table == driver.protocol or table in driver.extra_tables
+
+
+class DeviceDriverRegistry(Registry[str, DeviceDriver]):
+    """Device driver classes by service id; what plugins fill through ``certlm_register_device_drivers``."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda driver: driver.service, lambda service: f"service {service!r}")
+
+    def services(self) -> list[str]:
+        return [service for service, _ in self.classes()]
+
+    def supported_devices(self) -> list[dict[str, Any]]:
+        rows = []
+        for service, cls in self.classes():
+            for device in cls.supported_devices:
+                for firmware in device.firmware_versions:
+                    rows.append(
+                        {
+                            "id": stable_device_id(service, device, firmware),
+                            "device_name": device.device_name,
+                            "firmware_version": firmware,
+                            "vendor": device.vendor,
+                            "service": service,
+                        }
+                    )
+        return rows
+
+    def services_of(self, table: str) -> list[str]:
+        """The service ids of the installed drivers that manage entries of inventory table ``table``."""
+        return [service for service, cls in self.classes() if _manages(cls, table)]
+
+    def url_schemes(self) -> list[str]:
+        """The URL schemes of the installed drivers, each once."""
+        return sorted({cls.url_scheme for _, cls in self.classes()})
+
+    def driver_of(self, table: str, service: str | None) -> type[DeviceDriver] | None:
+        """The driver class that says how an entry of ``table`` is reached (its URL scheme, its default port): the
+        one of ``service`` when installed, else the table's generic driver; None when no installed plugin manages
+        the table."""
+        if service is not None and self.known(service):
+            return self._classes[service]
+        generic = self.select_service(table, None)
+        return self._classes[generic] if generic is not None else None
+
+    def select_service(self, protocol: str, identity: DeviceIdentity | None) -> str | None:
+        """The service id of the most specific installed driver for a device of inventory table ``protocol``, else
+        the table's generic driver; None when no installed plugin manages the table."""
+        candidates = [cls for _, cls in self.classes() if _manages(cls, protocol)]
+        if identity is not None:
+            specific = sorted(cls.service for cls in candidates if not cls.generic and cls.supports(identity))
+            if specific:
+                return specific[0]
+        generic = sorted(cls.service for cls in candidates if cls.generic)
+        return generic[0] if generic else None
+
+
+class PkiBackendRegistry(Registry[int, PkiBackend]):
+    """PKI backend classes by pki type; what plugins fill through ``certlm_register_pki_backends``."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda backend: backend.pki_type, lambda pki_type: f"pki type {pki_type}")
+
+    def types(self) -> list[dict[str, Any]]:
+        return [{"pki_type_id": pki_type, "pki_type": cls.name} for pki_type, cls in self.classes()]

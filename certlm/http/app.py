@@ -1,0 +1,156 @@
+"""The app factory: settings, secrets, plugins, storage, routes, and the checks every request passes."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from cryptography import x509
+from quart import Quart
+from quart_schema import QuartSchema
+
+from certlm import __version__
+from certlm.contracts.pki_backends import CLIENT_PROFILE, Enrollment
+from certlm.contracts.registry import ClientCertificateIssuer, DeviceDriverRegistry, HostServices, PkiBackendRegistry
+from certlm.foundation.config import Settings
+from certlm.foundation.errors import register_error_handlers
+from certlm.foundation.loop_watch import LoopWatch
+from certlm.foundation.secretbox import SecretBox, private_directory
+from certlm.http.auth import install_access_checks, load_or_create_api_key
+from certlm.http.openapi import CertlmOpenAPIProvider
+from certlm.http.plugins import build_plugin_manager
+from certlm.http.request_bodies import install_body_checks
+from certlm.lifecycle.identification import IdentificationQueue
+from certlm.lifecycle.metrics import SchedulerMetrics
+from certlm.lifecycle.monitoring import monitor_scan
+from certlm.lifecycle.renewal import renewal_scan
+from certlm.lifecycle.schedulers import Scheduler, Schedulers
+from certlm.pki.entries import INTERNAL_PKI_TYPE
+from certlm.service.host import Host
+from certlm.storage import close_storage, open_storage
+from certlm.storage.models import PkiEntry
+from certlm.system.licensing import LicenseService
+
+log = logging.getLogger(__name__)
+
+# One module per area of the API, each exporting ``blueprint``.
+BLUEPRINT_MODULES: tuple[str, ...] = (
+    "certlm.http.blueprints.system",
+    "certlm.http.blueprints.license",
+    "certlm.http.blueprints.tls",
+    "certlm.http.blueprints.inventory",
+    "certlm.http.blueprints.push",
+    "certlm.http.blueprints.monitoring",
+    "certlm.http.blueprints.certificate_detail",
+    "certlm.http.blueprints.trust_lists",
+    "certlm.http.blueprints.pki",
+    "certlm.http.blueprints.maintenance",
+    "certlm.http.blueprints.admin",
+    "certlm.http.blueprints.docs",
+    "certlm.http.blueprints.dashboard",
+    "certlm.http.blueprints.metrics",
+)
+
+
+def internal_ca_client_issuer(pki_backends: PkiBackendRegistry) -> ClientCertificateIssuer:
+    """``HostServices.issue_client_certificate``: the oldest internal CA PKI entry signs under the client profile;
+    None while there is none (or no internal CA plugin)."""
+
+    async def issue(csr: x509.CertificateSigningRequest) -> Enrollment | None:
+        if not pki_backends.known(INTERNAL_PKI_TYPE):
+            return None
+        ca_entry = await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).order_by("id").first()
+        if ca_entry is None:
+            return None
+        return await pki_backends.get(INTERNAL_PKI_TYPE).enroll(ca_entry, csr, CLIENT_PROFILE)
+
+    return issue
+
+
+def create_app(settings: Settings | None = None) -> Quart:
+    settings = settings or Settings.from_env()
+    private_directory(settings.data_dir)
+    secrets = SecretBox.from_key_file(settings.secrets_dir / "certlm_secret.key")
+    pki_backends = PkiBackendRegistry()
+    services = HostServices(
+        settings=settings, secrets=secrets, issue_client_certificate=internal_ca_client_issuer(pki_backends)
+    )
+
+    plugin_manager = build_plugin_manager(settings.disabled_plugins)
+    drivers = DeviceDriverRegistry()
+    plugin_manager.hook.certlm_register_device_drivers(register=drivers)
+    drivers.instantiate(services)
+    plugin_manager.hook.certlm_register_pki_backends(register=pki_backends)
+    pki_backends.instantiate(services)
+
+    app = Quart("certlm", static_folder=None)
+    # opc.tcp://host:port arrives as a path parameter; its "//" must not be merged away.
+    app.url_map.merge_slashes = False
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["QUART_SCHEMA_CONVERT_CASING"] = False
+    # Background work (the demo onboarding its devices) is best effort; shutdown need not wait long for it.
+    app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = 1
+    host = Host(
+        settings=settings,
+        secrets=secrets,
+        services=services,
+        plugin_manager=plugin_manager,
+        drivers=drivers,
+        pki_backends=pki_backends,
+        api_key=load_or_create_api_key(settings.api_key_file),
+        licenses=LicenseService(settings.license_public_key_file),
+        schedulers=Schedulers([Scheduler("gds_push", renewal_scan), Scheduler("monitor", monitor_scan)]),
+        metrics=SchedulerMetrics(),
+        identification=IdentificationQueue(settings.identify_concurrency, settings.device_connect_timeout_s),
+    )
+    for scheduler in host.schedulers.by_name.values():
+        scheduler.on_scan_finished.append(host.metrics.scan_finished)
+    app.extensions["certlm"] = host
+
+    # /docs is certlm's own page (blueprints/docs.py): quart-schema's would load Swagger UI from the internet.
+    # CertlmOpenAPIProvider completes what quart-schema generates: every status, media type and open route.
+    QuartSchema(
+        app,
+        openapi_provider_class=CertlmOpenAPIProvider,
+        openapi_path="/openapi.json",
+        swagger_ui_path=None,
+        redoc_ui_path=None,
+        scalar_ui_path=None,
+        info={"title": "certlm", "version": __version__},
+        security_schemes={
+            "apiKey": {"type": "apiKey", "in_": "header", "name": "X-API-Key"},
+            "bearer": {"type": "http", "scheme": "bearer"},
+        },
+        security=[{"apiKey": []}, {"bearer": []}],
+    )
+    register_error_handlers(app)
+    install_access_checks(app)
+    install_body_checks(app)
+    model_modules = [m for modules in plugin_manager.hook.certlm_provide_model_modules() for m in modules or ()]
+
+    # Registered before any blueprint, so a blueprint's own ``before_app_serving`` finds the database open.
+    @app.before_serving
+    async def start_storage() -> None:
+        host.schema_version = await open_storage(settings.database_url, model_modules)
+        host.schedulers.start()
+        host.identification.start()
+
+    if settings.loop_watch:
+        trace_after_s = settings.loop_trace_ms / 1000 if settings.loop_trace_ms else None
+        loop_watch = LoopWatch(host.metrics.loop_delay_observed, trace_after_s=trace_after_s)
+        app.before_serving(loop_watch.start)
+        app.after_serving(loop_watch.stop)
+
+    for module_name in BLUEPRINT_MODULES:
+        app.register_blueprint(importlib.import_module(module_name).blueprint)
+    for blueprints in plugin_manager.hook.certlm_provide_blueprints():
+        for blueprint in blueprints or ():
+            app.register_blueprint(blueprint)
+
+    @app.after_serving
+    async def stop_storage() -> None:
+        await host.identification.stop()
+        await host.schedulers.stop()
+        await close_storage()
+
+    return app

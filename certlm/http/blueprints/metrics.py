@@ -1,0 +1,19 @@
+"""``GET /metrics``: the Prometheus text format, behind the API key (Prometheus sends it as a Bearer token)."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response
+
+from certlm.http.openapi import downloads
+from certlm.lifecycle.metrics import CONTENT_TYPE, exposition
+from certlm.service.host import current_host
+
+blueprint = Blueprint("metrics", __name__)
+
+
+@blueprint.get("/metrics")
+@downloads("text/plain", description="Prometheus text format")
+async def metrics() -> Response:
+    """Per device the certificate's notAfter, renewal_days, revocation and reachability; this instance's scheduler
+    scans, their durations and outcomes. An extension of the spec."""
+    return Response(await exposition(current_host().metrics), content_type=CONTENT_TYPE)

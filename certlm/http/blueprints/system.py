@@ -1,0 +1,176 @@
+"""System information, scheduler settings, the OPC UA and CRL code tables, and supported devices."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from quart import Blueprint
+from quart_schema import validate_request, validate_response
+
+from certlm.foundation.crl_status import CRL_REASONS, CRL_STATUSES
+from certlm.foundation.errors import APIError
+from certlm.foundation.responses import PartialUpdate, Timestamp
+from certlm.http.openapi import answers
+from certlm.service.host import current_host
+from certlm.system.settings import (
+    DEVICE_STATUS_NAMES,
+    MAX_RENEWAL_DAYS,
+    MAX_SCAN_INTERVAL_S,
+    OPERATING_MODE_BITS,
+    SECURITY_MODE_BITS,
+    SECURITY_POLICY_BITS,
+    change_system_settings,
+    system_info,
+)
+
+blueprint = Blueprint("system", __name__)
+
+
+class MaintenanceOutlook(BaseModel):
+    """The maintenance window that suppresses automated operations now, or the next one to (an extension)."""
+
+    window_id: int
+    window_name: str
+    active: bool = Field(description="whether it suppresses automated operations now")
+    starts_at: Timestamp | None = Field(description="when it starts suppressing them; null while active")
+    ends_at: Timestamp = Field(description="when the suppression ends (with every window overlapping it)")
+
+
+class SystemInfo(BaseModel):
+    status: int
+    software: str
+    version: str
+    infrastructure: dict[str, str]
+    eol: str
+    eol_days_remaining: int
+    gds_push_scheduler_status: str
+    gds_push_scheduler_active: bool
+    gds_push_scheduler_renewal_days: int
+    gds_push_scheduler_scan_interval_sec: int
+    monitor_scheduler_status: str
+    monitor_scheduler_active: bool
+    monitor_scheduler_scan_interval_sec: int
+    gds_push_scheduler_detail: str | None = Field(
+        default=None, description="extension: the next run, the suppressing maintenance window, or the error"
+    )
+    gds_push_scheduler_last_run: Timestamp | None = Field(default=None, description="extension: last scan's start")
+    gds_push_scheduler_next_run: Timestamp | None = Field(default=None, description="extension: next scan")
+    monitor_scheduler_detail: str | None = Field(
+        default=None, description="extension: the next run, the suppressing maintenance window, or the error"
+    )
+    monitor_scheduler_last_run: Timestamp | None = Field(default=None, description="extension: last scan's start")
+    monitor_scheduler_next_run: Timestamp | None = Field(default=None, description="extension: next scan")
+    show_inactive_devices: bool
+    maintenance_window: MaintenanceOutlook | None = Field(
+        default=None,
+        description="extension: the active maintenance window, else the next within 7 days; null when none",
+    )
+
+
+class SystemSettingsUpdate(PartialUpdate):
+    gds_push_scheduler_active: bool | None = Field(default=None, strict=True)
+    gds_push_scheduler_renewal_days: int | None = Field(default=None, ge=0, le=MAX_RENEWAL_DAYS, strict=True)
+    gds_push_scheduler_scan_interval_sec: int | None = Field(default=None, ge=1, le=MAX_SCAN_INTERVAL_S, strict=True)
+    monitor_scheduler_active: bool | None = Field(default=None, strict=True)
+    monitor_scheduler_scan_interval_sec: int | None = Field(default=None, ge=1, le=MAX_SCAN_INTERVAL_S, strict=True)
+    show_inactive_devices: bool | None = Field(default=None, strict=True)
+
+
+class SupportedDeviceOut(BaseModel):
+    id: int
+    device_name: str
+    firmware_version: str
+    vendor: str
+    service: str
+
+
+class PolicyBit(BaseModel):
+    name: str
+    enum_value: int
+    bit: int | None
+    mask: int
+
+
+class NamedValue(BaseModel):
+    name: str
+    value: int
+
+
+class GdsSystemInfo(BaseModel):
+    max_allowed_policy_mask: int
+    max_allowed_mode_mask: int
+    device_status_bits: list[NamedValue]
+    security_policy_bits: list[PolicyBit]
+    security_mode_bits: list[PolicyBit]
+    operating_mode_bits: list[NamedValue]
+
+
+class CrlStatus(BaseModel):
+    id: int
+    name: str
+    description: str
+    is_revoked: bool | None
+
+
+class CrlReason(BaseModel):
+    id: int
+    name: str
+    description: str
+
+
+class CrlSystemInfo(BaseModel):
+    statuses: list[CrlStatus]
+    reasons: list[CrlReason]
+
+
+@blueprint.get("/systeminfo")
+@validate_response(SystemInfo)
+@answers(500)
+async def get_system_info() -> SystemInfo:
+    """System information and scheduler settings. Open: needs no API key."""
+    try:
+        return SystemInfo(**await system_info())
+    except APIError:
+        raise
+    except Exception as error:
+        raise APIError(f"system information unavailable: {type(error).__name__}", 500) from error
+
+
+@blueprint.post("/systeminfo")
+@validate_response(SystemInfo)
+@validate_request(SystemSettingsUpdate)
+async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
+    """Change scheduler settings and whether inactive devices are listed; at least one field."""
+    await change_system_settings(data.model_dump(exclude_unset=True))
+    current_host().schedulers.wake()
+    return SystemInfo(**await system_info())
+
+
+@blueprint.get("/gds/systeminfo")
+@validate_response(GdsSystemInfo)
+async def gds_system_info() -> GdsSystemInfo:
+    """The OPC UA security policy and mode bitmasks, device status and operating mode codes."""
+    return GdsSystemInfo(
+        max_allowed_policy_mask=63,
+        max_allowed_mode_mask=7,
+        device_status_bits=[NamedValue(name=n, value=v) for v, n in DEVICE_STATUS_NAMES.items()],
+        security_policy_bits=[PolicyBit(**bit) for bit in SECURITY_POLICY_BITS],
+        security_mode_bits=[PolicyBit(**bit) for bit in SECURITY_MODE_BITS],
+        operating_mode_bits=[NamedValue(**bit) for bit in OPERATING_MODE_BITS],
+    )
+
+
+@blueprint.get("/crl/systeminfo")
+@validate_response(CrlSystemInfo)
+async def crl_system_info() -> CrlSystemInfo:
+    """The CRL check statuses and RFC 5280 revocation reasons."""
+    return CrlSystemInfo(
+        statuses=[CrlStatus(id=i, name=n, description=d, is_revoked=r) for i, n, d, r in CRL_STATUSES],
+        reasons=[CrlReason(id=i, name=n, description=d) for i, n, d in CRL_REASONS],
+    )
+
+
+@blueprint.get("/supported-devices")
+@validate_response(list[SupportedDeviceOut])
+async def supported_devices() -> list[SupportedDeviceOut]:
+    """Device and firmware combinations the installed driver plugins declare."""
+    return [SupportedDeviceOut(**row) for row in current_host().drivers.supported_devices()]

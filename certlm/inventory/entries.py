@@ -1,0 +1,616 @@
+"""Inventory entries for every area that deals with devices: lookup, creation with the duplicate and license rules,
+credentials, views, and the trust lists stored with them."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+from cryptography import x509
+from pydantic import BaseModel, Field, field_validator, model_validator
+from tortoise import connections
+from tortoise.exceptions import IntegrityError
+from tortoise.transactions import in_transaction
+
+from certlm.contracts.drivers import DeviceTarget, TrustList
+from certlm.contracts.registry import DeviceDriverRegistry
+from certlm.foundation.certs import (
+    PKCS12_MAX_PASSWORD_CHARS,
+    PKCS12_MIN_BASE64_CHARS,
+    common_name,
+    load_pkcs12_base64,
+    spec_datetime,
+)
+from certlm.foundation.errors import APIError, Forbidden, NotFound
+from certlm.foundation.hostspec import DEFAULT_OPCUA_PORT, HostSpec, address_url, valid_server
+from certlm.foundation.responses import StrictBody, Timestamp
+from certlm.service.host import current_host
+from certlm.storage import MAX_ID
+from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE, LICENSED_PROTOCOLS
+from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
+from certlm.system.settings import (
+    DEVICE_STATUS_NAMES,
+    MAX_RENEWAL_DAYS,
+    SECURITY_MODE_BITS,
+    SECURITY_POLICY_BITS,
+    system_settings,
+)
+
+GDS = "gds"
+DEVICE_TABLES = ("gds", "opc", "ssh", "rest")
+"""The inventory tables of managed devices, in the order an address is looked up: the operations on a device
+(push, renewal, monitoring, trust lists, certificate detail) find its entry in any of them, GDS entries first, and
+route it to its driver by ``service``."""
+DEVICE_STATUS_ACTIVE = 1
+# The keys of ``InventoryEntry.trustlist``: each holds a list of strings (certificates or CRLs, base64 DER).
+TRUST_LIST_FIELDS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
+# The longest device password a request body may carry.
+MAX_SECRET_CHARS = 1024
+
+
+class EntryAddress(StrictBody):
+    server: str = Field(min_length=1, max_length=255, description="IP or DNS hostname")
+    port: int = Field(default=DEFAULT_OPCUA_PORT, ge=1, le=65535)
+
+    @field_validator("server")
+    @classmethod
+    def server_is_host(cls, value: str) -> str:
+        return checked_server(value)
+
+
+class UserInfo(StrictBody):
+    """The user identity certlm presents to the device: a name and password, a PKCS#12, or both."""
+
+    userinfo_name: str | None = Field(default=None, min_length=1, max_length=255)
+    userinfo_password: str | None = Field(default=None, max_length=PKCS12_MAX_PASSWORD_CHARS)
+    userinfo_pkcs12_base64: str | None = Field(default=None, min_length=PKCS12_MIN_BASE64_CHARS)
+    userinfo_pkcs12_password: str | None = Field(default=None, max_length=PKCS12_MAX_PASSWORD_CHARS)
+
+    @model_validator(mode="after")
+    def parts_come_in_pairs(self) -> UserInfo:
+        if (self.userinfo_name is None) != (self.userinfo_password is None):
+            raise ValueError("userinfo_name and userinfo_password must be given together")
+        if self.userinfo_pkcs12_password is not None and self.userinfo_pkcs12_base64 is None:
+            raise ValueError("userinfo_pkcs12_password needs userinfo_pkcs12_base64")
+        return self
+
+    def has_credentials(self) -> bool:
+        return self.userinfo_name is not None or self.userinfo_pkcs12_base64 is not None
+
+    def verified_credentials(self) -> dict[str, Any]:
+        """The ``save_credentials`` arguments this body gives, its PKCS#12 proven to open (400 otherwise)."""
+        credentials: dict[str, Any] = {}
+        if self.userinfo_name is not None:
+            credentials.update(username=self.userinfo_name, password=self.userinfo_password)
+        if self.userinfo_pkcs12_base64 is not None:
+            credentials.update(
+                pkcs12=verified_pkcs12(
+                    self.userinfo_pkcs12_base64, self.userinfo_pkcs12_password, "userinfo_pkcs12_base64"
+                ),
+                pkcs12_password=self.userinfo_pkcs12_password,
+            )
+        return credentials
+
+
+_GDS_COLUMNS = {"name", "device_status", "pki", "security_policy", "security_mode", "renewal_days"}
+
+
+class GdsEntryIn(EntryAddress, UserInfo):
+    """``POST`` and ``PATCH /gds/inventory``; on PATCH only the fields given change."""
+
+    name: str | None = Field(default=None, max_length=255)
+    device_status: int | None = Field(default=None, ge=0, le=2, description="0 inactive, 1 active, 2 deleted")
+    pki: int | None = Field(default=None, ge=0, le=MAX_ID, description="Id of the PKI entry")
+    security_policy: int | None = Field(default=None, ge=0, le=63, description="Security policy bitmask")
+    security_mode: int | None = Field(default=None, ge=0, le=7, description="Security mode bitmask")
+    renewal_days: int | None = Field(default=None, ge=0, le=MAX_RENEWAL_DAYS)
+
+    def entry_columns(self) -> dict[str, Any]:
+        """The inventory columns this body sets (``pki`` is the ``pki_id`` column)."""
+        given = self.model_dump(include=set(self.model_fields_set) & _GDS_COLUMNS)
+        if "pki" in given:
+            given["pki_id"] = given.pop("pki")
+        return given
+
+
+class ScheduleOut(BaseModel):
+    """What the schedulers know of a device (an extension of the spec's Inventory entry)."""
+
+    last_seen: Timestamp | None = Field(description="when the monitor last reached the device")
+    unreachable_since: Timestamp | None = Field(description="since when the monitor cannot reach it")
+    unreachable_reason: str | None = Field(description="why, as the last read failed")
+    certificate_changed_at: Timestamp | None = Field(
+        description="when the device was found presenting a certificate certlm did not install; automated renewals "
+        "stop until an operator pushes to it"
+    )
+    identity_changed_at: Timestamp | None = Field(
+        default=None,
+        description="when the device's SSH host key or TLS certificate was found not to be the pinned one; kept until "
+        "an operator re-pins",
+    )
+    identity_changed_reason: str | None = Field(default=None, description="the pinned and the presented identity")
+    renewal_failures: int = Field(description="automated renewals that failed in a row")
+    renewal_retry_at: Timestamp | None = Field(description="the next automated renewal after a failure")
+    renewal_config_error: str | None = Field(description="why automated renewals of the device stopped")
+
+
+class InventoryEntryOut(BaseModel):
+    """The spec's Inventory entry, plus ``cert_subject_cn`` and ``schedule`` (extensions)."""
+
+    id: int
+    name: str | None
+    url: str
+    service: str
+    server: str
+    port: int
+    device_status: int | None
+    device_status_name: str | None
+    pki_endpoint: str | None
+    username: str | None
+    cert_subjectdn: str | None
+    cert_issuerdn: str | None
+    cert_validfrom: str | None
+    cert_validto: str | None
+    cert_base64: str | None
+    cert_expdays: int | None
+    cert_revoked: bool | None
+    renewal_days: int | None
+    security_policy: int | None
+    security_mode: int | None
+    security_policys: list[str]
+    security_modes: list[str]
+    cert_subject_cn: str | None
+    schedule: ScheduleOut | None = None
+
+
+class TrustListOut(BaseModel):
+    """The spec's Trust list entry."""
+
+    url: str
+    trustlist_trusted_ca: list[str]
+    trustlist_trusted_crl: list[str]
+    trustlist_issuer_ca: list[str]
+    trustlist_issuer_crl: list[str]
+
+
+def canonical_server(server: str) -> str:
+    """The stored spelling of a host: lower case, IPv6 without brackets and compressed."""
+    server = server.strip()
+    if server.startswith("[") and server.endswith("]"):
+        server = server[1:-1]
+    try:
+        return ipaddress.ip_address(server).compressed
+    except ValueError:
+        return server.lower()
+
+
+def checked_server(value: str) -> str:
+    """``value`` as stored (``canonical_server``); a ValueError unless it is a hostname or an IP address a device can
+    be reached at."""
+    server = canonical_server(value)
+    # valid_server lets any string of hex digits and colons pass as IPv6; a body must hold a real address.
+    if not valid_server(server) or (":" in server and not _is_ip(server)):
+        raise ValueError("must be a hostname, an IPv4 address or an IPv6 address")
+    if not _is_ip(server) and re.fullmatch(r"[0-9.]+", server):
+        # Resolvers read "0", "10.1" or "167772161" as IPv4 shorthand (inet_aton): "0" would dial 0.0.0.0.
+        raise ValueError(f"{server!r} is neither a hostname nor a dotted IPv4 address")
+    if _is_ip(server):
+        address = ipaddress.ip_address(server)
+        if address.is_unspecified or address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+            kind = "unspecified" if address.is_unspecified else "a multicast or broadcast address"
+            raise ValueError(f"{server} is {kind}: no device can be reached at it")
+    return server
+
+
+def _is_ip(server: str) -> bool:
+    try:
+        ipaddress.ip_address(server)
+    except ValueError:
+        return False
+    return True
+
+
+async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = DEVICE_TABLES) -> InventoryEntry:
+    """The entry a ``{host_or_url}`` names among the tables ``protocols``; 404 if none, 400 if a bare host matches
+    several ports. A device at one ``server:port`` in several tables is the entry of the first of ``protocols``."""
+    server = canonical_server(spec.server)
+    query = InventoryEntry.filter(server_key=server, protocol__in=protocols)
+    if spec.port is not None:
+        query = query.filter(port=spec.port)
+    entries = _first_table_per_port(await query.prefetch_related("pki"), protocols)
+    if not entries:
+        raise NotFound(f"no inventory entry for {server}" + (f":{spec.port}" if spec.port else ""))
+    if len(entries) > 1:
+        ports = ", ".join(str(e.port) for e in sorted(entries, key=lambda e: e.port))
+        raise APIError(f"{server} has entries on several ports ({ports}): give host:port")
+    return entries[0]
+
+
+def _first_table_per_port(entries: list[InventoryEntry], protocols: tuple[str, ...]) -> list[InventoryEntry]:
+    first: dict[int, InventoryEntry] = {}
+    for entry in sorted(entries, key=lambda entry: protocols.index(entry.protocol)):
+        first.setdefault(entry.port, entry)
+    return list(first.values())
+
+
+async def find_entry_at(server: str, port: int, protocol: str) -> InventoryEntry | None:
+    """The entry of one table at exactly ``server:port``, or None."""
+    return await InventoryEntry.get_or_none(server_key=canonical_server(server), port=port, protocol=protocol)
+
+
+async def gds_entry_at(server: str, port: int) -> InventoryEntry:
+    """The GDS entry at exactly ``server:port``; 404 if there is none."""
+    entry = await find_entry_at(server, port, GDS)
+    if entry is None:
+        raise NotFound(f"no gds inventory entry for {server}:{port}")
+    return entry
+
+
+async def device_entry_at(server: str, port: int) -> InventoryEntry | None:
+    """The managed device's entry at exactly ``server:port`` in any of the ``DEVICE_TABLES`` (GDS first), or None."""
+    entries = await InventoryEntry.filter(server_key=canonical_server(server), port=port, protocol__in=DEVICE_TABLES)
+    return min(entries, key=lambda entry: DEVICE_TABLES.index(entry.protocol), default=None)
+
+
+async def managed_entry_at(server: str, port: int) -> InventoryEntry:
+    """``device_entry_at``; 404 if there is none."""
+    entry = await device_entry_at(server, port)
+    if entry is None:
+        raise NotFound(f"no inventory entry for {server}:{port}")
+    return entry
+
+
+def default_service(protocol: str) -> str:
+    """The service id for a new entry of table ``protocol`` before its device has identified itself: the table's
+    installed generic driver, else ``unmanaged_service(protocol)``."""
+    return current_host().drivers.select_service(protocol, None) or unmanaged_service(protocol)
+
+
+def unmanaged_service(protocol: str) -> str:
+    """The service of an entry of table ``protocol`` that no installed plugin manages (``ssh-unmanaged``). Such an
+    entry is listed and counted like any other; its device operations answer 501 naming this service."""
+    return f"{protocol}-unmanaged"
+
+
+def checked_service(protocol: str, service: str, field: str = "service") -> str:
+    """``service`` when an installed driver manages entries of table ``protocol`` under that name; else 400 naming
+    the ones that do."""
+    installed = current_host().drivers.services_of(protocol)
+    if service not in installed:
+        offered = f"installed: {', '.join(installed)}" if installed else f"no installed plugin manages {protocol}"
+        raise APIError(f"{field}: {service!r} is not an installed driver of {protocol} entries ({offered})")
+    return service
+
+
+def default_port(protocol: str, service: str | None = None) -> int:
+    """The port of an entry of table ``protocol`` whose request names none: its driver's ``default_port``
+    (``DeviceDriverRegistry.driver_of``), else the spec's default."""
+    driver = current_host().drivers.driver_of(protocol, service)
+    return driver.default_port if driver is not None else DEFAULT_OPCUA_PORT
+
+
+def device_url(
+    protocol: str, service: str | None, server: str, port: int, drivers: DeviceDriverRegistry | None = None
+) -> str:
+    """The URL of the device at ``server:port`` in table ``protocol``, in the scheme of the driver that manages it
+    (``DeviceDriverRegistry.driver_of``); ``server:port`` when no installed plugin manages it. A caller rendering
+    many entries passes the host's ``drivers`` once rather than have each URL look the host up."""
+    driver = (drivers or current_host().drivers).driver_of(protocol, service)
+    return address_url(driver.url_scheme if driver is not None else None, server, port)
+
+
+def entry_url(entry: InventoryEntry | SimpleNamespace, drivers: DeviceDriverRegistry | None = None) -> str:
+    """The spec's ``url`` of an inventory entry: ``opc.tcp://host:4840`` for an OPC UA device (``device_url``)."""
+    return device_url(entry.protocol, entry.service, entry.server, entry.port, drivers)
+
+
+async def licensed_endpoint_limit() -> int:
+    """The managed endpoints the license in force allows; none without a usable ``licensed_endpoints`` (fail
+    closed)."""
+    status = await current_host().licenses.current()
+    return status.licensed_endpoints if status and status.licensed_endpoints is not None else 0
+
+
+async def licensed_endpoints_in_use() -> int:
+    """Entries of the licensed tables not marked deleted, as the database's triggers count them
+    (``certlm.storage.migrations.install_endpoint_count``): one row read, however large the inventory. Inside a
+    transaction that inserted an entry, it includes that entry and every concurrent insert committed before."""
+    _, rows = await connections.get("default").execute_query(f"SELECT used FROM {ENDPOINT_COUNT_TABLE} WHERE id = 1")
+    return rows[0]["used"]
+
+
+async def ensure_endpoint_capacity(additional: int = 1) -> None:
+    """403 unless the license allows ``additional`` more managed endpoints; 0 checks, after an insert in the same
+    transaction, that the entries now counted are within the limit (the transaction is then to be rolled back)."""
+    limit = await licensed_endpoint_limit()
+    if await licensed_endpoints_in_use() + additional > limit:
+        raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+
+
+def counts_against_license(protocol: str, device_status: int | None) -> bool:
+    return protocol in LICENSED_PROTOCOLS and device_status != DEVICE_STATUS_DELETED
+
+
+async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
+    """409 when the ``protocol`` table has an entry at ``server:port`` other than ``keep_id``."""
+    existing = await find_entry_at(server, port, protocol)
+    if existing is not None and existing.id != keep_id:
+        raise APIError(
+            f"{protocol} inventory already has {server}:{port} (id {existing.id}, device_status "
+            f"{existing.device_status}): PATCH it instead",
+            409,
+        )
+
+
+async def create_entry(protocol: str, server: str, port: int | None, columns: dict[str, Any]) -> InventoryEntry:
+    """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too. Without a
+    ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``."""
+    columns.setdefault("service", default_service(protocol))
+    if port is None:
+        port = default_port(protocol, columns["service"])
+    await reject_duplicate(server, port, protocol)
+    async with in_transaction("default"):
+        try:
+            entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
+        except IntegrityError:
+            raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
+        if counts_against_license(protocol, entry.device_status):
+            # Checked after the insert, which counted the entry under the count row's lock: a concurrent insert, by
+            # this instance or another, waits for this transaction and then sees this entry.
+            await ensure_endpoint_capacity(0)
+    return entry
+
+
+async def update_entry(entry: InventoryEntry, columns: dict[str, Any]) -> None:
+    """Apply ``columns``; reviving a deleted entry needs license room like creating one."""
+    reviving = not counts_against_license(entry.protocol, entry.device_status) and counts_against_license(
+        entry.protocol, columns.get("device_status", entry.device_status)
+    )
+    entry.update_from_dict(columns)
+    async with in_transaction("default"):
+        try:
+            await entry.save()
+        except IntegrityError:
+            raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+        if reviving:
+            await ensure_endpoint_capacity(0)
+
+
+def verified_pkcs12(blob_b64: str, password: str | None, what: str) -> bytes:
+    """The DER bytes of a base64 PKCS#12 upload, after proving that ``password`` opens it (400 otherwise)."""
+    load_pkcs12_base64(blob_b64, password, what)
+    return base64.b64decode("".join(blob_b64.split()))
+
+
+async def save_credentials(
+    entry: InventoryEntry,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    pkcs12: bytes | None = None,
+    pkcs12_password: str | None = None,
+) -> DeviceCredential:
+    """Store the parts given (None leaves a part unchanged), each secret encrypted.
+
+    A new ``pkcs12`` replaces the stored password with ``pkcs12_password``, which may be None.
+    """
+    secrets = current_host().secrets
+    credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+    if credential is None:
+        credential = DeviceCredential(entry_id=entry.id)
+    if username is not None:
+        credential.username = username
+    if password is not None:
+        credential.password_enc = secrets.encrypt(password)
+    if pkcs12 is not None:
+        credential.pkcs12_enc = secrets.encrypt(pkcs12)
+        credential.pkcs12_password_enc = secrets.encrypt(pkcs12_password) if pkcs12_password else None
+    await credential.save()
+    return credential
+
+
+async def listed_entries(protocols: tuple[str, ...]) -> list[InventoryEntry]:
+    """Entries of ``protocols`` as inventory listings show them: inactive and deleted ones only when
+    ``show_inactive_devices`` is set."""
+    query = InventoryEntry.filter(protocol__in=protocols)
+    if not (await system_settings()).show_inactive_devices:
+        query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
+    return await query.order_by("id")
+
+
+class ListingPage(BaseModel):
+    """Paging of an inventory listing (an extension of the spec): without ``limit``, every entry after ``after_id``."""
+
+    limit: int | None = Field(default=None, ge=1, le=MAX_ID, description="At most this many entries")
+    after_id: int = Field(
+        default=0, ge=0, le=MAX_ID, description="Only entries with a larger id: the last id of the previous page"
+    )
+
+
+# Entries read and rendered at a time by a listing: each batch is a few milliseconds of the event loop, and a
+# listing of any size holds no more than one batch in memory.
+LISTING_BATCH = 500
+_LISTED_COLUMNS = (
+    "id", "name", "protocol", "service", "server", "port", "device_status", "pki_id", "security_policy",
+    "security_mode", "renewal_days", "certificate_der", "cert_revoked",
+)  # fmt: skip
+
+
+async def listing_json(protocols: tuple[str, ...], page: ListingPage) -> AsyncIterator[bytes]:
+    """The listing of ``protocols`` (``listed_entries``) as a JSON array of Inventory entries in id order, made and
+    sent a batch at a time: the event loop serves other requests between batches. To run in the request's context
+    (``quart.stream_with_context``)."""
+    active_only = not (await system_settings()).show_inactive_devices
+    after_id, remaining = page.after_id, page.limit
+    separator = b""
+    yield b"["
+    while remaining is None or remaining > 0:
+        size = LISTING_BATCH if remaining is None else min(LISTING_BATCH, remaining)
+        query = InventoryEntry.filter(protocol__in=protocols, id__gt=after_id)
+        if active_only:
+            query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
+        rows = await query.order_by("id").limit(size).values(*_LISTED_COLUMNS)
+        if rows:
+            rendered = await _render_rows(rows, after_id)
+            # orjson: at 100,000 entries the standard library's encoder alone took a quarter of a second.
+            yield separator + orjson.dumps(rendered)[1:-1]
+            separator = b","
+            after_id = rows[-1]["id"]
+        if len(rows) < size:
+            break
+        if remaining is not None:
+            remaining -= len(rows)
+    yield b"]"
+
+
+async def _render_rows(rows: list[dict[str, Any]], after_id: int) -> list[dict[str, Any]]:
+    """Inventory entries as JSON values, from their columns, with usernames and scheduler states read in one query
+    each. ``rows`` are the listed entries with ids above ``after_id``, in id order."""
+    # An id range, not an IN list of the batch's ids: building a 500-parameter query cost more than the query.
+    batch = {"entry_id__gt": after_id, "entry_id__lte": rows[-1]["id"]}
+    credentials = await DeviceCredential.filter(**batch).values("entry_id", "username")
+    usernames = {row["entry_id"]: row["username"] for row in credentials}
+    schedules = {
+        row["entry_id"]: ScheduleOut.model_validate(row).model_dump(mode="json")
+        for row in await DeviceSchedule.filter(**batch).values("entry_id", *ScheduleOut.model_fields)
+    }
+    drivers = current_host().drivers
+    return [
+        {**_render(SimpleNamespace(**row), usernames.get(row["id"]), drivers), "schedule": schedules.get(row["id"])}
+        for row in rows
+    ]
+
+
+async def device_target(entry: InventoryEntry) -> DeviceTarget:
+    """What a driver needs to reach ``entry``, with its stored credentials decrypted for this call."""
+    secrets = current_host().secrets
+    credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+    target = DeviceTarget(
+        entry_id=entry.id,
+        server=entry.server,
+        port=entry.port,
+        url=entry_url(entry),
+        security_policy=entry.security_policy,
+        security_mode=entry.security_mode,
+        pinned_certificate=entry.pinned_certificate_der,
+    )
+    if credential:
+        target.username = credential.username
+        target.password = secrets.decrypt_text(credential.password_enc) if credential.password_enc else None
+        target.pkcs12 = secrets.decrypt(credential.pkcs12_enc) if credential.pkcs12_enc else None
+        target.pkcs12_password = (
+            secrets.decrypt_text(credential.pkcs12_password_enc) if credential.pkcs12_password_enc else None
+        )
+    return target
+
+
+def bit_names(mask: int | None, bits: list[dict[str, Any]]) -> list[str]:
+    """The names of the bits set in ``mask`` (``["none"]`` for 0, nothing for no mask)."""
+    if mask is None:
+        return []
+    if mask == 0:
+        return ["none"]
+    return [bit["name"] for bit in bits if bit["bit"] is not None and mask & bit["mask"]]
+
+
+def entry_certificate(entry: InventoryEntry | SimpleNamespace) -> x509.Certificate | None:
+    return x509.load_der_x509_certificate(entry.certificate_der) if entry.certificate_der else None
+
+
+def _render(
+    entry: InventoryEntry | SimpleNamespace, username: str | None, drivers: DeviceDriverRegistry | None = None
+) -> dict[str, Any]:
+    certificate = entry_certificate(entry)
+    now = datetime.now(UTC)
+    pki_id = entry.pki_id  # type: ignore[attr-defined]
+    return {
+        "id": entry.id,
+        "name": entry.name,
+        "url": entry_url(entry, drivers),
+        "service": entry.service,
+        "server": entry.server,
+        "port": entry.port,
+        "device_status": entry.device_status,
+        "device_status_name": DEVICE_STATUS_NAMES.get(entry.device_status),
+        "pki_endpoint": str(pki_id) if pki_id is not None else None,
+        "username": username,
+        "cert_subjectdn": certificate.subject.rfc4514_string() if certificate else None,
+        "cert_issuerdn": certificate.issuer.rfc4514_string() if certificate else None,
+        "cert_validfrom": spec_datetime(certificate.not_valid_before_utc) if certificate else None,
+        "cert_validto": spec_datetime(certificate.not_valid_after_utc) if certificate else None,
+        "cert_base64": base64.b64encode(entry.certificate_der).decode() if entry.certificate_der else None,
+        "cert_expdays": (certificate.not_valid_after_utc - now).days if certificate else None,
+        "cert_revoked": entry.cert_revoked,
+        "renewal_days": entry.renewal_days,
+        "security_policy": entry.security_policy,
+        "security_mode": entry.security_mode,
+        "security_policys": bit_names(entry.security_policy, SECURITY_POLICY_BITS),
+        "security_modes": bit_names(entry.security_mode, SECURITY_MODE_BITS),
+        "cert_subject_cn": common_name(certificate.subject) if certificate else None,
+    }
+
+
+def _schedule_view(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {name: row[name] for name in ScheduleOut.model_fields}
+
+
+async def render_entry(entry: InventoryEntry, username: str | None = None) -> dict[str, Any]:
+    """The spec's Inventory entry; secrets are never part of it. ``username`` saves a lookup."""
+    if username is None:
+        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+        username = credential.username if credential else None
+    schedule = await DeviceSchedule.filter(entry_id=entry.id).values(*ScheduleOut.model_fields)
+    return {**_render(entry, username), "schedule": _schedule_view(schedule[0] if schedule else None)}
+
+
+async def entry_out(entry: InventoryEntry) -> InventoryEntryOut:
+    return InventoryEntryOut(**await render_entry(entry))
+
+
+def trust_list_view(entry: InventoryEntry) -> TrustListOut:
+    """The trust list last read from the device; empty lists where none was read."""
+    stored = entry.trustlist if isinstance(entry.trustlist, dict) else {}
+    return TrustListOut(
+        url=entry_url(entry),
+        **{key: [str(item) for item in stored.get(key) or []] for key in TRUST_LIST_FIELDS},
+    )
+
+
+def trust_list_fields(mask: int) -> list[str]:
+    """The stored trust list keys a ``trustlist`` bitmask selects (bit order as ``TrustList.MASK_BITS``)."""
+    return [key for key, bit in zip(TRUST_LIST_FIELDS, TrustList.MASK_BITS.values(), strict=True) if mask & bit]
+
+
+def _forget(entry: InventoryEntry, mask: int) -> bool:
+    stored = dict(entry.trustlist or {})
+    if not stored:
+        return False
+    for key in trust_list_fields(mask):
+        stored.pop(key, None)
+    entry.trustlist = stored or None
+    return True
+
+
+async def forget_stored_trust_list(entry: InventoryEntry, mask: int) -> bool:
+    """Delete the stored trust list parts ``mask`` selects; False when nothing was stored. The device is untouched."""
+    if not _forget(entry, mask):
+        return False
+    await entry.save(update_fields=["trustlist", "updated_at"])
+    return True
+
+
+async def forget_stored_trust_lists(mask: int) -> int:
+    """Delete the stored trust list parts ``mask`` selects of every GDS entry; how many entries had one."""
+    changed = 0
+    for entry in await InventoryEntry.filter(protocol=GDS, trustlist__not_isnull=True):
+        if await forget_stored_trust_list(entry, mask):
+            changed += 1
+    return changed

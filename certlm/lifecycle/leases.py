@@ -1,0 +1,183 @@
+"""One operation at a time per device, across every instance that shares the database: a lease row with an expiry.
+
+Before certlm pushes to a device (a REST call or the renewal scheduler) it claims the device's row in
+``device_schedule`` with one conditional UPDATE: set the holder and expiry where nobody holds it or the holder's lease
+has expired. The database serialises concurrent UPDATEs of one row (PostgreSQL re-checks the WHERE clause after the
+first writer commits), so exactly one claimant wins; SQLite, with one writer, behaves the same. A holder extends its
+lease while it works and clears it when done; a holder that crashed stops extending, its lease expires after
+its duration and the next claimant takes over, learning that the previous operation was interrupted.
+
+Within one instance an ``asyncio.Lock`` per device queues callers first, so two REST pushes to one device wait for
+each other instead of failing; only another instance's lease makes a caller wait on the database, and give up with
+409 after ``wait_s``.
+
+The lease row goes with its entry (ON DELETE CASCADE), and an entry is deleted under its lease
+(``certlm.lifecycle.push.decommission``): a caller that was waiting for the device when its entry was deleted gets
+``EntryDeleted`` (404), never a lease row for an entry that is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from tortoise.exceptions import IntegrityError
+from tortoise.expressions import Q
+
+from certlm.foundation.certs import api_timestamp
+from certlm.foundation.config import Settings
+from certlm.foundation.errors import APIError, NotFound
+from certlm.storage.models import DeviceSchedule, InventoryEntry
+
+# The default lease (``Settings.device_lease_s``): long enough to outlive a database hiccup, short enough that a crashed
+# instance's devices are taken over soon. The holder extends it every quarter of it.
+LEASE_S = Settings.device_lease_s
+POLL_S = 0.2
+# This instance's name in lease rows: host, process and a random part (a restarted process is another holder).
+INSTANCE = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+_local_locks: dict[int, asyncio.Lock] = {}
+# The devices the current task holds a lease on: a push started by the scheduler, which already holds the lease,
+# does not claim it again.
+_held: ContextVar[frozenset[int]] = ContextVar("certlm_held_leases", default=frozenset())
+
+
+class DeviceBusy(APIError):
+    """Another instance is operating on the device."""
+
+    status = 409
+
+
+class EntryDeleted(NotFound):
+    """The inventory entry was deleted before its device could be claimed (while the caller waited for it)."""
+
+    def __init__(self, entry_id: int) -> None:
+        super().__init__(f"inventory entry {entry_id} was deleted while this operation waited for its device")
+
+
+@dataclass(frozen=True)
+class Claim:
+    entry_id: int
+    interrupted_holder: str | None
+    """The holder whose lease expired without being released: an operation that was cut off (a crash)."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def ensure_rows(entry_ids: list[int]) -> None:
+    """Create the missing ``device_schedule`` rows (concurrent creators are ignored by the unique entry). An entry
+    deleted meanwhile gets none: its id is dropped and the others' rows are made."""
+    while entry_ids:
+        existing = set(await DeviceSchedule.filter(entry_id__in=entry_ids).values_list("entry_id", flat=True))
+        missing = [entry_id for entry_id in entry_ids if entry_id not in existing]
+        if not missing:
+            return
+        try:
+            await DeviceSchedule.bulk_create([DeviceSchedule(entry_id=i) for i in missing], ignore_conflicts=True)
+            return
+        except IntegrityError:
+            # "Ignore conflicts" covers the unique entry, not the foreign key of an entry that is gone.
+            present = set(await InventoryEntry.filter(id__in=missing).values_list("id", flat=True))
+            if present == set(missing):
+                raise
+            entry_ids = [entry_id for entry_id in entry_ids if entry_id in existing or entry_id in present]
+
+
+async def try_claim(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> Claim | None:
+    """Claim the device's lease if it is free or expired; None when another holder's lease is in force.
+    ``EntryDeleted`` (404) when the entry is gone."""
+    await ensure_rows([entry_id])
+    now = _now()
+    row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+    if row is None:
+        raise EntryDeleted(entry_id)
+    if row.lease_holder is not None and row.lease_until is not None and row.lease_until > now:
+        return None
+    # The condition is evaluated by the database on the row as it is when the UPDATE runs: a lease another
+    # claimant took, or its holder extended, since the read above is left alone.
+    free = Q(lease_holder__isnull=True) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    claimed = await DeviceSchedule.filter(Q(entry_id=entry_id) & free).update(
+        lease_holder=holder, lease_until=now + timedelta(seconds=lease_s)
+    )
+    if claimed != 1:
+        return None
+    interrupted = row.lease_holder if row.lease_holder not in (None, holder) else None
+    return Claim(entry_id, interrupted)
+
+
+async def extend(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> bool:
+    """Push the lease's expiry out; False when the lease is no longer this holder's."""
+    updated = await DeviceSchedule.filter(entry_id=entry_id, lease_holder=holder).update(
+        lease_until=_now() + timedelta(seconds=lease_s)
+    )
+    return updated == 1
+
+
+async def release(entry_id: int, holder: str = INSTANCE) -> None:
+    await DeviceSchedule.filter(entry_id=entry_id, lease_holder=holder).update(lease_holder=None, lease_until=None)
+
+
+async def _heartbeat(entry_id: int, lease_s: float) -> None:
+    while True:
+        await asyncio.sleep(lease_s / 4)
+        await extend(entry_id, lease_s=lease_s)
+
+
+@contextlib.asynccontextmanager
+async def _queued(entry_id: int, queue_wait_s: float | None) -> AsyncIterator[None]:
+    """This instance's turn on the device: after its other callers, waiting at most ``queue_wait_s`` (None: until
+    they are done; ``DeviceBusy`` after that)."""
+    lock = _local_locks.setdefault(entry_id, asyncio.Lock())
+    try:
+        await asyncio.wait_for(lock.acquire(), queue_wait_s)
+    except TimeoutError:
+        raise DeviceBusy(
+            f"an operation on this device is still running after {queue_wait_s:g} s; try again later"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextlib.asynccontextmanager
+async def device_lease(
+    entry_id: int, *, wait_s: float, lease_s: float = LEASE_S, queue_wait_s: float | None = None
+) -> AsyncIterator[Claim]:
+    """Hold the device's lease for the block: queue behind this instance's other callers (at most ``queue_wait_s``
+    when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
+    ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task."""
+    if entry_id in _held.get():
+        yield Claim(entry_id, None)
+        return
+    async with _queued(entry_id, queue_wait_s):
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while (claim := await try_claim(entry_id, lease_s=lease_s)) is None:
+            if asyncio.get_running_loop().time() >= deadline:
+                row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+                if row is None:
+                    raise EntryDeleted(entry_id)
+                raise DeviceBusy(
+                    f"another certlm instance ({row.lease_holder}) is operating on this device until "
+                    f"{api_timestamp(row.lease_until) if row.lease_until else 'it finishes'}; try again later"
+                )
+            await asyncio.sleep(POLL_S)
+        token = _held.set(_held.get() | {entry_id})
+        heartbeat = asyncio.create_task(_heartbeat(entry_id, lease_s))
+        try:
+            yield claim
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            _held.reset(token)
+            await release(entry_id)

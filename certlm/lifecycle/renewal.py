@@ -1,0 +1,228 @@
+"""The renewal policy: which devices the renewal scheduler renews, and one renewal wave.
+
+A device is due when it is active (``device_status`` 1), certlm has been in contact with it (an operator onboarded or
+pushed to it: it has a pinned certificate and the credentials it accepted), its entry has a PKI that can sign, and its
+certificate
+
+- has at most ``renewal_days`` left (the entry's own value, else ``gds_push_scheduler_renewal_days``), counted from
+  the end of the next maintenance suppression when one starts before the next scan: a certificate that would become
+  due, or expire, while a window forbids renewing it is renewed before the window starts;
+- or is revoked (the monitor's CRL check);
+- or was not issued by the entry's current PKI (the PKI was swapped).
+
+Renewals go through the same enrollment as ``POST /gds/push/change`` (``certlm.lifecycle.push.push_certificate``) with
+``automated=True``: they never trust a device on first contact. Each device is renewed under its lease
+(``certlm.lifecycle.leases``), so instances sharing a database renew each device once; the due check is repeated once
+the
+lease is held, because another instance may just have renewed it. A failure backs the device off (doubling from
+``scheduler_retry_base_s`` up to ``scheduler_retry_max_s``, reset by a success). A renewal whose new certificate is
+itself due at once (``renewal_days`` beyond what the PKI issues) is a configuration error: reported once, and the device
+is not renewed again until ``renewal_days`` or its PKI changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+
+from cryptography import x509
+
+from certlm.foundation.certs import api_timestamp, issued_by
+from certlm.foundation.errors import APIError
+from certlm.inventory.entries import DEVICE_STATUS_ACTIVE
+from certlm.lifecycle.leases import Claim, DeviceBusy, device_lease, ensure_rows
+from certlm.lifecycle.monitoring import reconcile_device
+from certlm.lifecycle.push import PushError, PushOrder, pki_ca_certificates, push_certificate
+from certlm.lifecycle.schedulers import ScanContext, ScanReport
+from certlm.service.host import current_host
+from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+
+log = logging.getLogger(__name__)
+
+
+def renewal_reason(
+    certificate: x509.Certificate,
+    *,
+    renewal_days: int,
+    now: datetime,
+    look_ahead_until: datetime,
+    revoked: bool | None,
+    pki_cas: tuple[x509.Certificate, ...],
+) -> str | None:
+    """Why ``certificate`` is due for renewal, or None. ``look_ahead_until`` is ``now`` unless a maintenance window
+    starts before the next scan: then its end."""
+    if revoked:
+        return "the certificate is revoked"
+    if pki_cas and not any(issued_by(certificate, ca) for ca in pki_cas):
+        return "the certificate was not issued by the entry's PKI"
+    renew_from = certificate.not_valid_after_utc - timedelta(days=renewal_days)
+    if renew_from <= now:
+        return f"the certificate expires {api_timestamp(certificate.not_valid_after_utc)}, renewal_days {renewal_days}"
+    if renew_from <= look_ahead_until:
+        return (
+            f"the certificate becomes due {api_timestamp(renew_from)}, during the maintenance suppression that lasts "
+            f"until {api_timestamp(look_ahead_until)}: renewed before it starts"
+        )
+    return None
+
+
+def config_key(pki: PkiEntry, renewal_days: int) -> str:
+    """What a configuration error was found under: it stands until one of these changes."""
+    return f"renewal_days={renewal_days};pki={pki.id}@{pki.updated_at.isoformat() if pki.updated_at else ''}"
+
+
+def backoff(failures: int, base_s: float, max_s: float) -> timedelta:
+    """The wait after the ``failures``-th failure in a row: base, doubling, capped."""
+    return timedelta(seconds=min(base_s * 2 ** max(failures - 1, 0), max_s))
+
+
+class RenewalWave:
+    """One scan of the renewal scheduler."""
+
+    def __init__(self, context: ScanContext) -> None:
+        self.context = context
+        self.report = ScanReport()
+        host = current_host()
+        self.settings = host.settings
+        self._pki_cas: dict[int, tuple[x509.Certificate, ...]] = {}
+        # Look ahead by the next suppression that starts before the next scan.
+        upcoming = context.calendar.next_suppression(context.started, context.interval)
+        self.look_ahead_until = upcoming.end if upcoming else context.started
+
+    async def run(self) -> ScanReport:
+        entries = await InventoryEntry.filter(
+            device_status=DEVICE_STATUS_ACTIVE, pki_id__isnull=False, pinned_certificate_der__isnull=False
+        ).prefetch_related("pki")
+        self.report.devices = len(entries)
+        await ensure_rows([entry.id for entry in entries])
+        schedules = {s.entry_id: s for s in await DeviceSchedule.filter(entry_id__in=[e.id for e in entries])}  # type: ignore[attr-defined]
+        due = [entry for entry in entries if await self._due(entry, schedules[entry.id], self.context.clock())]
+        limit = asyncio.Semaphore(self.settings.scheduler_concurrency)
+
+        async def renew(entry: InventoryEntry) -> None:
+            async with limit:
+                await self._renew(entry)
+
+        await asyncio.gather(*(renew(entry) for entry in due))
+        return self.report
+
+    async def _cas_of(self, pki: PkiEntry) -> tuple[x509.Certificate, ...]:
+        if pki.id not in self._pki_cas:
+            host = current_host()
+            try:
+                self._pki_cas[pki.id] = (
+                    await pki_ca_certificates(host.pki_backends.get(pki.pki_type), pki)
+                    if host.pki_backends.known(pki.pki_type)
+                    else ()
+                )
+            except APIError as error:
+                log.warning("CA certificates of PKI entry %s unavailable: %s", pki.id, error.message)
+                self._pki_cas[pki.id] = ()
+        return self._pki_cas[pki.id]
+
+    async def _due(self, entry: InventoryEntry, schedule: DeviceSchedule, now: datetime) -> str | None:
+        """Why the device is due now, or None (counted in the report by why not)."""
+        if schedule.certificate_changed_at is not None:
+            self.report.count("certificate_changed")
+            return None
+        if schedule.renewal_retry_at is not None and schedule.renewal_retry_at > now:
+            self.report.count("backing_off")
+            return None
+        pki: PkiEntry = entry.pki  # type: ignore[assignment]
+        renewal_days = self.renewal_days(entry)
+        if schedule.renewal_config_error:
+            if schedule.renewal_config_key == config_key(pki, renewal_days):
+                self.report.count("configuration_error")
+                return None
+            # renewal_days or the PKI entry changed: the error no longer stands.
+            schedule.renewal_config_error, schedule.renewal_config_key = None, None
+            await schedule.save(update_fields=["renewal_config_error", "renewal_config_key", "updated_at"])
+        der = entry.certificate_der or entry.pinned_certificate_der
+        certificate = x509.load_der_x509_certificate(der)
+        reason = renewal_reason(
+            certificate,
+            renewal_days=renewal_days,
+            now=now,
+            look_ahead_until=max(self.look_ahead_until, now),
+            revoked=entry.cert_revoked,
+            pki_cas=await self._cas_of(pki),
+        )
+        if reason is None:
+            self.report.count("not_due")
+        return reason
+
+    def renewal_days(self, entry: InventoryEntry) -> int:
+        if entry.renewal_days is not None:
+            return entry.renewal_days
+        return self.context.settings.gds_push_scheduler_renewal_days
+
+    async def _renew(self, entry: InventoryEntry) -> None:
+        if self.context.suppressed_now():
+            # A window opened during the scan: start nothing more; what runs already finishes.
+            self.report.count("suppressed")
+            return
+        try:
+            async with device_lease(entry.id, wait_s=0, lease_s=self.settings.device_lease_s) as claim:
+                await self._renew_claimed(entry, claim)
+        except DeviceBusy:
+            self.report.count("leased_elsewhere")
+
+    async def _renew_claimed(self, entry: InventoryEntry, claim: Claim) -> None:
+        # Another instance may have renewed it between our scan and our claim: decide again on fresh rows.
+        await entry.refresh_from_db()
+        await entry.fetch_related("pki")
+        schedule = await DeviceSchedule.get(entry_id=entry.id)
+        if claim.interrupted_holder is not None:
+            log.warning(
+                "renewal of %s:%s by %s was interrupted; reading the device before deciding again",
+                entry.server, entry.port, claim.interrupted_holder,
+            )  # fmt: skip
+            await reconcile_device(entry)
+            await entry.refresh_from_db()
+        now = self.context.clock()
+        reason = await self._due(entry, schedule, now) if entry.device_status == DEVICE_STATUS_ACTIVE else None
+        if reason is None:
+            return
+        log.info("renewing %s:%s: %s", entry.server, entry.port, reason)
+        try:
+            await push_certificate(entry, PushOrder(automated=True, trigger="scheduler"))
+        except (PushError, APIError) as error:
+            schedule.renewal_failures += 1
+            wait = backoff(schedule.renewal_failures, self.settings.scheduler_retry_base_s,
+                           self.settings.scheduler_retry_max_s)  # fmt: skip
+            schedule.renewal_retry_at = now + wait
+            await schedule.save(update_fields=["renewal_failures", "renewal_retry_at", "updated_at"])
+            log.warning("renewal of %s:%s failed (%d in a row, next try after %s): %s", entry.server, entry.port,
+                        schedule.renewal_failures, api_timestamp(schedule.renewal_retry_at), error.message)  # fmt: skip
+            self.report.count("failed")
+            return
+        schedule.renewal_failures, schedule.renewal_retry_at = 0, None
+        await entry.refresh_from_db()
+        await self._check_successor(entry, schedule)
+        await schedule.save(
+            update_fields=["renewal_failures", "renewal_retry_at", "renewal_config_error", "renewal_config_key",
+                           "updated_at"]
+        )  # fmt: skip
+        self.report.count("renewed")
+
+    async def _check_successor(self, entry: InventoryEntry, schedule: DeviceSchedule) -> None:
+        """A new certificate that is due at once means renewal_days is beyond what the PKI issues: say so once."""
+        pki: PkiEntry = entry.pki  # type: ignore[assignment]
+        renewal_days = self.renewal_days(entry)
+        certificate = x509.load_der_x509_certificate(entry.certificate_der)
+        if certificate.not_valid_after_utc - timedelta(days=renewal_days) > self.context.clock():
+            schedule.renewal_config_error, schedule.renewal_config_key = None, None
+            return
+        lifetime = certificate.not_valid_after_utc - certificate.not_valid_before_utc
+        schedule.renewal_config_error = (
+            f"PKI entry {pki.id} issues certificates valid for {lifetime.days} days, no more than renewal_days "
+            f"({renewal_days}): each renewal would be due again at once. Automated renewals of this device stop "
+            "until renewal_days or the PKI entry changes."
+        )
+        schedule.renewal_config_key = config_key(pki, renewal_days)
+        log.error("renewal of %s:%s: %s", entry.server, entry.port, schedule.renewal_config_error)
+
+
+async def renewal_scan(context: ScanContext) -> ScanReport:
+    return await RenewalWave(context).run()
