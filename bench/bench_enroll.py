@@ -38,7 +38,7 @@ from cryptography.x509.oid import NameOID
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test servers live in the test suite
 
-from certlm.contracts.pki_backends import SERVER_PROFILE  # noqa: E402
+from certlm.contracts.enrollment import SERVER_PROFILE  # noqa: E402
 from certlm.foundation.config import Settings  # noqa: E402
 from certlm.http.app import create_app  # noqa: E402
 from certlm.storage.models import PkiEntry  # noqa: E402

@@ -1,12 +1,19 @@
 """certlm: certificate lifecycle management for OPC UA devices.
 
-Vendors write plugins against the names re-exported here: ``from certlm import hookimpl, DeviceDriver, PkiBackend``.
-The contracts are ``certlm.contracts.hookspecs`` (the hooks), ``certlm.contracts.drivers`` (a device driver) and
-``certlm.contracts.pki_backends``
-(a PKI backend).
-"""
+This package's names are the plugin API: everything a device driver, a PKI backend or a plugin's routes may use, and
+nothing else (a plugin imports ``certlm`` and, in its tests, ``certlm.testing``; ``tests/test_layout.py`` holds
+certlm's own plugins to that). ``PLUGIN_API_VERSION`` versions it; a plugin declares the version it needs as
+``CERTLM_PLUGIN_API = "1.0"`` in the module its entry point names, and CHANGELOG.md records every change.
 
-__version__ = "0.1.0"  # first: the modules imported below read it
+- The hooks (``hookimpl``): ``certlm.contracts.hookspecs``.
+- The device-driver contract: ``DeviceDriver`` and what it exchanges with the host (``DeviceTarget``,
+  ``PushRequest``, ``StepLog``, ``PushOutcome``, ...).
+- The PKI-backend contract: ``PkiBackend``, profiles and enrollments; ``pki_client``, the plumbing of PKIs reached
+  over HTTP(S).
+- What the host lends: ``HostServices`` (to drivers and backends when they are made, and to the routes hook),
+  ``InventoryAccess`` (to the routes hook).
+- Errors that become the API's answers, certificate helpers, and the shapes and helpers of routes.
+"""
 
 from certlm.contracts.drivers import (
     CertificateReading,
@@ -16,6 +23,7 @@ from certlm.contracts.drivers import (
     DeviceIdentityChanged,
     DeviceReading,
     DeviceTarget,
+    DriverSelection,
     FirmwareInfo,
     PkiMaterial,
     PushFailed,
@@ -26,56 +34,149 @@ from certlm.contracts.drivers import (
     StepOutcome,
     SupportedDevice,
     TrustList,
+    plain_status,
 )
-from certlm.contracts.hookspecs import hookimpl
-from certlm.contracts.pki_backends import (
+from certlm.contracts.enrollment import (
     CLIENT_PROFILE,
     SERVER_PROFILE,
     CertificateProfile,
-    CertlmKeyRequired,
+    ChainCrls,
     Enrollment,
     EnrollmentRequest,
     KeyedEnrollment,
-    PkiBackend,
     ServerValidation,
 )
-from certlm.contracts.registry import DeviceDriverRegistry, HostServices, PkiBackendRegistry
-from certlm.foundation.certs import api_timestamp, serial_hex
+from certlm.contracts.hookspecs import hookimpl
+from certlm.contracts.pki_backends import CertlmKeyRequired, PkiBackend
+from certlm.contracts.registry import DeviceDriverRegistry, DuplicateRegistration, PkiBackendRegistry
+from certlm.contracts.services import DeviceTimeouts, HostServices, InstalledDrivers, InventoryAccess
+from certlm.foundation.certs import (
+    api_timestamp,
+    crl_signed_by,
+    extension_value,
+    host_general_name,
+    is_self_signed,
+    issued_by,
+    issuer_chain,
+    key_usage,
+    load_certificate,
+    load_certificates_pem,
+    load_crl,
+    serial_hex,
+    sha1_fingerprint,
+    spki_der,
+    to_der,
+    to_pem,
+    with_host_names,
+)
+from certlm.foundation.config import Settings
+from certlm.foundation.errors import (
+    APIError,
+    CsrRejected,
+    DeviceFailure,
+    Forbidden,
+    NotFound,
+    UnsupportedOperation,
+    UpstreamUnavailable,
+)
+from certlm.foundation.hostspec import HostSpec, address_url
+from certlm.foundation.responses import DownloadQuery, StrictBody
+from certlm.foundation.secretbox import SecretBox
+from certlm.foundation.version import PLUGIN_API_VERSION, __version__
+from certlm.http.openapi import answers, downloads
+from certlm.inventory.entries import MAX_SECRET_CHARS, InventoryEntryOut, ListingPage, checked_server
 from certlm.inventory.identity import identity_repinned
+from certlm.lifecycle.operations import last_recorded
+from certlm.pki import client as pki_client
+from certlm.storage import MAX_ID
+from certlm.storage.migrations import PluginMigration, SchemaEditor
+from certlm.storage.models import DeviceCredential, InventoryEntry, PkiEntry
+from certlm.system.settings import MAX_RENEWAL_DAYS
 
 __all__ = [
     "CLIENT_PROFILE",
+    "MAX_ID",
+    "MAX_RENEWAL_DAYS",
+    "MAX_SECRET_CHARS",
+    "PLUGIN_API_VERSION",
     "SERVER_PROFILE",
+    "APIError",
     "CertificateProfile",
     "CertificateReading",
     "CertlmKeyRequired",
+    "ChainCrls",
+    "CsrRejected",
+    "DeviceCredential",
     "DeviceDescription",
     "DeviceDriver",
     "DeviceDriverRegistry",
+    "DeviceFailure",
     "DeviceIdentity",
     "DeviceIdentityChanged",
     "DeviceReading",
     "DeviceTarget",
+    "DeviceTimeouts",
+    "DownloadQuery",
+    "DriverSelection",
+    "DuplicateRegistration",
     "Enrollment",
     "EnrollmentRequest",
     "FirmwareInfo",
+    "Forbidden",
     "HostServices",
+    "HostSpec",
+    "InstalledDrivers",
+    "InventoryAccess",
+    "InventoryEntry",
+    "InventoryEntryOut",
     "KeyedEnrollment",
+    "ListingPage",
+    "NotFound",
     "PkiBackend",
     "PkiBackendRegistry",
+    "PkiEntry",
     "PkiMaterial",
+    "PluginMigration",
     "PushFailed",
     "PushOutcome",
     "PushRequest",
+    "SchemaEditor",
+    "SecretBox",
     "ServerValidation",
+    "Settings",
     "StepLog",
     "StepNote",
     "StepOutcome",
+    "StrictBody",
     "SupportedDevice",
     "TrustList",
+    "UnsupportedOperation",
+    "UpstreamUnavailable",
     "__version__",
+    "address_url",
+    "answers",
     "api_timestamp",
+    "checked_server",
+    "crl_signed_by",
+    "downloads",
+    "extension_value",
     "hookimpl",
+    "host_general_name",
     "identity_repinned",
+    "is_self_signed",
+    "issued_by",
+    "issuer_chain",
+    "key_usage",
+    "last_recorded",
+    "load_certificate",
+    "load_certificates_pem",
+    "load_crl",
+    "pki_client",
+    "plain_status",
     "serial_hex",
+    "sha1_fingerprint",
+    "spki_der",
+    "to_der",
+    "to_pem",
+    "with_host_names",
 ]

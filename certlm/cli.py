@@ -1,5 +1,5 @@
-"""The ``certlm`` command: serve the API, set up a demo instance, issue licenses, and talk to a running service:
-import an inventory file, install, restore and show its license."""
+"""The ``certlm`` command: serve the API, set up a demo instance, issue licenses, talk to a running service (import
+an inventory file, install, restore and show its license), and write a new plugin package."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from certlm import __version__
 from certlm.foundation.logs import LEVELS, configure_logging, console_level
+from certlm.foundation.version import __version__
 
 # The import route takes a file's bytes as they are; the suffix says which kind they are.
 IMPORT_MEDIA_TYPES = {".csv": "text/csv", ".json": "application/json"}
@@ -45,6 +45,17 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(**overrides)
     _configure_logging(args, settings.data_dir)
     asyncio.run(serve(settings, host=args.host, port=args.port))
+    return 0
+
+
+def _plugin_new(args: argparse.Namespace) -> int:
+    from certlm.plugin_template import BadPluginName, write_plugin
+
+    try:
+        target = write_plugin(args.name, Path(args.dir))
+    except BadPluginName as error:
+        raise SystemExit(f"certlm: {error}") from None
+    print(f"wrote the plugin {args.name} to {target}; its tests: cd {target} && pip install -e '.[test]' && pytest")
     return 0
 
 
@@ -394,7 +405,19 @@ def build_parser() -> argparse.ArgumentParser:
         "show", parents=[service], help="show the license in force and the previous one (exit 1 when unlicensed)"
     )
     show.set_defaults(func=_license_show)
+    _add_plugin_commands(commands)
     return parser
+
+
+def _add_plugin_commands(commands: argparse._SubParsersAction) -> None:
+    plugin = commands.add_parser("plugin", help="write a new plugin package")
+    plugin_commands = plugin.add_subparsers(dest="plugin_command", required=True)
+    new = plugin_commands.add_parser(
+        "new", help="write a plugin distribution certlm-NAME (GDS push driver, tests, README) that passes its tests"
+    )
+    new.add_argument("name", help="the plugin's name: lower-case letters, digits and underscores (e.g. acme_press)")
+    new.add_argument("--dir", default=".", help="where to write the certlm-NAME directory (default: %(default)s)")
+    new.set_defaults(func=_plugin_new)
 
 
 def main(argv: list[str] | None = None) -> int:

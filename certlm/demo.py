@@ -20,6 +20,7 @@ from certlm.system.licensing import generate_key_pair, issue_license, load_priva
 
 if TYPE_CHECKING:
     from certlm.lifecycle.push import PushOrder
+    from certlm.lifecycle.runtime import Runtime
     from certlm.storage.models import InventoryEntry
 
 log = logging.getLogger(__name__)
@@ -103,22 +104,25 @@ async def wait_until_listening(addresses: list[tuple[str, int]], timeout: float)
     return waiting
 
 
-async def onboard_devices(device_urls: list[str], username: str | None, password: str | None) -> list[DeviceOutcome]:
+async def onboard_devices(
+    runtime: Runtime, device_urls: list[str], username: str | None, password: str | None
+) -> list[DeviceOutcome]:
     """Register each device and onboard it (first contact, trust, enrollment from the demo's internal CA), the way
     ``POST /gds/push/onboarding`` does, once it accepts connections. Devices enrolled by an earlier demo run are left
     alone."""
     from certlm.foundation.errors import APIError
-    from certlm.foundation.hostspec import DEFAULT_OPCUA_PORT, parse_host_or_url
-    from certlm.inventory.entries import canonical_server, create_entry, find_entry_at
+    from certlm.foundation.hostspec import DEFAULT_OPCUA_PORT
+    from certlm.inventory.entries import canonical_server, find_entry_at
     from certlm.lifecycle.push import PushOrder
 
     outcomes: list[DeviceOutcome] = []
     to_onboard = []
     for url in device_urls:
-        spec = parse_host_or_url(url)
+        spec = runtime.drivers.parse_address(url)
         server, port = canonical_server(spec.server), spec.port or DEFAULT_OPCUA_PORT
         try:
-            entry = await find_entry_at(server, port, "gds") or await create_entry("gds", server, port, {})
+            entry = await find_entry_at(server, port, "gds")
+            entry = entry or await runtime.inventory.create_entry("gds", server, port, {})
         except APIError as error:
             print(f"certlm demo: {url} cannot be registered: {error.message}", flush=True)
             outcomes.append(DeviceOutcome(url, server, port, enrolled=False, failure=error.message))
@@ -134,7 +138,7 @@ async def onboard_devices(device_urls: list[str], username: str | None, password
         if (server, port) in silent:
             failure = f"nothing accepted connections on {server}:{port} within {DEVICE_LISTEN_TIMEOUT_S:.0f} s"
         else:
-            failure = await _onboard(url, entry, order)
+            failure = await _onboard(runtime, url, entry, order)
         if failure:
             print(f"certlm demo: onboarding {url} failed: {failure}", flush=True)
         outcomes.append(DeviceOutcome(url, server, port, enrolled=not failure, failure=failure))
@@ -142,13 +146,13 @@ async def onboard_devices(device_urls: list[str], username: str | None, password
     return sorted(outcomes, key=lambda outcome: device_urls.index(outcome.url))
 
 
-async def _onboard(url: str, entry: InventoryEntry, order: PushOrder) -> str:
+async def _onboard(runtime: Runtime, url: str, entry: InventoryEntry, order: PushOrder) -> str:
     """Onboard one device; why it failed, or "" when it did."""
     from certlm.foundation.errors import APIError
     from certlm.lifecycle.push import push_certificate
 
     try:
-        answer = await push_certificate(entry, order)
+        answer = await push_certificate(runtime, entry, order)
     except APIError as error:
         return error.message
     except Exception as error:  # one device's unexpected failure is reported with the others', not fatal
@@ -212,6 +216,7 @@ def run_demo(
     device_password: str | None = None,
 ) -> int:
     from certlm.http.server import serve
+    from certlm.service.host import current_host
 
     data_dir = data_dir.resolve()
     settings = Settings.from_env(
@@ -228,7 +233,10 @@ def run_demo(
     api_key = settings.api_key_file.read_text().strip()
 
     async def onboard_then_summarise(url: str) -> None:
-        outcomes = await onboard_devices(device_urls, device_username, device_password) if device_urls else None
+        runtime = current_host().runtime
+        outcomes = (
+            await onboard_devices(runtime, device_urls, device_username, device_password) if device_urls else None
+        )
         print(summary(url, settings, api_key, outcomes), flush=True)
 
     asyncio.run(serve(settings, host=host, port=port, after_start=onboard_then_summarise))

@@ -1,32 +1,25 @@
-"""Fixtures: license keys, running services (SQLite and PostgreSQL), authorised HTTP clients, simulated OPC UA
-devices."""
+"""Fixtures of the host's tests: license keys, running services (SQLite and PostgreSQL), authorised HTTP clients,
+simulated OPC UA devices, the app in process. What every plugin's tests get is ``certlm.testing``'s (its ``certlm_*``
+fixtures, registered by certlm's ``pytest11`` entry point); the fixtures here give them the names the host's tests use,
+and add what only those need."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
+from certlm_opcua_simulator import SimulatedDevice
 
+from certlm.testing import InProcessApp, LicenseKeys, RunningService
+from certlm.testing import start_service as start_certlm
 from tests.crypto_factory import Credential, make_ca
-from tests.support import (
-    REPO,
-    InProcessApp,
-    LicenseKeys,
-    PostgresServer,
-    RunningService,
-    free_port,
-    in_process_settings,
-    licensed_app_in_process,
-)
+from tests.support import REPO, PostgresServer
 
-EXAMPLE_VENDOR = REPO / "tests" / "example_vendor"
+EXAMPLE_VENDOR = REPO / "examples" / "acme_widget"
 StartDevice = Callable[..., Awaitable[SimulatedDevice]]
 
 
@@ -50,8 +43,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def license_keys(tmp_path_factory: pytest.TempPathFactory) -> LicenseKeys:
-    return LicenseKeys.create(tmp_path_factory.mktemp("license-keys"))
+def license_keys(certlm_license_keys: LicenseKeys) -> LicenseKeys:
+    return certlm_license_keys
 
 
 @pytest.fixture(scope="session")
@@ -85,25 +78,11 @@ def database_url(request: pytest.FixtureRequest) -> str | None:
 
 
 async def start_service(
-    tmp_path_factory: pytest.TempPathFactory,
-    license_keys: LicenseKeys,
-    *,
-    licensed: bool = True,
-    database_url: str | None = None,
-    env: dict[str, str] | None = None,
-    name: str = "certlm",
+    tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys, *, name: str = "certlm", **options: Any
 ) -> RunningService:
-    service = RunningService(
-        data_dir=tmp_path_factory.mktemp(name) / "data",
-        license_keys=license_keys,
-        database_url=database_url,
-        env_extra=env or {},
-    )
-    service.data_dir.mkdir(parents=True)
-    await service.start()
-    if licensed:
-        await service.install_license(license_keys.issue())
-    return service
+    """A started ``certlm serve`` in a new directory named after ``name`` (``certlm.testing.start_service``'s
+    ``licensed``, ``database_url`` and ``env``); the caller stops it."""
+    return await start_certlm(tmp_path_factory.mktemp(name), license_keys, **options)
 
 
 @pytest.fixture(scope="module")
@@ -113,15 +92,14 @@ def service_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-async def service(
-    tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys, service_env: dict[str, str]
-) -> AsyncIterator[RunningService]:
-    """A licensed certlm on SQLite, shared by the tests of one module."""
-    running = await start_service(tmp_path_factory, license_keys, env=service_env)
-    try:
-        yield running
-    finally:
-        await running.stop()
+def certlm_service_env(service_env: dict[str, str]) -> dict[str, str]:
+    return service_env
+
+
+@pytest.fixture(scope="module")
+def service(certlm_service: RunningService) -> RunningService:
+    """A licensed certlm on SQLite, shared by the tests of one module (``certlm_service``)."""
+    return certlm_service
 
 
 @pytest.fixture
@@ -130,50 +108,26 @@ async def api(service: RunningService) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+StartService = Callable[..., Awaitable[RunningService]]
+
+
 @pytest.fixture
-async def make_service(tmp_path_factory: pytest.TempPathFactory, license_keys: LicenseKeys):
+def make_service(certlm_start_service: StartService) -> StartService:
     """Start extra services with their own settings (``licensed``, ``database_url``, ``env``); all are
     stopped after the test."""
-    started: list[RunningService] = []
-
-    async def make(**kwargs) -> RunningService:
-        running = await start_service(tmp_path_factory, license_keys, **kwargs)
-        started.append(running)
-        return running
-
-    yield make
-    for running in started:
-        await running.stop()
+    return certlm_start_service
 
 
 @pytest.fixture
-async def simulated_device(tmp_path: Path) -> AsyncIterator[StartDevice]:
+def simulated_device(certlm_simulated_device: StartDevice) -> StartDevice:
     """Starts simulated devices in this process, from a whole ``SimulatorConfig`` or its options as keywords; stops
     them after the test. By default they accept any client while their trust list is empty, and reopen their
     endpoints 0.1 s after ApplyChanges."""
-    started: list[SimulatedDevice] = []
-
-    async def start(config: SimulatorConfig | None = None, **options: Any) -> SimulatedDevice:
-        if config is None:
-            options = {"auto_accept": True, "apply_delay_s": 0.1, **options}
-            config = SimulatorConfig(state_dir=tmp_path / "devices", port=free_port(), **options)
-        device = SimulatedDevice(config)
-        await device.start()
-        started.append(device)
-        return device
-
-    try:
-        yield start
-    finally:
-        await asyncio.gather(*(device.stop() for device in started))
+    return certlm_simulated_device
 
 
 @pytest.fixture
-async def in_process(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[InProcessApp]:
+def in_process(certlm_in_process: InProcessApp) -> InProcessApp:
     """certlm's app in this process on its own SQLite database, licensed, with device time-outs short enough for
     failure tests (``InProcessApp``)."""
-    settings = in_process_settings(
-        tmp_path / "data", license_keys, device_connect_timeout_s=3.0, device_operation_timeout_s=15.0
-    )
-    async with licensed_app_in_process(settings, license_keys) as (client, headers, host):
-        yield InProcessApp(client, headers, host)
+    return certlm_in_process

@@ -1,6 +1,5 @@
 """How certlm names a device's hosts in a certificate (``certlm.foundation.certs.with_host_names``), the same for the
-CMP
-request and the internal CA, and the small X.509 helpers of ``certlm.foundation.certs`` that CMP and the internal CA
+CMP request and the internal CA, and the small X.509 helpers of ``certlm.foundation.certs`` that CMP and the internal CA
 share."""
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from certlm_pki_internal.ca import check_csr
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certlm.contracts.pki_backends import CertificateProfile
+from certlm.contracts.enrollment import CertificateProfile
 from certlm.foundation.certs import extension_value, key_usage, load_certificate, load_crl, with_host_names
 from certlm.foundation.errors import APIError
 from tests.crypto_factory import DEVICE_URI, device_csr, make_ca, pem, self_signed

@@ -1,7 +1,6 @@
 """``certlm.foundation.certs``: loading what users upload (CSRs, PKCS#12, certificate lists), walking issuers, and
-describing a
-certificate the way the certificate detail and the monitor show it. Host names in certificates, ``key_usage``,
-``extension_value`` and loading single certificates and CRLs are in ``test_certificate_names.py``."""
+describing a certificate the way the certificate detail and the monitor show it. Host names in certificates,
+``key_usage``, ``extension_value`` and loading single certificates and CRLs are in ``test_certificate_names.py``."""
 
 from __future__ import annotations
 

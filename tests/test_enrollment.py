@@ -1,5 +1,6 @@
-"""``certlm.lifecycle.push`` called directly: what a push records, which certificate the PKI renews, the names a
-certificate lacks, the PKI an entry enrolls with, the CRLs of an enrollment's chain, and the schedulers' entry point
+"""``certlm.lifecycle.push``, ``certlm.lifecycle.operations`` and ``certlm.pki.material`` called directly: what a
+push records, which certificate the PKI renews, the names a certificate lacks, the PKI an entry enrolls with, the CRLs
+of an enrollment's chain, and the schedulers' entry point
 ``push_certificate`` with an automated order (it never trusts a device on first contact, and a device that presents
 anything but its pinned certificate, or one the PKI issued, gets nothing). Host functions run in the app's context
 as the schedulers run them; the operator's side goes through the REST API of the same app."""
@@ -18,23 +19,18 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from certlm.contracts.drivers import DeviceDescription, DeviceIdentity, TrustList
-from certlm.contracts.pki_backends import Enrollment
+from certlm.contracts.enrollment import Enrollment
 from certlm.foundation.certs import sha1_fingerprint, to_der
 from certlm.foundation.errors import APIError
-from certlm.inventory.entries import create_entry, find_entry_at
-from certlm.lifecycle.push import (
-    PushOrder,
+from certlm.inventory.entries import find_entry_at
+from certlm.lifecycle.operations import description_record, last_recorded, record_operation, trust_list_record
+from certlm.lifecycle.push import PushOrder, push_certificate, stored_identity
+from certlm.pki.material import (
     crls_of_chain,
     current_certificate_from,
-    description_record,
     enrollment_pki,
     host_names_warnings,
-    last_recorded,
     missing_names_warning,
-    push_certificate,
-    record_operation,
-    stored_identity,
-    trust_list_record,
 )
 from certlm.storage.models import InventoryEntry, PkiEntry
 from tests.conftest import StartDevice
@@ -148,9 +144,10 @@ def test_the_views_warn_when_the_certificate_does_not_name_the_host_or_no_applic
 
 async def test_an_entry_without_a_pki_gets_the_oldest_that_can_enroll(in_process: InProcessApp) -> None:
     async with in_process.context():
-        entry = await create_entry("gds", "plc-7.plant.local", 4840, {})
+        entry = await in_process.host.inventory.create_entry("gds", "plc-7.plant.local", 4840, {})
+        backends = in_process.host.pki_backends
         with pytest.raises(APIError) as none_yet:
-            await enrollment_pki(entry)
+            await enrollment_pki(entry, backends)
         assert none_yet.value.message == (
             "no PKI endpoint can sign for plc-7.plant.local:4840: create one with POST /pki/inventory or assign one "
             "with PATCH /gds/inventory {pki}"
@@ -160,7 +157,8 @@ async def test_an_entry_without_a_pki_gets_the_oldest_that_can_enroll(in_process
     status, created = await in_process.call("POST", "/pki/inventory", INTERNAL_CA)
     assert status == 200, created
     async with in_process.context():
-        chosen = await enrollment_pki(entry)
+        backends = in_process.host.pki_backends
+        chosen = await enrollment_pki(entry, backends)
         assert chosen.id == created["pki_id"]
         # Assigned to the entry, and stored with it by the push's success (then its renewals keep using it), not
         # before: a push that fails changes nothing.
@@ -168,7 +166,7 @@ async def test_an_entry_without_a_pki_gets_the_oldest_that_can_enroll(in_process
         assert (await InventoryEntry.get(id=entry.id)).pki_id is None
         other = await PkiEntry.create(pki_type=1, pki_connection="localhost:0", name="another CA")
         entry.pki_id = other.id
-        assert (await enrollment_pki(entry)).id == other.id
+        assert (await enrollment_pki(entry, backends)).id == other.id
 
 
 # The CRLs of an enrollment's chain
@@ -188,7 +186,9 @@ async def test_each_ca_of_the_chain_gets_its_crl_from_where_its_certificate_says
     enrollment = Enrollment(device_certificate(issuing_ca, "plc-7"), (issuing_ca.certificate,))
     known = issuing_ca.crl()
     async with in_process.context():
-        chain_crls = await crls_of_chain(enrollment, (issuing_ca.certificate, root_ca.certificate), (known,))
+        chain_crls = await crls_of_chain(
+            enrollment, (issuing_ca.certificate, root_ca.certificate), (known,), in_process.host.services
+        )
     # The issuing CA's CRL was known; the root's came from the distribution point the issuing CA's certificate names.
     assert chain_crls.missing == ()
     assert [crl.issuer for crl in chain_crls.crls] == [issuing_ca.certificate.subject, root_ca.certificate.subject]
@@ -200,7 +200,9 @@ async def test_a_ca_whose_crl_cannot_be_had_is_named(in_process: InProcessApp, r
     issuing_ca = make_ca("Line CA", issuer=root_ca, crl_url=down)
     enrollment = Enrollment(device_certificate(issuing_ca, "plc-7"), (issuing_ca.certificate,))
     async with in_process.context():
-        chain_crls = await crls_of_chain(enrollment, (issuing_ca.certificate, root_ca.certificate), ())
+        chain_crls = await crls_of_chain(
+            enrollment, (issuing_ca.certificate, root_ca.certificate), (), in_process.host.services
+        )
     assert chain_crls.crls == ()
     assert chain_crls.missing == (
         "no CRL of CN=Line CA: no CRL distribution point available",
@@ -215,7 +217,7 @@ async def scheduled_push(client, device: SimulatedDevice) -> dict:
     async with client.app.app_context():
         entry = await find_entry_at("127.0.0.1", device.config.port, "gds")
         assert entry is not None
-        return await push_certificate(entry, SCHEDULER)
+        return await push_certificate(client.app.extensions["certlm"].runtime, entry, SCHEDULER)
 
 
 async def test_automated_push_never_trusts_on_first_contact(app, device: SimulatedDevice) -> None:

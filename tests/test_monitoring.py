@@ -19,5 +19,5 @@ async def test_an_entry_deleted_after_the_scan_listed_it_is_skipped(in_process: 
     status, body = await in_process.call("DELETE", f"/gds/inventory/127.0.0.1:{port}")
     assert status == 200, body
     async with in_process.context():
-        assert await monitor_device(listed, datetime.now(UTC)) == "deleted"
+        assert await monitor_device(in_process.host.runtime, listed, datetime.now(UTC)) == "deleted"
         assert not await DeviceSchedule.filter(entry_id=listed.id).exists()

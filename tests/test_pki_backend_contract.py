@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from certlm.contracts.pki_backends import (
-    SERVER_PROFILE,
-    Enrollment,
-    EnrollmentRequest,
-    KeyedEnrollment,
-    PkiBackend,
-)
+from certlm.contracts.enrollment import SERVER_PROFILE, Enrollment, EnrollmentRequest, KeyedEnrollment
+from certlm.contracts.pki_backends import PkiBackend
 from certlm.foundation.errors import UnsupportedOperation
 from tests.crypto_factory import device_csr, ec_key, make_ca
 

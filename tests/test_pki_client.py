@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import serialization
 
-from certlm.contracts.registry import HostServices
+from certlm.contracts.services import HostServices
 from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.foundation.secretbox import SecretBox
 from certlm.pki.client import (

@@ -5,20 +5,24 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
+from certlm_opcua_simulator import SimulatedDevice
 from cryptography.hazmat.primitives import serialization
 
+import certlm
 from certlm.contracts import hookspecs
 from certlm.contracts.drivers import DeviceIdentity
 from certlm.contracts.registry import DeviceDriverRegistry, DuplicateRegistration
 from certlm.http.plugins import PluginLoadError, build_plugin_manager
+from certlm.storage.migrations import PluginMigration, checked_plugin_migrations
+from certlm.testing import RunningService
+from tests.conftest import StartDevice
 from tests.support import REPO, free_port
 
 
@@ -78,47 +82,26 @@ async def test_supported_device_ids_are_stable_across_restarts(service) -> None:
 
 
 @pytest.fixture
-async def acme_widget() -> AsyncIterator[int]:
-    """A device speaking the ACME Widget's diagnostics interface on 127.0.0.1."""
-
-    async def info(_: web.Request) -> web.Response:
-        return web.json_response({"firmware": "2.5", "model": "Widget PLC 3000"})
-
-    async def status(_: web.Request) -> web.Response:
-        return web.json_response({"state": "RUN"})
-
-    app = web.Application()
-    app.router.add_get("/info", info)
-    app.router.add_get("/status", status)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield port
-    finally:
-        await runner.cleanup()
+async def acme_widget(simulated_device: StartDevice) -> SimulatedDevice:
+    """A simulated ACME Widget PLC 3000: the device family of the example vendor package (examples/acme_widget)."""
+    return await simulated_device(manufacturer="ACME", product="Widget PLC 3000", firmware="2.5")
 
 
-async def test_device_call_is_routed_to_the_vendor_driver(api, acme_widget: int) -> None:
+async def test_device_call_is_routed_to_the_vendor_driver(api, acme_widget: SimulatedDevice) -> None:
+    port = acme_widget.config.port
     created = await api.post(
         "/inventory",
-        json={"table": "gds", "add": {"server": "127.0.0.1", "port": acme_widget, "service": "gds-push-acme-widget"}},
+        json={"table": "gds", "add": {"server": "127.0.0.1", "port": port, "service": "gds-push-acme-widget"}},
     )
     assert created.status_code == 200, created.text
-    firmware = await api.get(f"/gds/monitor/firmware/opc.tcp://127.0.0.1:{acme_widget}")
+    firmware = await api.get(f"/gds/monitor/firmware/opc.tcp://127.0.0.1:{port}")
     assert firmware.status_code == 200, firmware.text
-    assert firmware.json() == {
-        "url": f"opc.tcp://127.0.0.1:{acme_widget}",
-        "firmware_version": "2.5",
-        "device_name": "Widget PLC 3000",
-    }
-    status = await api.get(f"/gds/monitor/status/127.0.0.1:{acme_widget}")
-    assert status.json() == {"url": f"opc.tcp://127.0.0.1:{acme_widget}", "status": "RUN"}
-    # The vendor driver does not read PLC metadata: the host says so instead of guessing.
-    plc = await api.get(f"/gds/monitor/plc/127.0.0.1:{acme_widget}")
-    assert plc.status_code == 501
-    assert "gds-push-acme-widget" in plc.json()["error"]
+    assert firmware.json() == {"url": acme_widget.url, "firmware_version": "2.5", "device_name": "Widget PLC 3000"}
+    # The vendor driver reads the Widget's nameplate its own way: flat, under ACME's names.
+    plc = await api.get(f"/gds/monitor/plc/127.0.0.1:{port}")
+    assert plc.status_code == 200, plc.text
+    assert plc.json()["plc_info"]["order_number"] == "WIDGET-PLC-3000"
+    assert plc.json()["plc_info"]["serial_number"] == f"SIM-{port:05d}"
 
 
 async def test_unreachable_vendor_device_answers_502(api) -> None:
@@ -129,7 +112,7 @@ async def test_unreachable_vendor_device_answers_502(api) -> None:
     )
     response = await api.get(f"/gds/monitor/firmware/127.0.0.1:{port}")
     assert response.status_code == 502
-    assert "unreachable" in response.json()["error"]
+    assert "reading the firmware version" in response.json()["error"]
 
 
 async def test_entry_of_an_uninstalled_service_answers_501(make_service) -> None:
@@ -138,7 +121,7 @@ async def test_entry_of_an_uninstalled_service_answers_501(make_service) -> None
     add = {"server": "10.9.9.9", "port": 4840, "service": "gds-push-acme-widget"}
     async with service.client() as api:
         assert (await api.post("/inventory", json={"table": "gds", "add": add})).status_code == 200
-    service.env_extra["CERTLM_DISABLE_PLUGINS"] = "example_vendor"
+    service.env_extra["CERTLM_DISABLE_PLUGINS"] = "acme_widget"
     await service.restart()
     async with service.client() as api:
         response = await api.get("/gds/monitor/firmware/10.9.9.9:4840")
@@ -196,6 +179,160 @@ async def test_plugin_adds_routes_and_tables_under_the_hosts_checks(make_service
         assert (await client.post("/extras/notes")).json()["count"] == 3
 
 
+async def serve_with(site: Path, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``certlm serve`` with the distributions in ``site`` installed, run until it exits (start-up refused)."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "certlm", "serve", "--port", str(free_port()), "--data-dir", str(data_dir)],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# Release 2 of the extras plugin: its note table gains a column, which databases of release 1 get by its migration
+# step 1. Release 3 adds a step that fails.
+EXTRAS_RELEASE_2 = EXTRAS_PLUGIN.replace(
+    "    text = fields.CharField(max_length=100)\n",
+    "    text = fields.CharField(max_length=100)\n    priority = fields.IntField(default=0)\n",
+).replace(
+    'return {"id": note.id, "count": await ExtraNote.all().count()}',
+    'return {"id": note.id, "count": await ExtraNote.all().count(), '
+    '"priorities": sorted(await ExtraNote.all().values_list("priority", flat=True))}',
+) + """
+
+async def add_priority(schema):
+    await schema.add_column("extra_note", "priority", "INT NOT NULL DEFAULT 0")
+
+
+@hookimpl
+def certlm_provide_migrations():
+    return [PluginMigration("extras", 1, "extra_note: a priority", add_priority)] + LATER_STEPS
+
+
+LATER_STEPS = []
+"""
+EXTRAS_RELEASE_2 = EXTRAS_RELEASE_2.replace("import hookimpl", "import PluginMigration, hookimpl")
+EXTRAS_RELEASE_3 = EXTRAS_RELEASE_2.replace(
+    "LATER_STEPS = []",
+    """async def fail(schema):
+    await schema.execute("ALTER TABLE extra_note ADD COLUMN colour VARCHAR(20) NULL")
+    await schema.execute("SELECT no_such_column FROM extra_note")
+
+
+LATER_STEPS = [PluginMigration("extras", 2, "extra_note: a colour", fail)]""",
+)
+
+
+class Database:
+    """The service's database as the test reads it: the SQLite file, or the PostgreSQL database through psql."""
+
+    def __init__(self, service: RunningService, request: pytest.FixtureRequest) -> None:
+        self.service = service
+        self.postgres = request.getfixturevalue("postgres") if service.database_url else None
+
+    def rows(self, sql: str) -> list[tuple[str, ...]]:
+        if self.postgres is None:
+            with sqlite3.connect(self.service.data_dir / "certlm.sqlite3") as db:
+                return [tuple(str(value) for value in row) for row in db.execute(sql).fetchall()]
+        output = self.postgres.query(self.service.database_url, sql)
+        return [tuple(line.split("|")) for line in output.splitlines() if line]
+
+    def plugin_versions(self) -> dict[str, int]:
+        rows = self.rows("SELECT plugin, version FROM certlm_plugin_schema")
+        return {plugin: int(version) for plugin, version in rows}
+
+    def note_columns(self) -> set[str]:
+        if self.postgres is None:
+            return {row[1] for row in self.rows("PRAGMA table_info(extra_note)")}
+        query = "SELECT column_name FROM information_schema.columns WHERE table_name = 'extra_note'"
+        return {row[0] for row in self.rows(query)}
+
+
+async def test_an_upgraded_plugin_migrates_its_own_table_and_keeps_its_rows(
+    make_service, tmp_path: Path, database_url: str | None, request: pytest.FixtureRequest
+) -> None:
+    release_1 = write_distribution(tmp_path / "r1", "certlm-extras", EXTRAS_PLUGIN, "extras")
+    service = await make_service(env={"PYTHONPATH": str(release_1)}, database_url=database_url)
+    database = Database(service, request)
+    async with service.client() as client:
+        for _ in range(2):
+            assert (await client.post("/extras/notes")).status_code == 200
+    assert "priority" not in database.note_columns()
+
+    await service.stop()
+    service.env_extra["PYTHONPATH"] = str(write_distribution(tmp_path / "r2", "certlm-extras", EXTRAS_RELEASE_2,
+                                                             "extras"))  # fmt: skip
+    await service.start()
+    async with service.client() as client:
+        added = await client.post("/extras/notes")
+    assert added.status_code == 200, added.text
+    assert added.json()["count"] == 3 and added.json()["priorities"] == [0, 0, 0]
+    assert "priority" in database.note_columns() and database.plugin_versions() == {"extras": 1}
+
+    # A step that fails stops start-up naming the plugin and the step; nothing of it stays, the rows neither.
+    await service.stop()
+    service.env_extra["PYTHONPATH"] = str(write_distribution(tmp_path / "r3", "certlm-extras", EXTRAS_RELEASE_3,
+                                                             "extras"))  # fmt: skip
+    with pytest.raises(RuntimeError, match="certlm exited") as refused:
+        await service.start()
+    assert "plugin 'extras': migration step 2 (extra_note: a colour) failed and was rolled back" in str(refused.value)
+    assert "colour" not in database.note_columns() and database.plugin_versions() == {"extras": 1}
+
+    # A database a later release of the plugin migrated (version 2), started with release 2 (steps up to 1):
+    # refused, not run on a schema the plugin does not know.
+    database.rows("UPDATE certlm_plugin_schema SET version = 2 WHERE plugin = 'extras' RETURNING plugin")
+    service.env_extra["PYTHONPATH"] = str(tmp_path / "r2")
+    with pytest.raises(RuntimeError, match="certlm exited") as refused:
+        await service.start()
+    newer = "plugin 'extras': the database has its schema version 2, newer than this release of the plugin knows (1)"
+    assert newer in str(refused.value)
+    assert database.rows("SELECT count(*) FROM extra_note") == [("3",)]
+
+
+async def test_instances_starting_at_once_on_postgres_apply_a_plugin_step_once(
+    make_service, tmp_path: Path, postgres, request: pytest.FixtureRequest
+) -> None:
+    url = postgres.create_database()
+    release_1 = write_distribution(tmp_path / "r1", "certlm-extras", EXTRAS_PLUGIN, "extras")
+    first = await make_service(env={"PYTHONPATH": str(release_1)}, database_url=url)
+    await first.stop()
+    # The step takes two seconds here, so that both instances are inside it at once.
+    slow_step = EXTRAS_RELEASE_2.replace(
+        '"INT NOT NULL DEFAULT 0")\n', '"INT NOT NULL DEFAULT 0")\n    await schema.execute("SELECT pg_sleep(2)")\n'
+    )
+    assert slow_step != EXTRAS_RELEASE_2
+    release_2 = write_distribution(tmp_path / "r2", "certlm-extras", slow_step, "extras")
+    second = await make_service(env={"PYTHONPATH": str(release_2)}, database_url=url, licensed=False)
+    await second.stop()
+    # Both start on the release-1 schema at the same moment: the advisory lock lets one alter, the other waits.
+    database = Database(first, request)
+    database.rows("ALTER TABLE extra_note DROP COLUMN priority; DELETE FROM certlm_plugin_schema")
+    first.env_extra["PYTHONPATH"] = str(release_2)
+    await asyncio.gather(first.start(), second.start())
+    assert database.plugin_versions() == {"extras": 1} and "priority" in database.note_columns()
+
+
+async def test_a_new_install_of_a_plugin_runs_its_steps_on_the_tables_its_models_made(
+    make_service, tmp_path: Path
+) -> None:
+    """The plugin's models make its tables as they are now; its steps then check before they alter, and are
+    stamped."""
+    root = write_distribution(tmp_path / "site", "certlm-extras", EXTRAS_RELEASE_2, "extras")
+    service = await make_service(env={"PYTHONPATH": str(root)})
+    async with service.client() as client:
+        assert (await client.post("/extras/notes")).json()["priorities"] == [0]
+    assert Database(service, None).plugin_versions() == {"extras": 1}
+
+
+@pytest.mark.parametrize("versions", [[2], [1, 1], [1, 3], [0, 1]])
+def test_a_plugin_whose_migration_versions_do_not_count_from_1_is_refused(versions: list[int]) -> None:
+    steps = [PluginMigration("extras", version, f"step {version}", lambda schema: None) for version in versions]
+    with pytest.raises(ValueError, match=r"plugin 'extras' declares migration versions .*: they must count 1, 2, 3"):
+        checked_plugin_migrations(steps)
+
+
 BROKEN_PLUGIN = """
 import certlm_dependency_that_does_not_exist  # noqa: F401
 """
@@ -203,14 +340,7 @@ import certlm_dependency_that_does_not_exist  # noqa: F401
 
 async def test_plugin_that_fails_to_import_stops_start_up_naming_it(tmp_path: Path, license_keys) -> None:
     root = write_distribution(tmp_path / "site", "certlm-broken", BROKEN_PLUGIN, "broken")
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "certlm", "serve", "--port", str(free_port()), "--data-dir", str(tmp_path / "d")],
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = await serve_with(root, tmp_path / "d")
     assert result.returncode != 0
     assert "plugin 'broken'" in result.stderr
     assert "certlm_dependency_that_does_not_exist" in result.stderr
@@ -218,7 +348,7 @@ async def test_plugin_that_fails_to_import_stops_start_up_naming_it(tmp_path: Pa
 
 async def test_disabled_plugin_is_not_loaded(make_service, tmp_path: Path) -> None:
     root = write_distribution(tmp_path / "site", "certlm-broken", BROKEN_PLUGIN, "broken")
-    service = await make_service(env={"PYTHONPATH": str(root), "CERTLM_DISABLE_PLUGINS": "broken,example_vendor"})
+    service = await make_service(env={"PYTHONPATH": str(root), "CERTLM_DISABLE_PLUGINS": "broken,acme_widget"})
     async with service.client() as client:
         services = {row["service"] for row in (await client.get("/supported-devices")).json()}
     assert "gds-push-acme-widget" not in services
@@ -231,8 +361,59 @@ def test_plugin_load_error_is_raised_in_process(tmp_path: Path, monkeypatch: pyt
         build_plugin_manager()
 
 
+def api_plugin(needs: str) -> str:
+    return f"""
+from certlm import DeviceDriver, hookimpl
+
+CERTLM_PLUGIN_API = {needs!r}
+
+
+class FutureDriver(DeviceDriver):
+    service = "gds-push-future"
+    protocol = "gds"
+
+
+@hookimpl
+def certlm_register_device_drivers(register):
+    register.add(FutureDriver)
+"""
+
+
+async def test_a_plugin_for_another_plugin_api_stops_start_up_naming_both_versions(
+    tmp_path: Path, license_keys
+) -> None:
+    root = write_distribution(tmp_path / "site", "certlm-future", api_plugin("2.0"), "future")
+    result = await serve_with(root, tmp_path / "d")
+    assert result.returncode != 0
+    assert "plugin 'future' (from certlm-future) needs certlm plugin API 2.0" in result.stderr
+    assert f"offers plugin API {certlm.PLUGIN_API_VERSION}" in result.stderr
+
+
+@pytest.mark.parametrize("needs", ["2.0", "0.9", "1.99", "one", ""])
+def test_a_plugin_needing_an_api_this_certlm_does_not_offer_is_refused_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, needs: str
+) -> None:
+    root = write_distribution(tmp_path / "site", "certlm-future", api_plugin(needs), "future")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.delitem(sys.modules, "certlm_future", raising=False)  # each case's own module, not the last one's
+    with pytest.raises(PluginLoadError, match=r"plugin 'future' \(from certlm-future\)") as refused:
+        build_plugin_manager()
+    assert repr(needs) in str(refused.value) or f"plugin API {needs}," in str(refused.value)
+
+
+@pytest.mark.parametrize("needs", [None, "1.0", "1"])
+def test_a_plugin_for_this_plugin_api_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, needs: str | None) -> None:
+    source = api_plugin(needs or "1.0")
+    if needs is None:
+        source = source.replace("CERTLM_PLUGIN_API = '1.0'\n", "")
+    root = write_distribution(tmp_path / "site", "certlm-future", source, "future")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.delitem(sys.modules, "certlm_future", raising=False)
+    assert build_plugin_manager().get_plugin("future") is not None
+
+
 def test_two_plugins_claiming_one_service_is_an_error() -> None:
-    from certlm_example_vendor.plugin import AcmeWidgetDriver
+    from certlm_acme_widget.driver import AcmeWidgetDriver
 
     registry = DeviceDriverRegistry()
     registry.add(AcmeWidgetDriver)
@@ -241,7 +422,7 @@ def test_two_plugins_claiming_one_service_is_an_error() -> None:
 
 
 def test_most_specific_driver_is_selected() -> None:
-    from certlm_example_vendor.plugin import AcmeWidgetDriver
+    from certlm_acme_widget.driver import AcmeWidgetDriver
 
     from certlm.contracts.drivers import DeviceDriver
 
@@ -268,6 +449,7 @@ def test_every_hookspec_is_documented_and_named_certlm_verb() -> None:
         "certlm_register_pki_backends",
         "certlm_provide_blueprints",
         "certlm_provide_model_modules",
+        "certlm_provide_migrations",
     }
     for name, function in specs:
         doc = inspect.getdoc(function) or ""
@@ -284,7 +466,8 @@ def test_every_hookspec_is_documented_and_named_certlm_verb() -> None:
 def test_every_hookspec_has_a_test_plugin_implementing_it() -> None:
     """Each hook is implemented by a plugin the tests install: the example vendor package, or a plugin a test
     writes and starts certlm with."""
-    sources = "\n".join(path.read_text() for path in (REPO / "tests").rglob("*.py") if "build" not in path.parts)
+    paths = [*(REPO / "tests").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
+    sources = "\n".join(path.read_text() for path in paths if "build" not in path.parts)
     for name, obj in vars(hookspecs).items():
         if inspect.isfunction(obj) and name.startswith("certlm_"):
             assert re.search(rf"^\s*def {name}\(", sources, re.M), f"no test plugin implements {name}"
@@ -293,6 +476,6 @@ def test_every_hookspec_has_a_test_plugin_implementing_it() -> None:
 def test_installed_entry_points_are_recorded() -> None:
     manager = build_plugin_manager()
     names = {name for name, _ in manager.list_name_plugin()}
-    assert {"example_vendor", "certlm.builtin.pki_none"} <= names
+    assert {"acme_widget", "certlm.builtin.pki_none"} <= names
     distributions = {dist.project_name for _, dist in manager.list_plugin_distinfo()}
-    assert "certlm-example-vendor" in distributions
+    assert "certlm-acme-widget" in distributions

@@ -1,6 +1,5 @@
 """Revocation checking (``certlm.pki.revocation``): each of the thirteen CRL check statuses with a CA and CRL made for
-it,
-which status wins when several apply, the CRL cache honouring nextUpdate, and a device of the internal CA whose
+it, which status wins when several apply, the CRL cache honouring nextUpdate, and a device of the internal CA whose
 certificate is revoked, as monitoring and the certificate detail show it."""
 
 from __future__ import annotations
@@ -356,10 +355,10 @@ async def plc(tmp_path: Path) -> AsyncIterator[SimulatedDevice]:
 
 
 async def test_an_entry_without_a_pki_has_an_unknown_status(app, device: x509.Certificate) -> None:
-    client, _, _ = app
+    client, _, host = app
     async with client.app.app_context():
         entry = await InventoryEntry.create(protocol="gds", service="gds-push-generic", server="plc-9", port=4840)
-        outcome = await revocation_of(entry, der(device))
+        outcome = await revocation_of(entry, der(device), host.pki_backends, host.crl_cache)
     assert status_name(outcome) == "unknown" and outcome.detail == "the entry has no PKI"
 
 
@@ -412,7 +411,7 @@ async def test_a_fetched_crl_that_does_not_verify_is_reported_as_such_not_as_mis
 ) -> None:
     """An EST PKI whose distribution point serves a CRL naming the root and its key but signed by another key (or a
     CRL of another CA): the check says so, with where the CRL came from, instead of "no CRL"."""
-    client, headers, _ = app
+    client, headers, host = app
     if published == "forged":
         crl = crl_of(root, signed_by=make_ca("Plant Root CA"), names_key_of=root)
     else:
@@ -428,7 +427,7 @@ async def test_a_fetched_crl_that_does_not_verify_is_reported_as_such_not_as_mis
             protocol="gds", service="gds-push-generic", server="plc-9", port=4840, pki_id=pki.id,
             certificate_der=der(device),
         )  # fmt: skip
-        outcome = await revocation_of(entry, der(device))
+        outcome = await revocation_of(entry, der(device), host.pki_backends, host.crl_cache)
         store_revocation(entry, outcome)
         await entry.save()
     if published == "forged":

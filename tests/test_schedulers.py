@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from certlm.lifecycle.schedulers import SETTINGS_POLL_S, ScanContext, ScanReport, Scheduler
 from certlm.lifecycle.suppression import MaintenanceCalendar
 from certlm.storage.models import PkiEntry
+from certlm.testing.in_process import TEST_DEVICE_TIMEOUTS
 from tests.plugins.gds_push.conftest import NodeOpcuaPeer
 from tests.support import InProcessApp, eventually, free_port
 
@@ -623,6 +624,9 @@ async def test_a_certificate_due_during_a_long_coming_shutdown_is_renewed_before
     assert len(device.installed_certificates) == 2
 
 
+@pytest.mark.parametrize(
+    "certlm_settings", [{**TEST_DEVICE_TIMEOUTS, "scheduler_retry_base_s": 1.0, "scheduler_retry_max_s": 60.0}]
+)
 async def test_a_failing_renewal_backs_off_doubling_and_a_success_resets_it(
     plant: Plant, devices: list[SimulatedDevice]
 ) -> None:
@@ -633,7 +637,6 @@ async def test_a_failing_renewal_backs_off_doubling_and_a_success_resets_it(
     flaky = SimulatedDevice(replace(device.config, fail_at="update_certificate", fail_count=2))
     await flaky.start()
     try:
-        plant.host.settings = replace(plant.host.settings, scheduler_retry_base_s=1.0, scheduler_retry_max_s=60.0)
         await plant.set_renewal_days(flaky, 400)
         await plant.switch_on("gds_push", 1)
 

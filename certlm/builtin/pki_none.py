@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from certlm import hookimpl
-from certlm.contracts.pki_backends import PkiBackend
-from certlm.contracts.registry import PkiBackendRegistry
+from certlm import PkiBackend, PkiBackendRegistry, hookimpl
+
+CERTLM_PLUGIN_API = "1.0"
 
 
 class NoPki(PkiBackend):

@@ -12,14 +12,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
-from certlm.contracts.pki_backends import ChainCrls, Enrollment, KeyedEnrollment
+from certlm.contracts.enrollment import ChainCrls, Enrollment, KeyedEnrollment
 from certlm.foundation.errors import APIError, DeviceFailure, UnsupportedOperation
 
 if TYPE_CHECKING:
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 
-    from certlm.contracts.registry import HostServices
+    from certlm.contracts.services import HostServices
 
 
 class DeviceIdentityChanged(DeviceFailure):
@@ -282,6 +282,30 @@ class StepLog:
         """A step that goes through with something the operator should know."""
         self.steps.append(StepOutcome(name, True, 0.0, message=message, warning=True))
 
+    def outcome(
+        self,
+        enrollment: Enrollment,
+        trust_list: TrustList,
+        *,
+        description: DeviceDescription | None = None,
+        security_policy: int = 0,
+        security_mode: int = 0,
+    ) -> PushOutcome:
+        """The ``PushOutcome`` of a push that went through: the issued certificate and chain, the trust list written,
+        the steps so far and what the device presented when the push connected. ``security_policy`` and
+        ``security_mode`` are the OPC UA session's (bitmasks of ``GET /gds/systeminfo``; 0 where the push used no
+        OPC UA session)."""
+        return PushOutcome(
+            certificate=enrollment.certificate,
+            chain=enrollment.chain,
+            trust_list=trust_list,
+            security_policy=security_policy,
+            security_mode=security_mode,
+            steps=list(self.steps),
+            description=description,
+            presented_certificate=self.presented_certificate,
+        )
+
     def fail(self, name: str, error: Exception, started: float | None = None) -> NoReturn:
         """Record ``name`` as failed with ``error`` and raise ``PushFailed`` from it."""
         seconds = time.monotonic() - started if started is not None else 0.0
@@ -351,13 +375,11 @@ class DeviceDriver:
     Errors, and what the host does with them:
 
     - A read (``read_*``, ``describe``) that fails raises ``certlm.foundation.errors.DeviceFailure`` with the message
-    the
-      client sees and ``device_status``, the protocol's status name (OPC UA ``BadTimeout``); the host answers 502
+    the client sees and ``device_status``, the protocol's status name (OPC UA ``BadTimeout``); the host answers 502
       (400 or 500 where the spec says so for that endpoint) and stores nothing.
     - ``push`` raises ``PushFailed`` with every step so far (each failed step with its status name), raised
       ``from`` the original error: ``certlm.foundation.errors.CsrRejected`` as the cause makes the host answer 422, a
-      4xx
-      ``APIError`` from the PKI that status, anything else 500. The host records the failure as the entry's last
+      4xx ``APIError`` from the PKI that status, anything else 500. The host records the failure as the entry's last
       push, with ``device_changed``.
     - An operation the device cannot do raises ``certlm.foundation.errors.UnsupportedOperation`` (501).
     - A device whose management channel presents another identity than the pinned one (SSH host key, REST TLS

@@ -1,8 +1,8 @@
-"""The hooks a certlm plugin implements: device drivers, PKI backends, and extra routes and models.
+"""The hooks a certlm plugin implements: device drivers, PKI backends, and extra routes, models and migrations.
 
 Every hook here is called synchronously while the app is built. A hook never does I/O: it hands the host
-objects (driver and backend classes, blueprints, model module names); the host awaits their async methods
-later. That keeps pluggy's result handling simple (an ``async def`` hook would only return a coroutine).
+objects (driver and backend classes, blueprints, model module names, migration steps); the host awaits their async
+methods later. That keeps pluggy's result handling simple (an ``async def`` hook would only return a coroutine).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from quart import Blueprint
 
     from certlm.contracts.registry import DeviceDriverRegistry, PkiBackendRegistry
+    from certlm.contracts.services import HostServices, InventoryAccess
+    from certlm.storage.migrations import PluginMigration
 
 hookspec = HookspecMarker("certlm")
 hookimpl = HookimplMarker("certlm")
@@ -57,11 +59,16 @@ def certlm_register_pki_backends(register: PkiBackendRegistry) -> None:
 
 
 @hookspec
-def certlm_provide_blueprints() -> list[Blueprint] | None:
+def certlm_provide_blueprints(services: HostServices, inventory: InventoryAccess) -> list[Blueprint] | None:
     """Return extra Quart blueprints to mount on the app, or ``None`` for none.
 
-    Routes a plugin adds are subject to the host's API-key and license checks like any other route.
-    Results of all plugins are collected.
+    ``services`` is what the host lends every plugin (settings, the encryption of secrets, device time-outs);
+    ``inventory`` is the inventory as routes use it (``certlm.InventoryAccess``: find, create, update and delete
+    entries, store credentials, identify a device, render and list entries). A plugin makes its blueprint with
+    what it is given, usually in a function that closes over them, and looks nothing up. A hook implementation may
+    take only the arguments it uses. Routes a plugin adds are subject to the host's API-key and license checks like
+    any other route, and documented in ``/openapi.json`` under the plugin's name. Results of all plugins are
+    collected.
     """
 
 
@@ -70,6 +77,21 @@ def certlm_provide_model_modules() -> list[str] | None:
     """Return dotted module names that hold tortoise-orm models the plugin stores, or ``None``.
 
     The modules are loaded into the host's single ``models`` app, so a plugin model can point at host
-    models (``fields.ForeignKeyField("models.PkiEntry")``). Their tables are created on a new database and
-    by the plugin's own migration steps (see ``certlm.storage.migrations``) on an existing one.
+    models (``fields.ForeignKeyField("models.PkiEntry")``). A table that does not exist yet is created from its
+    model at start-up, on a new database or an existing one; a change to a table an earlier release of the plugin
+    created is a migration step (``certlm_provide_migrations``).
+    """
+
+
+@hookspec
+def certlm_provide_migrations() -> list[PluginMigration] | None:
+    """Return the plugin's schema migration steps (``certlm.PluginMigration``), or ``None``.
+
+    Each step names the plugin (its entry point name), a version counting from 1, a description and an ``apply``
+    coroutine that alters the plugin's own tables through the ``certlm.SchemaEditor`` it is given (``execute``,
+    ``table_exists``, ``column_exists``, ``add_column``). At start-up, after the host's own migrations, certlm runs
+    every step above the version it stored for the plugin, each in a transaction with its new stamp, so a failing
+    step leaves nothing behind and stops start-up naming the plugin and the step. Steps must be idempotent (check
+    before altering): a fresh install has the tables of the current models already. Keep every step of every
+    release: a database may come from any of them.
     """

@@ -5,85 +5,24 @@ returns. A vendor reads this module on its own: subclass ``PkiBackend``, registe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from certlm.contracts.enrollment import (
+    CertificateProfile,
+    Enrollment,
+    EnrollmentRequest,
+    KeyedEnrollment,
+    ServerValidation,
+)
 from certlm.foundation.certs import load_certificates_pem
 from certlm.foundation.errors import APIError, UnsupportedOperation
-from certlm.service.host import current_host
 
 if TYPE_CHECKING:
     from cryptography import x509
-    from cryptography.hazmat.primitives.asymmetric.types import (
-        CertificateIssuerPrivateKeyTypes,
-        PrivateKeyTypes,
-    )
+    from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 
-    from certlm.contracts.registry import HostServices
+    from certlm.contracts.services import HostServices
     from certlm.storage.models import PkiEntry
-
-
-@dataclass(frozen=True)
-class CertificateProfile:
-    """Which kind of certificate an enrollment asks for. ``hosts`` are the names or addresses the device is reached
-    at: a server certificate should name them in its subject alternative names even when the device's CSR does not
-    (many devices put only their applicationUri there), so a PKI that completes the SAN adds them."""
-
-    name: str  # "client" or "server"
-    hosts: tuple[str, ...] = ()
-
-
-CLIENT_PROFILE = CertificateProfile("client")
-
-SERVER_PROFILE = CertificateProfile("server")
-
-
-@dataclass(frozen=True)
-class ServerValidation:
-    """What validating a PKI server found: where it was reached and the CA certificates it delivered."""
-
-    host: str
-    port: int
-    ca_certificates: tuple[x509.Certificate, ...]
-
-
-@dataclass(frozen=True)
-class Enrollment:
-    """An issued certificate and the chain from its issuer up to the root. ``warnings`` is what the host noticed
-    about the certificate that does not stop its installation (a requested host name the PKI left out); a
-    driver reports each as a warning step."""
-
-    certificate: x509.Certificate
-    chain: tuple[x509.Certificate, ...]
-    warnings: tuple[str, ...] = field(default=(), kw_only=True)
-    via: str = field(default="", kw_only=True)
-    """How the PKI was asked, in its protocol's terms, for the push's step message (CMP: ``ir with a signature POPO,
-    MAC rfc4210-hmac-sha1``); empty where a PKI has one way only."""
-
-
-@dataclass(frozen=True)
-class KeyedEnrollment(Enrollment):
-    """An enrollment whose key pair the PKI made: ``private_key`` goes to the device and nowhere else."""
-
-    private_key: PrivateKeyTypes = field(repr=False, kw_only=True)
-
-
-@dataclass(frozen=True)
-class EnrollmentRequest:
-    """One certificate asked of a PKI: the arguments of ``PkiBackend.enroll``, whose docstring says what each means."""
-
-    csr: x509.CertificateSigningRequest
-    profile: CertificateProfile
-    renewing: x509.Certificate | None = None
-    private_key: CertificateIssuerPrivateKeyTypes | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class ChainCrls:
-    """The CRLs of an enrollment's chain, issuing CA first, and why any CA's CRL is missing."""
-
-    crls: tuple[x509.CertificateRevocationList, ...]
-    missing: tuple[str, ...] = ()
 
 
 class CertlmKeyRequired(APIError):
@@ -140,20 +79,9 @@ class PkiBackend:
     async def validate(self, entry: PkiEntry, *, strict: bool) -> ServerValidation:
         """Connect to the PKI server, fetch its CA certificates and store them in ``entry.ca_certificates``;
         ``strict`` also verifies the server's TLS chain against ``entry.tls_ca``. Only PKIs reached over the
-        network offer this; the default answers 400 as the spec requires for every other type, naming the installed
-        types that do offer it (with EST installed the spec's text: "requires a type 2 (EST) entry")."""
-        # The spec names a PKI type by its protocol's acronym: "type 2 (EST)".
-        validating = [
-            f"type {pki_type} ({backend.name.upper()})"
-            for pki_type, backend in current_host().pki_backends.classes()
-            if backend.offers("validate")
-        ]
-        required = (
-            f"a {' or '.join(validating)} entry with a connection"
-            if validating
-            else "a PKI type whose plugin connects to a server, and no installed plugin provides one"
-        )
-        raise APIError(f"validate requires {required}; PKI entry {entry.id} is of type {entry.pki_type} ({self.name})")
+        network offer this; the host answers 400 for every other type, as the spec requires
+        (``PkiBackendRegistry.validation_refused``)."""
+        raise self._unsupported("validating a server")
 
     async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
         """The CA chain, issuing CA first. Raise ``NotFound`` when none is available yet."""

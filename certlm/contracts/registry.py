@@ -1,27 +1,26 @@
 """What plugins register and the host looks up by name: device drivers by service id, PKI backends by type.
 
-The contracts a vendor implements are ``certlm.contracts.drivers`` and ``certlm.contracts.pki_backends``. Every device
-or PKI operation
-the host performs goes through one of these registries; the host itself never branches on a protocol or PKI type.
+The contracts a vendor implements are ``certlm.contracts.drivers`` and ``certlm.contracts.pki_backends``. Every
+device or PKI operation the host performs goes through one of these registries; the host itself never branches on a
+protocol or PKI type.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from certlm.contracts.drivers import DeviceDriver
-from certlm.contracts.pki_backends import Enrollment, PkiBackend
+from certlm.contracts.pki_backends import PkiBackend
 from certlm.foundation.errors import UnsupportedOperation
+from certlm.foundation.hostspec import HostSpec, parse_host_or_url
 
 if TYPE_CHECKING:
-    from cryptography import x509
 
     from certlm.contracts.drivers import DeviceIdentity, SupportedDevice
-    from certlm.foundation.config import Settings
-    from certlm.foundation.secretbox import SecretBox
+    from certlm.contracts.services import HostServices
+    from certlm.storage.models import PkiEntry
 
 Key = TypeVar("Key", str, int)
 Plugin = TypeVar("Plugin")
@@ -29,26 +28,6 @@ Plugin = TypeVar("Plugin")
 
 class DuplicateRegistration(RuntimeError):
     """Two installed plugins claim the same service id or PKI type."""
-
-
-ClientCertificateIssuer = Callable[["x509.CertificateSigningRequest"], Awaitable[Enrollment | None]]
-
-
-async def no_internal_ca(csr: x509.CertificateSigningRequest) -> Enrollment | None:
-    """The issuer of a host without an internal CA: certlm's client certificates are then self-signed."""
-    return None
-
-
-@dataclass(frozen=True)
-class HostServices:
-    """What the host lends to drivers and backends: settings, the at-rest encryption of secrets, and the internal
-    CA for certlm's own client certificates."""
-
-    settings: Settings
-    secrets: SecretBox
-    issue_client_certificate: ClientCertificateIssuer = no_internal_ca
-    """Signs a CSR for certlm's own client certificate (a driver's client application, which devices then trust)
-    with the internal CA under the client profile; None when no internal CA is configured."""
 
 
 class Registry(Generic[Key, Plugin]):
@@ -130,6 +109,11 @@ class DeviceDriverRegistry(Registry[str, DeviceDriver]):
         """The URL schemes of the installed drivers, each once."""
         return sorted({cls.url_scheme for _, cls in self.classes()})
 
+    def parse_address(self, host_or_url: str) -> HostSpec:
+        """The ``{host_or_url}`` of a route (``host``, ``host:port`` or a URL in an installed driver's scheme); 400
+        naming the accepted spellings otherwise."""
+        return parse_host_or_url(host_or_url, self.url_schemes())
+
     def driver_of(self, table: str, service: str | None) -> type[DeviceDriver] | None:
         """The driver class that says how an entry of ``table`` is reached (its URL scheme, its default port): the
         one of ``service`` when installed, else the table's generic driver; None when no installed plugin manages
@@ -159,3 +143,18 @@ class PkiBackendRegistry(Registry[int, PkiBackend]):
 
     def types(self) -> list[dict[str, Any]]:
         return [{"pki_type_id": pki_type, "pki_type": cls.name} for pki_type, cls in self.classes()]
+
+    def validation_refused(self, entry: PkiEntry) -> str:
+        """Why ``entry`` cannot be validated, as the spec words it for a type whose plugin connects to no server: the
+        installed types that can be, by their protocol's acronym (with EST installed: "requires a type 2 (EST)
+        entry")."""
+        validating = [
+            f"type {pki_type} ({cls.name.upper()})" for pki_type, cls in self.classes() if cls.offers("validate")
+        ]
+        required = (
+            f"a {' or '.join(validating)} entry with a connection"
+            if validating
+            else "a PKI type whose plugin connects to a server, and no installed plugin provides one"
+        )
+        name = self._classes[entry.pki_type].name if self.known(entry.pki_type) else "not installed"
+        return f"validate requires {required}; PKI entry {entry.id} is of type {entry.pki_type} ({name})"

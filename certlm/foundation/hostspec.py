@@ -11,7 +11,6 @@ from urllib.parse import unquote
 
 from certlm.foundation.errors import APIError
 from certlm.foundation.responses import ascii_integer
-from certlm.service.host import current_host
 
 # The spec's default port for an address its OPC UA routes (``/gds/...``) are given without one.
 DEFAULT_OPCUA_PORT = 4840
@@ -28,11 +27,6 @@ def address_url(scheme: str | None, server: str, port: int) -> str:
     """``scheme://server:port`` (IPv6 in brackets); ``server:port`` when no scheme is known for the device."""
     host = f"[{server}]" if ":" in server else server
     return f"{scheme}://{host}:{port}" if scheme else f"{host}:{port}"
-
-
-def installed_url_schemes() -> list[str]:
-    """The URL schemes of the installed device drivers."""
-    return current_host().drivers.url_schemes()
 
 
 def valid_server(server: str) -> bool:
@@ -52,10 +46,9 @@ def _port(text: str, original: str) -> int:
     return port
 
 
-def parse_host_or_url(value: str, schemes: Sequence[str] | None = None) -> HostSpec:
-    """``host``, ``host:port`` or ``scheme://host:port`` with one of ``schemes`` (default: those of the installed
-    device drivers); 400 naming the accepted spellings otherwise."""
-    schemes = installed_url_schemes() if schemes is None else schemes
+def parse_host_or_url(value: str, schemes: Sequence[str]) -> HostSpec:
+    """``host``, ``host:port`` or ``scheme://host:port`` with one of ``schemes`` (the installed device drivers':
+    ``DeviceDriverRegistry.parse_address``); 400 naming the accepted spellings otherwise."""
     original = value
     value = unquote(value).strip()
     spellings = " or ".join(f"{scheme}://host:port" for scheme in schemes)

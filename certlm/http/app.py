@@ -4,30 +4,38 @@ from __future__ import annotations
 
 import importlib
 import logging
+from functools import partial
 
 from cryptography import x509
 from quart import Quart
 from quart_schema import QuartSchema
 
-from certlm import __version__
-from certlm.contracts.pki_backends import CLIENT_PROFILE, Enrollment
-from certlm.contracts.registry import ClientCertificateIssuer, DeviceDriverRegistry, HostServices, PkiBackendRegistry
+from certlm.contracts.enrollment import CLIENT_PROFILE, Enrollment
+from certlm.contracts.registry import DeviceDriverRegistry, PkiBackendRegistry
+from certlm.contracts.services import ClientCertificateIssuer, HostServices
 from certlm.foundation.config import Settings
 from certlm.foundation.errors import register_error_handlers
 from certlm.foundation.loop_watch import LoopWatch
 from certlm.foundation.secretbox import SecretBox, private_directory
+from certlm.foundation.version import __version__
 from certlm.http.auth import install_access_checks, load_or_create_api_key
 from certlm.http.openapi import CertlmOpenAPIProvider
 from certlm.http.plugins import build_plugin_manager
 from certlm.http.request_bodies import install_body_checks
+from certlm.inventory.entries import Inventory
+from certlm.lifecycle.access import HostInventoryAccess
 from certlm.lifecycle.identification import IdentificationQueue
 from certlm.lifecycle.metrics import SchedulerMetrics
 from certlm.lifecycle.monitoring import monitor_scan
 from certlm.lifecycle.renewal import renewal_scan
+from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import Scheduler, Schedulers
 from certlm.pki.entries import INTERNAL_PKI_TYPE
+from certlm.pki.publication import PublishedCrls
+from certlm.pki.revocation import CrlCache
 from certlm.service.host import Host
 from certlm.storage import close_storage, open_storage
+from certlm.storage.migrations import checked_plugin_migrations
 from certlm.storage.models import PkiEntry
 from certlm.system.licensing import LicenseService
 
@@ -67,46 +75,55 @@ def internal_ca_client_issuer(pki_backends: PkiBackendRegistry) -> ClientCertifi
     return issue
 
 
-def create_app(settings: Settings | None = None) -> Quart:
-    settings = settings or Settings.from_env()
+def build_host(settings: Settings) -> Host:
+    """The host's parts for ``settings``: the installed plugins loaded and their drivers and backends made, the
+    runtime every operation is handed, the schedulers, metrics and identification queue."""
     private_directory(settings.data_dir)
     secrets = SecretBox.from_key_file(settings.secrets_dir / "certlm_secret.key")
     pki_backends = PkiBackendRegistry()
-    services = HostServices(
-        settings=settings, secrets=secrets, issue_client_certificate=internal_ca_client_issuer(pki_backends)
-    )
-
-    plugin_manager = build_plugin_manager(settings.disabled_plugins)
     drivers = DeviceDriverRegistry()
+    services = HostServices(
+        settings=settings,
+        secrets=secrets,
+        issue_client_certificate=internal_ca_client_issuer(pki_backends),
+        drivers=drivers,
+    )
+    plugin_manager = build_plugin_manager(settings.disabled_plugins)
     plugin_manager.hook.certlm_register_device_drivers(register=drivers)
     drivers.instantiate(services)
     plugin_manager.hook.certlm_register_pki_backends(register=pki_backends)
     pki_backends.instantiate(services)
-
-    app = Quart("certlm", static_folder=None)
-    # opc.tcp://host:port arrives as a path parameter; its "//" must not be merged away.
-    app.url_map.merge_slashes = False
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.config["QUART_SCHEMA_CONVERT_CASING"] = False
-    # Background work (the demo onboarding its devices) is best effort; shutdown need not wait long for it.
-    app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = 1
-    host = Host(
+    licenses = LicenseService(settings.license_public_key_file)
+    runtime = Runtime(
         settings=settings,
         secrets=secrets,
         services=services,
-        plugin_manager=plugin_manager,
         drivers=drivers,
         pki_backends=pki_backends,
+        licenses=licenses,
+        crl_cache=CrlCache(),
+        inventory=Inventory(drivers, secrets, licenses),
+    )
+    host = Host(
+        runtime=runtime,
+        plugin_manager=plugin_manager,
         api_key=load_or_create_api_key(settings.api_key_file),
-        licenses=LicenseService(settings.license_public_key_file),
-        schedulers=Schedulers([Scheduler("gds_push", renewal_scan), Scheduler("monitor", monitor_scan)]),
+        schedulers=Schedulers(
+            [
+                Scheduler("gds_push", partial(renewal_scan, runtime)),
+                Scheduler("monitor", partial(monitor_scan, runtime)),
+            ]
+        ),
         metrics=SchedulerMetrics(),
-        identification=IdentificationQueue(settings.identify_concurrency, settings.device_connect_timeout_s),
+        identification=IdentificationQueue(runtime),
+        published_crls=PublishedCrls(),
     )
     for scheduler in host.schedulers.by_name.values():
         scheduler.on_scan_finished.append(host.metrics.scan_finished)
-    app.extensions["certlm"] = host
+    return host
 
+
+def install_openapi(app: Quart) -> None:
     # /docs is certlm's own page (blueprints/docs.py): quart-schema's would load Swagger UI from the internet.
     # CertlmOpenAPIProvider completes what quart-schema generates: every status, media type and open route.
     QuartSchema(
@@ -123,15 +140,33 @@ def create_app(settings: Settings | None = None) -> Quart:
         },
         security=[{"apiKey": []}, {"bearer": []}],
     )
+
+
+def create_app(settings: Settings | None = None) -> Quart:
+    settings = settings or Settings.from_env()
+    host = build_host(settings)
+    plugin_manager = host.plugin_manager
+
+    app = Quart("certlm", static_folder=None)
+    # opc.tcp://host:port arrives as a path parameter; its "//" must not be merged away.
+    app.url_map.merge_slashes = False
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["QUART_SCHEMA_CONVERT_CASING"] = False
+    # Background work (the demo onboarding its devices) is best effort; shutdown need not wait long for it.
+    app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = 1
+    app.extensions["certlm"] = host
+    install_openapi(app)
     register_error_handlers(app)
     install_access_checks(app)
     install_body_checks(app)
-    model_modules = [m for modules in plugin_manager.hook.certlm_provide_model_modules() for m in modules or ()]
+    host.model_modules = [m for modules in plugin_manager.hook.certlm_provide_model_modules() for m in modules or ()]
+    host.plugin_migrations = [s for steps in plugin_manager.hook.certlm_provide_migrations() for s in steps or ()]
+    checked_plugin_migrations(host.plugin_migrations)  # a plugin's miscounted versions stop start-up before any I/O
 
     # Registered before any blueprint, so a blueprint's own ``before_app_serving`` finds the database open.
     @app.before_serving
     async def start_storage() -> None:
-        host.schema_version = await open_storage(settings.database_url, model_modules)
+        host.schema_version = await open_storage(settings.database_url, host.model_modules, host.plugin_migrations)
         host.schedulers.start()
         host.identification.start()
 
@@ -143,7 +178,8 @@ def create_app(settings: Settings | None = None) -> Quart:
 
     for module_name in BLUEPRINT_MODULES:
         app.register_blueprint(importlib.import_module(module_name).blueprint)
-    for blueprints in plugin_manager.hook.certlm_provide_blueprints():
+    inventory_access = HostInventoryAccess(host.runtime, host.identification)
+    for blueprints in plugin_manager.hook.certlm_provide_blueprints(services=host.services, inventory=inventory_access):
         for blueprint in blueprints or ():
             app.register_blueprint(blueprint)
 

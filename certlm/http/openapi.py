@@ -4,8 +4,7 @@ an operation can answer (errors as ``{error}``), binary media types, redirects, 
 What follows from the route itself is derived here (a body, a query or a path can be refused with 400; a non-open
 route answers 401, a license-gated one 403; a path naming an entry answers 404; a body can be too large, 413, or not
 JSON, 415; a body in another media type a route takes, declared with ``certlm.http.auth.takes_body``). What only the
-code
-behind a route knows, the route declares with ``answers``, ``downloads`` or ``redirects``; plugins' routes do the
+code behind a route knows, the route declares with ``answers``, ``downloads`` or ``redirects``; plugins' routes do the
 same.
 """
 

@@ -23,10 +23,10 @@ from hypercorn.typing import (
 )
 
 from certlm.foundation.config import Settings
-from certlm.foundation.secretbox import SecretBox
 from certlm.http.app import create_app
 from certlm.service.host import Host
 from certlm.storage import close_storage, open_storage
+from certlm.storage.migrations import PluginMigrationFailed
 from certlm.system.tls import ServerTls, prepare_server_tls, server_ssl_context
 
 log = logging.getLogger(__name__)
@@ -125,15 +125,20 @@ def hypercorn_config(listener: socket.socket, tls: ServerTls | None = None) -> C
     return config
 
 
-async def activate_server_tls(settings: Settings, secret_box: SecretBox) -> ServerTls | None:
+async def activate_server_tls(settings: Settings, certlm_host: Host) -> ServerTls | None:
     """Settle the TLS certificate before hypercorn binds, which needs it before the app's own start-up.
 
-    Storage is opened with the host's models only and closed again; the app opens it afresh in
-    ``before_serving``, and that second start creates any plugin tables.
+    Storage is opened (and so created or migrated, the plugins' tables and steps included) and closed again; the app
+    opens it afresh in ``before_serving``. A migration that fails stops start-up here with its message, before
+    anything listens.
     """
-    await open_storage(settings.database_url, [])
     try:
-        return await prepare_server_tls(settings.data_dir, secret_box)
+        await open_storage(settings.database_url, certlm_host.model_modules, certlm_host.plugin_migrations)
+    except PluginMigrationFailed as error:
+        await close_storage()
+        raise SystemExit(f"certlm: {error}") from None
+    try:
+        return await prepare_server_tls(settings.data_dir, certlm_host.secrets)
     finally:
         await close_storage()
 
@@ -146,7 +151,7 @@ async def serve(
     listener = listening_socket(host, port)
     app = create_app(settings)
     certlm_host: Host = app.extensions["certlm"]
-    config = hypercorn_config(listener, await activate_server_tls(settings, certlm_host.secrets))
+    config = hypercorn_config(listener, await activate_server_tls(settings, certlm_host))
     scheme = "https" if config.ssl_enabled else "http"
     url = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 

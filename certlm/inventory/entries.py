@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +16,7 @@ from cryptography import x509
 from pydantic import BaseModel, Field, field_validator, model_validator
 from tortoise import connections
 from tortoise.exceptions import IntegrityError
+from tortoise.queryset import QuerySet
 from tortoise.transactions import in_transaction
 
 from certlm.contracts.drivers import DeviceTarget, TrustList
@@ -30,10 +31,11 @@ from certlm.foundation.certs import (
 from certlm.foundation.errors import APIError, Forbidden, NotFound
 from certlm.foundation.hostspec import DEFAULT_OPCUA_PORT, HostSpec, address_url, valid_server
 from certlm.foundation.responses import StrictBody, Timestamp
-from certlm.service.host import current_host
+from certlm.foundation.secretbox import SecretBox
 from certlm.storage import MAX_ID
-from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE, LICENSED_PROTOCOLS
+from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
+from certlm.system.licensing import LicenseService
 from certlm.system.settings import (
     DEVICE_STATUS_NAMES,
     MAX_RENEWAL_DAYS,
@@ -43,10 +45,15 @@ from certlm.system.settings import (
 )
 
 GDS = "gds"
-DEVICE_TABLES = ("gds", "opc", "ssh", "rest")
-"""The inventory tables of managed devices, in the order an address is looked up: the operations on a device
-(push, renewal, monitoring, trust lists, certificate detail) find its entry in any of them, GDS entries first, and
-route it to its driver by ``service``."""
+EVERY_TABLE = None
+"""Where a lookup or listing takes the tables to search (``protocols``), None means every device table. The device
+tables are the plugins': each driver declares the one it manages (``DeviceDriver.protocol``, ``extra_tables``), and
+``inventory_entry`` holds nothing but devices, so the host names no table list of its own: the operations on a device
+(push, renewal, monitoring, trust lists, certificate detail) find its entry in any table, a vendor's too, and route it
+to its driver by ``service``. A device at one address in several tables is found in the spec's GDS table first, then
+in the others by name."""
+
+Tables = tuple[str, ...] | None
 DEVICE_STATUS_ACTIVE = 1
 # The keys of ``InventoryEntry.trustlist``: each holds a list of strings (certificates or CRLs, base64 DER).
 TRUST_LIST_FIELDS = ("trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl")
@@ -216,11 +223,24 @@ def _is_ip(server: str) -> bool:
     return True
 
 
-async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = DEVICE_TABLES) -> InventoryEntry:
-    """The entry a ``{host_or_url}`` names among the tables ``protocols``; 404 if none, 400 if a bare host matches
-    several ports. A device at one ``server:port`` in several tables is the entry of the first of ``protocols``."""
+def _in_tables(query: QuerySet[InventoryEntry], protocols: Tables) -> QuerySet[InventoryEntry]:
+    return query if protocols is EVERY_TABLE else query.filter(protocol__in=protocols)
+
+
+def _table_rank(protocols: Tables) -> Callable[[InventoryEntry], tuple[int | bool, str]]:
+    """The order in which an address's entries in several tables are preferred: that of ``protocols``, else the
+    spec's GDS table first and the others by name."""
+    if protocols is EVERY_TABLE:
+        return lambda entry: (entry.protocol != GDS, entry.protocol)
+    return lambda entry: (protocols.index(entry.protocol), entry.protocol)
+
+
+async def find_entry(spec: HostSpec, protocols: Tables = EVERY_TABLE) -> InventoryEntry:
+    """The entry a ``{host_or_url}`` names among the tables ``protocols`` (every device table by default); 404 if
+    none, 400 if a bare host matches several ports. A device at one ``server:port`` in several tables is the entry of
+    the first of ``protocols`` (``EVERY_TABLE``: GDS first, then by name)."""
     server = canonical_server(spec.server)
-    query = InventoryEntry.filter(server_key=server, protocol__in=protocols)
+    query = _in_tables(InventoryEntry.filter(server_key=server), protocols)
     if spec.port is not None:
         query = query.filter(port=spec.port)
     entries = _first_table_per_port(await query.prefetch_related("pki"), protocols)
@@ -232,9 +252,9 @@ async def find_entry(spec: HostSpec, protocols: tuple[str, ...] = DEVICE_TABLES)
     return entries[0]
 
 
-def _first_table_per_port(entries: list[InventoryEntry], protocols: tuple[str, ...]) -> list[InventoryEntry]:
+def _first_table_per_port(entries: list[InventoryEntry], protocols: Tables) -> list[InventoryEntry]:
     first: dict[int, InventoryEntry] = {}
-    for entry in sorted(entries, key=lambda entry: protocols.index(entry.protocol)):
+    for entry in sorted(entries, key=_table_rank(protocols)):
         first.setdefault(entry.port, entry)
     return list(first.values())
 
@@ -253,9 +273,9 @@ async def gds_entry_at(server: str, port: int) -> InventoryEntry:
 
 
 async def device_entry_at(server: str, port: int) -> InventoryEntry | None:
-    """The managed device's entry at exactly ``server:port`` in any of the ``DEVICE_TABLES`` (GDS first), or None."""
-    entries = await InventoryEntry.filter(server_key=canonical_server(server), port=port, protocol__in=DEVICE_TABLES)
-    return min(entries, key=lambda entry: DEVICE_TABLES.index(entry.protocol), default=None)
+    """The managed device's entry at exactly ``server:port`` in any device table (GDS first, then by name), or None."""
+    entries = await InventoryEntry.filter(server_key=canonical_server(server), port=port)
+    return min(entries, key=_table_rank(EVERY_TABLE), default=None)
 
 
 async def managed_entry_at(server: str, port: int) -> InventoryEntry:
@@ -266,75 +286,23 @@ async def managed_entry_at(server: str, port: int) -> InventoryEntry:
     return entry
 
 
-def default_service(protocol: str) -> str:
-    """The service id for a new entry of table ``protocol`` before its device has identified itself: the table's
-    installed generic driver, else ``unmanaged_service(protocol)``."""
-    return current_host().drivers.select_service(protocol, None) or unmanaged_service(protocol)
-
-
 def unmanaged_service(protocol: str) -> str:
     """The service of an entry of table ``protocol`` that no installed plugin manages (``ssh-unmanaged``). Such an
     entry is listed and counted like any other; its device operations answer 501 naming this service."""
     return f"{protocol}-unmanaged"
 
 
-def checked_service(protocol: str, service: str, field: str = "service") -> str:
-    """``service`` when an installed driver manages entries of table ``protocol`` under that name; else 400 naming
-    the ones that do."""
-    installed = current_host().drivers.services_of(protocol)
-    if service not in installed:
-        offered = f"installed: {', '.join(installed)}" if installed else f"no installed plugin manages {protocol}"
-        raise APIError(f"{field}: {service!r} is not an installed driver of {protocol} entries ({offered})")
-    return service
-
-
-def default_port(protocol: str, service: str | None = None) -> int:
-    """The port of an entry of table ``protocol`` whose request names none: its driver's ``default_port``
-    (``DeviceDriverRegistry.driver_of``), else the spec's default."""
-    driver = current_host().drivers.driver_of(protocol, service)
-    return driver.default_port if driver is not None else DEFAULT_OPCUA_PORT
-
-
-def device_url(
-    protocol: str, service: str | None, server: str, port: int, drivers: DeviceDriverRegistry | None = None
-) -> str:
-    """The URL of the device at ``server:port`` in table ``protocol``, in the scheme of the driver that manages it
-    (``DeviceDriverRegistry.driver_of``); ``server:port`` when no installed plugin manages it. A caller rendering
-    many entries passes the host's ``drivers`` once rather than have each URL look the host up."""
-    driver = (drivers or current_host().drivers).driver_of(protocol, service)
-    return address_url(driver.url_scheme if driver is not None else None, server, port)
-
-
-def entry_url(entry: InventoryEntry | SimpleNamespace, drivers: DeviceDriverRegistry | None = None) -> str:
-    """The spec's ``url`` of an inventory entry: ``opc.tcp://host:4840`` for an OPC UA device (``device_url``)."""
-    return device_url(entry.protocol, entry.service, entry.server, entry.port, drivers)
-
-
-async def licensed_endpoint_limit() -> int:
-    """The managed endpoints the license in force allows; none without a usable ``licensed_endpoints`` (fail
-    closed)."""
-    status = await current_host().licenses.current()
-    return status.licensed_endpoints if status and status.licensed_endpoints is not None else 0
-
-
 async def licensed_endpoints_in_use() -> int:
-    """Entries of the licensed tables not marked deleted, as the database's triggers count them
+    """Entries of every device table not marked deleted, as the database's triggers count them
     (``certlm.storage.migrations.install_endpoint_count``): one row read, however large the inventory. Inside a
     transaction that inserted an entry, it includes that entry and every concurrent insert committed before."""
     _, rows = await connections.get("default").execute_query(f"SELECT used FROM {ENDPOINT_COUNT_TABLE} WHERE id = 1")
     return rows[0]["used"]
 
 
-async def ensure_endpoint_capacity(additional: int = 1) -> None:
-    """403 unless the license allows ``additional`` more managed endpoints; 0 checks, after an insert in the same
-    transaction, that the entries now counted are within the limit (the transaction is then to be rolled back)."""
-    limit = await licensed_endpoint_limit()
-    if await licensed_endpoints_in_use() + additional > limit:
-        raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
-
-
-def counts_against_license(protocol: str, device_status: int | None) -> bool:
-    return protocol in LICENSED_PROTOCOLS and device_status != DEVICE_STATUS_DELETED
+def counts_against_license(device_status: int | None) -> bool:
+    """Whether an entry counts as a licensed endpoint: every entry not marked deleted, whichever table it is in."""
+    return device_status != DEVICE_STATUS_DELETED
 
 
 async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
@@ -348,77 +316,16 @@ async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int |
         )
 
 
-async def create_entry(protocol: str, server: str, port: int | None, columns: dict[str, Any]) -> InventoryEntry:
-    """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too. Without a
-    ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``."""
-    columns.setdefault("service", default_service(protocol))
-    if port is None:
-        port = default_port(protocol, columns["service"])
-    await reject_duplicate(server, port, protocol)
-    async with in_transaction("default"):
-        try:
-            entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
-        except IntegrityError:
-            raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
-        if counts_against_license(protocol, entry.device_status):
-            # Checked after the insert, which counted the entry under the count row's lock: a concurrent insert, by
-            # this instance or another, waits for this transaction and then sees this entry.
-            await ensure_endpoint_capacity(0)
-    return entry
-
-
-async def update_entry(entry: InventoryEntry, columns: dict[str, Any]) -> None:
-    """Apply ``columns``; reviving a deleted entry needs license room like creating one."""
-    reviving = not counts_against_license(entry.protocol, entry.device_status) and counts_against_license(
-        entry.protocol, columns.get("device_status", entry.device_status)
-    )
-    entry.update_from_dict(columns)
-    async with in_transaction("default"):
-        try:
-            await entry.save()
-        except IntegrityError:
-            raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
-        if reviving:
-            await ensure_endpoint_capacity(0)
-
-
 def verified_pkcs12(blob_b64: str, password: str | None, what: str) -> bytes:
     """The DER bytes of a base64 PKCS#12 upload, after proving that ``password`` opens it (400 otherwise)."""
     load_pkcs12_base64(blob_b64, password, what)
     return base64.b64decode("".join(blob_b64.split()))
 
 
-async def save_credentials(
-    entry: InventoryEntry,
-    *,
-    username: str | None = None,
-    password: str | None = None,
-    pkcs12: bytes | None = None,
-    pkcs12_password: str | None = None,
-) -> DeviceCredential:
-    """Store the parts given (None leaves a part unchanged), each secret encrypted.
-
-    A new ``pkcs12`` replaces the stored password with ``pkcs12_password``, which may be None.
-    """
-    secrets = current_host().secrets
-    credential = await DeviceCredential.get_or_none(entry_id=entry.id)
-    if credential is None:
-        credential = DeviceCredential(entry_id=entry.id)
-    if username is not None:
-        credential.username = username
-    if password is not None:
-        credential.password_enc = secrets.encrypt(password)
-    if pkcs12 is not None:
-        credential.pkcs12_enc = secrets.encrypt(pkcs12)
-        credential.pkcs12_password_enc = secrets.encrypt(pkcs12_password) if pkcs12_password else None
-    await credential.save()
-    return credential
-
-
-async def listed_entries(protocols: tuple[str, ...]) -> list[InventoryEntry]:
-    """Entries of ``protocols`` as inventory listings show them: inactive and deleted ones only when
-    ``show_inactive_devices`` is set."""
-    query = InventoryEntry.filter(protocol__in=protocols)
+async def listed_entries(protocols: Tables) -> list[InventoryEntry]:
+    """Entries of ``protocols`` (``EVERY_TABLE``: all) as inventory listings show them: inactive and deleted ones
+    only when ``show_inactive_devices`` is set."""
+    query = _in_tables(InventoryEntry.all(), protocols)
     if not (await system_settings()).show_inactive_devices:
         query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
     return await query.order_by("id")
@@ -442,72 +349,206 @@ _LISTED_COLUMNS = (
 )  # fmt: skip
 
 
-async def listing_json(protocols: tuple[str, ...], page: ListingPage) -> AsyncIterator[bytes]:
-    """The listing of ``protocols`` (``listed_entries``) as a JSON array of Inventory entries in id order, made and
-    sent a batch at a time: the event loop serves other requests between batches. To run in the request's context
-    (``quart.stream_with_context``)."""
-    active_only = not (await system_settings()).show_inactive_devices
-    after_id, remaining = page.after_id, page.limit
-    separator = b""
-    yield b"["
-    while remaining is None or remaining > 0:
-        size = LISTING_BATCH if remaining is None else min(LISTING_BATCH, remaining)
-        query = InventoryEntry.filter(protocol__in=protocols, id__gt=after_id)
-        if active_only:
-            query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
-        rows = await query.order_by("id").limit(size).values(*_LISTED_COLUMNS)
-        if rows:
-            rendered = await _render_rows(rows, after_id)
-            # orjson: at 100,000 entries the standard library's encoder alone took a quarter of a second.
-            yield separator + orjson.dumps(rendered)[1:-1]
-            separator = b","
-            after_id = rows[-1]["id"]
-        if len(rows) < size:
-            break
-        if remaining is not None:
-            remaining -= len(rows)
-    yield b"]"
+class Inventory:
+    """The inventory as the running host keeps it: what needs the installed drivers (services, default ports, the
+    URLs entries are shown with), the license (the endpoint limit) or the encryption of secrets (credentials). The app
+    factory makes one; routes, the lifecycle and plugins' routes use it. What needs none of these is a function of
+    this module."""
 
+    def __init__(self, drivers: DeviceDriverRegistry, secrets: SecretBox, licenses: LicenseService) -> None:
+        self.drivers = drivers
+        self.secrets = secrets
+        self.licenses = licenses
 
-async def _render_rows(rows: list[dict[str, Any]], after_id: int) -> list[dict[str, Any]]:
-    """Inventory entries as JSON values, from their columns, with usernames and scheduler states read in one query
-    each. ``rows`` are the listed entries with ids above ``after_id``, in id order."""
-    # An id range, not an IN list of the batch's ids: building a 500-parameter query cost more than the query.
-    batch = {"entry_id__gt": after_id, "entry_id__lte": rows[-1]["id"]}
-    credentials = await DeviceCredential.filter(**batch).values("entry_id", "username")
-    usernames = {row["entry_id"]: row["username"] for row in credentials}
-    schedules = {
-        row["entry_id"]: ScheduleOut.model_validate(row).model_dump(mode="json")
-        for row in await DeviceSchedule.filter(**batch).values("entry_id", *ScheduleOut.model_fields)
-    }
-    drivers = current_host().drivers
-    return [
-        {**_render(SimpleNamespace(**row), usernames.get(row["id"]), drivers), "schedule": schedules.get(row["id"])}
-        for row in rows
-    ]
+    def default_service(self, protocol: str) -> str:
+        """The service id for a new entry of table ``protocol`` before its device has identified itself: the table's
+        installed generic driver, else ``unmanaged_service(protocol)``."""
+        return self.drivers.select_service(protocol, None) or unmanaged_service(protocol)
 
+    def checked_service(self, protocol: str, service: str, field: str = "service") -> str:
+        """``service`` when an installed driver manages entries of table ``protocol`` under that name; else 400 naming
+        the ones that do."""
+        installed = self.drivers.services_of(protocol)
+        if service not in installed:
+            offered = f"installed: {', '.join(installed)}" if installed else f"no installed plugin manages {protocol}"
+            raise APIError(f"{field}: {service!r} is not an installed driver of {protocol} entries ({offered})")
+        return service
 
-async def device_target(entry: InventoryEntry) -> DeviceTarget:
-    """What a driver needs to reach ``entry``, with its stored credentials decrypted for this call."""
-    secrets = current_host().secrets
-    credential = await DeviceCredential.get_or_none(entry_id=entry.id)
-    target = DeviceTarget(
-        entry_id=entry.id,
-        server=entry.server,
-        port=entry.port,
-        url=entry_url(entry),
-        security_policy=entry.security_policy,
-        security_mode=entry.security_mode,
-        pinned_certificate=entry.pinned_certificate_der,
-    )
-    if credential:
-        target.username = credential.username
-        target.password = secrets.decrypt_text(credential.password_enc) if credential.password_enc else None
-        target.pkcs12 = secrets.decrypt(credential.pkcs12_enc) if credential.pkcs12_enc else None
-        target.pkcs12_password = (
-            secrets.decrypt_text(credential.pkcs12_password_enc) if credential.pkcs12_password_enc else None
+    def default_port(self, protocol: str, service: str | None = None) -> int:
+        """The port of an entry of table ``protocol`` whose request names none: its driver's ``default_port``
+        (``DeviceDriverRegistry.driver_of``), else the spec's default."""
+        driver = self.drivers.driver_of(protocol, service)
+        return driver.default_port if driver is not None else DEFAULT_OPCUA_PORT
+
+    def device_url(self, protocol: str, service: str | None, server: str, port: int) -> str:
+        """The URL of the device at ``server:port`` in table ``protocol``, in the scheme of the driver that manages it
+        (``DeviceDriverRegistry.driver_of``); ``server:port`` when no installed plugin manages it."""
+        driver = self.drivers.driver_of(protocol, service)
+        return address_url(driver.url_scheme if driver is not None else None, server, port)
+
+    def entry_url(self, entry: InventoryEntry | SimpleNamespace) -> str:
+        """The spec's ``url`` of an inventory entry: ``opc.tcp://host:4840`` for an OPC UA device (``device_url``)."""
+        return self.device_url(entry.protocol, entry.service, entry.server, entry.port)
+
+    async def licensed_endpoint_limit(self) -> int:
+        """The managed endpoints the license in force allows; none without a usable ``licensed_endpoints`` (fail
+        closed)."""
+        status = await self.licenses.current()
+        return status.licensed_endpoints if status and status.licensed_endpoints is not None else 0
+
+    async def ensure_endpoint_capacity(self, additional: int = 1) -> None:
+        """403 unless the license allows ``additional`` more managed endpoints; 0 checks, after an insert in the same
+        transaction, that the entries now counted are within the limit (the transaction is then to be rolled back)."""
+        limit = await self.licensed_endpoint_limit()
+        if await licensed_endpoints_in_use() + additional > limit:
+            raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+
+    async def create_entry(
+        self, protocol: str, server: str, port: int | None, columns: dict[str, Any]
+    ) -> InventoryEntry:
+        """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too. Without a
+        ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``."""
+        columns.setdefault("service", self.default_service(protocol))
+        if port is None:
+            port = self.default_port(protocol, columns["service"])
+        await reject_duplicate(server, port, protocol)
+        async with in_transaction("default"):
+            try:
+                entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
+            except IntegrityError:
+                raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
+            if counts_against_license(entry.device_status):
+                # Checked after the insert, which counted the entry under the count row's lock: a concurrent insert,
+                # by this instance or another, waits for this transaction and then sees this entry.
+                await self.ensure_endpoint_capacity(0)
+        return entry
+
+    async def update_entry(self, entry: InventoryEntry, columns: dict[str, Any]) -> None:
+        """Apply ``columns``; reviving a deleted entry needs license room like creating one."""
+        reviving = not counts_against_license(entry.device_status) and counts_against_license(
+            columns.get("device_status", entry.device_status)
         )
-    return target
+        entry.update_from_dict(columns)
+        async with in_transaction("default"):
+            try:
+                await entry.save()
+            except IntegrityError:
+                raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+            if reviving:
+                await self.ensure_endpoint_capacity(0)
+
+    async def save_credentials(
+        self,
+        entry: InventoryEntry,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        pkcs12: bytes | None = None,
+        pkcs12_password: str | None = None,
+    ) -> DeviceCredential:
+        """Store the parts given (None leaves a part unchanged), each secret encrypted.
+
+        A new ``pkcs12`` replaces the stored password with ``pkcs12_password``, which may be None.
+        """
+        secrets = self.secrets
+        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+        if credential is None:
+            credential = DeviceCredential(entry_id=entry.id)
+        if username is not None:
+            credential.username = username
+        if password is not None:
+            credential.password_enc = secrets.encrypt(password)
+        if pkcs12 is not None:
+            credential.pkcs12_enc = secrets.encrypt(pkcs12)
+            credential.pkcs12_password_enc = secrets.encrypt(pkcs12_password) if pkcs12_password else None
+        await credential.save()
+        return credential
+
+    async def listing_json(self, protocols: Tables, page: ListingPage) -> AsyncIterator[bytes]:
+        """The listing of ``protocols`` (``listed_entries``) as a JSON array of Inventory entries in id order, made
+        and sent a batch at a time: the event loop serves other requests between batches. To run in the request's
+        context (``quart.stream_with_context``)."""
+        active_only = not (await system_settings()).show_inactive_devices
+        after_id, remaining = page.after_id, page.limit
+        separator = b""
+        yield b"["
+        while remaining is None or remaining > 0:
+            size = LISTING_BATCH if remaining is None else min(LISTING_BATCH, remaining)
+            query = _in_tables(InventoryEntry.filter(id__gt=after_id), protocols)
+            if active_only:
+                query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
+            rows = await query.order_by("id").limit(size).values(*_LISTED_COLUMNS)
+            if rows:
+                rendered = await self._render_rows(rows, after_id)
+                # orjson: at 100,000 entries the standard library's encoder alone took a quarter of a second.
+                yield separator + orjson.dumps(rendered)[1:-1]
+                separator = b","
+                after_id = rows[-1]["id"]
+            if len(rows) < size:
+                break
+            if remaining is not None:
+                remaining -= len(rows)
+        yield b"]"
+
+    async def _render_rows(self, rows: list[dict[str, Any]], after_id: int) -> list[dict[str, Any]]:
+        """Inventory entries as JSON values, from their columns, with usernames and scheduler states read in one
+        query each. ``rows`` are the listed entries with ids above ``after_id``, in id order."""
+        # An id range, not an IN list of the batch's ids: building a 500-parameter query cost more than the query.
+        batch = {"entry_id__gt": after_id, "entry_id__lte": rows[-1]["id"]}
+        credentials = await DeviceCredential.filter(**batch).values("entry_id", "username")
+        usernames = {row["entry_id"]: row["username"] for row in credentials}
+        schedules = {
+            row["entry_id"]: ScheduleOut.model_validate(row).model_dump(mode="json")
+            for row in await DeviceSchedule.filter(**batch).values("entry_id", *ScheduleOut.model_fields)
+        }
+        rendered = []
+        for row in rows:
+            entry = SimpleNamespace(**row)
+            view = _render(entry, usernames.get(row["id"]), self.entry_url(entry))
+            rendered.append({**view, "schedule": schedules.get(row["id"])})
+        return rendered
+
+    async def device_target(self, entry: InventoryEntry) -> DeviceTarget:
+        """What a driver needs to reach ``entry``, with its stored credentials decrypted for this call."""
+        secrets = self.secrets
+        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+        target = DeviceTarget(
+            entry_id=entry.id,
+            server=entry.server,
+            port=entry.port,
+            url=self.entry_url(entry),
+            security_policy=entry.security_policy,
+            security_mode=entry.security_mode,
+            pinned_certificate=entry.pinned_certificate_der,
+        )
+        if credential:
+            target.username = credential.username
+            target.password = secrets.decrypt_text(credential.password_enc) if credential.password_enc else None
+            target.pkcs12 = secrets.decrypt(credential.pkcs12_enc) if credential.pkcs12_enc else None
+            target.pkcs12_password = (
+                secrets.decrypt_text(credential.pkcs12_password_enc) if credential.pkcs12_password_enc else None
+            )
+        return target
+
+    async def render_entry(self, entry: InventoryEntry, username: str | None = None) -> dict[str, Any]:
+        """The spec's Inventory entry; secrets are never part of it. ``username`` saves a lookup."""
+        if username is None:
+            credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+            username = credential.username if credential else None
+        schedule = await DeviceSchedule.filter(entry_id=entry.id).values(*ScheduleOut.model_fields)
+        view = _render(entry, username, self.entry_url(entry))
+        return {**view, "schedule": _schedule_view(schedule[0] if schedule else None)}
+
+    async def entry_out(self, entry: InventoryEntry) -> InventoryEntryOut:
+        return InventoryEntryOut(**await self.render_entry(entry))
+
+    def trust_list_view(self, entry: InventoryEntry) -> TrustListOut:
+        """The trust list last read from the device; empty lists where none was read."""
+        stored = entry.trustlist if isinstance(entry.trustlist, dict) else {}
+        return TrustListOut(
+            url=self.entry_url(entry),
+            **{key: [str(item) for item in stored.get(key) or []] for key in TRUST_LIST_FIELDS},
+        )
 
 
 def bit_names(mask: int | None, bits: list[dict[str, Any]]) -> list[str]:
@@ -523,16 +564,14 @@ def entry_certificate(entry: InventoryEntry | SimpleNamespace) -> x509.Certifica
     return x509.load_der_x509_certificate(entry.certificate_der) if entry.certificate_der else None
 
 
-def _render(
-    entry: InventoryEntry | SimpleNamespace, username: str | None, drivers: DeviceDriverRegistry | None = None
-) -> dict[str, Any]:
+def _render(entry: InventoryEntry | SimpleNamespace, username: str | None, url: str) -> dict[str, Any]:
     certificate = entry_certificate(entry)
     now = datetime.now(UTC)
     pki_id = entry.pki_id  # type: ignore[attr-defined]
     return {
         "id": entry.id,
         "name": entry.name,
-        "url": entry_url(entry, drivers),
+        "url": url,
         "service": entry.service,
         "server": entry.server,
         "port": entry.port,
@@ -560,28 +599,6 @@ def _schedule_view(row: dict[str, Any] | None) -> dict[str, Any] | None:
     if row is None:
         return None
     return {name: row[name] for name in ScheduleOut.model_fields}
-
-
-async def render_entry(entry: InventoryEntry, username: str | None = None) -> dict[str, Any]:
-    """The spec's Inventory entry; secrets are never part of it. ``username`` saves a lookup."""
-    if username is None:
-        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
-        username = credential.username if credential else None
-    schedule = await DeviceSchedule.filter(entry_id=entry.id).values(*ScheduleOut.model_fields)
-    return {**_render(entry, username), "schedule": _schedule_view(schedule[0] if schedule else None)}
-
-
-async def entry_out(entry: InventoryEntry) -> InventoryEntryOut:
-    return InventoryEntryOut(**await render_entry(entry))
-
-
-def trust_list_view(entry: InventoryEntry) -> TrustListOut:
-    """The trust list last read from the device; empty lists where none was read."""
-    stored = entry.trustlist if isinstance(entry.trustlist, dict) else {}
-    return TrustListOut(
-        url=entry_url(entry),
-        **{key: [str(item) for item in stored.get(key) or []] for key in TRUST_LIST_FIELDS},
-    )
 
 
 def trust_list_fields(mask: int) -> list[str]:

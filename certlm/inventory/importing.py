@@ -18,12 +18,9 @@ from certlm.foundation.errors import APIError, describe_validation_error
 from certlm.inventory.entries import (
     GDS,
     GdsEntryIn,
+    Inventory,
     counts_against_license,
-    default_service,
-    ensure_endpoint_capacity,
-    licensed_endpoint_limit,
     licensed_endpoints_in_use,
-    save_credentials,
 )
 from certlm.storage.models import InventoryEntry, PkiEntry
 
@@ -154,7 +151,7 @@ class _Batch:
         self.accepted.pop(index, None)
 
 
-async def import_gds_entries(rows: list[Any], mode: str) -> ImportResult:
+async def import_gds_entries(inventory: Inventory, rows: list[Any], mode: str) -> ImportResult:
     """Register the GDS entries ``rows`` describe (``parse_import``). Each row is checked as ``POST /gds/inventory``
     checks its body, and against the other rows and the inventory. ``atomic``: 400 with the per-row results when a
     row is refused, 403 when the rows exceed the license's free endpoints, nothing stored either way. ``per_row``: the
@@ -182,8 +179,8 @@ async def import_gds_entries(rows: list[Any], mode: str) -> ImportResult:
         first_row[key] = index
         batch.accepted[index] = (data, credentials)
     await _refuse_known(batch)
-    limit, room = await _license_room()
-    counted = [index for index, (data, _) in batch.accepted.items() if counts_against_license(GDS, data.device_status)]
+    limit, room = await _license_room(inventory)
+    counted = [index for index, (data, _) in batch.accepted.items() if counts_against_license(data.device_status)]
     refused = sum(not result.ok for result in batch.results)
     if mode == "atomic":
         if refused:
@@ -199,7 +196,7 @@ async def import_gds_entries(rows: list[Any], mode: str) -> ImportResult:
             )
     for index in counted[max(room, 0) :]:
         batch.refuse(index, f"license endpoint limit reached: {limit} endpoints licensed")
-    await _store(batch)
+    await _store(inventory, batch)
     imported = len(batch.accepted)
     return ImportResult(mode=mode, imported=imported, failed=len(rows) - imported, rows=batch.results)
 
@@ -223,16 +220,16 @@ async def _refuse_known(batch: _Batch) -> None:
             batch.refuse(index, f"pki: no PKI entry with id {data.pki}")
 
 
-async def _license_room() -> tuple[int, int]:
-    limit = await licensed_endpoint_limit()
+async def _license_room(inventory: Inventory) -> tuple[int, int]:
+    limit = await inventory.licensed_endpoint_limit()
     return limit, limit - await licensed_endpoints_in_use()
 
 
-async def _store(batch: _Batch) -> None:
+async def _store(inventory: Inventory, batch: _Batch) -> None:
     """Insert the accepted rows in one transaction; the license is checked again after the insert, as
     ``create_entry`` does, for imports and registrations running at the same time."""
     accepted = sorted(batch.accepted.items())
-    service = default_service(GDS)
+    service = inventory.default_service(GDS)
     try:
         async with in_transaction("default"):
             await InventoryEntry.bulk_create(
@@ -243,14 +240,16 @@ async def _store(batch: _Batch) -> None:
                 ],
                 batch_size=_BATCH,
             )  # fmt: skip
-            await ensure_endpoint_capacity(0)
-            await _record_ids(batch, accepted)
+            await inventory.ensure_endpoint_capacity(0)
+            await _record_ids(inventory, batch, accepted)
     except IntegrityError:
         raise APIError("the inventory changed during the import (another registration of one of its addresses): "
                        "nothing imported, import again", 409) from None  # fmt: skip
 
 
-async def _record_ids(batch: _Batch, accepted: list[tuple[int, tuple[GdsEntryIn, dict[str, Any]]]]) -> None:
+async def _record_ids(
+    inventory: Inventory, batch: _Batch, accepted: list[tuple[int, tuple[GdsEntryIn, dict[str, Any]]]]
+) -> None:
     keys = {(data.server, data.port): index for index, (data, _) in accepted}
     servers = sorted({server for server, _ in keys})
     for start in range(0, len(servers), _BATCH):
@@ -261,4 +260,4 @@ async def _record_ids(batch: _Batch, accepted: list[tuple[int, tuple[GdsEntryIn,
                 batch.results[index].id = row["id"]
     for index, (_, credentials) in accepted:
         if credentials:
-            await save_credentials(await InventoryEntry.get(id=batch.results[index].id), **credentials)
+            await inventory.save_credentials(await InventoryEntry.get(id=batch.results[index].id), **credentials)

@@ -15,8 +15,9 @@ from collections import OrderedDict
 
 from certlm.foundation.certs import api_now
 from certlm.foundation.errors import APIError
-from certlm.inventory.entries import device_target
-from certlm.lifecycle.push import choose_driver, pin_first_contact, record_operation
+from certlm.lifecycle.operations import record_operation
+from certlm.lifecycle.push import choose_driver, pin_first_contact
+from certlm.lifecycle.runtime import Runtime
 from certlm.storage.models import InventoryEntry
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,11 @@ class IdentificationQueue:
     so it never grows beyond the inventory; a worker reads the entry afresh (it may have changed or gone meanwhile).
     """
 
-    def __init__(self, concurrency: int, connect_timeout_s: float) -> None:
-        self.concurrency = concurrency
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.concurrency = runtime.settings.identify_concurrency
         # GetEndpoints, the session and a few reads: an identification ends within a few connect time-outs.
-        self.budget_s = 3 * connect_timeout_s
+        self.budget_s = 3 * runtime.settings.device_connect_timeout_s
         self._queue: asyncio.Queue[int] = asyncio.Queue()
         self._identifying: dict[int, asyncio.Future[None]] = {}
         self._workers: list[asyncio.Task[None]] = []
@@ -81,7 +83,7 @@ class IdentificationQueue:
             try:
                 entry = await InventoryEntry.get_or_none(id=entry_id)
                 if entry is not None:
-                    self._log_outcome(entry, await identify_entry(entry, self.budget_s))
+                    self._log_outcome(entry, await identify_entry(self.runtime, entry, self.budget_s))
             except Exception:  # a worker outlives a failing database; the next entry may fare better
                 log.exception("identifying inventory entry %s failed", entry_id)
             finally:
@@ -107,12 +109,13 @@ class IdentificationQueue:
             log.debug("identified %s (driver %s)", address, entry.service)
 
 
-async def identify_entry(entry: InventoryEntry, budget_s: float) -> str | None:
+async def identify_entry(runtime: Runtime, entry: InventoryEntry, budget_s: float) -> str | None:
     """Store the driver the device's description selects and pin the certificate it presents (registration is an
     operator's first contact). A device not reached within ``budget_s`` keeps its driver and no pin; its first push
     identifies it. The outcome is recorded as ``identify``; why the device could not be identified, or None."""
     try:
-        _, description = await asyncio.wait_for(choose_driver(entry, await device_target(entry)), budget_s)
+        target = await runtime.inventory.device_target(entry)
+        _, description = await asyncio.wait_for(choose_driver(runtime.drivers, entry, target), budget_s)
     except (APIError, TimeoutError) as error:
         message = error.message if isinstance(error, APIError) else f"no answer within {budget_s:g} s"
         record_operation(entry, "identify", {"success": False, "error": message, "at": api_now()})

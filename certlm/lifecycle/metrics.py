@@ -16,9 +16,8 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from certlm.inventory.entries import DEVICE_STATUS_ACTIVE, LISTING_BATCH, device_url
+from certlm.inventory.entries import DEVICE_STATUS_ACTIVE, LISTING_BATCH, Inventory
 from certlm.lifecycle.schedulers import ScanReport, Scheduler
-from certlm.service.host import current_host
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.system.settings import system_settings
 
@@ -83,11 +82,11 @@ class SchedulerMetrics:
             self.devices.labels(scheduler.name, outcome).inc(count)
 
 
-async def exposition(scheduler_metrics: SchedulerMetrics) -> bytes:
+async def exposition(scheduler_metrics: SchedulerMetrics, inventory: Inventory) -> bytes:
     """The metrics in the Prometheus text format: the inventory's now, and this instance's counters. With tens of
     thousands of devices the text is megabytes: it is written in a worker thread, the inventory read in batches."""
     devices = CollectorRegistry()
-    for family in await _device_families():
+    for family in await _device_families(inventory):
         devices.register(_Fixed(family))
     return await asyncio.to_thread(lambda: generate_latest(devices) + generate_latest(scheduler_metrics.registry))
 
@@ -102,7 +101,7 @@ class _Fixed:
         return [self.family]
 
 
-async def _device_families() -> list[GaugeMetricFamily]:
+async def _device_families(inventory: Inventory) -> list[GaugeMetricFamily]:
     labels = ["device", "name", "service"]
     not_after = GaugeMetricFamily(
         "certlm_certificate_not_after_timestamp_seconds", "When the device's certificate expires", labels=labels
@@ -131,12 +130,11 @@ async def _device_families() -> list[GaugeMetricFamily]:
         labels=labels,
     )
     default_days = (await system_settings()).gds_push_scheduler_renewal_days
-    drivers = current_host().drivers
     total_unreachable = total_identity_changed = 0
     async for entries, schedules in _active_entries_in_batches():
         for entry in entries:
             values = [
-                device_url(entry["protocol"], entry["service"], entry["server"], entry["port"], drivers),
+                inventory.device_url(entry["protocol"], entry["service"], entry["server"], entry["port"]),
                 entry["name"] or "",
                 entry["service"],
             ]

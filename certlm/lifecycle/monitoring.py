@@ -16,37 +16,36 @@ from tortoise.expressions import Q
 
 from certlm.contracts.drivers import CertificateReading, DeviceDriver, DeviceIdentityChanged, DeviceTarget, FirmwareInfo
 from certlm.foundation.certs import api_now, api_timestamp, issued_by, serial_hex, to_der
+from certlm.foundation.config import Settings
 from certlm.foundation.crl_status import crl_check_status
 from certlm.foundation.errors import APIError, UnsupportedOperation
-from certlm.foundation.hostspec import parse_host_or_url
 from certlm.inventory.entries import (
     DEVICE_STATUS_ACTIVE,
-    DEVICE_TABLES,
+    EVERY_TABLE,
     GDS,
+    Tables,
     canonical_server,
     device_entry_at,
-    device_target,
-    device_url,
     find_entry,
     trust_list_fields,
 )
 from certlm.inventory.identity import mark_identity_changed
 from certlm.lifecycle.leases import DeviceBusy, EntryDeleted, device_lease, ensure_rows
 from certlm.lifecycle.push import record_operation, trust_list_record
+from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import ScanContext, ScanReport
-from certlm.pki.revocation import REVOCATION_FIELDS, crl_cache, revocation_of, store_revocation
-from certlm.service.host import current_host
+from certlm.pki.revocation import REVOCATION_FIELDS, revocation_of, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)
 
 
 async def inventory_device(
-    host_or_url: str, protocols: tuple[str, ...] = DEVICE_TABLES
+    runtime: Runtime, host_or_url: str, protocols: Tables = EVERY_TABLE
 ) -> tuple[DeviceDriver, DeviceTarget, InventoryEntry]:
     """The driver, target (stored credentials decrypted) and entry of the inventory entry ``host_or_url`` names."""
-    entry = await find_entry(parse_host_or_url(host_or_url), protocols)
-    return current_host().drivers.get(entry.service), await device_target(entry), entry
+    entry = await find_entry(runtime.drivers.parse_address(host_or_url), protocols)
+    return runtime.drivers.get(entry.service), await runtime.inventory.device_target(entry), entry
 
 
 def overlay(target: DeviceTarget, **given: Any) -> DeviceTarget:
@@ -58,18 +57,19 @@ def overlay(target: DeviceTarget, **given: Any) -> DeviceTarget:
 
 
 async def device_at(
-    server: str, port: int, **overrides: Any
+    runtime: Runtime, server: str, port: int, **overrides: Any
 ) -> tuple[DeviceDriver, DeviceTarget, InventoryEntry | None]:
     """Driver and target for a device given by address: the inventory entry's when there is one (its stored
     credentials overlaid with those given), else the protocol's generic driver."""
     entry = await device_entry_at(server, port)
-    drivers = current_host().drivers
+    drivers = runtime.drivers
     if entry is not None:
-        target = await device_target(entry)
+        target = await runtime.inventory.device_target(entry)
         driver = drivers.get(entry.service)
     else:
         server = canonical_server(server)
-        target = DeviceTarget(entry_id=None, server=server, port=port, url=device_url(GDS, None, server, port))
+        url = runtime.inventory.device_url(GDS, None, server, port)
+        target = DeviceTarget(entry_id=None, server=server, port=port, url=url)
         service = drivers.select_service(GDS, None)
         if service is None:
             raise UnsupportedOperation("no installed plugin provides a GDS push driver")
@@ -78,7 +78,9 @@ async def device_at(
 
 
 @contextlib.asynccontextmanager
-async def reading(entry: InventoryEntry | None, *, wait_s: float | None = None) -> AsyncIterator[None]:
+async def reading(
+    settings: Settings, entry: InventoryEntry | None, *, wait_s: float | None = None
+) -> AsyncIterator[None]:
     """Hold the device's lease while reading it and storing what was read, with ``entry`` as the database has it once
     the lease is held. A push to the device (a REST call or the renewal scheduler, on any instance) holds the same
     lease: a read that overlapped it would store what the device presented before the push, over what the push
@@ -87,7 +89,6 @@ async def reading(entry: InventoryEntry | None, *, wait_s: float | None = None) 
     if entry is None:
         yield
         return
-    settings = current_host().settings
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
     async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s):
         await entry.refresh_from_db()
@@ -100,6 +101,7 @@ async def reading(entry: InventoryEntry | None, *, wait_s: float | None = None) 
 
 
 async def read_certificate_and_store(
+    runtime: Runtime,
     driver: DeviceDriver,
     target: DeviceTarget,
     entry: InventoryEntry | None,
@@ -110,19 +112,25 @@ async def read_certificate_and_store(
     """Read the certificate the device presents. For a device in the inventory, store it (with the time it changed),
     its revocation status on the entry's PKI (``certlm.pki.revocation``; not checked, and stored as None, unless
     ``check_revocation``) and the outcome (``monitor_certificate``)."""
-    async with reading(entry):
+    async with reading(runtime.settings, entry):
         read = await driver.read_certificate(target, secure_session=secure_session)
         if entry is not None:
-            await _store_certificate(entry, read, check_revocation)
+            await _store_certificate(runtime, entry, read, check_revocation)
     return read
 
 
-async def _store_certificate(entry: InventoryEntry, reading: CertificateReading, check_revocation: bool) -> None:
+async def _store_certificate(
+    runtime: Runtime, entry: InventoryEntry, reading: CertificateReading, check_revocation: bool
+) -> None:
     der = to_der(reading.certificate)
     if der != entry.certificate_der:
         entry.certificate_der = der
         entry.last_changed_certificate_date = datetime.now(UTC)
-    revocation = await revocation_of(entry, reading.certificate) if check_revocation else None
+    revocation = (
+        await revocation_of(entry, reading.certificate, runtime.pki_backends, runtime.crl_cache)
+        if check_revocation
+        else None
+    )
     store_revocation(entry, revocation)
     record: dict[str, Any] = {
         "success": True,
@@ -139,10 +147,11 @@ async def _store_certificate(entry: InventoryEntry, reading: CertificateReading,
 
 
 async def read_firmware_and_store(
+    runtime: Runtime,
     driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry | None
 ) -> FirmwareInfo:
     """Read the device's firmware version and name; for a device in the inventory, store them in its entry."""
-    async with reading(entry):
+    async with reading(runtime.settings, entry):
         firmware = await driver.read_firmware(target)
         if entry is not None:
             entry.firmware_version, entry.device_name = firmware.firmware_version, firmware.device_name
@@ -150,10 +159,12 @@ async def read_firmware_and_store(
     return firmware
 
 
-async def read_trust_list_and_store(entry: InventoryEntry, target: DeviceTarget, mask: int) -> dict[str, list[str]]:
+async def read_trust_list_and_store(
+    runtime: Runtime, entry: InventoryEntry, target: DeviceTarget, mask: int
+) -> dict[str, list[str]]:
     """Read the device's trust list (the parts ``mask`` selects) live and store those parts in its entry."""
-    async with reading(entry):
-        trust_list = await current_host().drivers.get(entry.service).read_trust_list(target, mask)
+    async with reading(runtime.settings, entry):
+        trust_list = await runtime.drivers.get(entry.service).read_trust_list(target, mask)
         read = trust_list_record(trust_list)
         stored = dict(entry.trustlist or {})
         stored.update({key: read[key] for key in trust_list_fields(mask)})
@@ -165,7 +176,7 @@ async def read_trust_list_and_store(entry: InventoryEntry, target: DeviceTarget,
 # The monitor scheduler's scan (``certlm.lifecycle.schedulers`` decides when it runs).
 
 
-async def monitor_scan(context: ScanContext) -> ScanReport:
+async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
     """Read every active device live and store what it read. A device that cannot be reached is recorded (since
     when, why) and the scan goes on; a device certlm is in contact with (it has a pinned certificate) is also asked
     for its trust list, firmware and status where its driver offers them."""
@@ -173,7 +184,7 @@ async def monitor_scan(context: ScanContext) -> ScanReport:
     entries = await InventoryEntry.filter(device_status=DEVICE_STATUS_ACTIVE)
     report.devices = len(entries)
     await ensure_rows([entry.id for entry in entries])
-    limit = asyncio.Semaphore(current_host().settings.scheduler_concurrency)
+    limit = asyncio.Semaphore(runtime.settings.scheduler_concurrency)
 
     # Instances sharing the database share the scan: each device goes to the instance that claims it first, and is
     # not claimed again within half an interval.
@@ -188,13 +199,13 @@ async def monitor_scan(context: ScanContext) -> ScanReport:
             if not await DeviceSchedule.filter(Q(entry_id=entry.id) & free).update(monitored_at=context.clock()):
                 report.count("read_elsewhere")
                 return
-            report.count(await monitor_device(entry, context.clock()))
+            report.count(await monitor_device(runtime, entry, context.clock()))
 
     await asyncio.gather(*(watch(entry) for entry in entries))
     return report
 
 
-async def monitor_device(entry: InventoryEntry, now: datetime, trigger: str = "scheduler") -> str:
+async def monitor_device(runtime: Runtime, entry: InventoryEntry, now: datetime, trigger: str = "scheduler") -> str:
     """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``,
     ``identity_changed`` (its SSH host key or TLS certificate is not the pinned one: ``certlm.inventory.identity``),
     ``deleted``
@@ -202,10 +213,10 @@ async def monitor_device(entry: InventoryEntry, now: datetime, trigger: str = "s
     ``leased_elsewhere`` when another instance is operating on the device (its push verifies what the device
     presents), ``inactive`` when the entry was deactivated since the scan listed it."""
     try:
-        async with reading(entry, wait_s=0):
+        async with reading(runtime.settings, entry, wait_s=0):
             if entry.device_status != DEVICE_STATUS_ACTIVE:
                 return "inactive"
-            return await _monitor_leased(entry, now, trigger)
+            return await _monitor_leased(runtime, entry, now, trigger)
     except DeviceBusy:
         return "leased_elsewhere"
     except EntryDeleted:
@@ -213,21 +224,21 @@ async def monitor_device(entry: InventoryEntry, now: datetime, trigger: str = "s
         return "deleted"
 
 
-async def _monitor_leased(entry: InventoryEntry, now: datetime, trigger: str) -> str:
+async def _monitor_leased(runtime: Runtime, entry: InventoryEntry, now: datetime, trigger: str) -> str:
     try:
-        return await _monitor_read(entry, now, trigger)
+        return await _monitor_read(runtime, entry, now, trigger)
     except DeviceIdentityChanged as changed:
         await mark_identity_changed(entry.id, changed.message, now)
         await _record_monitor(entry, now, trigger, "identity_changed", changed.message)
         return "identity_changed"
 
 
-async def _monitor_read(entry: InventoryEntry, now: datetime, trigger: str) -> str:
+async def _monitor_read(runtime: Runtime, entry: InventoryEntry, now: datetime, trigger: str) -> str:
     schedule = await DeviceSchedule.get(entry_id=entry.id)
     try:
-        driver = current_host().drivers.get(entry.service)
-        target = await device_target(entry)
-        reading = await read_certificate_and_store(driver, target, entry, secure_session=False)
+        driver = runtime.drivers.get(entry.service)
+        target = await runtime.inventory.device_target(entry)
+        reading = await read_certificate_and_store(runtime, driver, target, entry, secure_session=False)
     except DeviceIdentityChanged:
         raise
     except APIError as error:
@@ -237,7 +248,7 @@ async def _monitor_read(entry: InventoryEntry, now: datetime, trigger: str) -> s
         await _record_monitor(entry, now, trigger, "unreachable", error.message)
         return "unreachable"
     schedule.last_seen, schedule.unreachable_since, schedule.unreachable_reason = now, None, None
-    unexpected = await unexpected_certificate(entry, reading.certificate)
+    unexpected = await unexpected_certificate(runtime, entry, reading.certificate)
     if unexpected is not None and schedule.certificate_changed_at is None:
         schedule.certificate_changed_at = now
         log.warning("%s:%s %s", entry.server, entry.port, unexpected)
@@ -252,15 +263,15 @@ async def _monitor_read(entry: InventoryEntry, now: datetime, trigger: str) -> s
     return "read"
 
 
-async def reconcile_device(entry: InventoryEntry) -> str:
+async def reconcile_device(runtime: Runtime, entry: InventoryEntry) -> str:
     """After an operation on the device was cut off (an instance crashed): read what the device really presents.
     An interrupted push was either discarded by the device before ApplyChanges, or its certificate is in place and
     becomes the pin (``unexpected_certificate``)."""
     await ensure_rows([entry.id])
-    return await monitor_device(entry, datetime.now(UTC), trigger="reconcile")
+    return await monitor_device(runtime, entry, datetime.now(UTC), trigger="reconcile")
 
 
-async def unexpected_certificate(entry: InventoryEntry, presented: x509.Certificate) -> str | None:
+async def unexpected_certificate(runtime: Runtime, entry: InventoryEntry, presented: x509.Certificate) -> str | None:
     """Why the certificate the device presents is not one certlm installed, or None.
 
     The pinned certificate is what certlm installed last. A different one with the pinned certificate's subject,
@@ -269,7 +280,7 @@ async def unexpected_certificate(entry: InventoryEntry, presented: x509.Certific
     if entry.pinned_certificate_der is None or to_der(presented) == entry.pinned_certificate_der:
         return None
     pinned = x509.load_der_x509_certificate(entry.pinned_certificate_der)
-    if presented.subject == pinned.subject and await _issued_by_entry_pki(entry, presented):
+    if presented.subject == pinned.subject and await _issued_by_entry_pki(runtime, entry, presented):
         entry.pinned_certificate_der = to_der(presented)
         await entry.save(update_fields=["pinned_certificate_der", "updated_at"])
         log.info("%s:%s presents a certificate of its PKI that an interrupted push installed: now pinned",
@@ -282,12 +293,12 @@ async def unexpected_certificate(entry: InventoryEntry, presented: x509.Certific
     )
 
 
-async def _issued_by_entry_pki(entry: InventoryEntry, certificate: x509.Certificate) -> bool:
-    host = current_host()
+async def _issued_by_entry_pki(runtime: Runtime, entry: InventoryEntry, certificate: x509.Certificate) -> bool:
+    host = runtime
     pki = None if entry.pki_id is None else await PkiEntry.get_or_none(id=entry.pki_id)  # type: ignore[attr-defined]
     if pki is None or not host.pki_backends.known(pki.pki_type):
         return False
-    sources = await crl_cache().sources(pki, host.pki_backends.get(pki.pki_type))
+    sources = await runtime.crl_cache.sources(pki, host.pki_backends.get(pki.pki_type))
     return any(issued_by(certificate, ca) for ca in sources.ca_chain)
 
 

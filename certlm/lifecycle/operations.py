@@ -1,16 +1,20 @@
-"""Every device's last certificate operation (push or onboarding) in one listing: when it ran, what triggered it,
-whether it succeeded. ``GET /gds/push/{host_or_url}`` answers one device's in full, with its steps; the dashboard
-needs the outcome of all of them at once, without a request per device.
+"""Operation records: what each operation on a device (push, onboarding, identification, monitor reads) last did,
+kept in the entry's ``last_result`` by operation, the steps of a push as answers show them, and every device's last
+certificate operation in one listing (the dashboard's, which needs the outcome of all of them at once).
 """
 
 from __future__ import annotations
 
+import base64
+from dataclasses import asdict
 from typing import Any
 
+from cryptography import x509
 from pydantic import BaseModel, Field
 
+from certlm.contracts.drivers import DeviceDescription, StepOutcome, TrustList
+from certlm.foundation.certs import certificate_detail
 from certlm.foundation.responses import Timestamp
-from certlm.inventory.entries import DEVICE_TABLES
 from certlm.storage import MAX_ID
 from certlm.storage.models import InventoryEntry
 
@@ -19,6 +23,61 @@ from certlm.storage.models import InventoryEntry
 CERTIFICATE_OPERATIONS = ("push", "onboarding")
 # Entries read at a time: a page holds each entry's whole last results (steps included) in memory at once.
 MAX_PAGE = 500
+
+
+def trust_list_record(trust_list: TrustList) -> dict[str, list[str]]:
+    """A trust list as ``InventoryEntry.trustlist`` stores it (the spec's Trust list entry keys, base64 DER)."""
+
+    def encoded(items: list[bytes]) -> list[str]:
+        return [base64.b64encode(item).decode() for item in items]
+
+    return {
+        "trustlist_trusted_ca": encoded(trust_list.trusted_certificates),
+        "trustlist_trusted_crl": encoded(trust_list.trusted_crls),
+        "trustlist_issuer_ca": encoded(trust_list.issuer_certificates),
+        "trustlist_issuer_crl": encoded(trust_list.issuer_crls),
+    }
+
+
+def record_operation(entry: InventoryEntry, operation: str, record: dict[str, Any]) -> None:
+    """File ``record`` as the last outcome of ``operation`` in ``entry.last_result``; the caller saves the entry."""
+    records = dict(entry.last_result) if isinstance(entry.last_result, dict) else {}
+    records[operation] = record
+    entry.last_result = records
+
+
+def last_recorded(entry: InventoryEntry, operation: str) -> dict[str, Any] | None:
+    """The last outcome of ``operation`` recorded for ``entry``, or None."""
+    records = entry.last_result if isinstance(entry.last_result, dict) else {}
+    return records.get(operation)
+
+
+def description_record(description: DeviceDescription) -> dict[str, Any]:
+    return {"identity": asdict(description.identity), "capabilities": description.capabilities}
+
+
+def warnings_of(steps: list[StepOutcome]) -> list[str]:
+    """What a push noticed that an operator should know, success or not: the messages of its warning steps."""
+    return [step.message for step in steps if step.warning]
+
+
+def steps_view(steps: list[StepOutcome], debug: bool) -> list[dict[str, Any]]:
+    """Each step's outcome; ``debug`` adds how long it took."""
+    view = []
+    for step in steps:
+        item: dict[str, Any] = {"step": step.step, "ok": step.ok, "status": step.status, "message": step.message}
+        if step.warning:
+            item["warning"] = True
+        if debug:
+            item["seconds"] = round(step.seconds, 4)
+        view.append(item)
+    return view
+
+
+def certificate_summary(certificate: x509.Certificate) -> dict[str, Any]:
+    detail = certificate_detail(certificate)
+    keys = ("subject_dn", "issuer_dn", "serial_number", "valid_from", "valid_to", "sha1_thumbprint")
+    return {key: detail[key] for key in keys}
 
 
 class OperationsPage(BaseModel):
@@ -75,7 +134,7 @@ async def last_operations(page: OperationsPage) -> LastOperations:
     """The last certificate operation of each of the next ``page.limit`` device entries after ``page.after_id``, in
     id order."""
     rows = (
-        await InventoryEntry.filter(protocol__in=DEVICE_TABLES, id__gt=page.after_id)
+        await InventoryEntry.filter(id__gt=page.after_id)
         .order_by("id")
         .limit(page.limit)
         .values("id", "last_result")

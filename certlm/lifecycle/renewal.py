@@ -13,8 +13,7 @@ certificate
 Renewals go through the same enrollment as ``POST /gds/push/change`` (``certlm.lifecycle.push.push_certificate``) with
 ``automated=True``: they never trust a device on first contact. Each device is renewed under its lease
 (``certlm.lifecycle.leases``), so instances sharing a database renew each device once; the due check is repeated once
-the
-lease is held, because another instance may just have renewed it. A failure backs the device off (doubling from
+the lease is held, because another instance may just have renewed it. A failure backs the device off (doubling from
 ``scheduler_retry_base_s`` up to ``scheduler_retry_max_s``, reset by a success). A renewal whose new certificate is
 itself due at once (``renewal_days`` beyond what the PKI issues) is a configuration error: reported once, and the device
 is not renewed again until ``renewal_days`` or its PKI changes.
@@ -31,11 +30,12 @@ from cryptography import x509
 from certlm.foundation.certs import api_timestamp, issued_by
 from certlm.foundation.errors import APIError
 from certlm.inventory.entries import DEVICE_STATUS_ACTIVE
-from certlm.lifecycle.leases import Claim, DeviceBusy, device_lease, ensure_rows
+from certlm.lifecycle.leases import Claim, DeviceBusy, EntryDeleted, device_lease, ensure_rows
 from certlm.lifecycle.monitoring import reconcile_device
-from certlm.lifecycle.push import PushError, PushOrder, pki_ca_certificates, push_certificate
+from certlm.lifecycle.push import PushError, PushOrder, push_certificate
+from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import ScanContext, ScanReport
-from certlm.service.host import current_host
+from certlm.pki.material import pki_ca_certificates
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)
@@ -80,11 +80,11 @@ def backoff(failures: int, base_s: float, max_s: float) -> timedelta:
 class RenewalWave:
     """One scan of the renewal scheduler."""
 
-    def __init__(self, context: ScanContext) -> None:
+    def __init__(self, runtime: Runtime, context: ScanContext) -> None:
+        self.runtime = runtime
         self.context = context
         self.report = ScanReport()
-        host = current_host()
-        self.settings = host.settings
+        self.settings = runtime.settings
         self._pki_cas: dict[int, tuple[x509.Certificate, ...]] = {}
         # Look ahead by the next suppression that starts before the next scan.
         upcoming = context.calendar.next_suppression(context.started, context.interval)
@@ -97,7 +97,12 @@ class RenewalWave:
         self.report.devices = len(entries)
         await ensure_rows([entry.id for entry in entries])
         schedules = {s.entry_id: s for s in await DeviceSchedule.filter(entry_id__in=[e.id for e in entries])}  # type: ignore[attr-defined]
-        due = [entry for entry in entries if await self._due(entry, schedules[entry.id], self.context.clock())]
+        # An entry deleted since it was listed has no schedule row (``ensure_rows`` skips it): nothing to renew.
+        due = [
+            entry
+            for entry in entries
+            if entry.id in schedules and await self._due(entry, schedules[entry.id], self.context.clock())
+        ]
         limit = asyncio.Semaphore(self.settings.scheduler_concurrency)
 
         async def renew(entry: InventoryEntry) -> None:
@@ -109,12 +114,10 @@ class RenewalWave:
 
     async def _cas_of(self, pki: PkiEntry) -> tuple[x509.Certificate, ...]:
         if pki.id not in self._pki_cas:
-            host = current_host()
+            backends = self.runtime.pki_backends
             try:
                 self._pki_cas[pki.id] = (
-                    await pki_ca_certificates(host.pki_backends.get(pki.pki_type), pki)
-                    if host.pki_backends.known(pki.pki_type)
-                    else ()
+                    await pki_ca_certificates(backends.get(pki.pki_type), pki) if backends.known(pki.pki_type) else ()
                 )
             except APIError as error:
                 log.warning("CA certificates of PKI entry %s unavailable: %s", pki.id, error.message)
@@ -167,6 +170,9 @@ class RenewalWave:
                 await self._renew_claimed(entry, claim)
         except DeviceBusy:
             self.report.count("leased_elsewhere")
+        except EntryDeleted:
+            # Deleted since the scan listed it: the delete waited for nothing of ours, and nothing is left to renew.
+            self.report.count("deleted")
 
     async def _renew_claimed(self, entry: InventoryEntry, claim: Claim) -> None:
         # Another instance may have renewed it between our scan and our claim: decide again on fresh rows.
@@ -178,7 +184,7 @@ class RenewalWave:
                 "renewal of %s:%s by %s was interrupted; reading the device before deciding again",
                 entry.server, entry.port, claim.interrupted_holder,
             )  # fmt: skip
-            await reconcile_device(entry)
+            await reconcile_device(self.runtime, entry)
             await entry.refresh_from_db()
         now = self.context.clock()
         reason = await self._due(entry, schedule, now) if entry.device_status == DEVICE_STATUS_ACTIVE else None
@@ -186,7 +192,7 @@ class RenewalWave:
             return
         log.info("renewing %s:%s: %s", entry.server, entry.port, reason)
         try:
-            await push_certificate(entry, PushOrder(automated=True, trigger="scheduler"))
+            await push_certificate(self.runtime, entry, PushOrder(automated=True, trigger="scheduler"))
         except (PushError, APIError) as error:
             schedule.renewal_failures += 1
             wait = backoff(schedule.renewal_failures, self.settings.scheduler_retry_base_s,
@@ -224,5 +230,5 @@ class RenewalWave:
         log.error("renewal of %s:%s: %s", entry.server, entry.port, schedule.renewal_config_error)
 
 
-async def renewal_scan(context: ScanContext) -> ScanReport:
-    return await RenewalWave(context).run()
+async def renewal_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
+    return await RenewalWave(runtime, context).run()

@@ -2,9 +2,8 @@
 
 The schedulers ask this module before every scan, and while suppressed at every poll. Each window is evaluated exactly
 as ``POST /maintenance/test`` evaluates it (``certlm.lifecycle.maintenance.window_contains``); this module only loads
-the windows
-(again when ``calendar_fingerprint`` says they changed) and walks time to find where a suppression starts and ends,
-which the point-in-time evaluation cannot say by itself.
+the windows (again when ``calendar_fingerprint`` says they changed) and walks time to find where a suppression starts
+and ends, which the point-in-time evaluation cannot say by itself.
 """
 
 from __future__ import annotations

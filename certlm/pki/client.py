@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from yarl import URL
 
-from certlm.contracts.registry import HostServices
+from certlm.contracts.services import HostServices
 from certlm.foundation.certs import (
     crl_distribution_points,
     crl_signed_by,

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives import serialization
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from certlm.contracts.registry import PkiBackendRegistry
 from certlm.foundation.certs import (
     PKCS12_MAX_PASSWORD_CHARS,
     PKCS12_MIN_BASE64_CHARS,
@@ -27,7 +28,6 @@ from certlm.foundation.certs import (
 from certlm.foundation.errors import APIError
 from certlm.foundation.secretbox import SecretBox
 from certlm.pki import client as pki_client
-from certlm.service.host import current_host
 from certlm.storage.models import PkiEntry
 
 # The spec's PKI type numbers; the sign endpoints always use the internal CA.
@@ -190,16 +190,16 @@ def _tls_crls(pems: list[str] | None) -> list[str]:
     return crls
 
 
-def apply_fields(entry: PkiEntry, data: PkiFields) -> None:
-    """Validate the supplied fields of ``data`` and set them on ``entry`` (unsaved); 400 on the first problem."""
-    host = current_host()
+def apply_fields(entry: PkiEntry, data: PkiFields, secrets: SecretBox, backends: PkiBackendRegistry) -> None:
+    """Validate the supplied fields of ``data`` and set them on ``entry`` (unsaved); 400 on the first problem;
+    secrets encrypted with ``secrets``, the fields judged by the backend of the entry's type."""
     values = {name: getattr(data, name) for name in data.model_fields_set}
     for required in ("pki_type", "pki_connection"):
         if required in values and values[required] is None:
             raise APIError(f"{required} must not be null")
     if "pki_type" in values:
-        if not host.pki_backends.known(values["pki_type"]):
-            available = ", ".join(f"{t['pki_type_id']} ({t['pki_type']})" for t in host.pki_backends.types())
+        if not backends.known(values["pki_type"]):
+            available = ", ".join(f"{t['pki_type_id']} ({t['pki_type']})" for t in backends.types())
             raise APIError(
                 f"pki_type {values['pki_type']} is not provided by any installed plugin; available: {available}"
             )
@@ -207,8 +207,8 @@ def apply_fields(entry: PkiEntry, data: PkiFields) -> None:
     for name in ("pki_connection", "name", "username", "additional_path_segment"):
         if name in values:
             setattr(entry, name, values[name])
-    _apply_password(entry, values, host.secrets)
-    _apply_est_client_pkcs12(entry, values, host.secrets)
+    _apply_password(entry, values, secrets)
+    _apply_est_client_pkcs12(entry, values, secrets)
     for name in ("est_cdp_urls", "tls_cdp_urls"):
         if name in values:
             setattr(entry, name, list(values[name] or ()))
@@ -226,7 +226,7 @@ def apply_fields(entry: PkiEntry, data: PkiFields) -> None:
         entry.cmp_mac_algorithm = values["cmp_mac_algorithm"]
     if "allow_certlm_generated_keys" in values:
         entry.allow_certlm_generated_keys = bool(values["allow_certlm_generated_keys"])
-    problems = host.pki_backends.get(entry.pki_type).configuration_problems(entry)
+    problems = backends.get(entry.pki_type).configuration_problems(entry)
     if problems:
         raise APIError("; ".join(problems))
 
@@ -234,9 +234,9 @@ def apply_fields(entry: PkiEntry, data: PkiFields) -> None:
 _internal_ca_creation = asyncio.Lock()
 
 
-async def internal_ca_entry() -> PkiEntry:
+async def internal_ca_entry(backends: PkiBackendRegistry) -> PkiEntry:
     """The PKI entry the sign endpoints use: the lowest-id internal one, created when there is none."""
-    current_host().pki_backends.get(INTERNAL_PKI_TYPE)  # 501, creating nothing, without the internal CA plugin
+    backends.get(INTERNAL_PKI_TYPE)  # 501, creating nothing, without the internal CA plugin
     entry = await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).order_by("id").first()
     if entry is not None:
         return entry

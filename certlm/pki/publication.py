@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
-from quart import current_app
 
 from certlm.contracts.pki_backends import PkiBackend
 from certlm.contracts.registry import PkiBackendRegistry
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 LONGEST_REUSE = timedelta(hours=1)
 # How long an answer without a usable nextUpdate, or a failure, is reused.
 FAILURE_REUSE = timedelta(seconds=60)
-_EXTENSION = "certlm.published_crls"
 
 
 def no_ca_text(pki_id: int) -> str:
@@ -114,8 +112,3 @@ class PublishedCrls:
         next_update = crl.next_update_utc
         expires = min(next_update, now + LONGEST_REUSE) if next_update and next_update > now else failed_until
         return _Published(entry.updated_at, expires, crl, None)
-
-
-def published_crls() -> PublishedCrls:
-    """The running app's published CRLs."""
-    return current_app.extensions.setdefault(_EXTENSION, PublishedCrls())

@@ -1,7 +1,6 @@
 """A device certificate's revocation status (the spec's CRL check statuses, ``certlm.foundation.crl_status``),
-computed from
-its PKI's CA chain and CRL: ``check`` decides, without I/O; ``revocation_of`` fetches what it needs through the
-entry's PKI backend, cached per PKI entry until the CRL's nextUpdate.
+computed from its PKI's CA chain and CRL: ``check`` decides, without I/O; ``revocation_of`` fetches what it needs
+through the entry's PKI backend, cached per PKI entry until the CRL's nextUpdate.
 
 ``check`` answers with the first of these that applies, so the earlier one wins when several do:
 
@@ -35,14 +34,13 @@ from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
-from quart import current_app
 
 from certlm.contracts.pki_backends import PkiBackend
+from certlm.contracts.registry import PkiBackendRegistry
 from certlm.foundation import crl_status
 from certlm.foundation.certs import api_timestamp, extension_value, issued_by, load_certificate, load_crl, serial_hex
 from certlm.foundation.errors import APIError, NotFound, UnsupportedOperation
 from certlm.pki.client import CrlNotVerified
-from certlm.service.host import current_host
 from certlm.storage.models import InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)
@@ -53,7 +51,6 @@ CRL_CACHE_MAX_AGE = timedelta(hours=1)
 # How long a CRL without a future nextUpdate, or a failed fetch, is kept: a few minutes spare an unreachable PKI
 # one request per device of a monitor scan.
 CRL_CACHE_SHORT_AGE = timedelta(minutes=5)
-_CACHE_EXTENSION = "certlm.pki.revocation.crl_cache"
 
 
 @dataclass(frozen=True)
@@ -365,13 +362,12 @@ STATUSES_EXPLAINED_BY_THE_FETCH = (
 )
 
 
-def crl_cache() -> CrlCache:
-    """The running app's CRL cache."""
-    return current_app.extensions.setdefault(_CACHE_EXTENSION, CrlCache())
-
-
 async def revocation_of(
-    entry: InventoryEntry, certificate: CertificateInput | None, now: datetime | None = None
+    entry: InventoryEntry,
+    certificate: CertificateInput | None,
+    backends: PkiBackendRegistry,
+    cache: CrlCache,
+    now: datetime | None = None,
 ) -> RevocationCheck:
     """The revocation status of ``certificate`` (a device's, DER or parsed) on the CRL of ``entry``'s PKI. Never
     raises for a PKI that cannot be reached: the status is then ``ca_missing`` or ``crl_missing`` (``unknown`` for an
@@ -381,13 +377,12 @@ async def revocation_of(
     subject = _subject_certificate(certificate)
     if isinstance(subject, RevocationCheck):
         return subject
-    host = current_host()
     pki = None if entry.pki_id is None else await PkiEntry.get_or_none(id=entry.pki_id)  # type: ignore[attr-defined]
     if pki is None:
         return RevocationCheck(crl_status.UNKNOWN, "the entry has no PKI")
-    if not host.pki_backends.known(pki.pki_type):
+    if not backends.known(pki.pki_type):
         return RevocationCheck(crl_status.UNKNOWN, f"no installed plugin provides PKI type {pki.pki_type}")
-    sources = await crl_cache().sources(pki, host.pki_backends.get(pki.pki_type))
+    sources = await cache.sources(pki, backends.get(pki.pki_type))
     # Verifying the chain and the CRL's signature and looking the serial up in a long CRL: off the event loop.
     outcome = await asyncio.to_thread(check, subject, sources.ca_chain, sources.crls, now or datetime.now(UTC))
     if sources.problems and outcome.status_id in STATUSES_EXPLAINED_BY_THE_FETCH:

@@ -14,21 +14,15 @@ from tortoise.models import Model
 from tortoise.transactions import in_transaction
 
 from certlm.foundation.errors import Unauthorized
-from certlm.http.auth import TOTP, failure_limiter, request_route
-from certlm.inventory.entries import (
-    LICENSED_PROTOCOLS,
-    default_service,
-    ensure_endpoint_capacity,
-    find_entry_at,
-    save_credentials,
-)
+from certlm.inventory.entries import Inventory, counts_against_license, find_entry_at
+from certlm.lifecycle.runtime import Runtime
 from certlm.pki.entries import INTERNAL_PKI_TYPE
-from certlm.service.host import current_host
 from certlm.storage.models import (
     InventoryEntry,
     MaintenanceRule,
     MaintenanceWindow,
     PkiEntry,
+    PluginSchemaVersion,
     SchemaVersion,
     StoredLicense,
     SystemSettings,
@@ -41,7 +35,13 @@ INVALID_TOTP = "Invalid TOTP code"
 SIX_DIGITS = re.compile(r"[0-9]{6}")
 # What DELETE /sql keeps: the schema stamp, the settings row (which records the used TOTP step), the license,
 # and the API server's own TLS certificate, without which the service would fall back to plain HTTP.
-KEPT_MODELS: tuple[type[Model], ...] = (SchemaVersion, SystemSettings, StoredLicense, TlsServerCertificate)
+KEPT_MODELS: tuple[type[Model], ...] = (
+    SchemaVersion,
+    PluginSchemaVersion,
+    SystemSettings,
+    StoredLicense,
+    TlsServerCertificate,
+)
 
 # Port 0: a PKI that is not reached over the network, as the PKI area spells it.
 INTERNAL_PKI = {"name": "Sample internal CA", "pki_type": INTERNAL_PKI_TYPE, "pki_connection": "localhost:0"}
@@ -75,39 +75,41 @@ SAMPLE_RULE = {"recurrence_type": "weekly", "day_of_week": 6, "start_time": "02:
                "interval_count": 1}  # fmt: skip
 
 
-async def _sample_pki_entries() -> tuple[int, PkiEntry | None]:
+async def _sample_pki_entries(runtime: Runtime) -> tuple[int, PkiEntry | None]:
     """Create the sample PKI entries that are missing: the internal CA only where a backend provides it, and
     only if there is no internal CA entry yet."""
     created = 0
     internal = await PkiEntry.filter(pki_type=INTERNAL_PKI["pki_type"]).order_by("id").first()
-    if internal is None and current_host().pki_backends.known(INTERNAL_PKI["pki_type"]):
+    if internal is None and runtime.pki_backends.known(INTERNAL_PKI["pki_type"]):
         internal = await PkiEntry.create(**INTERNAL_PKI, creator_id="system")
         created += 1
     if not await PkiEntry.exists(name=EST_PKI["name"]):
-        password_enc = current_host().secrets.encrypt(EST_SAMPLE_PASSWORD)
+        password_enc = runtime.secrets.encrypt(EST_SAMPLE_PASSWORD)
         await PkiEntry.create(**EST_PKI, password_enc=password_enc, creator_id="system")
         created += 1
     return created, internal
 
 
-async def _sample_devices(pki: PkiEntry | None) -> int:
+async def _sample_devices(inventory: Inventory, pki: PkiEntry | None) -> int:
     missing = [
         device
         for device in SAMPLE_DEVICES
         if await find_entry_at(device["server"], device["port"], device["protocol"]) is None
     ]
     # All or nothing: a half-filled sample database would only confuse.
-    licensed = sum(1 for device in missing if device["protocol"] in LICENSED_PROTOCOLS)
+    licensed = sum(1 for device in missing if counts_against_license(device.get("device_status")))
     if licensed:
-        await ensure_endpoint_capacity(licensed)
+        await inventory.ensure_endpoint_capacity(licensed)
     for device in missing:
         columns = {key: value for key, value in device.items() if key != "credentials"}
         entry = await InventoryEntry.create(
-            **columns, service=default_service(device["protocol"]), pki=pki if device["protocol"] == "gds" else None
+            **columns,
+            service=inventory.default_service(device["protocol"]),
+            pki=pki if device["protocol"] == "gds" else None,
         )
         if "credentials" in device:
             username, password = device["credentials"]
-            await save_credentials(entry, username=username, password=password)
+            await inventory.save_credentials(entry, username=username, password=password)
     return len(missing)
 
 
@@ -119,12 +121,12 @@ async def _sample_maintenance() -> tuple[int, int]:
     return 1, 1
 
 
-async def create_sample_data() -> dict[str, int]:
+async def create_sample_data(runtime: Runtime) -> dict[str, int]:
     """Create the samples that are missing, all or nothing; how many of each kind were created. 403 when the devices
     would exceed the license endpoint limit."""
     async with in_transaction("default"):
-        pki_created, internal = await _sample_pki_entries()
-        devices_created = await _sample_devices(internal)
+        pki_created, internal = await _sample_pki_entries(runtime)
+        devices_created = await _sample_devices(runtime.inventory, internal)
         windows_created, rules_created = await _sample_maintenance()
     return {
         "inventory_entries": devices_created,
@@ -167,23 +169,24 @@ def _deletion_order(models: list[type[Model]]) -> list[type[Model]]:
     return ordered
 
 
-def _refuse_code(source: str, reason: str, *, counts: bool = True) -> Unauthorized:
-    """The spec's 401 for a TOTP code, the refusal logged and (unless not ``counts``) counted against ``source``."""
-    failure_limiter(TOTP).refused(source, request_route(), reason, counts=counts)
-    return Unauthorized(INVALID_TOTP)
+class TotpRefused(Unauthorized):
+    """The spec's 401 ``Invalid TOTP code``; ``reason`` says why for the log, ``counts`` whether it was a guess that
+    could have been right (a well-formed code), which the HTTP surface counts against the source address."""
+
+    def __init__(self, reason: str, *, counts: bool = True) -> None:
+        super().__init__(INVALID_TOTP)
+        self.reason = reason
+        self.counts = counts
 
 
-async def wipe_with_totp(totp_code: str, source: str) -> dict[str, int]:
-    """Delete every table's rows but ``KEPT_MODELS``' once ``totp_code`` proves the caller holds the API key (401
-    ``Invalid TOTP code`` otherwise; each code is accepted once); how many rows of each table were deleted. A
-    ``source`` address that sent too many wrong codes is refused (429) before its code is looked at; a malformed
-    code, which cannot be right, is not counted against it."""
-    failure_limiter(TOTP).check(source)
+async def wipe_with_totp(totp_code: str, api_key: str) -> dict[str, int]:
+    """Delete every table's rows but ``KEPT_MODELS``' once ``totp_code`` proves the caller holds ``api_key``
+    (``TotpRefused`` otherwise; each code is accepted once); how many rows of each table were deleted."""
     if not SIX_DIGITS.fullmatch(totp_code):
-        raise _refuse_code(source, "malformed TOTP code", counts=False)
-    step = matching_time_step(totp_for_api_key(current_host().api_key), totp_code, time.time())
+        raise TotpRefused("malformed TOTP code", counts=False)
+    step = matching_time_step(totp_for_api_key(api_key), totp_code, time.time())
     if step is None:
-        raise _refuse_code(source, "wrong TOTP code")
+        raise TotpRefused("wrong TOTP code")
     await system_settings()
     models = [model for model in Tortoise.apps.get_models_iterable() if model not in KEPT_MODELS]
     deleted: dict[str, int] = {}
@@ -195,7 +198,7 @@ async def wipe_with_totp(totp_code: str, source: str) -> dict[str, int]:
             .update(last_totp_counter=step)
         )
         if not claimed:
-            raise _refuse_code(source, "TOTP code used already")
+            raise TotpRefused("TOTP code used already")
         for model in _deletion_order(models):
             deleted[model._meta.db_table] = await model.all().using_db(connection).delete()
     return deleted

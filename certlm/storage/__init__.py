@@ -11,7 +11,7 @@ from tortoise import Model, Tortoise, connections
 from tortoise.backends.base.config_generator import expand_db_url
 
 from certlm.foundation.secretbox import PRIVATE_FILE_MODE, open_private_file
-from certlm.storage.migrations import migrate
+from certlm.storage.migrations import PluginMigration, migrate, migrate_plugins
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,17 @@ def make_sqlite_file_private(database_url: str) -> None:
             companion.chmod(PRIVATE_FILE_MODE)
 
 
-async def open_storage(database_url: str, model_modules: list[str]) -> int:
-    """Connect, create or migrate the schema, and return the schema version now in force."""
+async def open_storage(
+    database_url: str, model_modules: list[str], plugin_migrations: list[PluginMigration] | None = None
+) -> int:
+    """Connect, create or migrate the schema (the host's, then each plugin's steps), and return the host's schema
+    version now in force."""
     make_sqlite_file_private(database_url)
     # Global fallback: Quart serves requests in tasks that do not inherit the start-up task's context.
     await Tortoise.init(config=tortoise_config(database_url, model_modules), _enable_global_fallback=True)
-    return await migrate(connections.get("default"))
+    version = await migrate(connections.get("default"))
+    await migrate_plugins(connections.get("default"), plugin_migrations or [])
+    return version
 
 
 async def close_storage() -> None:

@@ -28,6 +28,55 @@ class MigrationStep:
     apply: Callable[[BaseDBAsyncClient, str], Awaitable[None]]
 
 
+class SchemaEditor:
+    """What a plugin's migration step is handed: the database connection inside the step's transaction, its dialect
+    (``sqlite`` or ``postgres``), and checks that make a step idempotent, as every step must be (several instances
+    may start at once on one PostgreSQL, and a step may meet a table created from the current models)."""
+
+    def __init__(self, connection: BaseDBAsyncClient, dialect: str) -> None:
+        self.connection = connection
+        self.dialect = dialect
+
+    async def execute(self, sql: str) -> None:
+        """Run one SQL statement inside the step's transaction (both engines roll DDL back with it)."""
+        # Not execute_script: SQLite's executescript commits the open transaction first, so a failing step would
+        # leave its earlier statements behind.
+        await self.connection.execute_query(sql)
+
+    async def table_exists(self, table: str) -> bool:
+        return await _table_exists(self.connection, self.dialect, table)
+
+    async def column_exists(self, table: str, column: str) -> bool:
+        return await _column_exists(self.connection, self.dialect, table, column)
+
+    async def add_column(self, table: str, column: str, definition: str) -> None:
+        """``ALTER TABLE table ADD COLUMN column definition`` unless the column exists (``definition`` as both
+        engines read it, e.g. ``VARCHAR(255) NULL`` or ``INT NOT NULL DEFAULT 0``)."""
+        if not await self.column_exists(table, column):
+            await self.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+
+
+@dataclass(frozen=True)
+class PluginMigration:
+    """One step of a plugin's schema, returned by its ``certlm_provide_migrations`` hook. ``plugin`` names whose
+    steps these are (the plugin's entry point name: certlm keeps the last version applied per plugin); ``version``
+    counts from 1 and orders them; ``apply`` alters the plugin's own tables through the ``SchemaEditor`` it gets.
+
+    A new table needs no step (the plugin's models create it); a step changes what an earlier release of the plugin
+    created. certlm runs every step above the stored version, each in a transaction with its new stamp; a plugin
+    installed on a database that has its tables from the current models runs its steps too, so each step checks
+    before it alters. A failing step stops start-up naming the plugin and the step, with nothing of it applied."""
+
+    plugin: str
+    version: int
+    description: str
+    apply: Callable[[SchemaEditor], Awaitable[None]]
+
+
+class PluginMigrationFailed(RuntimeError):
+    """A plugin's migration step failed: start-up stops with this message, the step rolled back."""
+
+
 async def _add_rule_cron_columns(connection: BaseDBAsyncClient, dialect: str) -> None:
     for column, sql_type in (("cron", "VARCHAR(255)"), ("duration_minutes", "INT")):
         if not await _column_exists(connection, dialect, "maintenance_rule", column):
@@ -83,14 +132,12 @@ async def _add_revocation_status_columns(connection: BaseDBAsyncClient, dialect:
             await connection.execute_script(f"ALTER TABLE inventory_entry ADD COLUMN {column} INT NULL")
 
 
-# The inventory tables whose entries count against the license's endpoint limit, and the status that does not count.
-LICENSED_PROTOCOLS = ("gds", "opc", "ssh", "rest")
+# Every entry of every device table counts against the license's endpoint limit, but one marked deleted. The tables
+# are the plugins' (a vendor's own too, and the entries of a plugin that is not installed now), so the count names
+# none: ``inventory_entry`` holds devices only.
 DEVICE_STATUS_DELETED = 2
 ENDPOINT_COUNT_TABLE = "licensed_endpoint_count"
-_COUNTED_SQL = (
-    f"{{row}}.protocol IN ({', '.join(repr(protocol) for protocol in LICENSED_PROTOCOLS)}) "
-    f"AND {{row}}.device_status <> {DEVICE_STATUS_DELETED}"
-)
+_COUNTED_SQL = f"{{row}}.device_status <> {DEVICE_STATUS_DELETED}"
 
 
 async def install_endpoint_count(connection: BaseDBAsyncClient, dialect: str) -> None:
@@ -161,9 +208,9 @@ async def _add_server_key_and_endpoint_count(connection: BaseDBAsyncClient, dial
     await install_endpoint_count(connection, dialect)
 
 
-async def _count_rest_entries(connection: BaseDBAsyncClient, dialect: str) -> None:
-    # Devices managed over a vendor's REST API are endpoints like the others. SQLite's triggers carry the table
-    # list in their WHEN clause and have no CREATE OR REPLACE: they are made again, and the count with them.
+async def _reinstall_endpoint_count(connection: BaseDBAsyncClient, dialect: str) -> None:
+    # The triggers' condition changed (version 9: the rest table counts; 12: every table counts). SQLite's triggers
+    # carry it in their WHEN clause and have no CREATE OR REPLACE: they are made again, and the count with them.
     if dialect == "sqlite":
         await connection.execute_script(
             "DROP TRIGGER IF EXISTS inventory_entry_count_insert; DROP TRIGGER IF EXISTS inventory_entry_count_delete;"
@@ -214,7 +261,7 @@ STEPS: tuple[MigrationStep, ...] = (
         "inventory: the lower-case server lookups use, and the licensed endpoint count kept by triggers",
         _add_server_key_and_endpoint_count,
     ),
-    MigrationStep(9, "license: entries of the rest table count as endpoints", _count_rest_entries),
+    MigrationStep(9, "license: entries of the rest table count as endpoints", _reinstall_endpoint_count),
     MigrationStep(
         10,
         "PKI entries: the CMP MAC identifiers pinned, the permission for keys certlm makes",
@@ -224,6 +271,11 @@ STEPS: tuple[MigrationStep, ...] = (
         11,
         "schedulers: a device whose SSH host key or TLS certificate changed, since when and why",
         _add_identity_changed_columns,
+    ),
+    MigrationStep(
+        12,
+        "license: the entries of every device table count, a vendor plugin's own table too",
+        _reinstall_endpoint_count,
     ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
@@ -296,3 +348,70 @@ async def migrate(connection: BaseDBAsyncClient) -> int:
                 await _stamp(tx, step.version)
             version = step.version
     return version
+
+
+def checked_plugin_migrations(steps: list[PluginMigration]) -> dict[str, list[PluginMigration]]:
+    """The plugins' steps by plugin, in version order; ValueError when a plugin's versions are not 1, 2, 3, ..."""
+    by_plugin: dict[str, list[PluginMigration]] = {}
+    for step in steps:
+        by_plugin.setdefault(step.plugin, []).append(step)
+    for plugin, plugin_steps in by_plugin.items():
+        plugin_steps.sort(key=lambda step: step.version)
+        versions = [step.version for step in plugin_steps]
+        if versions != list(range(1, len(versions) + 1)):
+            raise ValueError(f"plugin {plugin!r} declares migration versions {versions}: they must count 1, 2, 3, ...")
+    return by_plugin
+
+
+async def migrate_plugins(connection: BaseDBAsyncClient, steps: list[PluginMigration]) -> dict[str, int]:
+    """Run every plugin's steps above the version stored for it (``certlm_plugin_schema``), each in a transaction
+    with its new stamp; return the version of each plugin now in force. A plugin's version may be newer than its
+    steps (a downgraded plugin): refused rather than run on a schema it does not know."""
+    dialect = connection.capabilities.dialect
+    versions: dict[str, int] = {}
+    for plugin, plugin_steps in checked_plugin_migrations(steps).items():
+        stored = await _plugin_version(connection, dialect, plugin)
+        latest = plugin_steps[-1].version
+        if stored > latest:
+            raise PluginMigrationFailed(
+                f"plugin {plugin!r}: the database has its schema version {stored}, newer than this release of the "
+                f"plugin knows ({latest}): install the release that made it, or a later one"
+            )
+        for step in plugin_steps:
+            if step.version <= stored:
+                continue
+            try:
+                async with in_transaction("default") as tx:
+                    if dialect != "sqlite":
+                        # Instances starting at once on one PostgreSQL: one applies the step, the others wait here
+                        # and then find it stamped. (SQLite has one writer at a time anyway.)
+                        await tx.execute_query("SELECT pg_advisory_xact_lock(hashtext('certlm_plugin_schema'))")
+                    if await _plugin_version(tx, dialect, plugin) < step.version:
+                        log.info("migrating plugin %s to version %d: %s", plugin, step.version, step.description)
+                        await step.apply(SchemaEditor(tx, dialect))
+                        await _stamp_plugin(tx, dialect, plugin, step.version)
+            except Exception as error:
+                raise PluginMigrationFailed(
+                    f"plugin {plugin!r}: migration step {step.version} ({step.description}) failed and was rolled "
+                    f"back: {type(error).__name__}: {error}"
+                ) from error
+            stored = step.version
+        versions[plugin] = stored
+    return versions
+
+
+async def _plugin_version(connection: BaseDBAsyncClient, dialect: str, plugin: str) -> int:
+    placeholder = "?" if dialect == "sqlite" else "$1"
+    _, rows = await connection.execute_query(
+        f"SELECT version FROM certlm_plugin_schema WHERE plugin = {placeholder}", [plugin]
+    )
+    return rows[0]["version"] if rows else 0
+
+
+async def _stamp_plugin(connection: BaseDBAsyncClient, dialect: str, plugin: str, version: int) -> None:
+    values = "(?, ?, CURRENT_TIMESTAMP)" if dialect == "sqlite" else "($1, $2, CURRENT_TIMESTAMP)"
+    await connection.execute_query(
+        f"INSERT INTO certlm_plugin_schema (plugin, version, updated_at) VALUES {values} "
+        "ON CONFLICT (plugin) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at",
+        [plugin, version],
+    )

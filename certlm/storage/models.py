@@ -23,6 +23,17 @@ class SchemaVersion(Model):
         table = "certlm_schema"
 
 
+class PluginSchemaVersion(Model):
+    """Per plugin that declares migration steps (``certlm_provide_migrations``): the last of its steps applied."""
+
+    plugin = fields.CharField(max_length=100, primary_key=True)
+    version = fields.IntField()
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "certlm_plugin_schema"
+
+
 class SystemSettings(Model):
     """One row (id 1): scheduler and listing settings changed through ``POST /systeminfo``."""
 

@@ -523,17 +523,6 @@ async def test_a_listing_is_paged_by_limit_and_after_id(make_service) -> None:
             assert refused.status_code == 400 and "error" in refused.json(), refused.text
 
 
-async def test_ssh_inventory_lists_ssh_entries_only(api) -> None:
-    ssh_id = await insert_row(api, "ssh", {"server": unique_host("ssh"), "port": 22, "name": "gateway"})
-    gds = await create_gds(api)
-    ssh_listed = (await api.get("/ssh/inventory")).json()
-    assert next(e for e in ssh_listed if e["id"] == ssh_id)["service"].startswith("ssh-")
-    assert gds["id"] not in {e["id"] for e in ssh_listed}
-    assert ssh_id not in {e["id"] for e in (await api.get("/gds/inventory")).json()}
-    everything = {e["id"] for e in (await api.get("/inventory")).json()}
-    assert {ssh_id, gds["id"]} <= everything
-
-
 async def test_trustlists_are_empty_until_read_then_show_what_was_stored(service, api) -> None:
     entry = await create_gds(api)
     trustlists = (await api.get("/gds/inventory/trustlist")).json()

@@ -14,7 +14,8 @@ from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.contracts.pki_backends import PkiBackend, ServerValidation
+from certlm.contracts.enrollment import ServerValidation
+from certlm.contracts.pki_backends import PkiBackend
 from certlm.http.app import create_app
 from certlm.storage.models import PkiEntry
 from tests.crypto_factory import Credential, csr_pem, ec_key, pem, pkcs12_base64, self_signed
@@ -467,7 +468,7 @@ async def test_create_rejects_incomplete_or_non_object_bodies(api, body) -> None
 
 
 async def test_create_rejects_pki_types_no_installed_plugin_provides(make_service) -> None:
-    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_est,pki_cmp,example_vendor"})
+    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_est,pki_cmp,acme_widget"})
     async with service.client() as client:
         assert {t["pki_type_id"] for t in (await client.get("/pki")).json()} == {0, 1}
         for pki_type in (2, 3):

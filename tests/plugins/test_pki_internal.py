@@ -16,10 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-from certlm.foundation.certs import serial_hex
-from certlm.foundation.errors import APIError
-from certlm.foundation.secretbox import SecretBox
-from certlm.storage.models import PkiEntry
+from certlm import APIError, PkiEntry, SecretBox, serial_hex
 from tests.crypto_factory import (
     DEVICE_DNS,
     DEVICE_IPS,
@@ -298,7 +295,7 @@ async def test_ca_survives_restart_on_both_engines(make_service, database_url: s
 
 
 async def test_sign_answers_501_without_the_internal_ca_plugin(make_service) -> None:
-    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_internal,example_vendor"})
+    service = await make_service(env={"CERTLM_DISABLE_PLUGINS": "pki_internal,acme_widget"})
     async with service.client() as client:
         assert [t["pki_type"] for t in (await client.get("/pki")).json()] == ["none", "est", "cmp"]
         response = await client.post("/pki/sign-server-csr", json={"csr_pem": device_csr_pem()})

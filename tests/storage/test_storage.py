@@ -258,6 +258,52 @@ async def test_a_version_8_sqlite_database_counts_rest_entries_against_the_licen
         assert db.execute("SELECT used FROM licensed_endpoint_count").fetchone() == (1,)
 
 
+# The triggers of versions 9 to 11, which counted only the tables certlm knew by name.
+VERSION_11_COUNTED = "{row}.protocol IN ('gds', 'opc', 'ssh', 'rest') AND {row}.device_status <> 2"
+VERSION_11_TRIGGERS = (
+    "CREATE TRIGGER inventory_entry_count_insert AFTER INSERT ON inventory_entry WHEN {new} "
+    "BEGIN UPDATE licensed_endpoint_count SET used = used + 1 WHERE id = 1; END;"
+    "CREATE TRIGGER inventory_entry_count_delete AFTER DELETE ON inventory_entry WHEN {old} "
+    "BEGIN UPDATE licensed_endpoint_count SET used = used - 1 WHERE id = 1; END;"
+    "CREATE TRIGGER inventory_entry_count_update AFTER UPDATE OF protocol, device_status ON inventory_entry "
+    "WHEN OLD.protocol IS DISTINCT FROM NEW.protocol OR OLD.device_status IS DISTINCT FROM NEW.device_status "
+    "BEGIN UPDATE licensed_endpoint_count SET used = used + ({new}) - ({old}) WHERE id = 1; END;"
+).format(new=VERSION_11_COUNTED.format(row="NEW"), old=VERSION_11_COUNTED.format(row="OLD"))
+
+
+async def test_a_version_11_sqlite_database_counts_a_vendor_tables_entries_against_the_license(make_service) -> None:
+    """Version 12 counts every device table, a vendor plugin's own too: the entries a version 11 database did not
+    count, and every one added or deleted afterwards."""
+    service = await make_service()
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    with sqlite3.connect(database) as db:
+        for trigger in VERSION_8_TRIGGERS:
+            db.execute(f"DROP TRIGGER {trigger}")
+        db.executescript(VERSION_11_TRIGGERS)
+        for server in ("press-1", "press-2", "press-3"):
+            db.execute(
+                "INSERT INTO inventory_entry (protocol, service, server, server_key, port, device_status, created_at, "
+                f"updated_at) VALUES ('acme', 'acme-unmanaged', '{server}', '{server}', 502, 1, '2025-01-01', "
+                "'2025-01-01')"
+            )
+        assert db.execute("SELECT used FROM licensed_endpoint_count").fetchone() == (0,)  # as version 11 counted
+        db.execute("UPDATE certlm_schema SET version = 11")
+    await service.start()
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT used FROM licensed_endpoint_count").fetchone() == (3,)
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+    async with service.client() as client:
+        listing = await client.get("/inventory")
+        assert sorted(entry["server"] for entry in listing.json()) == ["press-1", "press-2", "press-3"]
+        assert {entry["service"] for entry in listing.json()} == {"acme-unmanaged"}
+    await service.stop()
+    with sqlite3.connect(database) as db:
+        db.execute("UPDATE inventory_entry SET device_status = 2 WHERE server = 'press-1'")
+        db.execute("DELETE FROM inventory_entry WHERE server = 'press-2'")
+        assert db.execute("SELECT used FROM licensed_endpoint_count").fetchone() == (1,)
+
+
 PKI_ENTRY_OF_VERSION_9 = (
     "INSERT INTO pki_entry (name, pki_type, pki_connection, est_cdp_urls, tls_cdp_urls, tls_ca, tls_crls, "
     "ca_certificates, redirect_origins, require_requested_names, learned_capabilities, created_at, updated_at) "

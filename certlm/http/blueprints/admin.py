@@ -6,8 +6,9 @@ from quart import Blueprint
 from quart_schema import validate_response
 
 from certlm.foundation.responses import OperationResult, operation_result
-from certlm.http.auth import request_source
-from certlm.service.admin import create_sample_data, wipe_with_totp
+from certlm.http.auth import TOTP, failure_limiter, request_route, request_source
+from certlm.service.admin import TotpRefused, create_sample_data, wipe_with_totp
+from certlm.service.host import current_host
 
 blueprint = Blueprint("admin", __name__)
 
@@ -19,7 +20,7 @@ async def create_sample_database() -> OperationResult:
     and (when the internal CA backend is installed) an internal PKI entry, and a weekly maintenance window.
     Samples that already exist (by server and port, or by name) are left alone; 403 when the devices would
     exceed the license endpoint limit. Sample passwords are stored encrypted."""
-    counts = await create_sample_data()
+    counts = await create_sample_data(current_host().runtime)
     return OperationResult(**operation_result("sample database created", counts))
 
 
@@ -36,5 +37,11 @@ async def wipe_database(totp_code: str) -> OperationResult:
     otherwise. A source address that sent ``CERTLM_AUTH_FAILURE_LIMIT`` wrong six-digit codes within
     ``CERTLM_AUTH_FAILURE_WINDOW_S`` is answered 429 (``Retry-After``) until that window ends, whatever code it
     sends."""
-    deleted = await wipe_with_totp(totp_code, request_source())
+    limiter, source = failure_limiter(TOTP), request_source()
+    limiter.check(source)
+    try:
+        deleted = await wipe_with_totp(totp_code, current_host().api_key)
+    except TotpRefused as refused:
+        limiter.refused(source, request_route(), refused.reason, counts=refused.counts)
+        raise
     return OperationResult(**operation_result("database deleted", {"deleted": deleted}))

@@ -1,6 +1,5 @@
-"""The certificate detail of a managed device's entry (any of ``certlm.inventory.entries.DEVICE_TABLES``): the
-certificate last
-read from or pushed to the device, parsed, with its stored revocation status. Cached data; nothing here contacts the
+"""The certificate detail of a managed device's entry (of any device table a plugin declares): the certificate last read
+from or pushed to the device, parsed, with its stored revocation status. Cached data; nothing here contacts the
 device."""
 
 from __future__ import annotations
@@ -13,11 +12,11 @@ from quart_schema import validate_request, validate_response
 
 from certlm.foundation.certs import api_timestamp, certificate_detail
 from certlm.foundation.errors import NotFound
-from certlm.foundation.hostspec import parse_host_or_url
 from certlm.http.openapi import answers
-from certlm.inventory.entries import EntryAddress, entry_certificate, entry_url, find_entry, managed_entry_at
-from certlm.lifecycle.push import host_names_warnings
+from certlm.inventory.entries import EntryAddress, Inventory, entry_certificate, find_entry, managed_entry_at
+from certlm.pki.material import host_names_warnings
 from certlm.pki.revocation import stored_revocation, stored_revocation_detail
+from certlm.service.host import current_host
 from certlm.storage.models import InventoryEntry
 
 blueprint = Blueprint("certificate_detail", __name__)
@@ -59,12 +58,12 @@ class CertificateDetailOut(BaseModel):
     )
 
 
-def _certificate_detail_view(entry: InventoryEntry) -> CertificateDetailOut:
+def _certificate_detail_view(inventory: Inventory, entry: InventoryEntry) -> CertificateDetailOut:
     certificate = entry_certificate(entry)
     status, reason = stored_revocation(entry, certificate)
     return CertificateDetailOut(
         name=entry.name,
-        url=entry_url(entry),
+        url=inventory.entry_url(entry),
         device_status=entry.device_status,
         last_changed_certificate_date=api_timestamp(entry.last_changed_certificate_date),
         certificate=certificate_detail(certificate),
@@ -79,7 +78,8 @@ def _certificate_detail_view(entry: InventoryEntry) -> CertificateDetailOut:
 @validate_response(CertificateDetailOut)
 async def certificate_detail_stored(host_or_url: str) -> CertificateDetailOut:
     """The certificate last read from or pushed to the device, parsed; cached data, no live connection."""
-    return _certificate_detail_view(await find_entry(parse_host_or_url(host_or_url)))
+    host = current_host()
+    return _certificate_detail_view(host.inventory, await find_entry(host.drivers.parse_address(host_or_url)))
 
 
 @blueprint.post("/gds/inventory/crt")
@@ -88,4 +88,4 @@ async def certificate_detail_stored(host_or_url: str) -> CertificateDetailOut:
 @answers(NotFound)
 async def certificate_detail_by_address(data: EntryAddress) -> CertificateDetailOut:
     """Deprecated: use ``GET /gds/inventory/crt/{host_or_url}``."""
-    return _certificate_detail_view(await managed_entry_at(data.server, data.port))
+    return _certificate_detail_view(current_host().inventory, await managed_entry_at(data.server, data.port))

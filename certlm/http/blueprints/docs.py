@@ -12,10 +12,9 @@ from pydantic import BaseModel
 from quart import Blueprint, Response, redirect, render_template_string
 from quart_schema import hide, validate_response
 
-from certlm import __version__
+from certlm.foundation.version import SOFTWARE, __version__
 from certlm.http.openapi import redirects
 from certlm.http.static_assets import StaticAssets
-from certlm.system.settings import SOFTWARE
 
 blueprint = Blueprint("docs", __name__)
 

@@ -1,5 +1,5 @@
-"""The device inventory: GDS and SSH listings, entries and their credentials, cached trust lists, and the
-low-level ``/inventory`` access to the gds, opc, ssh, pki and ca tables."""
+"""The device inventory: the GDS listing (the SSH plugin lists its own), entries and their credentials, cached trust
+lists, and the low-level ``/inventory`` access to the gds, opc, ssh, pki and ca tables."""
 
 from __future__ import annotations
 
@@ -19,32 +19,25 @@ from certlm.foundation.certs import (
     to_pem,
 )
 from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
-from certlm.foundation.hostspec import parse_host_or_url
 from certlm.foundation.responses import OperationResult, operation_result
 from certlm.http.auth import takes_body
 from certlm.http.openapi import answers
 from certlm.inventory.entries import (
+    EVERY_TABLE,
     GDS,
     EntryAddress,
     GdsEntryIn,
+    Inventory,
     InventoryEntryOut,
     ListingPage,
     TrustListOut,
     UserInfo,
     checked_server,
-    checked_service,
-    create_entry,
-    default_port,
-    entry_out,
     find_entry,
     find_entry_at,
     gds_entry_at,
     listed_entries,
-    listing_json,
     reject_duplicate,
-    save_credentials,
-    trust_list_view,
-    update_entry,
 )
 from certlm.inventory.importing import (
     CSV_IMPORT_DESCRIPTION,
@@ -55,13 +48,18 @@ from certlm.inventory.importing import (
     parse_import,
 )
 from certlm.lifecycle.leases import DeviceBusy
-from certlm.lifecycle.push import decommission, identify_registered
+from certlm.lifecycle.push import decommission
 from certlm.pki.entries import PkiCreate, PkiFields, apply_fields
+from certlm.service.host import current_host
 from certlm.storage import MAX_ID
 from certlm.storage.models import CaCertificate, InventoryEntry, PkiEntry
 from certlm.system.settings import MAX_RENEWAL_DAYS
 
 blueprint = Blueprint("inventory", __name__)
+
+
+def _inventory() -> Inventory:
+    return current_host().inventory
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -85,16 +83,17 @@ async def _ensure_pki_exists(pki_id: int | None, field: str) -> None:
 
 
 def _streamed_listing(protocols: tuple[str, ...], page: ListingPage) -> Response:
-    return Response(stream_with_context(listing_json)(protocols, page), mimetype="application/json")
+    return Response(stream_with_context(_inventory().listing_json)(protocols, page), mimetype="application/json")
 
 
 @blueprint.get("/inventory")
 @validate_querystring(ListingPage)
 @document_response(list[InventoryEntryOut])
 async def list_all_entries(query_args: ListingPage) -> Response:
-    """Entries of every table (gds, opc, ssh, rest) in id order. Inactive and deleted entries only when
-    ``show_inactive_devices`` is set. ``limit`` and ``after_id`` page the listing (an extension)."""
-    return _streamed_listing(("gds", "opc", "ssh", "rest"), query_args)
+    """Entries of every device table (gds, opc, ssh, rest and any a vendor plugin declares) in id order. Inactive and
+    deleted entries only when ``show_inactive_devices`` is set. ``limit`` and ``after_id`` page the listing (an
+    extension)."""
+    return _streamed_listing(EVERY_TABLE, query_args)
 
 
 @blueprint.get("/gds/inventory")
@@ -107,20 +106,11 @@ async def list_gds_entries(query_args: ListingPage) -> Response:
     return _streamed_listing((GDS,), query_args)
 
 
-@blueprint.get("/ssh/inventory")
-@validate_querystring(ListingPage)
-@document_response(list[InventoryEntryOut])
-async def list_ssh_entries(query_args: ListingPage) -> Response:
-    """The SSH inventory in id order. Inactive and deleted entries only when ``show_inactive_devices`` is set.
-    ``limit`` and ``after_id`` page the listing (an extension)."""
-    return _streamed_listing(("ssh",), query_args)
-
-
 @blueprint.get("/gds/inventory/trustlist")
 @validate_response(list[TrustListOut])
 async def list_trust_lists() -> list[TrustListOut]:
     """The trust lists last read from the listed GDS entries; empty lists where none was read."""
-    return [trust_list_view(entry) for entry in await listed_entries((GDS,))]
+    return [_inventory().trust_list_view(entry) for entry in await listed_entries((GDS,))]
 
 
 async def _store_gds_entry(data: GdsEntryIn, entry: InventoryEntry | None = None) -> InventoryEntry:
@@ -131,11 +121,11 @@ async def _store_gds_entry(data: GdsEntryIn, entry: InventoryEntry | None = None
     credentials = data.verified_credentials()
     async with in_transaction("default"):
         if entry is None:
-            entry = await create_entry(GDS, data.server, data.port, columns)
+            entry = await _inventory().create_entry(GDS, data.server, data.port, columns)
         else:
-            await update_entry(entry, columns)
+            await _inventory().update_entry(entry, columns)
         if credentials:
-            await save_credentials(entry, **credentials)
+            await _inventory().save_credentials(entry, **credentials)
     return entry
 
 
@@ -150,8 +140,8 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     certificate it presents is pinned (``cert_*``). A device not reachable within a few connect time-outs keeps
     the generic driver; its first push identifies it."""
     entry = await _store_gds_entry(data)
-    await identify_registered(entry)
-    return await entry_out(entry)
+    await current_host().identification.identify(entry)
+    return await _inventory().entry_out(entry)
 
 
 @blueprint.post("/gds/inventory/import")
@@ -170,7 +160,7 @@ async def import_gds_inventory(query_args: ImportQuery) -> ImportResult:
     columns) is 400 naming the problem. Imported devices are not contacted now; each is identified at its first
     push."""
     rows = parse_import(await request.get_data(), request.mimetype)
-    return await import_gds_entries(rows, query_args.mode)
+    return await import_gds_entries(_inventory(), rows, query_args.mode)
 
 
 @blueprint.patch("/gds/inventory")
@@ -180,7 +170,7 @@ async def import_gds_inventory(query_args: ImportQuery) -> ImportResult:
 async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Change the fields given of the GDS entry at ``server`` and ``port``; 404 if there is none."""
     entry = await _store_gds_entry(data, await gds_entry_at(data.server, data.port))
-    return await entry_out(entry)
+    return await _inventory().entry_out(entry)
 
 
 @blueprint.post("/gds/inventory/user")
@@ -194,9 +184,9 @@ async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
     async with in_transaction("default"):
         entry = await find_entry_at(data.server, data.port, GDS)
         if entry is None:
-            entry = await create_entry(GDS, data.server, data.port, {})
-        await save_credentials(entry, **credentials)
-    return await entry_out(entry)
+            entry = await _inventory().create_entry(GDS, data.server, data.port, {})
+        await _inventory().save_credentials(entry, **credentials)
+    return await _inventory().entry_out(entry)
 
 
 @blueprint.patch("/gds/inventory/user")
@@ -206,15 +196,15 @@ async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
 async def update_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
     """Change the stored credentials of an existing GDS entry; 404 if there is none."""
     entry = await gds_entry_at(data.server, data.port)
-    await save_credentials(entry, **data.verified_credentials())
-    return await entry_out(entry)
+    await _inventory().save_credentials(entry, **data.verified_credentials())
+    return await _inventory().entry_out(entry)
 
 
 @blueprint.get("/gds/inventory/<path:host_or_url>")
 @validate_response(InventoryEntryOut)
 async def get_gds_entry(host_or_url: str) -> InventoryEntryOut:
     """One GDS entry by ``host``, ``host:port`` or ``opc.tcp://host:port``, whatever its device_status."""
-    return await entry_out(await find_entry(parse_host_or_url(host_or_url), (GDS,)))
+    return await _inventory().entry_out(await find_entry(current_host().drivers.parse_address(host_or_url), (GDS,)))
 
 
 @blueprint.delete("/gds/inventory/<path:host_or_url>")
@@ -226,8 +216,8 @@ async def delete_gds_entry(host_or_url: str) -> InventoryEntryOut:
     pinned host key; returns the entry as it was. A certificate its PKI issued is revoked first (``cert_revoked`` true
     in the answer); when the PKI cannot revoke it, nothing is deleted. A push or read running on the device is waited
     for (409 when it still runs after the device operation time-out)."""
-    entry = await find_entry(parse_host_or_url(host_or_url))
-    return await decommission(entry, entry_out)
+    entry = await find_entry(current_host().drivers.parse_address(host_or_url))
+    return await decommission(current_host().runtime, entry, _inventory().entry_out)
 
 
 class LowLevelRequest(BaseModel):
@@ -361,9 +351,9 @@ async def _insert_device(table: str, row: dict[str, Any]) -> int:
     columns = DeviceColumns.for_insert(row)
     values = columns.given("server", "port")
     if "service" in values:
-        checked_service(table, values["service"], "add.service")
+        _inventory().checked_service(table, values["service"], "add.service")
     await _ensure_pki_exists(values.get("pki_id"), "add.pki_id")
-    entry = await create_entry(table, columns.server, columns.port, values)
+    entry = await _inventory().create_entry(table, columns.server, columns.port, values)
     return entry.id
 
 
@@ -376,7 +366,7 @@ async def _update_device(table: str, row: dict[str, Any]) -> int:
             raise NotFound(f"no {table} inventory entry with id {columns.id}")
         values = columns.given()
     elif columns.server is not None:
-        port = columns.port or default_port(table)
+        port = columns.port or _inventory().default_port(table)
         entry = await find_entry_at(columns.server, port, table)
         if entry is None:
             raise NotFound(f"no {table} inventory entry for {columns.server}:{port}")
@@ -384,12 +374,12 @@ async def _update_device(table: str, row: dict[str, Any]) -> int:
     else:
         raise APIError("add: give id, or server (and port), to say which row to change")
     if "service" in values:
-        checked_service(table, values["service"], "add.service")
+        _inventory().checked_service(table, values["service"], "add.service")
     await _ensure_pki_exists(values.get("pki_id"), "add.pki_id")
     if "server" in values or "port" in values:
         server, port = values.get("server", entry.server), values.get("port", entry.port)
         await reject_duplicate(server, port, table, keep_id=entry.id)
-    await update_entry(entry, values)
+    await _inventory().update_entry(entry, values)
     return entry.id
 
 
@@ -397,7 +387,7 @@ async def _insert_pki(table: str, row: dict[str, Any]) -> int:
     """A PKI entry from the same fields ``POST /pki/inventory`` takes, checked the same way."""
     _refuse_id(row)
     entry = PkiEntry()
-    apply_fields(entry, _validated(PkiCreate, row))
+    apply_fields(entry, _validated(PkiCreate, row), current_host().secrets, current_host().pki_backends)
     await entry.save()
     return entry.id
 
@@ -408,7 +398,7 @@ async def _update_pki(table: str, row: dict[str, Any]) -> int:
     entry = await PkiEntry.get_or_none(id=pki_id)
     if entry is None:
         raise NotFound(f"no pki row with id {pki_id}")
-    apply_fields(entry, fields)
+    apply_fields(entry, fields, current_host().secrets, current_host().pki_backends)
     await entry.save()
     return entry.id
 

@@ -16,4 +16,5 @@ blueprint = Blueprint("metrics", __name__)
 async def metrics() -> Response:
     """Per device the certificate's notAfter, renewal_days, revocation and reachability; this instance's scheduler
     scans, their durations and outcomes. An extension of the spec."""
-    return Response(await exposition(current_host().metrics), content_type=CONTENT_TYPE)
+    host = current_host()
+    return Response(await exposition(host.metrics, host.inventory), content_type=CONTENT_TYPE)

@@ -18,7 +18,8 @@ from certlm.foundation.responses import StrictBody
 from certlm.http.openapi import answers
 from certlm.inventory.entries import MAX_SECRET_CHARS, EntryAddress
 from certlm.lifecycle.monitoring import device_at, inventory_device, read_certificate_and_store, read_firmware_and_store
-from certlm.lifecycle.push import host_names_warnings
+from certlm.pki.material import host_names_warnings
+from certlm.service.host import current_host
 from certlm.storage.models import InventoryEntry
 
 blueprint = Blueprint("monitoring", __name__)
@@ -111,6 +112,7 @@ async def _read_certificate(
     driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry | None, options: MonitorCrtIn | MonitorCrtQuery
 ) -> MonitorCrtOut:
     reading = await read_certificate_and_store(
+        current_host().runtime,
         driver,
         target,
         entry,
@@ -138,7 +140,7 @@ async def _read_certificate(
 async def monitor_certificate(data: MonitorCrtIn) -> MonitorCrtOut:
     """Connect to the device, read the certificate it presents and store it in the inventory (when the device is
     in it; only then is ``url`` in the answer). 500 ``{error}`` when the device cannot be read."""
-    driver, target, entry = await device_at(data.server, int(data.port))
+    driver, target, entry = await device_at(current_host().runtime, data.server, int(data.port))
     try:
         return await _read_certificate(driver, target, entry, data)
     except APIError as error:
@@ -152,7 +154,7 @@ async def monitor_certificate(data: MonitorCrtIn) -> MonitorCrtOut:
 async def monitor_certificate_stored(host_or_url: str, query_args: MonitorCrtQuery) -> MonitorCrtOut:
     """Like the POST, with the entry's stored credentials; options as query parameters. 400 ``{error}`` when the
     device cannot be read."""
-    driver, target, entry = await inventory_device(host_or_url)
+    driver, target, entry = await inventory_device(current_host().runtime, host_or_url)
     try:
         return await _read_certificate(driver, target, entry, query_args)
     except APIError as error:
@@ -166,8 +168,9 @@ async def monitor_certificate_stored(host_or_url: str, query_args: MonitorCrtQue
 @answers(UnsupportedOperation, DeviceFailure)
 async def read_firmware(host_or_url: str) -> FirmwareOut:
     """Firmware version and device name, read live by the entry's driver."""
-    driver, target, entry = await inventory_device(host_or_url)
-    firmware = await read_firmware_and_store(driver, target, entry)
+    runtime = current_host().runtime
+    driver, target, entry = await inventory_device(runtime, host_or_url)
+    firmware = await read_firmware_and_store(runtime, driver, target, entry)
     return FirmwareOut(url=target.url, firmware_version=firmware.firmware_version, device_name=firmware.device_name)
 
 
@@ -178,7 +181,9 @@ async def read_firmware(host_or_url: str) -> FirmwareOut:
 async def firmware_by_address(data: FirmwareIn) -> FirmwareOut:
     """Deprecated: use ``GET /gds/monitor/firmware/{host_or_url}``. Reads live with the credentials given (or
     stored); ``allow_insecure_connection`` permits an unencrypted connection (security policy None)."""
+    runtime = current_host().runtime
     driver, target, entry = await device_at(
+        runtime,
         data.server,
         data.port,
         username=data.username,
@@ -186,7 +191,7 @@ async def firmware_by_address(data: FirmwareIn) -> FirmwareOut:
         security_policy=data.requested_security_policy(),
         security_mode=data.security_mode,
     )
-    firmware = await read_firmware_and_store(driver, target, entry)
+    firmware = await read_firmware_and_store(runtime, driver, target, entry)
     return FirmwareOut(url=target.url, firmware_version=firmware.firmware_version, device_name=firmware.device_name)
 
 
@@ -195,7 +200,7 @@ async def firmware_by_address(data: FirmwareIn) -> FirmwareOut:
 @answers(UnsupportedOperation, DeviceFailure)
 async def read_status(host_or_url: str) -> StatusOut:
     """The device's server and operating state, read live by the entry's driver."""
-    driver, target, _ = await inventory_device(host_or_url)
+    driver, target, _ = await inventory_device(current_host().runtime, host_or_url)
     return StatusOut(url=target.url, status=await driver.read_status(target))
 
 
@@ -204,5 +209,5 @@ async def read_status(host_or_url: str) -> StatusOut:
 @answers(UnsupportedOperation, DeviceFailure)
 async def read_plc(host_or_url: str) -> PlcOut:
     """Driver-specific PLC metadata, read live."""
-    driver, target, _ = await inventory_device(host_or_url)
+    driver, target, _ = await inventory_device(current_host().runtime, host_or_url)
     return PlcOut(url=target.url, plc_info=await driver.read_plc_info(target))

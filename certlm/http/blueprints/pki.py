@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from quart import Blueprint, Response
 from quart_schema import validate_querystring, validate_request, validate_response
 
-from certlm.contracts.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile, PkiBackend
+from certlm.contracts.enrollment import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
+from certlm.contracts.pki_backends import PkiBackend
 from certlm.foundation.certs import (
     api_timestamp,
     load_certificate,
@@ -24,11 +25,11 @@ from certlm.foundation.certs import (
     to_der,
     to_pem,
 )
-from certlm.foundation.errors import NotFound, UnsupportedOperation, UpstreamUnavailable
+from certlm.foundation.errors import APIError, NotFound, UnsupportedOperation, UpstreamUnavailable
 from certlm.foundation.responses import DownloadQuery, parse_id
 from certlm.http.openapi import answers, downloads
 from certlm.pki.entries import PkiCreate, PkiFields, apply_fields, internal_ca_entry
-from certlm.pki.publication import published_ca_certificates, published_crls
+from certlm.pki.publication import published_ca_certificates
 from certlm.service.host import current_host
 from certlm.storage import row_with_id
 from certlm.storage.models import PkiEntry
@@ -208,7 +209,7 @@ async def get_pki_entry(pki_id: str) -> PkiOut:
 async def create_pki_entry(data: PkiCreate) -> PkiOut:
     """Create a PKI entry. Passwords and the EST client PKCS#12 are stored encrypted and never returned."""
     entry = PkiEntry()
-    apply_fields(entry, data)
+    apply_fields(entry, data, current_host().secrets, current_host().pki_backends)
     await entry.save()
     return render(entry)
 
@@ -219,7 +220,7 @@ async def create_pki_entry(data: PkiCreate) -> PkiOut:
 async def update_pki_entry(pki_id: str, data: PkiFields) -> PkiOut:
     """Change the supplied fields of a PKI entry; ``null`` clears an optional field."""
     entry = await _entry(pki_id)
-    apply_fields(entry, data)
+    apply_fields(entry, data, current_host().secrets, current_host().pki_backends)
     await entry.save()
     return render(entry)
 
@@ -236,7 +237,10 @@ async def delete_pki_entry(pki_id: str) -> PkiOut:
 
 async def _validate(pki_id: str, strict: bool) -> ValidationOut:
     entry = await _entry(pki_id)
-    result = await _backend(entry).validate(entry, strict=strict)
+    backend = _backend(entry)
+    if not backend.offers("validate"):
+        raise APIError(current_host().pki_backends.validation_refused(entry))
+    result = await backend.validate(entry, strict=strict)
     return ValidationOut(
         pki_id=entry.id,
         host=result.host,
@@ -285,7 +289,8 @@ async def download_crl(pki_id: str, query_args: DownloadQuery) -> Response:
     """The CA's current CRL, fetched from its CRL distribution points and kept until its nextUpdate (the internal
     CA's is its own). Open: no API key; 404 without a distribution point, 502 when none delivers a CRL."""
     entry = await _entry(pki_id)
-    crl = await published_crls().crl(entry, current_host().pki_backends)
+    host = current_host()
+    crl = await host.published_crls.crl(entry, host.pki_backends)
     encoding = serialization.Encoding.DER if query_args.format == "der" else serialization.Encoding.PEM
     return _download(crl.public_bytes(encoding), "crl", entry.id, query_args.format)
 
@@ -305,7 +310,7 @@ async def download_est_client_certificate(pki_id: str, query_args: DownloadQuery
 
 async def _sign(data: CsrIn, profile: CertificateProfile) -> CertificateOut:
     csr = load_csr(data.csr_pem)
-    entry = await internal_ca_entry()
+    entry = await internal_ca_entry(current_host().pki_backends)
     enrollment = await _backend(entry).enroll(entry, csr, profile)
     return CertificateOut(certificate_pem=to_pem(enrollment.certificate))
 

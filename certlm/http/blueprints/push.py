@@ -1,9 +1,7 @@
-"""Certificate push and onboarding, and the last push or onboarding recorded: each push is routed to the driver named
-by the entry's ``service``, the PKI work to the entry's PKI backend (``certlm.lifecycle.push``). The entry at the
-address
-given may be of any device table (``certlm.inventory.entries.DEVICE_TABLES``: an SSH- or REST-managed device is pushed
-to like
-a GDS one); a device not in the inventory is registered as a GDS entry."""
+"""Certificate push and onboarding, and the last push or onboarding recorded: each push is routed to the driver named by
+the entry's ``service``, the PKI work to the entry's PKI backend (``certlm.lifecycle.push``). The entry at the
+address given may be of any device table a plugin declares (an SSH- or REST-managed device is pushed to like a GDS
+one); a device not in the inventory is registered as a GDS entry."""
 
 from __future__ import annotations
 
@@ -14,19 +12,19 @@ from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
 from certlm.foundation.errors import NotFound, UnsupportedOperation
-from certlm.foundation.hostspec import parse_host_or_url
 from certlm.foundation.responses import OperationResult
 from certlm.http.openapi import answers
 from certlm.inventory.entries import (
     GDS,
     MAX_SECRET_CHARS,
     EntryAddress,
-    entry_url,
     find_entry,
     managed_entry_at,
 )
 from certlm.lifecycle.leases import DeviceBusy
-from certlm.lifecycle.push import ONBOARDING, PUSH, PushOrder, last_recorded, push_certificate, push_to_address
+from certlm.lifecycle.operations import last_recorded
+from certlm.lifecycle.push import ONBOARDING, PUSH, PushOrder, push_certificate, push_to_address
+from certlm.service.host import current_host
 
 blueprint = Blueprint("push", __name__)
 
@@ -91,14 +89,15 @@ def _order(data: PushIn, onboarding: bool, trigger: str) -> PushOrder:
 
 
 async def _push(data: PushIn, order: PushOrder) -> dict[str, Any]:
-    return await push_to_address(GDS, data.server, data.port, data.entry_columns(), order)
+    return await push_to_address(current_host().runtime, GDS, data.server, data.port, data.entry_columns(), order)
 
 
 async def _last_recorded(host_or_url: str, operation: str) -> dict[str, Any]:
-    entry = await find_entry(parse_host_or_url(host_or_url))
+    host = current_host()
+    entry = await find_entry(host.drivers.parse_address(host_or_url))
     record = last_recorded(entry, operation)
     if record is None:
-        raise NotFound(f"no {operation} recorded for {entry_url(entry)}")
+        raise NotFound(f"no {operation} recorded for {host.inventory.entry_url(entry)}")
     return record
 
 
@@ -132,7 +131,8 @@ async def onboard(data: PushIn) -> dict[str, Any]:
 async def force_renewal(data: RenewalIn) -> dict[str, Any]:
     """Renew the certificate of an inventory entry now, outside the scheduler's cycle, with its stored settings."""
     entry = await managed_entry_at(data.server, data.port)
-    return await push_certificate(entry, PushOrder(debug=data.debug, trigger="POST /gds/push/change"))
+    order = PushOrder(debug=data.debug, trigger="POST /gds/push/change")
+    return await push_certificate(current_host().runtime, entry, order)
 
 
 @blueprint.get("/gds/push/<path:host_or_url>")

@@ -11,6 +11,7 @@ from certlm.foundation.errors import APIError
 from certlm.foundation.responses import PartialUpdate, Timestamp
 from certlm.http.openapi import answers
 from certlm.service.host import current_host
+from certlm.service.info import system_info
 from certlm.system.settings import (
     DEVICE_STATUS_NAMES,
     MAX_RENEWAL_DAYS,
@@ -19,7 +20,6 @@ from certlm.system.settings import (
     SECURITY_MODE_BITS,
     SECURITY_POLICY_BITS,
     change_system_settings,
-    system_info,
 )
 
 blueprint = Blueprint("system", __name__)
@@ -127,8 +127,9 @@ class CrlSystemInfo(BaseModel):
 @answers(500)
 async def get_system_info() -> SystemInfo:
     """System information and scheduler settings. Open: needs no API key."""
+    host = current_host()
     try:
-        return SystemInfo(**await system_info())
+        return SystemInfo(**await system_info(host.schedulers, host.schema_version))
     except APIError:
         raise
     except Exception as error:
@@ -141,8 +142,9 @@ async def get_system_info() -> SystemInfo:
 async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
     """Change scheduler settings and whether inactive devices are listed; at least one field."""
     await change_system_settings(data.model_dump(exclude_unset=True))
-    current_host().schedulers.wake()
-    return SystemInfo(**await system_info())
+    host = current_host()
+    host.schedulers.wake()
+    return SystemInfo(**await system_info(host.schedulers, host.schema_version))
 
 
 @blueprint.get("/gds/systeminfo")

@@ -1,6 +1,5 @@
-"""Trust lists of managed devices (any of ``certlm.inventory.entries.DEVICE_TABLES``): read a device's trust list live
-and store
-it, or delete what is stored. The stored copies are listed by ``GET /gds/inventory/trustlist`` (the inventory)."""
+"""Trust lists of managed devices (of any device table a plugin declares): read a device's trust list live and store it,
+or delete what is stored. The stored copies are listed by ``GET /gds/inventory/trustlist`` (the inventory)."""
 
 from __future__ import annotations
 
@@ -12,15 +11,12 @@ from quart_schema import validate_request, validate_response
 
 from certlm.contracts.drivers import TrustList
 from certlm.foundation.errors import DeviceFailure, NotFound, UnsupportedOperation
-from certlm.foundation.hostspec import parse_host_or_url
 from certlm.foundation.responses import OperationResult, StrictBody, operation_result
 from certlm.http.openapi import answers
 from certlm.inventory.entries import (
     MAX_SECRET_CHARS,
     EntryAddress,
     TrustListOut,
-    device_target,
-    entry_url,
     find_entry,
     forget_stored_trust_list,
     forget_stored_trust_lists,
@@ -28,6 +24,7 @@ from certlm.inventory.entries import (
     trust_list_fields,
 )
 from certlm.lifecycle.monitoring import overlay, read_trust_list_and_store
+from certlm.service.host import current_host
 
 blueprint = Blueprint("trust_lists", __name__)
 
@@ -59,8 +56,9 @@ async def read_trust_list(data: TrustListReadIn) -> dict[str, Any]:
     """Read the device's trust list (the parts the bitmask selects) and store them in its inventory entry."""
     entry = await managed_entry_at(data.server, data.port)
     credentials = data.model_dump(include={"username", "password", "security_policy", "security_mode"})
-    target = overlay(await device_target(entry), **credentials)
-    read = await read_trust_list_and_store(entry, target, data.trustlist)
+    runtime = current_host().runtime
+    target = overlay(await runtime.inventory.device_target(entry), **credentials)
+    read = await read_trust_list_and_store(runtime, entry, target, data.trustlist)
     counts = {key: len(read[key]) for key in trust_list_fields(data.trustlist)}
     return operation_result(f"trust list of {target.url} read and stored", {"url": target.url, "counts": counts})
 
@@ -72,9 +70,10 @@ async def live_trust_list(host_or_url: str) -> TrustListOut:
     """The device's whole trust list, read live with the entry's stored credentials and stored as the POST does.
     A device that cannot be read answers ``{error}`` (502), never stale data; the stored copy is
     ``GET /gds/inventory/trustlist``."""
-    entry = await find_entry(parse_host_or_url(host_or_url))
-    target = await device_target(entry)
-    read = await read_trust_list_and_store(entry, target, TrustList.ALL)
+    runtime = current_host().runtime
+    entry = await find_entry(runtime.drivers.parse_address(host_or_url))
+    target = await runtime.inventory.device_target(entry)
+    read = await read_trust_list_and_store(runtime, entry, target, TrustList.ALL)
     return TrustListOut(url=target.url, **read)
 
 
@@ -93,8 +92,9 @@ async def forget_all_trust_lists(data: TrustListDeleteIn) -> dict[str, Any]:
 async def forget_trust_list(host_or_url: str, data: TrustListDeleteIn) -> dict[str, Any]:
     """Delete the stored trust list (parts per bitmask) of one entry; the device is untouched. Nothing stored is
     nothing to delete, not an error; 404 only for an unknown entry."""
-    entry = await find_entry(parse_host_or_url(host_or_url))
-    url = entry_url(entry)
+    host = current_host()
+    entry = await find_entry(host.drivers.parse_address(host_or_url))
+    url = host.inventory.entry_url(entry)
     if not await forget_stored_trust_list(entry, data.trustlist):
         return operation_result(f"no stored trust list of {url}: nothing to delete", {"deleted": False})
     return operation_result(f"stored trust list of {url} deleted", {"deleted": True})

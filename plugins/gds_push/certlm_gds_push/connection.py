@@ -26,10 +26,16 @@ from asyncua.crypto import security_policies, uacrypto
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.contracts.drivers import DeviceTarget
-from certlm.foundation.certs import sha1_fingerprint
-from certlm.foundation.config import Settings
-from certlm.foundation.errors import APIError, CsrRejected, DeviceFailure, UnsupportedOperation, UpstreamUnavailable
+from certlm import (
+    APIError,
+    CsrRejected,
+    DeviceFailure,
+    DeviceTarget,
+    DeviceTimeouts,
+    UnsupportedOperation,
+    UpstreamUnavailable,
+    sha1_fingerprint,
+)
 from certlm_gds_push.identity import ClientIdentity
 
 log = logging.getLogger(__name__)
@@ -66,18 +72,6 @@ _POLICY_RANKS = {policy: len(POLICIES_BY_STRENGTH) - rank for rank, (policy, _) 
 _POLICY_CLASSES: dict[str, type[security_policies.SecurityPolicy]] = {
     policy.URI: policy for policy, _ in POLICIES_BY_STRENGTH
 } | {security_policies.SecurityPolicyNone.URI: security_policies.SecurityPolicyNone}
-
-
-@dataclass(frozen=True)
-class DeviceTimeouts:
-    """``connect_s`` bounds each connection set-up (GetEndpoints, channel and session); ``operation_s`` each request."""
-
-    connect_s: float
-    operation_s: float
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> DeviceTimeouts:
-        return cls(connect_s=settings.device_connect_timeout_s, operation_s=settings.device_operation_timeout_s)
 
 
 class DeviceError(DeviceFailure):

@@ -15,13 +15,14 @@ from typing import Any, ClassVar
 
 from asyncua import ua
 
-from certlm.contracts.drivers import (
+from certlm import (
     CertificateReading,
     DeviceDescription,
     DeviceDriver,
     DeviceIdentity,
     DeviceReading,
     DeviceTarget,
+    DeviceTimeouts,
     FirmwareInfo,
     PkiMaterial,
     PushOutcome,
@@ -32,7 +33,6 @@ from certlm_gds_push import identity
 from certlm_gds_push.connection import (
     DeviceError,
     DeviceSession,
-    DeviceTimeouts,
     ServerCheck,
     SessionSecurity,
     failure,
@@ -113,7 +113,7 @@ class GdsPushDriver(DeviceDriver):
 
     @property
     def timeouts(self) -> DeviceTimeouts:
-        return DeviceTimeouts.from_settings(self.services.settings)
+        return self.services.device_timeouts
 
     async def client_identity(self) -> identity.ClientIdentity:
         """certlm's client application certificate and key, from the host's database (needs the app context)."""

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tortoise.exceptions import IntegrityError
 
-from certlm.contracts.registry import HostServices
+from certlm import HostServices
 from certlm_gds_push.models import OpcUaClientIdentity
 
 log = logging.getLogger(__name__)

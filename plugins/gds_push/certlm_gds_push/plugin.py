@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from quart import Blueprint
 
-from certlm import hookimpl
-from certlm.contracts.registry import DeviceDriverRegistry
+from certlm import DeviceDriverRegistry, HostServices, hookimpl
+from certlm_gds_push.blueprint import make_blueprint
 from certlm_gds_push.driver import GdsPushDriver
+
+CERTLM_PLUGIN_API = "1.0"
 
 
 @hookimpl
@@ -15,10 +17,8 @@ def certlm_register_device_drivers(register: DeviceDriverRegistry) -> None:
 
 
 @hookimpl
-def certlm_provide_blueprints() -> list[Blueprint]:
-    from certlm_gds_push.blueprint import blueprint
-
-    return [blueprint]
+def certlm_provide_blueprints(services: HostServices) -> list[Blueprint]:
+    return [make_blueprint(services)]
 
 
 @hookimpl

@@ -27,11 +27,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from certlm.contracts.drivers import (
+from certlm import (
+    CertlmKeyRequired,
     DeviceDescription,
     DeviceDriver,
     DeviceTarget,
+    DeviceTimeouts,
     DriverSelection,
+    Enrollment,
     PkiMaterial,
     PushFailed,
     PushOutcome,
@@ -39,14 +42,15 @@ from certlm.contracts.drivers import (
     StepLog,
     StepNote,
     TrustList,
+    UnsupportedOperation,
+    host_general_name,
+    issued_by,
+    sha1_fingerprint,
+    to_der,
 )
-from certlm.contracts.pki_backends import CertlmKeyRequired, Enrollment
-from certlm.foundation.certs import host_general_name, issued_by, sha1_fingerprint, to_der
-from certlm.foundation.errors import UnsupportedOperation
 from certlm_gds_push.connection import (
     DeviceError,
     DeviceSession,
-    DeviceTimeouts,
     ServerCheck,
     SessionSecurity,
     explain,
@@ -162,15 +166,12 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
             endpoint = session.endpoint
             trust_list_read_back = await confirm_trust_list(session, configuration.group_id, trust_list)
         note.message = f"the device presents the issued certificate on {endpoint.name}; {trust_list_read_back}"
-    return PushOutcome(
-        presented_certificate=run.presented_certificate,
-        certificate=enrollment.certificate,
-        chain=enrollment.chain,
-        trust_list=trust_list,
+    return run.outcome(
+        enrollment,
+        trust_list,
+        description=description,
         security_policy=endpoint.policy_bit,
         security_mode=endpoint.mode_bit,
-        steps=run.steps,
-        description=description,
     )
 
 

@@ -13,8 +13,7 @@ from asyncua import ua
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from certlm.contracts.pki_backends import Enrollment
-from certlm.foundation.certs import to_der
+from certlm import Enrollment, to_der
 from certlm_gds_push.connection import DeviceError, DeviceSession, status_name
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from asyncua import ua
 from asyncua.common.utils import Buffer
 from asyncua.ua.ua_binary import struct_from_binary, struct_to_binary
 
-from certlm.contracts.drivers import TrustList
+from certlm import TrustList
 from certlm_gds_push.connection import DeviceError, DeviceSession
 
 # Well-known ns=0 NodeIds of DefaultApplicationGroup's TrustList and its methods, for a device whose address space

@@ -12,7 +12,7 @@ from asyncua import ua
 from certlm_gds_push.connection import DeviceSession
 from certlm_gds_push.driver import GdsPushDriver
 
-from certlm.contracts.drivers import SupportedDevice
+from certlm import SupportedDevice
 
 SIMULATOR_NAMESPACE = "urn:certlm:simulator"
 PLC_VARIABLES = ("OperatingMode", "ProgramName", "CycleTimeMs")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from certlm import hookimpl
-from certlm.contracts.registry import DeviceDriverRegistry
+from certlm import DeviceDriverRegistry, hookimpl
 from certlm_opcua_simulator.driver import SimulatedPlcDriver
+
+CERTLM_PLUGIN_API = "1.0"
 
 
 @hookimpl

@@ -72,18 +72,24 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from pyasn1_alt_modules import rfc9480
 
-from certlm import serial_hex
-from certlm.contracts.pki_backends import (
+from certlm import (
+    APIError,
     CertificateProfile,
     CertlmKeyRequired,
+    CsrRejected,
     Enrollment,
     EnrollmentRequest,
+    NotFound,
     PkiBackend,
+    PkiEntry,
+    UpstreamUnavailable,
+    is_self_signed,
+    issued_by,
+    issuer_chain,
+    pki_client,
+    serial_hex,
+    spki_der,
 )
-from certlm.foundation.certs import is_self_signed, issued_by, issuer_chain, spki_der
-from certlm.foundation.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
-from certlm.pki import client as pki_client
-from certlm.storage.models import PkiEntry
 from certlm_pki_cmp import messages, protection
 from certlm_pki_cmp.capabilities import LearnedCapabilities, TypeRefused, type_refusal
 from certlm_pki_cmp.transaction import (

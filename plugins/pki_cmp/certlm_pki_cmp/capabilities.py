@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from certlm import api_timestamp
-from certlm.storage.models import PkiEntry
+from certlm import PkiEntry, api_timestamp
 from certlm_pki_cmp import messages
 from certlm_pki_cmp.protection import MAC_ALGORITHMS, MacAlgorithm
 from certlm_pki_cmp.transaction import ServerRefused

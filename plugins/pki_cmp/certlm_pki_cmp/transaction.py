@@ -11,9 +11,7 @@ from dataclasses import dataclass, field, replace
 from cryptography import x509
 from pyasn1_alt_modules import rfc9480
 
-from certlm.foundation.errors import APIError, CsrRejected, UpstreamUnavailable
-from certlm.pki import client as pki_client
-from certlm.pki.client import ClientCredential
+from certlm import APIError, CsrRejected, UpstreamUnavailable, pki_client
 from certlm_pki_cmp import messages, protection
 from certlm_pki_cmp.messages import Status
 from certlm_pki_cmp.protection import MacAlgorithm
@@ -44,7 +42,7 @@ class Credentials:
     entry_id: int
     username: str | None
     secret: bytes | None = field(repr=False)
-    signer: ClientCredential | None
+    signer: pki_client.ClientCredential | None
     anchors: tuple[x509.Certificate, ...]
 
     @property

@@ -4,10 +4,7 @@ verified against the entry's ``tls_ca`` (else the system's trust store)."""
 
 from __future__ import annotations
 
-from certlm.contracts.registry import HostServices
-from certlm.foundation.errors import UpstreamUnavailable
-from certlm.pki import client as pki_client
-from certlm.storage.models import PkiEntry
+from certlm import HostServices, PkiEntry, UpstreamUnavailable, pki_client
 
 CONTENT_TYPE = "application/pkixcmp"
 # A CMP response holds a certificate, a chain and perhaps CA certificates: far less than this.

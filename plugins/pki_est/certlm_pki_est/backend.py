@@ -14,18 +14,27 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
-from certlm import api_timestamp, serial_hex
-from certlm.contracts.pki_backends import (
+from certlm import (
+    APIError,
+    CsrRejected,
     Enrollment,
     EnrollmentRequest,
     KeyedEnrollment,
+    NotFound,
     PkiBackend,
+    PkiEntry,
     ServerValidation,
+    UpstreamUnavailable,
+    api_timestamp,
+    crl_signed_by,
+    issued_by,
+    issuer_chain,
+    load_crl,
+    pki_client,
+    serial_hex,
+    sha1_fingerprint,
+    spki_der,
 )
-from certlm.foundation.certs import crl_signed_by, issued_by, issuer_chain, load_crl, sha1_fingerprint, spki_der
-from certlm.foundation.errors import APIError, CsrRejected, NotFound, UpstreamUnavailable
-from certlm.pki import client as pki_client
-from certlm.storage.models import PkiEntry
 from certlm_pki_est import csrattrs
 from certlm_pki_est.client import EstClient, EstEndpoint, OtherOrigins
 

@@ -1,7 +1,6 @@
 """The EST (RFC 7030) wire protocol over HTTPS (or HTTP where ``pki_connection`` says so) with aiohttp: one client
 per backend call, errors already in the terms the REST API answers with (``certlm.foundation.errors``), redirects
-followed
-where RFC 7030 §3.2.1 allows, pending enrollments (202 + Retry-After) waited for."""
+followed where RFC 7030 §3.2.1 allows, pending enrollments (202 + Retry-After) waited for."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from multidict import CIMultiDictProxy
 
-from certlm.foundation.errors import CsrRejected, UnsupportedOperation, UpstreamUnavailable
-from certlm.pki import client as pki_client
+from certlm import CsrRejected, UnsupportedOperation, UpstreamUnavailable, pki_client
 from certlm_pki_est import csrattrs, wire
 
 log = logging.getLogger(__name__)

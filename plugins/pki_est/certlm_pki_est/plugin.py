@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from certlm import hookimpl
-from certlm.contracts.registry import PkiBackendRegistry
+from certlm import PkiBackendRegistry, hookimpl
+
+CERTLM_PLUGIN_API = "1.0"
 
 
 @hookimpl

@@ -12,11 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
-from certlm import serial_hex
-from certlm.contracts.pki_backends import Enrollment, EnrollmentRequest, PkiBackend
-from certlm.contracts.registry import HostServices
-from certlm.foundation.errors import APIError
-from certlm.storage.models import PkiEntry
+from certlm import APIError, Enrollment, EnrollmentRequest, HostServices, PkiBackend, PkiEntry, serial_hex
 from certlm_pki_internal import ca
 from certlm_pki_internal.models import InternalCa, IssuedCertificate
 

@@ -15,9 +15,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-from certlm.contracts.pki_backends import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
-from certlm.foundation.certs import key_usage, with_host_names
-from certlm.foundation.errors import CsrRejected
+from certlm import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile, CsrRejected, key_usage, with_host_names
 
 # RSA rather than ECDSA for the root: every OPC UA stack validates RSA chains, and the RSA security policies
 # (Basic256Sha256, Aes*_Sha256_RsaOaep/RsaPss) are the ones devices implement. 3072 bits is NIST's level for

@@ -12,7 +12,7 @@ from tortoise.models import Model
 
 if TYPE_CHECKING:
     # Only for annotations: tortoise collects every model found in this module's namespace.
-    from certlm.storage.models import PkiEntry
+    from certlm import PkiEntry
 
 
 class InternalCa(Model):

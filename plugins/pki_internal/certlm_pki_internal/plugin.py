@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from certlm import hookimpl
-from certlm.contracts.registry import PkiBackendRegistry
+from certlm import PkiBackendRegistry, hookimpl
 from certlm_pki_internal.backend import InternalPki
+
+CERTLM_PLUGIN_API = "1.0"
 
 
 @hookimpl

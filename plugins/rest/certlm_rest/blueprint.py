@@ -1,6 +1,7 @@
 """The REST inventory: ``GET``/``POST``/``PATCH /rest/inventory`` and ``GET``/``DELETE /rest/inventory/{host_or_url}``.
-Entries are the host's inventory entries of table ``rest``; what only REST devices have (OPC UA endpoint, bearer token,
-pinned TLS certificate) is the plugin's ``RestDevice`` row."""
+Entries are the host's inventory entries of table ``rest``, reached through the ``InventoryAccess`` the host hands the
+plugin; what only REST devices have (OPC UA endpoint, bearer token, pinned TLS certificate) is the plugin's
+``RestDevice`` row."""
 
 from __future__ import annotations
 
@@ -13,32 +14,29 @@ from quart import Blueprint, Response, stream_with_context
 from quart_schema import document_response, validate_querystring, validate_request, validate_response
 from tortoise.transactions import in_transaction
 
-from certlm.foundation.certs import sha1_fingerprint
-from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
-from certlm.foundation.hostspec import HostSpec, parse_host_or_url
-from certlm.foundation.responses import StrictBody
-from certlm.http.openapi import answers
-from certlm.inventory.entries import (
+from certlm import (
+    MAX_ID,
+    MAX_RENEWAL_DAYS,
     MAX_SECRET_CHARS,
+    APIError,
+    HostServices,
+    HostSpec,
+    InventoryAccess,
+    InventoryEntry,
     InventoryEntryOut,
     ListingPage,
+    NotFound,
+    PkiEntry,
+    SecretBox,
+    StrictBody,
+    UpstreamUnavailable,
+    answers,
     checked_server,
-    checked_service,
-    create_entry,
-    find_entry,
-    listing_json,
-    render_entry,
-    save_credentials,
-    update_entry,
+    last_recorded,
+    sha1_fingerprint,
 )
-from certlm.lifecycle.push import decommission, identify_registered, last_recorded
-from certlm.service.host import current_host
-from certlm.storage import MAX_ID
-from certlm.storage.models import InventoryEntry, PkiEntry
-from certlm.system.settings import MAX_RENEWAL_DAYS
+from certlm_rest.driver import rest_drivers
 from certlm_rest.models import RestDevice
-
-blueprint = Blueprint("rest", __name__)
 
 REST = "rest"
 MAX_TOKEN_CHARS = 4096
@@ -114,19 +112,22 @@ class RestEntryIn(StrictBody):
             columns["pki_id"] = self.pki
         return columns
 
-    def device_columns(self) -> dict[str, Any]:
-        """The ``RestDevice`` columns this body sets, the bearer token encrypted."""
+    def device_columns(self, secrets: SecretBox) -> dict[str, Any]:
+        """The ``RestDevice`` columns this body sets, the bearer token encrypted with ``secrets``."""
         columns: dict[str, Any] = {}
         if self.opcua_url is not None:
             columns["opcua_url"] = self.opcua_url
         if self.bearer_token is not None:
-            columns["bearer_token_enc"] = current_host().secrets.encrypt(self.bearer_token)
+            columns["bearer_token_enc"] = secrets.encrypt(self.bearer_token)
         return columns
 
-    async def check_references(self) -> None:
+    async def check_references(self, services: HostServices) -> None:
         """400 naming the field when ``service`` is no installed REST driver or ``pki`` no PKI entry."""
-        if self.service is not None:
-            checked_service(REST, self.service)
+        installed = rest_drivers(services)
+        if self.service is not None and self.service not in installed:
+            raise APIError(
+                f"service: {self.service!r} is not an installed REST driver (installed: {', '.join(installed)})"
+            )
         if self.pki is not None and not await PkiEntry.exists(id=self.pki):
             raise APIError(f"pki: no PKI entry with id {self.pki}")
 
@@ -144,91 +145,94 @@ class RestEntryOut(InventoryEntryOut):
     warnings: list[str] = Field(description="What the operator should know of this entry now, in words")
 
 
-async def rest_entry_out(entry: InventoryEntry) -> RestEntryOut:
-    stored = await RestDevice.get_or_none(entry_id=entry.id)
-    pinned = stored.tls_certificate_der if stored is not None else None
-    identified = last_recorded(entry, "identify")
-    error = identified.get("error") if identified and not identified.get("success") and not pinned else None
-    warnings = []
-    if error:
-        warnings.append(
-            f"certlm could not identify the device: {error}. Nothing is pinned, so automated renewals refuse it "
-            "until an operator onboards it (POST /gds/push/onboarding) with credentials it accepts (PATCH "
-            "/rest/inventory stores new ones)"
+def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Blueprint:
+    """The ``/rest/inventory`` routes, over the inventory and with the secrets the host hands the plugin."""
+    blueprint = Blueprint("rest", __name__)
+
+    async def rest_entry_out(entry: InventoryEntry) -> RestEntryOut:
+        stored = await RestDevice.get_or_none(entry_id=entry.id)
+        pinned = stored.tls_certificate_der if stored is not None else None
+        identified = last_recorded(entry, "identify")
+        error = identified.get("error") if identified and not identified.get("success") and not pinned else None
+        warnings = []
+        if error:
+            warnings.append(
+                f"certlm could not identify the device: {error}. Nothing is pinned, so automated renewals refuse it "
+                "until an operator onboards it (POST /gds/push/onboarding) with credentials it accepts (PATCH "
+                "/rest/inventory stores new ones)"
+            )
+        return RestEntryOut(
+            **await inventory.render(entry),
+            opcua_url=stored.opcua_url if stored is not None else None,
+            tls_certificate_sha1=sha1_fingerprint(x509.load_der_x509_certificate(pinned)) if pinned else None,
+            bearer_token_set=bool(stored is not None and stored.bearer_token_enc),
+            identification_error=str(error) if error else None,
+            warnings=warnings,
         )
-    return RestEntryOut(
-        **await render_entry(entry),
-        opcua_url=stored.opcua_url if stored is not None else None,
-        tls_certificate_sha1=sha1_fingerprint(x509.load_der_x509_certificate(pinned)) if pinned else None,
-        bearer_token_set=bool(stored is not None and stored.bearer_token_enc),
-        identification_error=str(error) if error else None,
-        warnings=warnings,
-    )
 
+    @blueprint.get("/rest/inventory")
+    @validate_querystring(ListingPage)
+    @document_response(list[InventoryEntryOut])
+    async def list_rest_entries(query_args: ListingPage) -> Response:
+        """The REST inventory in id order. Inactive and deleted entries only when ``show_inactive_devices`` is set.
+        ``limit`` and ``after_id`` page the listing (an extension)."""
+        listing = stream_with_context(inventory.listing)((REST,), query_args.limit, query_args.after_id)
+        return Response(listing, mimetype="application/json")
 
-@blueprint.get("/rest/inventory")
-@validate_querystring(ListingPage)
-@document_response(list[InventoryEntryOut])
-async def list_rest_entries(query_args: ListingPage) -> Response:
-    """The REST inventory in id order. Inactive and deleted entries only when ``show_inactive_devices`` is set.
-    ``limit`` and ``after_id`` page the listing (an extension)."""
-    return Response(stream_with_context(listing_json)((REST,), query_args), mimetype="application/json")
+    @blueprint.post("/rest/inventory")
+    @validate_response(RestEntryOut)
+    @validate_request(RestEntryIn)
+    @answers(409)
+    async def create_rest_entry(data: RestEntryIn) -> RestEntryOut:
+        """Add a device whose OPC UA certificates are managed through its HTTP(S) API. 409 when ``server:port`` is in
+        the REST inventory, 403 at the license's endpoint limit; secrets are stored encrypted. certlm then connects to
+        identify the device: its management API's TLS certificate is pinned, ``service`` names the driver of the API
+        the device answers, and the OPC UA certificate in use is pinned (``cert_*``). A device that refuses the
+        credentials (or cannot be reached) is registered all the same, unidentified: ``identification_error`` says
+        why and ``warnings`` what to do; nothing is pinned until an operator onboards it."""
+        await data.check_references(services)
+        async with in_transaction("default"):
+            entry = await inventory.create(REST, data.server, data.port, data.entry_columns())
+            if data.userinfo_name is not None:
+                await inventory.save_credentials(entry, username=data.userinfo_name, password=data.userinfo_password)
+            await RestDevice.create(entry_id=entry.id, **data.device_columns(services.secrets))
+        await inventory.identify(entry)
+        return await rest_entry_out(entry)
 
+    @blueprint.patch("/rest/inventory")
+    @validate_response(RestEntryOut)
+    @validate_request(RestEntryIn)
+    @answers(NotFound)
+    async def update_rest_entry(data: RestEntryIn) -> RestEntryOut:
+        """Change the fields given of the REST entry at ``server`` and ``port`` (without ``port``, the server's only
+        REST entry); 404 if there is none. Secrets are stored encrypted; reviving a deleted entry needs license room
+        (403). The device is not contacted, and its pinned TLS certificate stays: a new one is accepted by
+        re-onboarding."""
+        entry = await inventory.find(HostSpec(data.server, data.port), (REST,))
+        await data.check_references(services)
+        async with in_transaction("default"):
+            await inventory.update(entry, data.entry_columns())
+            if data.userinfo_name is not None:
+                await inventory.save_credentials(entry, username=data.userinfo_name, password=data.userinfo_password)
+            if device_columns := data.device_columns(services.secrets):
+                await RestDevice.update_or_create(device_columns, entry_id=entry.id)
+        return await rest_entry_out(entry)
 
-@blueprint.post("/rest/inventory")
-@validate_response(RestEntryOut)
-@validate_request(RestEntryIn)
-@answers(409)
-async def create_rest_entry(data: RestEntryIn) -> RestEntryOut:
-    """Add a device whose OPC UA certificates are managed through its HTTP(S) API. 409 when ``server:port`` is in
-    the REST inventory, 403 at the license's endpoint limit; secrets are stored encrypted. certlm then connects to
-    identify the device: its management API's TLS certificate is pinned, ``service`` names the driver of the API the
-    device answers, and the OPC UA certificate in use is pinned (``cert_*``). A device that refuses the credentials
-    (or cannot be reached) is registered all the same, unidentified: ``identification_error`` says why and
-    ``warnings`` what to do; nothing is pinned until an operator onboards it."""
-    await data.check_references()
-    async with in_transaction("default"):
-        entry = await create_entry(REST, data.server, data.port, data.entry_columns())
-        if data.userinfo_name is not None:
-            await save_credentials(entry, username=data.userinfo_name, password=data.userinfo_password)
-        await RestDevice.create(entry_id=entry.id, **data.device_columns())
-    await identify_registered(entry)
-    return await rest_entry_out(entry)
+    @blueprint.get("/rest/inventory/<path:host_or_url>")
+    @validate_response(RestEntryOut)
+    @answers(NotFound)
+    async def get_rest_entry(host_or_url: str) -> RestEntryOut:
+        """One REST entry by ``host``, ``host:port`` or ``https://host:port``, whatever its device_status."""
+        return await rest_entry_out(await inventory.find(host_or_url, (REST,)))
 
+    @blueprint.delete("/rest/inventory/<path:host_or_url>")
+    @validate_response(RestEntryOut)
+    @answers(NotFound, UpstreamUnavailable, 409)
+    async def delete_rest_entry(host_or_url: str) -> RestEntryOut:
+        """Remove a REST entry with its credentials and pinned TLS certificate; returns the entry as it was. A running
+        operation on the device is waited for (409 when it outlasts a device operation's time-out); a certificate its
+        PKI issued is revoked first; when the PKI cannot revoke it, nothing is deleted."""
+        entry = await inventory.find(host_or_url, (REST,))
+        return await inventory.delete(entry, rest_entry_out)
 
-@blueprint.patch("/rest/inventory")
-@validate_response(RestEntryOut)
-@validate_request(RestEntryIn)
-@answers(NotFound)
-async def update_rest_entry(data: RestEntryIn) -> RestEntryOut:
-    """Change the fields given of the REST entry at ``server`` and ``port`` (without ``port``, the server's only REST
-    entry); 404 if there is none. Secrets are stored encrypted; reviving a deleted entry needs license room (403).
-    The device is not contacted, and its pinned TLS certificate stays: a new one is accepted by re-onboarding."""
-    entry = await find_entry(HostSpec(data.server, data.port), (REST,))
-    await data.check_references()
-    async with in_transaction("default"):
-        await update_entry(entry, data.entry_columns())
-        if data.userinfo_name is not None:
-            await save_credentials(entry, username=data.userinfo_name, password=data.userinfo_password)
-        if device_columns := data.device_columns():
-            await RestDevice.update_or_create(device_columns, entry_id=entry.id)
-    return await rest_entry_out(entry)
-
-
-@blueprint.get("/rest/inventory/<path:host_or_url>")
-@validate_response(RestEntryOut)
-@answers(NotFound)
-async def get_rest_entry(host_or_url: str) -> RestEntryOut:
-    """One REST entry by ``host``, ``host:port`` or ``https://host:port``, whatever its device_status."""
-    return await rest_entry_out(await find_entry(parse_host_or_url(host_or_url), (REST,)))
-
-
-@blueprint.delete("/rest/inventory/<path:host_or_url>")
-@validate_response(RestEntryOut)
-@answers(NotFound, UpstreamUnavailable, 409)
-async def delete_rest_entry(host_or_url: str) -> RestEntryOut:
-    """Remove a REST entry with its credentials and pinned TLS certificate; returns the entry as it was. A running
-    operation on the device is waited for (409 when it outlasts a device operation's time-out); a certificate its
-    PKI issued is revoked first; when the PKI cannot revoke it, nothing is deleted."""
-    entry = await find_entry(parse_host_or_url(host_or_url), (REST,))
-    return await decommission(entry, rest_entry_out)
+    return blueprint

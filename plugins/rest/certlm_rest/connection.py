@@ -18,11 +18,7 @@ from typing import Any
 import aiohttp
 from cryptography import x509
 
-from certlm import DeviceIdentityChanged
-from certlm.foundation.certs import sha1_fingerprint, to_der, to_pem
-from certlm.foundation.config import Settings
-from certlm.foundation.errors import DeviceFailure
-from certlm.pki.client import answer_text, http_answer_text, transport_cause
+from certlm import DeviceFailure, DeviceIdentityChanged, DeviceTimeouts, pki_client, sha1_fingerprint, to_der, to_pem
 
 # Device status names a failed step reports (the REST counterpart of OPC UA's Bad... names).
 TLS_UNTRUSTED = "TlsCertificateUntrusted"
@@ -40,16 +36,6 @@ REPIN_REMEDY = (
 
 def http_status(status: int) -> str:
     return f"HTTP {status}"
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    connect_s: float
-    operation_s: float
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Timeouts:
-        return cls(settings.device_connect_timeout_s, settings.device_operation_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -86,7 +72,7 @@ class TlsCertificateChanged(DeviceIdentityChanged):
         self.presented_certificate = presented
 
 
-async def presented_tls_certificate(host: str, port: int, timeouts: Timeouts) -> x509.Certificate:
+async def presented_tls_certificate(host: str, port: int, timeouts: DeviceTimeouts) -> x509.Certificate:
     """The TLS certificate the device presents, read from a handshake that sends nothing else: what an operator's
     first contact pins, and what a pinned device is compared with. Only this handshake skips verification; every
     request goes over a verified connection."""
@@ -100,7 +86,8 @@ async def presented_tls_certificate(host: str, port: int, timeouts: Timeouts) ->
             f"the device did not complete a TLS handshake within {timeouts.connect_s:g}s", TIMEOUT
         ) from None
     except (OSError, ssl.SSLError) as error:
-        raise DeviceFailure(f"cannot connect to the device: {transport_cause(error)}", CONNECTION_FAILED) from error
+        cause = pki_client.transport_cause(error)
+        raise DeviceFailure(f"cannot connect to the device: {cause}", CONNECTION_FAILED) from error
     try:
         der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
     finally:
@@ -113,7 +100,7 @@ async def presented_tls_certificate(host: str, port: int, timeouts: Timeouts) ->
     return x509.load_der_x509_certificate(der)
 
 
-async def confirm_pinned_tls(host: str, port: int, pinned: x509.Certificate, timeouts: Timeouts) -> None:
+async def confirm_pinned_tls(host: str, port: int, pinned: x509.Certificate, timeouts: DeviceTimeouts) -> None:
     """``TlsCertificateChanged`` when the device's management API presents another TLS certificate than ``pinned``
     (a handshake, nothing sent). A device that cannot be reached passes: the read that follows says why."""
     try:
@@ -125,7 +112,7 @@ async def confirm_pinned_tls(host: str, port: int, pinned: x509.Certificate, tim
 
 
 async def unverified_tls(
-    host: str, port: int, pinned: x509.Certificate, timeouts: Timeouts, cause: str
+    host: str, port: int, pinned: x509.Certificate, timeouts: DeviceTimeouts, cause: str
 ) -> DeviceFailure:
     """Why a handshake did not verify against ``pinned``: ``TlsCertificateChanged`` when the device presents another
     certificate, else (the pinned one no longer verifies, or the device cannot be asked again) a ``DeviceFailure``."""
@@ -162,7 +149,12 @@ class ManagementApi:
     answers are kept for the session."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, server: str, port: int, pinned: x509.Certificate, timeouts: Timeouts
+        self,
+        session: aiohttp.ClientSession,
+        server: str,
+        port: int,
+        pinned: x509.Certificate,
+        timeouts: DeviceTimeouts,
     ) -> None:
         self.session = session
         self.server, self.port = server, port
@@ -194,7 +186,7 @@ class ManagementApi:
             ) as response:
                 body = await response.content.read(MAX_ANSWER_BYTES)
                 if response.status not in expect:
-                    raise refused(what, response.status, http_answer_text(body, response.content_type))
+                    raise refused(what, response.status, pki_client.http_answer_text(body, response.content_type))
                 if not body.strip():
                     return None
                 try:
@@ -210,7 +202,7 @@ class ManagementApi:
         except (aiohttp.ClientError, OSError, ssl.SSLError) as error:
             inner = getattr(error, "certificate_error", None) or getattr(error, "os_error", None) or error
             if isinstance(inner, ssl.SSLCertVerificationError):
-                cause = transport_cause(inner)
+                cause = pki_client.transport_cause(inner)
                 raise await unverified_tls(self.server, self.port, self.pinned, self.timeouts, cause) from error
             raise transport_failure(what, error) from error
 
@@ -218,18 +210,19 @@ class ManagementApi:
 def refused(what: str, status: int, text: str) -> DeviceFailure:
     reasons = {401: "the device refused the credentials", 403: "the device refused the credentials' rights"}
     reason = reasons.get(status, f"the device answered {status}")
-    return DeviceFailure(f"{what}: {reason}" + (f": {answer_text(text)}" if text else ""), http_status(status))
+    detail = f": {pki_client.answer_text(text)}" if text else ""
+    return DeviceFailure(f"{what}: {reason}{detail}", http_status(status))
 
 
 def transport_failure(what: str, error: BaseException) -> DeviceFailure:
     if isinstance(error, aiohttp.ClientConnectorError):
-        return DeviceFailure(f"cannot connect to the device: {transport_cause(error)}", CONNECTION_FAILED)
-    return DeviceFailure(f"{what}: the connection broke off: {transport_cause(error)}", CONNECTION_LOST)
+        return DeviceFailure(f"cannot connect to the device: {pki_client.transport_cause(error)}", CONNECTION_FAILED)
+    return DeviceFailure(f"{what}: the connection broke off: {pki_client.transport_cause(error)}", CONNECTION_LOST)
 
 
 @asynccontextmanager
 async def management_api(
-    server: str, port: int, pinned: x509.Certificate, timeouts: Timeouts
+    server: str, port: int, pinned: x509.Certificate, timeouts: DeviceTimeouts
 ) -> AsyncIterator[ManagementApi]:
     """A session with the management API at ``server:port`` that accepts only ``pinned``; the TLS handshake is
     checked before the caller sends anything with credentials."""

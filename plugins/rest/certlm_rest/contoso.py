@@ -22,9 +22,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from certlm.contracts.drivers import DeviceDescription, DeviceIdentity, SupportedDevice, TrustList
-from certlm.foundation.certs import to_der
-from certlm.foundation.errors import DeviceFailure
+from certlm import DeviceDescription, DeviceFailure, DeviceIdentity, SupportedDevice, TrustList, to_der
 from certlm_rest.connection import BAD_ANSWER, Credentials, ManagementApi
 from certlm_rest.driver import RestGenericDriver, parse_certificate, parse_csr, text_field
 

@@ -21,29 +21,34 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from certlm import DeviceIdentityChanged, HostServices, identity_repinned
-from certlm.contracts.drivers import (
+from certlm import (
+    APIError,
     CertificateReading,
     DeviceDescription,
     DeviceDriver,
+    DeviceFailure,
     DeviceIdentity,
+    DeviceIdentityChanged,
     DeviceReading,
     DeviceTarget,
+    DeviceTimeouts,
     FirmwareInfo,
+    HostServices,
     PkiMaterial,
     PushOutcome,
     PushRequest,
     TrustList,
+    identity_repinned,
+    load_certificate,
+    load_crl,
+    to_der,
+    to_pem,
 )
-from certlm.foundation.certs import load_certificate, load_crl, to_der, to_pem
-from certlm.foundation.errors import APIError, DeviceFailure
-from certlm.service.host import current_host
 from certlm_rest.connection import (
     BAD_ANSWER,
     TLS_UNTRUSTED,
     Credentials,
     ManagementApi,
-    Timeouts,
     confirm_pinned_tls,
     describe_certificate,
     management_api,
@@ -111,8 +116,8 @@ class RestGenericDriver(DeviceDriver):
         rollback (``rest_verify_wait_s``)."""
 
     @property
-    def timeouts(self) -> Timeouts:
-        return Timeouts.from_settings(self.services.settings)
+    def timeouts(self) -> DeviceTimeouts:
+        return self.services.device_timeouts
 
     # Reaching the device.
 
@@ -179,10 +184,10 @@ class RestGenericDriver(DeviceDriver):
         self, api: ManagementApi, credentials: Credentials
     ) -> tuple[RestGenericDriver, DeviceDescription]:
         """Which installed REST driver's API the device answers, and what it says about itself through it: this
-        driver's API first, then the others'. Refused credentials end the search."""
-        drivers = current_host().drivers
-        others = [drivers.get(service) for service in drivers.services_of(self.protocol)]
-        candidates = [self, *(d for d in others if isinstance(d, RestGenericDriver) and type(d) is not type(self))]
+        driver's API first, then the other installed REST drivers' (``rest_drivers``). Refused credentials end the
+        search."""
+        others = [driver for service, driver in rest_drivers(self.services).items() if service != self.service]
+        candidates = [self, *others]
         unanswered = []
         for driver in candidates:
             try:
@@ -367,6 +372,15 @@ class RestGenericDriver(DeviceDriver):
         certificates = {key: [to_der(parse_certificate(p)) for p in pem_list(answer, key)] for key in _CERT_LISTS}
         crls = {key: [crl_der(p) for p in pem_list(answer, key)] for key in _CRL_LISTS}
         return TrustList(**certificates, **crls)
+
+
+def rest_drivers(services: HostServices) -> dict[str, RestGenericDriver]:
+    """The installed drivers of the rest table that speak a REST API (``RestGenericDriver`` and those built on it:
+    this plugin's and vendors'), by service in service order, as certlm loaded them (``HostServices.drivers``). The
+    drivers a device at first contact may speak, and the ``service`` an entry of ``/rest/inventory`` may name."""
+    installed = services.drivers
+    found = {service: installed.get(service) for service in installed.services_of(RestGenericDriver.protocol)}
+    return {service: driver for service, driver in sorted(found.items()) if isinstance(driver, RestGenericDriver)}
 
 
 _CERT_LISTS = ("trusted_certificates", "issuer_certificates")

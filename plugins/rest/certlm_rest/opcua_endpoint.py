@@ -9,15 +9,16 @@ import time
 from asyncua import Client
 from cryptography import x509
 
-from certlm.foundation.certs import to_der
-from certlm.foundation.errors import DeviceFailure
-from certlm_rest.connection import CONNECTION_FAILED, TIMEOUT, Timeouts, describe_certificate
+from certlm import DeviceFailure, DeviceTimeouts, to_der
+from certlm_rest.connection import CONNECTION_FAILED, TIMEOUT, describe_certificate
 
 RETRY_S = 0.3
 CERTIFICATE_MISMATCH = "CertificateMismatch"
 
 
-async def endpoint_certificate(url: str, timeouts: Timeouts, within_s: float | None = None) -> x509.Certificate:
+async def endpoint_certificate(
+    url: str, timeouts: DeviceTimeouts, within_s: float | None = None
+) -> x509.Certificate:
     """The server certificate the endpoint at ``url`` announces in GetEndpoints (no session, no credentials), asked
     within the connect time-out (or ``within_s`` when shorter)."""
     bound = timeouts.connect_s if within_s is None else min(timeouts.connect_s, within_s)
@@ -35,7 +36,9 @@ async def endpoint_certificate(url: str, timeouts: Timeouts, within_s: float | N
     raise DeviceFailure(f"the OPC UA endpoint {url} announces no certificate", CONNECTION_FAILED)
 
 
-async def await_endpoint_presenting(url: str, expected: x509.Certificate, timeouts: Timeouts, within_s: float) -> float:
+async def await_endpoint_presenting(
+    url: str, expected: x509.Certificate, timeouts: DeviceTimeouts, within_s: float
+) -> float:
     """The seconds it took the endpoint at ``url`` to announce ``expected``; a ``DeviceFailure`` saying what it
     announces instead (or why it cannot be read) and how long certlm waited, when it does not within ``within_s``
     seconds (``rest_verify_wait_s``). No attempt outlasts the bound."""

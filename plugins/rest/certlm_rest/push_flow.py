@@ -17,35 +17,36 @@ import contextlib
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from certlm.contracts.drivers import (
+from certlm import (
     DeviceDescription,
+    DeviceFailure,
     DeviceTarget,
+    Enrollment,
     PkiMaterial,
     PushFailed,
     PushOutcome,
     PushRequest,
     StepLog,
     TrustList,
+    host_general_name,
+    is_self_signed,
+    issued_by,
+    issuer_chain,
+    to_der,
 )
-from certlm.contracts.pki_backends import Enrollment
-from certlm.foundation.certs import host_general_name, is_self_signed, issued_by, issuer_chain, to_der
-from certlm.foundation.errors import DeviceFailure
 from certlm_rest.connection import BAD_ANSWER, ManagementApi, describe_certificate
+from certlm_rest.interface import RestDriver
 from certlm_rest.models import digests
 from certlm_rest.opcua_endpoint import CERTIFICATE_MISMATCH, await_endpoint_presenting
 
-if TYPE_CHECKING:
-    from certlm_rest.driver import RestGenericDriver
-
 
 async def run_push(
-    driver: RestGenericDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial
+    driver: RestDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial
 ) -> PushOutcome:
     """Enroll a new application certificate through the management API; see the module docstring. At an
     operator's first contact (``request.identify``) the device's description selects the driver: the push goes on
@@ -89,21 +90,12 @@ async def run_push(
         except PushFailed as failure:
             raise await rolled_back(run, driver, api, failure, previous, opcua_url) from failure.__cause__
     await driver.remember_written_trust_list(target, written)
-    return PushOutcome(
-        certificate=enrollment.certificate,
-        chain=enrollment.chain,
-        trust_list=trust_list,
-        security_policy=0,
-        security_mode=0,
-        steps=run.steps,
-        description=description,
-        presented_certificate=run.presented_certificate,
-    )
+    return run.outcome(enrollment, trust_list, description=description)
 
 
 async def stage(
     run: StepLog,
-    driver: RestGenericDriver,
+    driver: RestDriver,
     api: ManagementApi,
     target: DeviceTarget,
     request: PushRequest,
@@ -170,7 +162,7 @@ async def stage(
 
 
 async def verify(
-    driver: RestGenericDriver,
+    driver: RestDriver,
     api: ManagementApi,
     issued: x509.Certificate,
     trust_list: TrustList,
@@ -201,7 +193,7 @@ async def verify(
 
 async def rolled_back(
     run: StepLog,
-    driver: RestGenericDriver,
+    driver: RestDriver,
     api: ManagementApi,
     failure: PushFailed,
     previous: x509.Certificate,

@@ -1,5 +1,6 @@
-"""The SSH plugin's routes: an SSH entry's login, OPC UA endpoint and store layout (``/ssh/device``), and the
-operator's pinning of its host key (``/ssh/hostkey``). Secrets are write-only."""
+"""The SSH plugin's routes: its inventory listing (``/ssh/inventory``), an SSH entry's login, OPC UA endpoint and store
+layout (``/ssh/device``), and the operator's pinning of its host key (``/ssh/hostkey``). Secrets are write-only. The
+routes are made for one app by ``make_blueprint``, with what the host hands the plugin."""
 
 from __future__ import annotations
 
@@ -8,17 +9,22 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
-from quart import Blueprint
-from quart_schema import validate_request, validate_response
+from quart import Blueprint, Response, stream_with_context
+from quart_schema import document_response, validate_querystring, validate_request, validate_response
 
-from certlm.foundation.errors import NotFound, UpstreamUnavailable
-from certlm.foundation.hostspec import parse_host_or_url
-from certlm.foundation.responses import StrictBody
-from certlm.http.openapi import answers
-from certlm.inventory.entries import MAX_SECRET_CHARS, checked_server, find_entry
-from certlm_ssh.device_settings import device_view, pin_offered_host_key, ssh_entry_at, update_device_settings
-
-blueprint = Blueprint("ssh", __name__)
+from certlm import (
+    MAX_SECRET_CHARS,
+    HostServices,
+    InventoryAccess,
+    InventoryEntryOut,
+    ListingPage,
+    NotFound,
+    StrictBody,
+    UpstreamUnavailable,
+    answers,
+    checked_server,
+)
+from certlm_ssh.device_admin import SSH, device_view, pin_offered_host_key, ssh_entry_at, update_device_settings
 
 _OPCUA_URL = re.compile(r"opc\.tcp://(\[[0-9A-Fa-f:.]+\]|[^/:\[\]\s]+):(\d{1,5})/?[^\s]*")
 _FINGERPRINT = r"^SHA256:[A-Za-z0-9+/]{43}$"
@@ -94,36 +100,51 @@ class SshDeviceOut(BaseModel):
     layout_overrides: dict[str, Any]
 
 
-@blueprint.post("/ssh/device")
-@validate_request(SshDeviceIn)
-@validate_response(SshDeviceOut)
-@answers(NotFound)
-async def set_ssh_device(data: SshDeviceIn) -> SshDeviceOut:
-    """Set an SSH entry's login (username with password and/or private key, with its passphrase when it is
-    encrypted), OPC UA endpoint, ApplicationUri and store layout overrides; 404 when the ssh inventory has no entry
-    at ``server:port``, 400 naming the problem when the private key does not open with the passphrase given."""
-    entry = await ssh_entry_at(data.server, data.port)
-    await update_device_settings(entry, data.model_dump(include=set(data.model_fields_set) - {"server", "port"}))
-    return SshDeviceOut(**await device_view(entry))
+def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Blueprint:
+    """The SSH routes of one app: they keep the ``services`` and ``inventory`` the host hands the plugin."""
+    blueprint = Blueprint("ssh", __name__)
 
+    @blueprint.get("/ssh/inventory")
+    @validate_querystring(ListingPage)
+    @document_response(list[InventoryEntryOut])
+    async def list_ssh_entries(query_args: ListingPage) -> Response:
+        """The SSH inventory in id order. Inactive and deleted entries only when ``show_inactive_devices`` is set.
+        ``limit`` and ``after_id`` page the listing (an extension)."""
+        listing = stream_with_context(inventory.listing)((SSH,), query_args.limit, query_args.after_id)
+        return Response(listing, mimetype="application/json")
 
-@blueprint.get("/ssh/device/<path:host_or_url>")
-@validate_response(SshDeviceOut)
-@answers(NotFound)
-async def get_ssh_device(host_or_url: str) -> SshDeviceOut:
-    """An SSH entry's settings by ``host``, ``host:port`` or ``ssh://host:port``: the effective layout, the pinned
-    host key and whether a password or private key is stored."""
-    return SshDeviceOut(**await device_view(await find_entry(parse_host_or_url(host_or_url), ("ssh",))))
+    @blueprint.post("/ssh/device")
+    @validate_request(SshDeviceIn)
+    @validate_response(SshDeviceOut)
+    @answers(NotFound)
+    async def set_ssh_device(data: SshDeviceIn) -> SshDeviceOut:
+        """Set an SSH entry's login (username with password and/or private key, with its passphrase when it is
+        encrypted), OPC UA endpoint, ApplicationUri and store layout overrides; 404 when the ssh inventory has no
+        entry at ``server:port``, 400 naming the problem when the private key does not open with the passphrase
+        given."""
+        entry = await ssh_entry_at(inventory, data.server, data.port)
+        given = data.model_dump(include=set(data.model_fields_set) - {"server", "port"})
+        await update_device_settings(inventory, services, entry, given)
+        return SshDeviceOut(**await device_view(inventory, services.drivers, entry))
 
+    @blueprint.get("/ssh/device/<path:host_or_url>")
+    @validate_response(SshDeviceOut)
+    @answers(NotFound)
+    async def get_ssh_device(host_or_url: str) -> SshDeviceOut:
+        """An SSH entry's settings by ``host``, ``host:port`` or ``ssh://host:port``: the effective layout, the pinned
+        host key and whether a password or private key is stored."""
+        return SshDeviceOut(**await device_view(inventory, services.drivers, await inventory.find(host_or_url, (SSH,))))
 
-@blueprint.post("/ssh/hostkey")
-@validate_request(HostKeyPin)
-@validate_response(SshDeviceOut)
-@answers(NotFound, 409, UpstreamUnavailable)
-async def pin_ssh_host_key(data: HostKeyPin) -> SshDeviceOut:
-    """Pin the SSH host key the device offers now (an operator's action; automated operations only ever verify it).
-    With ``fingerprint`` the key must have it; a different pinned key is replaced only with ``replace`` (409
-    otherwise); 502 when the device cannot be reached."""
-    entry = await ssh_entry_at(data.server, data.port)
-    await pin_offered_host_key(entry, data.fingerprint, data.replace)
-    return SshDeviceOut(**await device_view(entry))
+    @blueprint.post("/ssh/hostkey")
+    @validate_request(HostKeyPin)
+    @validate_response(SshDeviceOut)
+    @answers(NotFound, 409, UpstreamUnavailable)
+    async def pin_ssh_host_key(data: HostKeyPin) -> SshDeviceOut:
+        """Pin the SSH host key the device offers now (an operator's action; automated operations only ever verify
+        it). With ``fingerprint`` the key must have it; a different pinned key is replaced only with ``replace``
+        (409 otherwise); 502 when the device cannot be reached."""
+        entry = await ssh_entry_at(inventory, data.server, data.port)
+        await pin_offered_host_key(inventory, services.device_timeouts, entry, data.fingerprint, data.replace)
+        return SshDeviceOut(**await device_view(inventory, services.drivers, entry))
+
+    return blueprint

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 import asyncssh
 
-from certlm import DeviceIdentityChanged
-from certlm.foundation.errors import DeviceFailure
+from certlm import DeviceFailure, DeviceIdentityChanged, DeviceTimeouts
 
 # OpenSSH's own names for what went wrong, used as each failed step's status.
 HOST_KEY_NOT_PINNED = "HostKeyNotPinned"
@@ -49,12 +48,6 @@ class SshLogin:
     password: str | None = field(default=None, repr=False)
     private_key: str | None = field(default=None, repr=False)
     private_key_passphrase: str | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class SshTimeouts:
-    connect_s: float
-    operation_s: float
 
 
 class HostKeyNotPinned(DeviceFailure):
@@ -111,7 +104,7 @@ class _HostKeyWitness(asyncssh.SSHClient):
         return False
 
 
-def _options(timeouts: SshTimeouts) -> dict:
+def _options(timeouts: DeviceTimeouts) -> dict:
     # No ~/.ssh/config, no agent, no default identity files: a session uses only what the entry gives.
     return {
         "config": None,
@@ -122,7 +115,7 @@ def _options(timeouts: SshTimeouts) -> dict:
     }
 
 
-async def offered_host_key(host: str, port: int, timeouts: SshTimeouts) -> asyncssh.SSHKey:
+async def offered_host_key(host: str, port: int, timeouts: DeviceTimeouts) -> asyncssh.SSHKey:
     """The host key the SSH server at ``host:port`` offers, read without authenticating (an operator's first
     contact)."""
     try:
@@ -140,7 +133,7 @@ async def offered_host_key(host: str, port: int, timeouts: SshTimeouts) -> async
 class SshSession:
     """One authenticated SSH connection; every command and transfer is bounded by the operation time-out."""
 
-    def __init__(self, connection: asyncssh.SSHClientConnection, timeouts: SshTimeouts) -> None:
+    def __init__(self, connection: asyncssh.SSHClientConnection, timeouts: DeviceTimeouts) -> None:
         self.connection = connection
         self.timeouts = timeouts
 
@@ -203,7 +196,7 @@ class SshSession:
 
 
 @asynccontextmanager
-async def open_session(login: SshLogin, host_key: str, timeouts: SshTimeouts) -> AsyncIterator[SshSession]:
+async def open_session(login: SshLogin, host_key: str, timeouts: DeviceTimeouts) -> AsyncIterator[SshSession]:
     """An authenticated session with the device at ``login``, which must present ``host_key`` (OpenSSH format)."""
     if not login.username:
         raise DeviceFailure(

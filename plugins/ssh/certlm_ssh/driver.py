@@ -1,6 +1,7 @@
 """``SshStoreDriver``: the generic SSH driver (``ssh-generic``) for an OPC UA server whose certificate store is the
 Part 12 directory layout on a Linux host, and the base class of specific drivers, which change only the ``layout``
-data (and ``supported_devices``). ``DebianOpcUaServerDriver`` is the example of one.
+data (and ``supported_devices``). ``DebianOpcUaServerDriver`` is the example of one. What a driver does in a session
+already open is its base, ``certlm_ssh.session_driver.SshSessionDriver``; the push is ``certlm_ssh.push_flow``.
 
 Every operation with credentials goes to the device whose SSH host key an operator pinned; the OPC UA endpoint's
 certificate is read without credentials (GetEndpoints).
@@ -10,14 +11,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import ClassVar
 
-from certlm import HostServices
-from certlm.contracts.drivers import (
+from certlm import (
     CertificateReading,
     DeviceDescription,
-    DeviceDriver,
-    DeviceIdentity,
+    DeviceFailure,
     DeviceReading,
     DeviceTarget,
     FirmwareInfo,
@@ -27,41 +25,16 @@ from certlm.contracts.drivers import (
     SupportedDevice,
     TrustList,
 )
-from certlm.foundation.errors import DeviceFailure
-from certlm_ssh.connection import HostKeyNotPinned, SshSession, SshTimeouts, failure, open_session
+from certlm_ssh.connection import HostKeyNotPinned, SshSession, failure, open_session
 from certlm_ssh.device_settings import DeviceSettings, device_settings, login_of, opcua_url_of
 from certlm_ssh.layout import StoreLayout
 from certlm_ssh.opcua import presented_certificate
 from certlm_ssh.push_flow import run_push
-from certlm_ssh.store import load_certificate_file, trust_list_of
-
-# How long a push waits for the reloaded server to present the new certificate (and, after a rollback, the previous
-# one), unless the entry's layout sets reload_timeout_s. The host fills ``Settings.extra`` from the environment:
-# ``CERTLM_SSH_VERIFY_WAIT_S`` arrives as this key.
-VERIFY_WAIT_SETTING = "ssh_verify_wait_s"
-DEFAULT_VERIFY_WAIT_S = 20.0
-MAX_VERIFY_WAIT_S = 600.0
+from certlm_ssh.session_driver import SshSessionDriver
+from certlm_ssh.store import load_certificate_file
 
 
-def verify_wait_s(services: HostServices) -> float:
-    """The verify wait the host was started with; a bad value stops the start, naming the setting."""
-    raw = services.settings.extra.get(VERIFY_WAIT_SETTING)
-    if raw is None:
-        return DEFAULT_VERIFY_WAIT_S
-    try:
-        if isinstance(raw, bool):
-            raise TypeError(raw)
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{VERIFY_WAIT_SETTING} must be a number of seconds, got {raw!r}") from None
-    if not 0 < value <= MAX_VERIFY_WAIT_S:
-        raise ValueError(
-            f"{VERIFY_WAIT_SETTING} must be more than 0 and at most {MAX_VERIFY_WAIT_S:g} seconds, got {raw!r}"
-        )
-    return value
-
-
-class SshStoreDriver(DeviceDriver):
+class SshStoreDriver(SshSessionDriver):
     """Any OPC UA server on a Linux host with a Part 12 directory store, reached over SSH."""
 
     service = "ssh-generic"
@@ -69,21 +42,6 @@ class SshStoreDriver(DeviceDriver):
     url_scheme = "ssh"
     default_port = 22
     generic = True
-
-    layout: ClassVar[StoreLayout] = StoreLayout()
-    """Where the store is and how the server is reloaded; an entry overrides fields of it (``POST /ssh/device``)."""
-
-    def __init__(self, services: HostServices) -> None:
-        super().__init__(services)
-        self.verify_wait_s = verify_wait_s(services)
-
-    @property
-    def timeouts(self) -> SshTimeouts:
-        settings = self.services.settings
-        return SshTimeouts(settings.device_connect_timeout_s, settings.device_operation_timeout_s)
-
-    def layout_for(self, settings: DeviceSettings) -> StoreLayout:
-        return self.layout.overridden(settings.layout)
 
     @asynccontextmanager
     async def _reading(
@@ -96,8 +54,9 @@ class SshStoreDriver(DeviceDriver):
                 f"{action} failed: {target.url} has no pinned SSH host key: an operator onboards the device "
                 "(POST /gds/push/onboarding) or pins its key (POST /ssh/hostkey)"
             )
+        login, timeouts = login_of(target, settings), self.services.device_timeouts
         try:
-            async with open_session(login_of(target, settings), settings.host_key, self.timeouts) as session:
+            async with open_session(login, settings.host_key, timeouts) as session:
                 yield session, self.layout_for(settings), settings
         except Exception as error:
             raise failure(action, error) from error
@@ -124,7 +83,7 @@ class SshStoreDriver(DeviceDriver):
             return CertificateReading(load_certificate_file(data), 0, 0)
         settings = await device_settings(target.entry_id, self.services.secrets)
         url = opcua_url_of(target, settings, self.layout_for(settings))
-        return CertificateReading(await presented_certificate(url, self.timeouts.connect_s), 0, 0)
+        return CertificateReading(await presented_certificate(url, self.services.device_timeouts.connect_s), 0, 0)
 
     async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
         async with self._reading(target, "reading the trust list") as (session, layout, _):
@@ -132,55 +91,22 @@ class SshStoreDriver(DeviceDriver):
 
     async def read_firmware(self, target: DeviceTarget) -> FirmwareInfo:
         async with self._reading(target, "reading the firmware version") as (session, layout, _):
-            return await self._firmware(session, layout)
+            return await self.read_firmware_in(session, layout)
 
     async def read_status(self, target: DeviceTarget) -> str:
         async with self._reading(target, "reading the device status") as (session, layout, _):
-            return await self._status(session, layout)
+            return await self.read_status_in(session, layout)
 
     async def read_device(self, target: DeviceTarget) -> DeviceReading:
         """Trust list, firmware and status in one SSH session: what the monitor reads each scan."""
         async with self._reading(target, "reading the device") as (session, layout, _):
             trust_list = await self.read_trust_list_in(session, layout)
-            firmware = await self._firmware(session, layout) if layout.firmware_command else None
-            status = await self._status(session, layout) if layout.status_command else None
+            firmware = await self.read_firmware_in(session, layout) if layout.firmware_command else None
+            status = await self.read_status_in(session, layout) if layout.status_command else None
         return DeviceReading(trust_list=trust_list, firmware=firmware, status=status)
 
     async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
         return await run_push(self, target, request, pki)
-
-    # Reading the device in an open session.
-
-    async def describe_in(self, session: SshSession, layout: StoreLayout) -> DeviceDescription:
-        """Identity from the layout's ``identity_command``; the store's certificate; the layout as capabilities."""
-        lines = [*(await session.run(layout.identity_command)).splitlines(), "", "", ""]
-        identity = DeviceIdentity(*(line.strip() for line in lines[:3]))
-        data = await session.read_file(layout.path("own_certs", layout.certificate_file))
-        certificate = load_certificate_file(data) if data else None
-        capabilities = {"store": layout.root, "device_makes_key": layout.device_makes_key, "key_type": layout.key_type}
-        return DeviceDescription(identity, capabilities, certificate=certificate)
-
-    async def read_trust_list_in(
-        self, session: SshSession, layout: StoreLayout, mask: int = TrustList.ALL
-    ) -> TrustList:
-        files = {}
-        for part, directory in layout.trust_directories.items():
-            if mask & TrustList.MASK_BITS[part]:
-                files[part] = await session.read_files(layout.path(directory))
-        return trust_list_of(files, layout, mask)
-
-    async def _firmware(self, session: SshSession, layout: StoreLayout) -> FirmwareInfo:
-        if layout.firmware_command is None:
-            raise self._unsupported("reading the firmware version")
-        version = (await session.run(layout.firmware_command)).strip()
-        product = (await session.run(layout.identity_command)).splitlines()
-        return FirmwareInfo(firmware_version=version, device_name=product[1].strip() if len(product) > 1 else "")
-
-    async def _status(self, session: SshSession, layout: StoreLayout) -> str:
-        if layout.status_command is None:
-            raise self._unsupported("reading the device status")
-        # A status command may say "inactive" with a non-zero exit (systemctl is-active): its output is the status.
-        return (await session.run(layout.status_command, check=False)).strip() or "unknown"
 
 
 class DebianOpcUaServerDriver(SshStoreDriver):

@@ -8,8 +8,7 @@ import asyncio
 from asyncua import Client
 from cryptography import x509
 
-from certlm import serial_hex
-from certlm.foundation.errors import DeviceFailure
+from certlm import DeviceFailure, serial_hex
 
 ENDPOINT_UNREACHABLE = "BadCommunicationError"
 NO_CERTIFICATE = "BadCertificateInvalid"

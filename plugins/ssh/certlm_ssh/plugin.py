@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from quart import Blueprint
 
-from certlm import hookimpl
-from certlm.contracts.registry import DeviceDriverRegistry
+from certlm import DeviceDriverRegistry, HostServices, InventoryAccess, hookimpl
+from certlm_ssh.blueprint import make_blueprint
 from certlm_ssh.driver import DebianOpcUaServerDriver, SshStoreDriver
+
+# The certlm plugin API these hooks are written for.
+CERTLM_PLUGIN_API = "1.0"
 
 
 @hookimpl
@@ -16,10 +19,8 @@ def certlm_register_device_drivers(register: DeviceDriverRegistry) -> None:
 
 
 @hookimpl
-def certlm_provide_blueprints() -> list[Blueprint]:
-    from certlm_ssh.blueprint import blueprint
-
-    return [blueprint]
+def certlm_provide_blueprints(services: HostServices, inventory: InventoryAccess) -> list[Blueprint]:
+    return [make_blueprint(services, inventory)]
 
 
 @hookimpl

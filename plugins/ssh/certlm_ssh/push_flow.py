@@ -7,7 +7,6 @@ fails, restore the kept generation, reload again and check the server presents t
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -15,18 +14,23 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import NameOID
 
-from certlm import serial_hex
-from certlm.contracts.drivers import (
+from certlm import (
+    APIError,
     DeviceDescription,
+    DeviceFailure,
+    DeviceTarget,
+    Enrollment,
     PkiMaterial,
     PushFailed,
     PushOutcome,
     PushRequest,
     StepLog,
+    host_general_name,
+    issued_by,
     plain_status,
+    serial_hex,
+    to_der,
 )
-from certlm.foundation.certs import host_general_name, issued_by, to_der
-from certlm.foundation.errors import APIError, DeviceFailure
 from certlm_ssh.connection import (
     CommandFailed,
     HostKeyNotPinned,
@@ -41,6 +45,7 @@ from certlm_ssh.connection import (
 from certlm_ssh.device_settings import DeviceSettings, device_settings, login_of, opcua_url_of, pin_host_key
 from certlm_ssh.layout import StoreLayout
 from certlm_ssh.opcua import await_certificate
+from certlm_ssh.session_driver import SshSessionDriver
 from certlm_ssh.store import (
     NOTHING_SWAPPED,
     PREVIOUS,
@@ -53,10 +58,6 @@ from certlm_ssh.store import (
     staging_script,
     trust_files,
 )
-
-if TYPE_CHECKING:
-    from certlm.contracts.drivers import DeviceTarget
-    from certlm_ssh.driver import SshStoreDriver
 
 UNTRUSTED_STORE = "CertificateUntrusted"
 NO_APPLICATION_URI = "NoApplicationUri"
@@ -89,7 +90,7 @@ def layout_summary(layout: StoreLayout) -> str:
     )
 
 
-def driver_choice(description: DeviceDescription, before: SshStoreDriver, chosen: SshStoreDriver) -> str:
+def driver_choice(description: DeviceDescription, before: SshSessionDriver, chosen: SshSessionDriver) -> str:
     """Which driver the device's description selected, and why."""
     identity = description.identity
     said = f"the device says {identity.manufacturer or '?'} / {identity.product or '?'} / {identity.firmware or '?'}"
@@ -106,7 +107,7 @@ def driver_choice(description: DeviceDescription, before: SshStoreDriver, chosen
 class SshPush:
     """One push: its steps on the host's ``StepLog``, and what the device said of itself."""
 
-    def __init__(self, driver: SshStoreDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> None:
+    def __init__(self, driver: SshSessionDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> None:
         self.driver = driver
         self.target = target
         self.request = request
@@ -121,7 +122,7 @@ class SshPush:
             return await self._push(stack, settings)
 
     async def _push(self, stack: AsyncExitStack, settings: DeviceSettings) -> PushOutcome:
-        driver, timeouts, run = self.driver, self.driver.timeouts, self.run
+        driver, timeouts, run = self.driver, self.driver.services.device_timeouts, self.run
         host_key = settings.host_key
 
         async with run.step("connect") as note:
@@ -147,9 +148,7 @@ class SshPush:
             async with run.step("identify") as note:
                 description = self.description = await driver.describe_in(session, layout)
                 chosen = await self.request.identify(description)
-                from certlm_ssh.driver import SshStoreDriver
-
-                if isinstance(chosen, SshStoreDriver):
+                if isinstance(chosen, SshSessionDriver):
                     # The driver selected for what the device said goes on in this session, with its own layout.
                     self.choice = driver_choice(description, driver, chosen)
                     driver, layout = chosen, chosen.layout_for(settings)
@@ -190,16 +189,7 @@ class SshPush:
                 presented_certificate=run.presented_certificate,
             ) from stopped.__cause__
         trust_list = await driver.read_trust_list_in(session, layout)
-        return PushOutcome(
-            certificate=enrollment.certificate,
-            chain=enrollment.chain,
-            trust_list=trust_list,
-            security_policy=0,
-            security_mode=0,
-            steps=run.steps,
-            description=self.description,
-            presented_certificate=run.presented_certificate,
-        )
+        return run.outcome(enrollment, trust_list, description=self.description)
 
     async def _read_store(self, session: SshSession, layout: StoreLayout) -> x509.Certificate | None:
         """The certificate in the store; a pinned device's must be the pinned one or one of the entry's PKI."""
@@ -286,7 +276,11 @@ class SshPush:
         return builder.sign(key, hashes.SHA256()), key
 
     async def _upload(
-        self, session: SshSession, layout: StoreLayout, enrollment: Any, key: CertificateIssuerPrivateKeyTypes | None
+        self,
+        session: SshSession,
+        layout: StoreLayout,
+        enrollment: Enrollment,
+        key: CertificateIssuerPrivateKeyTypes | None,
     ) -> None:
         staged = _StagedPaths(layout)
         files = {staged.path("own_certs", layout.certificate_file): (
@@ -316,7 +310,7 @@ class SshPush:
         """Restore the kept generation and reload, in a new session (the push's may be gone with the device). The
         device is unchanged once its files are restored and its server presents the previous certificate, whether or
         not the reload went through (a server that a failed reload never stopped still runs on the old files)."""
-        timeouts = self.driver.timeouts
+        timeouts = self.driver.services.device_timeouts
         reload_failed: CommandFailed | None = None
         try:
             async with self.run.step("rollback") as note:
@@ -399,5 +393,7 @@ def _openssl_request(layout: StoreLayout, subject: x509.Name, names: list[x509.G
     return f"{command} && openssl pkey -in {quoted(made)} -outform {form} -out {quoted(key)} && rm -f {quoted(made)}"
 
 
-async def run_push(driver: SshStoreDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
+async def run_push(
+    driver: SshSessionDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial
+) -> PushOutcome:
     return await SshPush(driver, target, request, pki).push()

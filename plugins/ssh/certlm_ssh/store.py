@@ -11,8 +11,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-from certlm.contracts.drivers import TrustList
-from certlm.foundation.certs import sha1_fingerprint
+from certlm import TrustList, sha1_fingerprint
 from certlm_ssh.layout import FileFormat, StoreLayout
 
 STAGING = ".certlm-staging"

@@ -23,11 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certlm.contracts.drivers import DeviceTarget, PkiMaterial
-from certlm.contracts.pki_backends import Enrollment
-from certlm.contracts.registry import HostServices
-from certlm.foundation.errors import CsrRejected
-from certlm.foundation.secretbox import SecretBox
+from certlm import CsrRejected, DeviceTarget, Enrollment, HostServices, PkiMaterial, SecretBox
 from tests.crypto_factory import SERVER_AND_CLIENT, certificate, device_key_usage, make_ca, name, rsa_key
 from tests.support import free_port, in_process_settings, stop_process
 

@@ -16,10 +16,17 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
-from certlm.contracts.drivers import DeviceTarget, PkiMaterial, PushFailed, PushRequest, TrustList
-from certlm.contracts.registry import HostServices
-from certlm.foundation.certs import sha1_fingerprint, to_der
-from certlm.foundation.errors import CsrRejected
+from certlm import (
+    CsrRejected,
+    DeviceTarget,
+    HostServices,
+    PkiMaterial,
+    PushFailed,
+    PushRequest,
+    TrustList,
+    sha1_fingerprint,
+    to_der,
+)
 from tests.plugins.gds_push.conftest import (
     ADMIN,
     NodeOpcuaPeer,

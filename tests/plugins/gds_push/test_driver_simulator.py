@@ -19,9 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from certlm.contracts.drivers import PushFailed, PushRequest, TrustList
-from certlm.contracts.registry import HostServices
-from certlm.foundation.certs import to_der
+from certlm import HostServices, PushFailed, PushRequest, TrustList, to_der
 from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import (
     ADMIN,

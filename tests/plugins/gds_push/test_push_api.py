@@ -15,7 +15,7 @@ import pytest
 from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 
-from certlm.foundation.certs import sha1_fingerprint
+from certlm import sha1_fingerprint
 from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import ADMIN, NodeOpcuaPeer
 from tests.support import RunningService, free_port

@@ -15,20 +15,20 @@ from certlm_gds_push.identity import ClientIdentity
 from certlm_opcua_simulator.driver import SimulatedPlcDriver
 from cryptography import x509
 
-from certlm.contracts.drivers import (
+from certlm import (
+    CsrRejected,
     DeviceDescription,
     DeviceDriver,
     DeviceTarget,
+    HostServices,
     PkiMaterial,
     PushFailed,
     PushOutcome,
     PushRequest,
     StepOutcome,
     TrustList,
+    to_der,
 )
-from certlm.contracts.registry import HostServices
-from certlm.foundation.certs import to_der
-from certlm.foundation.errors import CsrRejected
 from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for
 

@@ -16,8 +16,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from pyasn1.codec.der import decoder
 from pyasn1_alt_modules import rfc9480
 
-from certlm.contracts.pki_backends import PkiBackend
-from certlm.storage.models import PkiEntry
+from certlm import PkiBackend, PkiEntry
 from tests.crypto_factory import ec_key
 from tests.plugins.broken_server import start_broken_server  # noqa: F401 - a fixture for this package's tests
 from tests.plugins.pki_cmp.cmp_server import CmpMockServer, HttpRelay, TestPki

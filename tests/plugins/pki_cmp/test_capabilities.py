@@ -12,10 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from certlm.contracts.pki_backends import SERVER_PROFILE
-from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
-from certlm.pki.client import stored_ca_certificates
-from certlm.storage.models import PkiEntry
+from certlm import SERVER_PROFILE, APIError, NotFound, PkiEntry, UpstreamUnavailable, pki_client
 from tests.crypto_factory import device_csr, ec_key, rsa_key
 from tests.plugins.pki_cmp.cmp_server import forward_to, http_error, refusing
 from tests.plugins.pki_cmp.conftest import MAC_SERVER, decoded, learned, mac_entry, received
@@ -52,7 +49,7 @@ async def test_genm_refused_the_chain_comes_with_the_enrollment_and_is_cached(
 
     first = await cmp_app.backend.enroll(entry, device_csr(key), SERVER_PROFILE)
     assert first.chain == (test_pki.ca_certificate,), "from extraCerts"
-    assert stored_ca_certificates(await PkiEntry.get(id=entry.id)) == [test_pki.ca_certificate]
+    assert pki_client.stored_ca_certificates(await PkiEntry.get(id=entry.id)) == [test_pki.ca_certificate]
 
     # Cached: neither the CA download nor the next push's enrollment asks genm again.
     assert await cmp_app.backend.ca_certificates(entry) == [test_pki.ca_certificate]
@@ -143,7 +140,7 @@ async def test_p10cr_refused_ir_with_the_key_certlm_made(cmp_app, test_pki, star
     assert enrollment.certificate == issued
     # Issuing CA first, from extraCerts, then the root from caPubs.
     assert enrollment.chain == (intermediate, test_pki.ca_certificate)
-    assert stored_ca_certificates(await PkiEntry.get(id=entry.id)) == [intermediate, test_pki.ca_certificate]
+    assert pki_client.stored_ca_certificates(await PkiEntry.get(id=entry.id)) == [intermediate, test_pki.ca_certificate]
     assert received(refuser) == ["P10CR"]
     assert received(server) == ["IR", "CERTCONF"], "the mock verified the signature POPO"
     assert decoded(relay.requests[1])["body"]["ir"][0]["popo"].getName() == "signature"

@@ -9,10 +9,7 @@ from cryptography import x509
 from pyasn1.codec.der import decoder
 from pyasn1_alt_modules import rfc4211
 
-from certlm.contracts.pki_backends import CLIENT_PROFILE, SERVER_PROFILE
-from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
-from certlm.pki.client import stored_ca_certificates
-from certlm.storage.models import PkiEntry
+from certlm import CLIENT_PROFILE, SERVER_PROFILE, APIError, NotFound, PkiEntry, UpstreamUnavailable, pki_client
 from tests.crypto_factory import device_csr, ec_key, self_signed
 from tests.plugins.pki_cmp.cmp_server import forward_to
 from tests.plugins.pki_cmp.conftest import MAC_SERVER, PENDING_WAIT_S, decoded, mac_entry, received
@@ -31,7 +28,7 @@ async def test_p10cr_with_mac_and_explicit_confirmation(cmp_app, test_pki, start
     assert received(server) == ["P10CR", "CERTCONF"]
     assert "successfully validated PBM-based CMP message protection" in server.log()
     # The CA learned from extraCerts is served to devices, without an API key.
-    assert stored_ca_certificates(await PkiEntry.get(id=entry.id)) == [test_pki.ca_certificate]
+    assert pki_client.stored_ca_certificates(await PkiEntry.get(id=entry.id)) == [test_pki.ca_certificate]
     response = await cmp_app.client.get(f"/pki/ca/{entry.id}")
     assert response.status_code == 200
     assert x509.load_pem_x509_certificates(await response.get_data()) == [test_pki.ca_certificate]
@@ -140,7 +137,7 @@ async def test_certificate_for_another_key_is_rejected_with_certconf(
     assert "certificate rejected by client with PKIStatus: rejection" in server.log()
     (status,) = decoded(relay.requests[1])["body"]["certConf"]
     assert status["statusInfo"]["failInfo"].asBinary() == "0" * 19 + "1", "badCertTemplate (bit 19), nothing else"
-    assert stored_ca_certificates(await PkiEntry.get(id=entry.id)) == []
+    assert pki_client.stored_ca_certificates(await PkiEntry.get(id=entry.id)) == []
 
 
 async def test_revocation(cmp_app, test_pki, start_mock) -> None:

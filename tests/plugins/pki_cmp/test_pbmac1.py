@@ -12,8 +12,7 @@ from pyasn1.codec.der import decoder, encoder
 from pyasn1.type import univ
 from pyasn1_alt_modules import rfc8018, rfc9480
 
-from certlm.contracts.pki_backends import SERVER_PROFILE
-from certlm.foundation.errors import UpstreamUnavailable
+from certlm import SERVER_PROFILE, UpstreamUnavailable
 from tests.crypto_factory import device_csr, ec_key
 from tests.plugins.pki_cmp.cmp_server import forward_to
 from tests.plugins.pki_cmp.conftest import MAC_SERVER, SECRET, decoded, mac_entry, received

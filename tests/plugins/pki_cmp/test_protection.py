@@ -8,8 +8,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from pyasn1.codec.der import encoder
 
-from certlm.contracts.pki_backends import SERVER_PROFILE, CertlmKeyRequired
-from certlm.foundation.errors import APIError, CsrRejected, UpstreamUnavailable
+from certlm import SERVER_PROFILE, APIError, CertlmKeyRequired, CsrRejected, UpstreamUnavailable
 from tests.crypto_factory import device_csr, ec_key, pem
 from tests.plugins.pki_cmp.cmp_server import CMP_CONTENT_TYPE, TestPki, forward_to, sleeping
 from tests.plugins.pki_cmp.conftest import (

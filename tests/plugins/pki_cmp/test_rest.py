@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 from cryptography import x509
 
-from certlm.contracts.pki_backends import SERVER_PROFILE
-from certlm.foundation.errors import APIError
-from certlm.storage.models import PkiEntry
+from certlm import SERVER_PROFILE, APIError, PkiEntry
 from tests.crypto_factory import device_csr, ec_key
 from tests.plugins.pki_cmp.conftest import MAC_SERVER, REFERENCE, SECRET, received
 

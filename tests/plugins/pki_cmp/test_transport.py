@@ -9,8 +9,7 @@ import re
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from certlm.contracts.pki_backends import SERVER_PROFILE
-from certlm.foundation.errors import APIError
+from certlm import SERVER_PROFILE, APIError
 from tests.crypto_factory import device_csr, ec_key, pem, self_signed
 from tests.plugins.pki_cmp.cmp_server import forward_to
 from tests.plugins.pki_cmp.conftest import MAC_SERVER, REFERENCE, REQUEST_TIMEOUT_S, SECRET, received, signed

@@ -23,9 +23,7 @@ from pyasn1.codec.der import decoder, encoder
 from pyasn1.type import univ
 from pyasn1_alt_modules import rfc4210, rfc9480
 
-from certlm.contracts.pki_backends import SERVER_PROFILE, CertlmKeyRequired
-from certlm.foundation.errors import UpstreamUnavailable
-from certlm.storage.models import PkiEntry
+from certlm import SERVER_PROFILE, CertlmKeyRequired, PkiEntry, UpstreamUnavailable
 from tests.crypto_factory import device_csr, ec_key, rsa_key
 from tests.plugins.pki_cmp.cmp_server import (
     TRUSTPOINT_MAC_REFUSAL,

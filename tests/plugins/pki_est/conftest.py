@@ -11,8 +11,7 @@ import pytest
 from certlm_pki_est.backend import EstPki
 from cryptography import x509
 
-from certlm.foundation.config import Settings
-from certlm.storage.models import PkiEntry
+from certlm import PkiEntry, Settings
 from tests.plugins.broken_server import start_broken_server  # noqa: F401 - a fixture for this package's tests
 from tests.plugins.pki_est.est_server import EstTestServer
 from tests.support import in_process_settings, licensed_app_in_process

@@ -31,8 +31,7 @@ from pyasn1.codec.der import decoder, encoder
 from pyasn1.type import univ
 from pyasn1_alt_modules import rfc7030
 
-from certlm.contracts.pki_backends import CLIENT_PROFILE, SERVER_PROFILE
-from certlm.foundation.errors import APIError
+from certlm import CLIENT_PROFILE, SERVER_PROFILE, APIError
 from tests.crypto_factory import Credential, certificate, ec_key, host_names, name
 
 CERTS_ONLY = "application/pkcs7-mime; smime-type=certs-only"

@@ -12,8 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from certlm.contracts.pki_backends import SERVER_PROFILE
-from certlm.foundation.errors import CsrRejected, UnsupportedOperation, UpstreamUnavailable
+from certlm import SERVER_PROFILE, CsrRejected, UnsupportedOperation, UpstreamUnavailable
 from tests.crypto_factory import device_csr, ec_key, rsa_key, self_signed
 from tests.plugins.pki_est.conftest import same_key
 from tests.plugins.pki_est.est_server import csr_attributes_der

@@ -8,10 +8,7 @@ import pytest
 from certlm_pki_est.backend import EstPki
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from certlm.contracts.pki_backends import SERVER_PROFILE
-from certlm.contracts.registry import HostServices
-from certlm.foundation.config import Settings
-from certlm.foundation.errors import UpstreamUnavailable
+from certlm import SERVER_PROFILE, HostServices, Settings, UpstreamUnavailable
 from tests.crypto_factory import device_csr, ec_key, self_signed
 from tests.support import free_port
 

@@ -9,11 +9,7 @@ import re
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from certlm.contracts.pki_backends import SERVER_PROFILE
-from certlm.foundation.certs import serial_hex
-from certlm.foundation.errors import UpstreamUnavailable
-from certlm.pki.client import MAX_REDIRECTS
-from certlm.storage.models import PkiEntry
+from certlm import SERVER_PROFILE, PkiEntry, UpstreamUnavailable, pki_client, serial_hex
 from tests.crypto_factory import device_csr, ec_key
 from tests.plugins.pki_est.conftest import same_key
 from tests.plugins.pki_est.est_server import ENROLL_OPERATIONS, EstTestServer
@@ -163,7 +159,7 @@ async def test_origins_compare_scheme_host_and_port(certlm, est_server) -> None:
 # ----- bounds and odd targets
 
 
-@pytest.mark.parametrize("count", [MAX_REDIRECTS, MAX_REDIRECTS + 1])
+@pytest.mark.parametrize("count", [pki_client.MAX_REDIRECTS, pki_client.MAX_REDIRECTS + 1])
 async def test_redirects_in_a_row_are_bounded(certlm, est_server, count: int) -> None:
     start = est_server.url + "/cacerts"
     # The query makes the last URL one the server does not redirect: it answers cacerts there.
@@ -174,13 +170,13 @@ async def test_redirects_in_a_row_are_bounded(certlm, est_server, count: int) ->
 
     code, body = await validate(certlm, entry)
 
-    if count == MAX_REDIRECTS:
+    if count == pki_client.MAX_REDIRECTS:
         assert code == 200, body
         assert len(est_server.requests) == count + 1
         return
     assert code == 502
     assert body["error"] == (
-        f"EST server 127.0.0.1:{est_server.port} redirected cacerts more than {MAX_REDIRECTS} times: "
+        f"EST server 127.0.0.1:{est_server.port} redirected cacerts more than {pki_client.MAX_REDIRECTS} times: "
         + " -> ".join([start, *targets])
     )
     assert len(est_server.requests) == count, "the last target was not asked"

@@ -11,8 +11,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from certlm.foundation.certs import serial_hex
-from certlm.storage.models import PkiEntry
+from certlm import PkiEntry, serial_hex
 from tests.crypto_factory import ec_key, self_signed
 from tests.support import free_port
 

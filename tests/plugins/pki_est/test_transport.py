@@ -8,8 +8,7 @@ import re
 
 import pytest
 
-from certlm.contracts.pki_backends import SERVER_PROFILE
-from certlm.foundation.errors import APIError
+from certlm import SERVER_PROFILE, APIError
 from tests.crypto_factory import device_csr, ec_key
 from tests.plugins.pki_est.conftest import REQUEST_TIMEOUT_S, same_key
 from tests.support import free_port

@@ -244,7 +244,7 @@ async def renew_by_scheduler(certlm: InProcessApp, device: ContractDevice) -> di
         context = ScanContext(
             future, await MaintenanceCalendar.load(), timedelta(hours=1), lambda: future, await system_settings()
         )
-        report = await renewal_scan(context)
+        report = await renewal_scan(certlm.host.runtime, context)
         assert report.outcomes.get("renewed") == 1, report
         return (await InventoryEntry.get(port=device.port)).last_result
 

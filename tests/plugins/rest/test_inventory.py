@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from certlm_rest.models import RestDevice
 
-from certlm.service.host import current_host
 from certlm.storage.models import DeviceCredential, InventoryEntry
 from tests.support import InProcessApp, LicenseKeys, free_port
 
@@ -172,7 +171,7 @@ async def registered(certlm: InProcessApp, **fields: Any) -> dict[str, Any]:
 async def stored_secrets(certlm: InProcessApp, entry_id: int) -> tuple[str | None, str | None]:
     """The entry's password and bearer token as certlm decrypts them."""
     async with certlm.context():
-        secrets = current_host().secrets
+        secrets = certlm.host.services.secrets
         credential = await DeviceCredential.get(entry_id=entry_id)
         device = await RestDevice.get(entry_id=entry_id)
         token = secrets.decrypt_text(device.bearer_token_enc) if device.bearer_token_enc else None

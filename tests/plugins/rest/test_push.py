@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certlm_rest.connection import Timeouts
 from certlm_rest.driver import VERIFY_WAIT_SETTING
 from certlm_rest.models import RestDevice, RestTrustWritten
 from certlm_rest.opcua_endpoint import endpoint_certificate
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from certlm import DeviceTimeouts
 from certlm.foundation.certs import sha1_fingerprint, to_der
 from certlm.http.app import create_app
 from certlm.lifecycle.monitoring import monitor_device
@@ -34,7 +34,7 @@ from tests.plugins.rest.conftest import StartRestDevice
 from tests.plugins.rest.device import RestTestDevice
 from tests.support import InProcessApp, in_process_settings
 
-TIMEOUTS = Timeouts(3.0, 6.0)
+TIMEOUTS = DeviceTimeouts(3.0, 6.0)
 
 
 async def register(certlm: InProcessApp, device: RestTestDevice, pki_id: int | None, **fields: Any) -> dict:
@@ -54,7 +54,7 @@ async def register(certlm: InProcessApp, device: RestTestDevice, pki_id: int | N
 async def push(certlm: InProcessApp, device: RestTestDevice, **order: Any) -> dict:
     async with certlm.context():
         entry = await InventoryEntry.get(server="127.0.0.1", port=device.port, protocol="rest")
-        return await push_certificate(entry, PushOrder(debug=True, **order))
+        return await push_certificate(certlm.host.runtime, entry, PushOrder(debug=True, **order))
 
 
 async def failed_push(certlm: InProcessApp, device: RestTestDevice, **order: Any) -> PushError:
@@ -134,7 +134,7 @@ async def test_the_renewal_scheduler_renews_a_rest_device(
         context = ScanContext(
             future, await MaintenanceCalendar.load(), timedelta(hours=1), lambda: future, await system_settings()
         )
-        report = await renewal_scan(context)
+        report = await renewal_scan(certlm.host.runtime, context)
     assert report.outcomes.get("renewed") == 1, report
     renewed = device.active.certificate
     assert renewed != first and await presented(device) == to_der(renewed)
@@ -150,14 +150,14 @@ async def test_the_monitor_reads_the_opcua_endpoint_and_notices_a_certificate_ce
     issued = await enrolled(certlm, device, pki_id)
     entry = await entry_of(certlm, device)
     async with certlm.context():
-        assert await monitor_device(entry, datetime.now(UTC)) == "read"
+        assert await monitor_device(certlm.host.runtime, entry, datetime.now(UTC)) == "read"
         await entry.refresh_from_db()
         assert entry.certificate_der == to_der(issued)
         assert len(entry.trustlist["trustlist_trusted_ca"]) == 1
         assert entry.firmware_version == "1.0.0"
         # Someone installs another certificate behind certlm's back.
         await device.opcua.present(device.previous)
-        assert await monitor_device(entry, datetime.now(UTC)) == "certificate_changed"
+        assert await monitor_device(certlm.host.runtime, entry, datetime.now(UTC)) == "certificate_changed"
 
 
 async def test_a_failed_apply_is_rolled_back_and_the_device_runs_on_its_previous_certificate(

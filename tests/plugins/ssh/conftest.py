@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from certlm_ssh.driver import VERIFY_WAIT_SETTING
+from certlm_ssh.session_driver import VERIFY_WAIT_SETTING
 
 from certlm.inventory.entries import find_entry_at
 from certlm.lifecycle.push import PushOrder, push_certificate
@@ -54,7 +54,7 @@ class SshPlant(InProcessApp):
             entry = await find_entry_at("127.0.0.1", device.ssh_port, "ssh")
             assert entry is not None
             try:
-                return await push_certificate(entry, PushOrder(trigger="test", **order))
+                return await push_certificate(self.host.runtime, entry, PushOrder(trigger="test", **order))
             except Exception as error:  # the APIError's body, as the REST endpoint answers it
                 details = getattr(error, "details", {})
                 return {"success": False, "error": getattr(error, "message", str(error)), **details}

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from certlm_ssh.driver import VERIFY_WAIT_SETTING
+from certlm_ssh.session_driver import VERIFY_WAIT_SETTING
 
 from certlm.foundation.config import Settings
 from certlm.http.app import create_app

@@ -52,7 +52,7 @@ async def test_the_monitor_reads_certificate_trust_list_firmware_and_status(plan
         assert entry is not None
         entry.trustlist, entry.firmware_version = None, None
         await entry.save()
-        outcome = await monitor_device(entry, datetime.now(UTC))
+        outcome = await monitor_device(plant.host.runtime, entry, datetime.now(UTC))
         await entry.refresh_from_db()
 
     assert outcome == "read", entry.last_result
@@ -64,4 +64,4 @@ async def test_the_monitor_reads_certificate_trust_list_firmware_and_status(plan
     # With its OPC UA server down the device is recorded unreachable (its certificate is read from the endpoint).
     device.stop_server()
     async with plant.context():
-        assert await monitor_device(entry, datetime.now(UTC)) == "unreachable"
+        assert await monitor_device(plant.host.runtime, entry, datetime.now(UTC)) == "unreachable"
