@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import ssl
@@ -14,16 +15,18 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from certlm.foundation.logs import LEVELS, configure_logging, console_level
 from certlm.foundation.version import __version__
+
+if TYPE_CHECKING:
+    from certlm.foundation.config import ConfigError, Settings
 
 # The import route takes a file's bytes as they are; the suffix says which kind they are.
 IMPORT_MEDIA_TYPES = {".csv": "text/csv", ".json": "application/json"}
 # An import of 10,000 rows takes seconds; a service that has not answered in this long is not going to.
 REQUEST_TIMEOUT_S = 300
-DEFAULT_URL = "http://127.0.0.1:5000"
 API_KEY_FILE_NAME = Path("secrets") / "certlm_api_key.txt"
 DEMO_DIR_VARIABLE = "CERTLM_DEMO_DIR"
 DEFAULT_DEMO_DIR = "certlm-demo"
@@ -37,14 +40,141 @@ def _configure_logging(args: argparse.Namespace, data_dir: Path) -> None:
     configure_logging(level, data_dir)
 
 
+def _settings(args: argparse.Namespace) -> Settings:
+    """The settings of ``certlm serve`` and ``certlm config check``: the configuration file, the environment, then
+    the flags given; SystemExit naming every unknown key and bad value."""
+    from certlm.foundation.config import ConfigError, Settings, config_file_for
+
+    overrides: dict[str, Any] = {}
+    for flag in ("data_dir", "host", "port", "log_level"):
+        if getattr(args, flag, None) is not None:
+            overrides[flag] = getattr(args, flag)
+    from certlm.service.backup import ScheduledBackups
+
+    try:
+        settings = Settings.from_env(config_file=config_file_for(args.config, data_dir=args.data_dir), **overrides)
+        ScheduledBackups.from_settings(settings)  # the backup settings' files and schedule are checked here too
+        return settings
+    except ConfigError as error:
+        raise _refused_settings(error) from None
+
+
+def _refused_settings(error: ConfigError) -> SystemExit:
+    """The exit that names every problem of the settings, one ``certlm: ...`` line each."""
+    return SystemExit("\n".join(f"certlm: {problem}" for problem in error.problems))
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from certlm.foundation.config import Settings
     from certlm.http.server import serve
 
-    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
-    settings = Settings.from_env(**overrides)
-    _configure_logging(args, settings.data_dir)
-    asyncio.run(serve(settings, host=args.host, port=args.port))
+    settings = _settings(args)
+    configure_logging(
+        settings.log_level,
+        settings.data_dir,
+        log_format=settings.log_format,
+        max_bytes=settings.log_file_max_bytes,
+        backups=settings.log_file_backups,
+    )
+    asyncio.run(serve(settings, host=settings.host, port=settings.port))
+    return 0
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    """Exit 1 naming every unknown key and bad value (of the file and the environment); else print the effective
+    settings, secrets masked, and where they came from."""
+    from certlm.foundation.config import config_file_for
+
+    path = config_file_for(args.config, data_dir=args.data_dir)
+    settings = _settings(args)
+    source = f"the configuration file {path}" if path else "no configuration file"
+    print(f"# certlm {__version__}: {source}, then the CERTLM_* environment variables, then the flags")
+    print(_toml(settings.effective()), end="")
+    return 0
+
+
+def _toml(values: dict[str, Any]) -> str:
+    """``values`` (plain values and one level of tables) as TOML, to paste into a configuration file."""
+    lines: list[str] = []
+    tables = {key: value for key, value in values.items() if isinstance(value, dict)}
+    for key, value in values.items():
+        if value is None:
+            lines.append(f"# {key} is not set")
+        elif key not in tables:
+            lines.append(f"{key} = {json.dumps(value)}")
+    for table, items in tables.items():
+        lines.append(f"\n[{table}]")
+        lines.extend(f"{key} = {json.dumps(value)}" for key, value in items.items())
+    return "\n".join(lines) + "\n"
+
+
+def _backup_settings(args: argparse.Namespace, *, with_config_file: bool) -> Settings:
+    """The settings of the instance to back up (as ``certlm serve`` reads them) or to restore into (the new data
+    directory has no configuration file yet): ``--data-dir`` and ``--database-url`` win."""
+    from certlm.foundation.config import ConfigError, Settings, config_file_for
+
+    overrides: dict[str, Any] = {"data_dir": args.data_dir} if args.data_dir else {}
+    if args.database_url:
+        overrides["database_url"] = args.database_url
+    config_file = config_file_for(None, data_dir=args.data_dir) if with_config_file else None
+    try:
+        return Settings.from_env(config_file=config_file, **overrides)
+    except ConfigError as error:
+        raise SystemExit("\n".join(f"certlm: {problem}" for problem in error.problems)) from None
+
+
+def _backup(args: argparse.Namespace) -> int:
+    from certlm.service.backup import BackupError, Passphrase, create_backup, load_recipient, record_command_backup
+
+    settings = _backup_settings(args, with_config_file=True)
+    try:
+        if args.passphrase_file:
+            key_source: Any = Passphrase.from_file(Path(args.passphrase_file))
+        else:
+            key_source = load_recipient(Path(args.recipient))
+        summary = create_backup(settings, Path(args.out), key_source)
+    except BackupError as error:
+        raise SystemExit(f"certlm: backup not written: {error}") from None
+    print("\n".join(summary.lines()))
+    not_recorded = asyncio.run(record_command_backup(settings, summary))
+    if not_recorded is None:
+        print("recorded in the database: GET /systeminfo reports it as the last backup")
+    else:
+        print(f"certlm: the archive is complete, but not recorded in the database ({not_recorded})", file=sys.stderr)
+    opener = "--passphrase-file PASSPHRASE_FILE" if args.passphrase_file else "--identity PRIVATE_KEY_PEM"
+    postgres = summary.manifest["database"]["engine"] == "postgres"
+    database = " --database-url postgres://USER@HOST:PORT/EMPTY_DATABASE" if postgres else ""
+    print(f"restore it on a new machine: certlm restore {summary.path} --data-dir NEW_DATA_DIR{database} {opener}")
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from certlm.service.backup import BackupError, Passphrase, load_identity, restore_backup
+
+    if not args.data_dir:
+        raise SystemExit("certlm: restore needs --data-dir (or $CERTLM_DATA_DIR): the new data directory")
+    settings = _backup_settings(args, with_config_file=False)
+    try:
+        if args.passphrase_file:
+            key_source: Any = Passphrase.from_file(Path(args.passphrase_file))
+        else:
+            key_source = load_identity(Path(args.identity))
+        summary = restore_backup(
+            Path(args.file), settings, key_source, force=args.force, rotate_api_key=args.rotate_api_key
+        )
+    except BackupError as error:
+        raise SystemExit(f"certlm: not restored: {error}") from None
+    manifest = summary.manifest
+    counts = ", ".join(f"{value} {name.replace('_', ' ')}" for name, value in manifest["counts"].items())
+    print(
+        f"restored the backup of {manifest['created']} (certlm {manifest['certlm_version']}) into {settings.data_dir}"
+    )
+    print(f"  database: {summary.database} ({counts})")
+    print(f"  files:    {', '.join(str(path) for path in summary.written) or 'none'}")
+    if summary.removed:
+        print(f"  removed (the replaced instance's, not in the archive): {', '.join(map(str, summary.removed))}")
+    if summary.new_api_key:
+        print(f"  new API key: {summary.new_api_key} (the old one is refused; it is also in {settings.api_key_file})")
+    print(f"start it with: certlm serve --data-dir {settings.data_dir} (the database is migrated at start)")
     return 0
 
 
@@ -229,32 +359,76 @@ def _read(path: Path) -> bytes:
         raise SystemExit(f"certlm: cannot read {error.filename}: {error.strerror}") from None
 
 
-def _api_key_file(args: argparse.Namespace) -> Path:
-    """The API key file: ``--api-key-file``, else ``$CERTLM_API_KEY_FILE``, else the data directory's
-    (``$CERTLM_DATA_DIR`` or ./certlm-data), else the demo's (``$CERTLM_DEMO_DIR`` or ./certlm-demo). Says on stderr
-    which file it chose when it was not named."""
+def _service_settings(args: argparse.Namespace) -> tuple[Settings, Path | None]:
+    """The settings of the running certlm a client command talks to, read as ``certlm serve`` reads them (the
+    configuration file, the environment, ``--data-dir``), and the configuration file read, if any; SystemExit naming
+    every unknown key and bad value."""
+    from certlm.foundation.config import ConfigError, Settings, config_file_for
+
+    config_file = config_file_for(args.config, data_dir=args.data_dir)
+    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+    try:
+        return Settings.from_env(config_file=config_file, **overrides), config_file
+    except ConfigError as error:
+        raise _refused_settings(error) from None
+
+
+def _api_key_file(args: argparse.Namespace, settings: Settings, config_file: Path | None) -> Path:
+    """The API key file: ``--api-key-file``, else the one ``certlm serve`` with ``settings`` uses
+    (``$CERTLM_API_KEY_FILE``, else ``api_key_file`` of the configuration file, else the data directory's), else,
+    with neither a configuration file nor ``--data-dir``, the demo's (``$CERTLM_DEMO_DIR`` or ./certlm-demo). Says
+    on stderr which file it chose when it was not named."""
     if args.api_key_file:
         return Path(args.api_key_file)
-    from certlm.foundation.config import Settings
-
-    settings = Settings.from_env()
     if os.environ.get("CERTLM_API_KEY_FILE"):
         found, source = settings.api_key_file, "$CERTLM_API_KEY_FILE"
     else:
-        demo_file = Path(os.environ.get(DEMO_DIR_VARIABLE) or DEFAULT_DEMO_DIR).resolve() / API_KEY_FILE_NAME
-        candidates = [(settings.api_key_file, "the data directory's"), (demo_file, "the demo's")]
+        if settings.api_key_file != settings.data_dir / API_KEY_FILE_NAME:
+            candidates = [(settings.api_key_file, f"api_key_file of {config_file}")]
+        else:
+            read = f"; configuration file {config_file}" if config_file else ""
+            candidates = [(settings.api_key_file, f"the data directory's{read}")]
+        if config_file is None and not args.data_dir:
+            # Where scripts/demo ran, as it is, a client command needs no flag.
+            demo_dir = Path(os.environ.get(DEMO_DIR_VARIABLE) or DEFAULT_DEMO_DIR).resolve()
+            candidates.append((demo_dir / API_KEY_FILE_NAME, "the demo's"))
         found, source = next(((path, name) for path, name in candidates if path.exists()), (None, ""))
         if found is None:
-            raise SystemExit(
-                f"certlm: no API key file: give --api-key-file (looked for {settings.api_key_file} and {demo_file})"
-            )
+            looked = " and ".join(str(path) for path, _ in candidates)
+            raise SystemExit(f"certlm: no API key file: give --api-key-file (looked for {looked})")
     print(f"certlm: using the API key in {found} ({source})", file=sys.stderr)
     return found
 
 
+def _configured_url(settings: Settings) -> tuple[str, Path | None]:
+    """Where ``certlm serve`` with ``settings`` is reached on this machine, and the certificate it serves when that is
+    over HTTPS (else None). No setting says whether it serves HTTPS, an installed TLS certificate does: the service
+    writes that certificate's file into its data directory at start, and removes it while it has none."""
+    from certlm.system.tls import tls_files
+
+    host = _reachable_host(settings.host)
+    authority = f"[{host}]:{settings.port}" if ":" in host else f"{host}:{settings.port}"
+    certificate = tls_files(settings.data_dir).cert_file
+    try:
+        serves_tls = certificate.is_file()
+    except OSError:  # a data directory this user may not look into: plain HTTP, and the failure says where it went
+        serves_tls = False
+    return (f"https://{authority}", certificate) if serves_tls else (f"http://{authority}", None)
+
+
+def _reachable_host(listen_host: str) -> str:
+    """The address that reaches a service listening on ``listen_host``: a wildcard address (0.0.0.0, ::) listens on
+    every address, the loopback one among them."""
+    try:
+        wildcard = ipaddress.ip_address(listen_host).is_unspecified
+    except ValueError:  # a host name
+        return listen_host
+    return "127.0.0.1" if wildcard else listen_host
+
+
 @dataclass(frozen=True)
 class Service:
-    """A running certlm as ``--url``, ``--api-key-file`` and ``--ca-file`` name it."""
+    """A running certlm as ``--url``, ``--api-key-file`` and ``--ca-file`` name it, else as its configuration says."""
 
     url: str
     api_key: str
@@ -262,8 +436,12 @@ class Service:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Service:
-        api_key = _read(_api_key_file(args)).decode(errors="replace").strip()
-        return cls(args.url.rstrip("/"), api_key, _tls_context(args.ca_file))
+        settings, config_file = _service_settings(args)
+        api_key = _read(_api_key_file(args, settings, config_file)).decode(errors="replace").strip()
+        if args.url:
+            return cls(args.url.rstrip("/"), api_key, _tls_context(args.ca_file))
+        url, served_certificate = _configured_url(settings)
+        return cls(url, api_key, _tls_context(args.ca_file, served_certificate))
 
     def call(
         self, method: str, path: str, body: bytes | None = None, media_type: str = "application/json"
@@ -279,13 +457,19 @@ class Service:
         return 1
 
 
-def _tls_context(ca_file: str | None) -> ssl.SSLContext:
+def _tls_context(ca_file: str | None, served_certificate: Path | None = None) -> ssl.SSLContext:
     """Verification of an HTTPS service: against ``ca_file`` (PEM; certlm's own self-signed certificate from
-    ``GET /tls`` will do) when given, else the system's trust store. The host name is checked either way."""
+    ``GET /tls`` will do) when given, else the system's trust store and ``served_certificate``, the certificate the
+    configured service serves. The host name is checked either way."""
     try:
-        return ssl.create_default_context(cafile=ca_file)
+        context = ssl.create_default_context(cafile=ca_file)
+        if ca_file is None and served_certificate is not None:
+            # Trusted as itself, whatever its chain: self-signed, or issued by a plant CA the system does not know.
+            context.load_verify_locations(cafile=served_certificate)
+            context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        return context
     except (OSError, ssl.SSLError) as error:
-        raise SystemExit(f"certlm: cannot use {ca_file} as CA certificates: {error}") from None
+        raise SystemExit(f"certlm: cannot use {ca_file or served_certificate} as CA certificates: {error}") from None
 
 
 def _request(
@@ -318,27 +502,49 @@ def build_parser() -> argparse.ArgumentParser:
     log_level.add_argument(
         "--log-level", type=str.lower, choices=LEVELS, default=argparse.SUPPRESS, help=log_level_help
     )
-    # How a command reaches a running certlm: import and the license commands that talk to one.
+    # How a command reaches a running certlm: import and the license commands that talk to one. What is not given
+    # comes from that certlm's configuration file and CERTLM_* variables, read as certlm serve reads them.
     service = argparse.ArgumentParser(add_help=False)
-    service.add_argument("--url", default=DEFAULT_URL, help="the running certlm (default: %(default)s)")
+    service.add_argument(
+        "--url", default=None,
+        help="the running certlm (default: where certlm serve listens by the configuration file and "
+             "$CERTLM_HOST/$CERTLM_PORT, a wildcard host as 127.0.0.1, over https once it serves TLS; without them "
+             "http://127.0.0.1:5000)",
+    )  # fmt: skip
     service.add_argument(
         "--api-key-file", default=None,
-        help="file holding the API key (default: $CERTLM_API_KEY_FILE, else the data directory's "
-             f"secrets/certlm_api_key.txt, else the demo's: ${DEMO_DIR_VARIABLE} or ./{DEFAULT_DEMO_DIR})",
+        help="file holding the API key (default: $CERTLM_API_KEY_FILE, else api_key_file of the configuration file, "
+             "else the data directory's secrets/certlm_api_key.txt; with neither a configuration file nor "
+             f"--data-dir, else the demo's: ${DEMO_DIR_VARIABLE} or ./{DEFAULT_DEMO_DIR})",
     )  # fmt: skip
     service.add_argument(
         "--ca-file", default=None,
-        help="PEM CA certificates an https --url is verified against (default: the system's trust store)",
+        help="PEM CA certificates an https URL is verified against (default: the system's trust store, and without "
+             "--url the certificate the configured certlm serves, tls/server.crt in its data directory)",
     )  # fmt: skip
+    _add_config_arguments(service)
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser(
         "serve", parents=[log_level], help="serve the REST API (HTTPS once a TLS certificate is installed)"
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=5000, help="port to listen on (default: %(default)s)")
-    serve.add_argument("--data-dir", default=None, help="data directory (default: $CERTLM_DATA_DIR or ./certlm-data)")
+    _add_config_arguments(serve)
+    serve.add_argument(
+        "--host", default=None,
+        help="address to listen on (default: 127.0.0.1); overrides host of the configuration file and $CERTLM_HOST",
+    )  # fmt: skip
+    serve.add_argument(
+        "--port", type=int, default=None,
+        help="port to listen on (default: 5000); overrides port of the configuration file and $CERTLM_PORT",
+    )  # fmt: skip
     serve.set_defaults(func=_serve)
+    config_parser = commands.add_parser("config", help="check a configuration file")
+    config_commands = config_parser.add_subparsers(dest="config_command", required=True)
+    check = config_commands.add_parser(
+        "check", help="name every unknown key and bad value (exit 1), else print the effective settings, secrets masked"
+    )
+    _add_config_arguments(check)
+    check.set_defaults(func=_config_check, log_level=None)
 
     demo = commands.add_parser(
         "demo", parents=[log_level], help="set up a demo instance (license, PKI, data) and serve it"
@@ -406,7 +612,70 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.set_defaults(func=_license_show)
     _add_plugin_commands(commands)
+    _add_backup_commands(commands)
     return parser
+
+
+def _add_backup_commands(commands: argparse._SubParsersAction) -> None:
+    backup = commands.add_parser(
+        "backup", help="write one encrypted archive of the database, secrets and files (while the service runs)"
+    )
+    backup.add_argument("--out", required=True, help="the archive file to write (mode 0600)")
+    backup.add_argument("--data-dir", default=None, help="data directory (default: $CERTLM_DATA_DIR or ./certlm-data)")
+    backup.add_argument(
+        "--database-url", default=None, help="the database (default: $CERTLM_DATABASE_URL, else the data directory's)"
+    )
+    key = backup.add_mutually_exclusive_group(required=True)
+    key.add_argument(
+        "--passphrase-file",
+        default=None,
+        help="file holding the passphrase, at least 12 characters (this or --recipient; no default)",
+    )
+    key.add_argument(
+        "--recipient",
+        default=None,
+        help="PEM public key (X25519 or RSA) to encrypt the archive for (this or --passphrase-file; no default)",
+    )
+    backup.set_defaults(func=_backup)
+
+    restore = commands.add_parser("restore", help="restore an archive of certlm backup into a new data directory")
+    restore.add_argument("file", help="the archive certlm backup wrote")
+    restore.add_argument(
+        "--data-dir", default=os.environ.get("CERTLM_DATA_DIR"),
+        help="the new data directory (default: $CERTLM_DATA_DIR); must be empty unless --force",
+    )  # fmt: skip
+    restore.add_argument(
+        "--database-url", default=None,
+        help="an empty PostgreSQL database for an archive of one (default: $CERTLM_DATABASE_URL, else SQLite in the "
+             "data directory)",
+    )  # fmt: skip
+    key = restore.add_mutually_exclusive_group(required=True)
+    key.add_argument(
+        "--passphrase-file", default=None, help="file holding the archive's passphrase (this or --identity; no default)"
+    )
+    key.add_argument(
+        "--identity", default=None, help="PEM private key for the --recipient the archive was made for (no default)"
+    )
+    restore.add_argument(
+        "--rotate-api-key",
+        action="store_true",
+        help="make a new API key (printed once); the old one is refused (default: keep it)",
+    )
+    restore.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite a non-empty data directory or PostgreSQL database (default: refuse)",
+    )
+    restore.set_defaults(func=_restore)
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", default=None,
+        help="TOML configuration file (default: $CERTLM_CONFIG, else certlm.toml in the data directory when it "
+             "exists); CERTLM_* environment variables override it, flags override both",
+    )  # fmt: skip
+    parser.add_argument("--data-dir", default=None, help="data directory (default: $CERTLM_DATA_DIR or ./certlm-data)")
 
 
 def _add_plugin_commands(commands: argparse._SubParsersAction) -> None:

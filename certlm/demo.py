@@ -49,12 +49,18 @@ async def _prepare(settings: Settings) -> None:
     from certlm.http.app import create_app
     from certlm.pki.entries import INTERNAL_PKI_TYPE
     from certlm.storage import close_storage, open_storage
+    from certlm.storage.migrations import DatabaseNewerThanCode
     from certlm.storage.models import PkiEntry
 
     app = create_app(settings)
     host = app.extensions["certlm"]
     model_modules = [m for mods in host.plugin_manager.hook.certlm_provide_model_modules() for m in mods or ()]
-    await open_storage(settings.database_url, model_modules)
+    try:
+        await open_storage(settings.database_url, model_modules)
+    except DatabaseNewerThanCode as error:
+        # Closed, or its connection's thread keeps the process from exiting; the message is certlm serve's.
+        await close_storage()
+        raise SystemExit(f"certlm: {error}") from None
     try:
         in_force = await host.licenses.current(fresh=True)
         if in_force is None or not in_force.validation_success:  # none yet, or an earlier run's has expired

@@ -8,11 +8,13 @@ import asyncio
 import os
 import re
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -20,6 +22,7 @@ from typing import TypeVar
 import httpx
 
 from certlm.demo import wait_until_listening
+from certlm.storage.migrations import CURRENT_VERSION, DatabaseNewerThanCode
 from certlm.system.licensing import validate_license
 from tests.support import LicenseKeys, consecutive_free_ports, database_rows, free_port
 
@@ -304,3 +307,33 @@ async def test_waiting_for_devices_is_bounded_and_names_those_that_never_listene
     finally:
         server.close()
         await server.wait_closed()
+
+
+def database_dump(path: Path) -> list[str]:
+    """Everything the SQLite database at ``path`` holds, schema and rows, as SQL."""
+    with closing(sqlite3.connect(path)) as db:
+        return list(db.iterdump())
+
+
+async def test_demo_on_a_database_newer_than_the_code_stops_as_serve_does(tmp_path: Path) -> None:
+    """A demo directory a newer certlm migrated: ``certlm demo`` says so, as ``certlm serve`` does, and exits; nothing
+    in the database is changed."""
+    demo = RunningDemo(tmp_path, device_count=0)
+    demo.start()
+    try:
+        await demo.wait_for_summary()
+    finally:
+        await demo.stop()
+    database = demo.data_dir / "certlm.sqlite3"
+    newer = CURRENT_VERSION + 1
+    with closing(sqlite3.connect(database)) as db, db:
+        db.execute("UPDATE certlm_schema SET version = ?", (newer,))
+    before = database_dump(database)
+    refused = subprocess.run(
+        [str(VENV_BIN / "certlm"), "demo", "--data-dir", DEMO_DIR, "--port", str(free_port())],
+        cwd=tmp_path, env=demo.environment(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.splitlines()[-1] == f"certlm: {DatabaseNewerThanCode(newer, CURRENT_VERSION)}"
+    assert "Traceback" not in refused.stderr and SUMMARY_HEADER not in refused.stdout
+    assert database_dump(database) == before

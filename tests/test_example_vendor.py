@@ -9,6 +9,7 @@ installing."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -43,6 +44,9 @@ class VendorEnvironment:
 
     directory: Path
     sources: Path
+    # The certlm distributions right after the environment was made, before any test installed into it (the
+    # package ``certlm plugin new`` writes is installed there by its test, in whatever order the tests run).
+    certlm_distributions: frozenset[str] = frozenset()
 
     def run(self, *command: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         """``command`` with the environment's ``bin`` first on PATH and nothing of this test run's environment that
@@ -100,15 +104,15 @@ def vendor_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ven
         cwd=root, timeout=INSTALL_TIMEOUT_S,
     )  # fmt: skip
     assert installed.returncode == 0, outcome(installed)
-    yield environment
+    listed = environment.python("-m", "pip", "list", "--format=freeze", cwd=root, timeout=60)
+    names = {line.split("==")[0].lower() for line in listed.stdout.split()}
+    yield dataclasses.replace(environment, certlm_distributions=frozenset(n for n in names if n.startswith("certlm")))
     shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_environment_holds_only_what_the_example_needs(vendor_environment: VendorEnvironment) -> None:
     """What the example's tests run with: nothing of this checkout's environment, no other certlm plugin."""
-    listed = vendor_environment.python("-m", "pip", "list", "--format=freeze", cwd=Path("/"), timeout=60)
-    names = {line.split("==")[0].lower() for line in listed.stdout.split()}
-    assert {name for name in names if name.startswith("certlm")} == {
+    assert vendor_environment.certlm_distributions == {
         "certlm", "certlm-gds-push", "certlm-pki-internal", "certlm-opcua-simulator", "certlm-acme-widget",
     }  # fmt: skip
     where = vendor_environment.python("-c", "import certlm; print(certlm.__file__)", cwd=Path("/"), timeout=60)
@@ -137,5 +141,11 @@ def test_a_package_made_by_certlm_plugin_new_passes_its_tests(
         "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--root-user-action=ignore",
         f"{project}[test]", cwd=tmp_path, timeout=INSTALL_TIMEOUT_S,
     )  # fmt: skip
-    assert installed.returncode == 0, outcome(installed)
-    assert_all_passed(vendor_environment.pytest(project), project)
+    try:
+        assert installed.returncode == 0, outcome(installed)
+        assert_all_passed(vendor_environment.pytest(project), project)
+    finally:
+        # Gone again, so that the example's tests (in whatever order they run) load no plugin but their own.
+        vendor_environment.python(
+            "-m", "pip", "uninstall", "--yes", "--quiet", "certlm-acme-press", cwd=tmp_path, timeout=120
+        )

@@ -389,7 +389,7 @@ async def test_a_plugin_for_another_plugin_api_stops_start_up_naming_both_versio
     assert f"offers plugin API {certlm.PLUGIN_API_VERSION}" in result.stderr
 
 
-@pytest.mark.parametrize("needs", ["2.0", "0.9", "1.99", "one", ""])
+@pytest.mark.parametrize("needs", ["2.0", "0.9", "1.2", "1.99", "one", ""])
 def test_a_plugin_needing_an_api_this_certlm_does_not_offer_is_refused_at_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, needs: str
 ) -> None:
@@ -401,7 +401,7 @@ def test_a_plugin_needing_an_api_this_certlm_does_not_offer_is_refused_at_load(
     assert repr(needs) in str(refused.value) or f"plugin API {needs}," in str(refused.value)
 
 
-@pytest.mark.parametrize("needs", [None, "1.0", "1"])
+@pytest.mark.parametrize("needs", [None, "1.0", "1", "1.1"])
 def test_a_plugin_for_this_plugin_api_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, needs: str | None) -> None:
     source = api_plugin(needs or "1.0")
     if needs is None:

@@ -10,7 +10,11 @@ they issue is checked with the key pair they made.
 Not run: ``scripts/demo`` (started the same way above, without its set-up step, which reinstalls ``.venv``),
 ``scripts/test`` (the test suite itself), synopses with ``[options]`` (``certlm serve``, ``certlm-simulate``: each
 option they show is checked against the command's ``--help``), and the benchmarks (``bench/...``), which take
-minutes and measure rather than check. A command of any other kind fails the test until it is covered.
+minutes and measure rather than check; "Operating certlm"'s installation commands (``sudo``, ``podman``,
+``journalctl``: a plant's machine as root, with systemd or podman), of which every repository file they name must
+exist (``tests/test_packaging.py`` checks those files), and its ``certlm backup``/``restore``/``config`` commands,
+whose options are checked against ``--help`` (``tests/test_backup.py`` and ``tests/test_config_file.py`` run them).
+A command of any other kind fails the test until it is covered.
 """
 
 from __future__ import annotations
@@ -61,6 +65,21 @@ def is_bench(command: str) -> bool:
     return any(word.startswith("bench/") for word in words(command))
 
 
+# Installing certlm on a plant's machine: root, systemd, podman; not run here.
+INSTALLATION = ("sudo", "podman", "journalctl")
+# Administration commands whose options are checked against their --help; their own tests run them.
+CHECKED_OPTIONS = (["certlm", "backup"], ["certlm", "restore"], ["certlm", "config"])
+
+
+def is_installation(command: str) -> bool:
+    first = words(command)
+    return bool(first) and (first[0] in INSTALLATION or first[:2] == ["cd", "packaging"])
+
+
+def is_checked_by_options(command: str) -> bool:
+    return words(command)[:2] in CHECKED_OPTIONS
+
+
 def is_synopsis(command: str) -> bool:
     return any(word.startswith("[") for word in words(command))
 
@@ -95,6 +114,8 @@ def test_every_readme_command_is_covered() -> None:
             or command in NOT_RUN
             or is_bench(command)
             or is_synopsis(command)
+            or is_installation(command)
+            or is_checked_by_options(command)
         )
     ]
     assert uncovered == []
@@ -118,6 +139,25 @@ def test_synopses_show_options_the_commands_have(synopsis: str) -> None:
     assert result.returncode == 0, result.stderr
     shown = {re.sub(r"[\[\]]", "", word) for word in words(synopsis) if word.lstrip("[").startswith("--")}
     assert [option for option in sorted(shown) if option not in result.stdout] == []
+
+
+def test_installation_commands_name_files_the_repository_has() -> None:
+    commands = [command for command in shell_commands(README.read_text()) if is_installation(command)]
+    assert commands, "README's installation steps are gone"
+    named = {word for command in commands for word in words(command) if word.startswith(("packaging/", "./plugins/"))}
+    assert {"packaging/certlm.service", "packaging/certlm.toml.example", "packaging/Containerfile"} <= named
+    assert [path for path in sorted(named) if not (REPO / path).exists()] == []
+
+
+@pytest.mark.parametrize(
+    "command", [c for c in shell_commands(README.read_text()) if is_checked_by_options(c)], ids=lambda c: words(c)[1]
+)
+def test_administration_commands_use_options_the_commands_have(command: str) -> None:
+    program = words(command)[:3] if words(command)[1] == "config" else words(command)[:2]
+    result = run_shell(shlex.join([*program, "--help"]), REPO)
+    assert result.returncode == 0, result.stderr
+    used = {word.split("=")[0] for word in words(command) if word.startswith("--")}
+    assert used and [option for option in sorted(used) if option not in result.stdout] == []
 
 
 def test_license_examples_issue_a_license_their_key_pair_validates(tmp_path: Path) -> None:

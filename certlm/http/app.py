@@ -22,6 +22,7 @@ from certlm.http.auth import install_access_checks, load_or_create_api_key
 from certlm.http.openapi import CertlmOpenAPIProvider
 from certlm.http.plugins import build_plugin_manager
 from certlm.http.request_bodies import install_body_checks
+from certlm.http.schema_guard import install_schema_guard
 from certlm.inventory.entries import Inventory
 from certlm.lifecycle.access import HostInventoryAccess
 from certlm.lifecycle.identification import IdentificationQueue
@@ -33,6 +34,7 @@ from certlm.lifecycle.schedulers import Scheduler, Schedulers
 from certlm.pki.entries import INTERNAL_PKI_TYPE
 from certlm.pki.publication import PublishedCrls
 from certlm.pki.revocation import CrlCache
+from certlm.service.backup import ScheduledBackups
 from certlm.service.host import Host
 from certlm.storage import close_storage, open_storage
 from certlm.storage.migrations import checked_plugin_migrations
@@ -159,6 +161,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     register_error_handlers(app)
     install_access_checks(app)
     install_body_checks(app)
+    install_schema_guard(app)
     host.model_modules = [m for modules in plugin_manager.hook.certlm_provide_model_modules() for m in modules or ()]
     host.plugin_migrations = [s for steps in plugin_manager.hook.certlm_provide_migrations() for s in steps or ()]
     checked_plugin_migrations(host.plugin_migrations)  # a plugin's miscounted versions stop start-up before any I/O
@@ -175,6 +178,11 @@ def create_app(settings: Settings | None = None) -> Quart:
         loop_watch = LoopWatch(host.metrics.loop_delay_observed, trace_after_s=trace_after_s)
         app.before_serving(loop_watch.start)
         app.after_serving(loop_watch.stop)
+
+    scheduled_backups = ScheduledBackups.from_settings(settings)  # a bad backup setting stops start-up, named
+    if scheduled_backups is not None:
+        app.before_serving(scheduled_backups.start)
+        app.after_serving(scheduled_backups.stop)
 
     for module_name in BLUEPRINT_MODULES:
         app.register_blueprint(importlib.import_module(module_name).blueprint)

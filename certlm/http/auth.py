@@ -215,6 +215,12 @@ def presented_key() -> str | None:
     return None
 
 
+def holds_api_key(api_key: str) -> bool:
+    """Whether this request presents the API key: an open route shows a caller without it less."""
+    key = presented_key()
+    return key is not None and hmac.compare_digest(key.encode(), api_key.encode())
+
+
 def is_open(method: str, rule: str) -> bool:
     method = "GET" if method == "HEAD" else method
     return (method, rule) in OPEN_ROUTES

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import signal
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
@@ -23,10 +25,11 @@ from hypercorn.typing import (
 )
 
 from certlm.foundation.config import Settings
+from certlm.foundation.logs import FILE_ONLY
 from certlm.http.app import create_app
 from certlm.service.host import Host
 from certlm.storage import close_storage, open_storage
-from certlm.storage.migrations import PluginMigrationFailed
+from certlm.storage.migrations import DatabaseNewerThanCode, PluginMigrationFailed
 from certlm.system.tls import ServerTls, prepare_server_tls, server_ssl_context
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,8 @@ class CertlmConfig(Config):
         return server_ssl_context(self.certfile, self.keyfile, self.keyfile_password, self.alpn_protocols)
 
 
+# After the drain (``Settings.shutdown_grace_s``), how long hypercorn waits for the connections before cancelling them.
+SHUTDOWN_CANCEL_AFTER_S = 3.0
 # How long an answer that closes the connection waits for the rest of the request body before closing.
 UNREAD_BODY_LINGER_S = 5.0
 
@@ -91,6 +96,83 @@ class CloseAfterUnreadBody:
         await self.app(scope, receive_noting_the_end, send_closing_early)
 
 
+class Drain:
+    """ASGI middleware for a clean stop: counts the HTTP requests in flight, and once ``drain`` has begun answers
+    every new one 503 while those finish (a push runs inside its request, so the pushes in flight are among them)."""
+
+    def __init__(self, app: ASGIFramework) -> None:
+        self.app = app
+        self.in_flight = 0
+        self._tasks: set[asyncio.Task] = set()
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._abandon = asyncio.Event()
+
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.draining:
+            await _refuse_while_draining(send)
+            return
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def note_handler(self) -> None:
+        """A ``before_request`` hook: Quart runs each request's handler in a task of its own, which a cancelled
+        request leaves running; ``cancel_in_flight`` cancels and waits for these."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuse new requests and wait for those in flight, at most ``grace_s`` (or until ``abandon``); whether
+        every one finished."""
+        self.draining = True
+        waiting = asyncio.ensure_future(self._idle.wait())
+        abandoned = asyncio.ensure_future(self._abandon.wait())
+        try:
+            await asyncio.wait({waiting, abandoned}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            abandoned.cancel()
+        return self._idle.is_set()
+
+    async def cancel_in_flight(self, timeout: float) -> None:
+        """Cancel the requests still in flight and wait, at most ``timeout``, for their clean-up (a push releases its
+        device's lease, an operation record is written or rolled back) while storage is still open."""
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    def abandon(self) -> None:
+        """Stop waiting for the requests in flight (a second SIGTERM or Ctrl-C)."""
+        self._abandon.set()
+
+
+DRAINING_ERROR = (
+    "certlm is stopping: it finishes the operations in flight and starts no new ones; retry once it is back, or on "
+    "another instance"
+)
+
+
+async def _refuse_while_draining(send: ASGISendCallable) -> None:
+    body = json.dumps({"error": DRAINING_ERROR}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 503, "headers": [*headers, (b"retry-after", b"30")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 def listening_socket(host: str, port: int, backlog: int = Config.backlog) -> socket.socket:
     """A TCP socket listening on ``host:port``, made before the app starts: a port in use stops start-up at once with
     a message instead of a traceback after it, and "Running on" is true from the moment it is said."""
@@ -118,6 +200,8 @@ def hypercorn_config(listener: socket.socket, tls: ServerTls | None = None) -> C
     errors = logging.getLogger("hypercorn.error")
     errors.setLevel(logging.WARNING)
     config.errorlog = errors
+    # certlm drains the requests in flight itself (``Drain``) before hypercorn stops; this bounds what remains.
+    config.graceful_timeout = SHUTDOWN_CANCEL_AFTER_S
     if tls is not None:
         config.certfile = str(tls.files.cert_file)
         config.keyfile = str(tls.files.key_file)
@@ -134,7 +218,7 @@ async def activate_server_tls(settings: Settings, certlm_host: Host) -> ServerTl
     """
     try:
         await open_storage(settings.database_url, certlm_host.model_modules, certlm_host.plugin_migrations)
-    except PluginMigrationFailed as error:
+    except (PluginMigrationFailed, DatabaseNewerThanCode) as error:
         await close_storage()
         raise SystemExit(f"certlm: {error}") from None
     try:
@@ -147,7 +231,11 @@ async def serve(
     settings: Settings, host: str, port: int, after_start: Callable[[str], Awaitable[None]] | None = None
 ) -> None:
     """Serve until SIGINT or SIGTERM. Once the app has started, "Running on" is logged and ``after_start`` runs as a
-    background task, given the service's base URL."""
+    background task, given the service's base URL.
+
+    The signal starts a drain: new requests are answered 503 while those in flight (pushes among them) get
+    ``settings.shutdown_grace_s`` to finish; what is still running then (or at a second signal) is cancelled, its
+    clean-up given ``SHUTDOWN_CANCEL_AFTER_S``. Then the schedulers stop and storage closes (``create_app``)."""
     listener = listening_socket(host, port)
     app = create_app(settings)
     certlm_host: Host = app.extensions["certlm"]
@@ -166,8 +254,52 @@ async def serve(
         if after_start is not None:
             app.add_background_task(after_start, url)
 
+    drain = Drain(app)
+    app.before_request(drain.note_handler)
     stop = asyncio.Event()
+
+    received: list[str] = []
+
+    def on_signal(name: str) -> None:
+        if stop.is_set():
+            log.warning("%s again: no longer waiting for the operations in flight", name)
+            drain.abandon()
+        else:
+            received.append(name)
+            stop.set()
+
+    # A stop with nothing in flight is said in the log file only: the console (the demo's summary) stays as it was.
+    quiet: dict[str, Any] = {}
+
+    async def drained() -> None:
+        await stop.wait()
+        scans = certlm_host.schedulers.scanning()
+        if drain.in_flight == 0 and not scans:
+            quiet.update(FILE_ONLY)
+            drain.draining = True
+            log.info("%s: stopping, nothing in flight", received[0], extra=quiet)
+            return
+        log.info(
+            "%s: draining: %d request(s) and %d scheduler scan(s) in flight get up to %gs to finish; new requests "
+            "are answered 503 and the schedulers start no device more",
+            received[0], drain.in_flight, len(scans), settings.shutdown_grace_s,
+        )  # fmt: skip
+        requests_done, scans_done = await asyncio.gather(
+            drain.drain(settings.shutdown_grace_s), certlm_host.schedulers.drain(settings.shutdown_grace_s)
+        )
+        if not scans_done:
+            log.warning("not drained: the renewals or reads still running are cancelled (their leases are released)")
+        if requests_done and scans_done:
+            log.info("drained: every operation in flight finished")
+        elif not requests_done:
+            log.warning(
+                "not drained: %d request(s) still in flight are cancelled (their device leases are released)",
+                drain.in_flight,
+            )
+            await drain.cancel_in_flight(SHUTDOWN_CANCEL_AFTER_S)
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await hypercorn_serve(CloseAfterUnreadBody(app), config, shutdown_trigger=stop.wait)
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    await hypercorn_serve(CloseAfterUnreadBody(drain), config, shutdown_trigger=drained)
+    log.info("stopped: storage closed", extra=quiet)

@@ -192,6 +192,9 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
 
     async def watch(entry: InventoryEntry) -> None:
         async with limit:
+            if context.stopping():
+                report.count("stopping")
+                return
             if context.suppressed_now():
                 report.count("suppressed")
                 return

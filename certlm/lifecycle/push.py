@@ -6,6 +6,7 @@ it). The REST push endpoints and the renewal scheduler both come here; a device 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from certlm.foundation.errors import (
     APIError,
     CsrRejected,
 )
+from certlm.foundation.logs import log_operation
 from certlm.inventory.entries import Inventory, device_entry_at
 from certlm.inventory.identity import identity_repinned, mark_identity_changed
 from certlm.lifecycle.leases import EntryDeleted, device_lease
@@ -55,6 +57,8 @@ from certlm.pki.revocation import RevocationCheck, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
 
 log = logging.getLogger(__name__)
+# The error of a push that certlm stopped (cancelled) before it finished.
+INTERRUPTED = "interrupted: certlm stopped before the push finished; the device may hold the new certificate"
 EnrollmentType = TypeVar("EnrollmentType", bound=Enrollment)
 Description = TypeVar("Description")
 
@@ -162,6 +166,13 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
             failed = {"url": runtime.inventory.entry_url(entry), "steps": [], **error.details.get("result", {})}
             await _record_push(entry, order, started, failed, error.message)
             raise
+        except asyncio.CancelledError:
+            # certlm stopping past its grace period (or the request dropped): the record says so, not the push
+            # before it. The device may have taken the new certificate; a push accepts the pinned certificate or one
+            # the entry's PKI issued, so the next one settles it.
+            interrupted = {"url": runtime.inventory.entry_url(entry), "steps": [], "device_changed": None}
+            await _record_push(entry, order, started, interrupted, INTERRUPTED)
+            raise
         if not order.automated:
             # The operator has dealt with the device: a certificate changed behind certlm's back is now certlm's
             # own again, and automated renewals start afresh.
@@ -185,6 +196,12 @@ async def _record_push(
     }
     record_operation(entry, order.operation, outcome)
     await entry.save(update_fields=["last_result", "updated_at"])
+    steps = result.get("steps") or []
+    failed = [step for step in steps if not step.get("ok")]
+    last_step = (failed or steps or [{"step": "start"}])[-1]["step"]
+    verdict = "ok" if not error else ("interrupted" if error == INTERRUPTED else "failed")
+    detail = f"{outcome['execution']} ({order.trigger})" + (f": {error}" if error else "")
+    log_operation(log, result["url"], order.operation, last_step, verdict, detail)
     return outcome
 
 
@@ -348,4 +365,3 @@ async def decommission(
         described = await describe(current)
         await current.delete()
     return described
-

@@ -161,6 +161,10 @@ class RenewalWave:
         return self.context.settings.gds_push_scheduler_renewal_days
 
     async def _renew(self, entry: InventoryEntry) -> None:
+        if self.context.stopping():
+            # certlm is stopping: the renewals already running finish; this one waits for the next start.
+            self.report.count("stopping")
+            return
         if self.context.suppressed_now():
             # A window opened during the scan: start nothing more; what runs already finishes.
             self.report.count("suppressed")

@@ -49,6 +49,8 @@ class ScanContext:
     interval: timedelta
     clock: Callable[[], datetime]
     settings: Any
+    stopping: Callable[[], bool] = lambda: False
+    """True once certlm is stopping: a scan starts no device more, and what runs already finishes (``drain``)."""
 
     def suppressed_now(self) -> bool:
         return self.calendar.window_at(self.clock()) is not None
@@ -97,6 +99,11 @@ class Scheduler:
         self._calendar_fingerprint: tuple | None = None
         self._suppression: Suppression | None = None
         self.on_scan_finished: list[Callable[[Scheduler, ScanReport, float], None]] = []
+        # Set while no scan runs; a drain waits for it. Once stopping, no scan starts and a running one starts no
+        # device more.
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run_forever(), name=f"certlm-{self.name}-scheduler")
@@ -109,6 +116,19 @@ class Scheduler:
             await self._task
         self._task = None
         self.status.state, self.status.detail = STOPPED, None
+
+    @property
+    def scanning(self) -> bool:
+        return not self._idle.is_set()
+
+    async def drain(self, grace_s: float) -> bool:
+        """certlm is stopping: start no scan and no device more, and wait up to ``grace_s`` for the devices a
+        running scan has started; whether it finished in time (``stop`` then cancels what is left)."""
+        self._stopping = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(grace_s, 0.0)):
+                await self._idle.wait()
+        return self._idle.is_set()
 
     def wake(self) -> None:
         """Re-read the settings and the maintenance calendar now (after ``POST /systeminfo`` or a maintenance write)."""
@@ -152,6 +172,8 @@ class Scheduler:
     async def tick(self) -> float:
         """One step of the loop: run a scan if one is due and no maintenance window suppresses it; the seconds to wait
         before the next step."""
+        if self._stopping:
+            return SETTINGS_POLL_S
         settings = await system_settings()
         active = getattr(settings, f"{self.name}_scheduler_active")
         interval = timedelta(seconds=getattr(settings, f"{self.name}_scheduler_scan_interval_sec"))
@@ -180,7 +202,11 @@ class Scheduler:
         self.status.next_run = self._next_scan
         self.status.last_run_started = now
         started = asyncio.get_running_loop().time()
-        report = await self.scan(ScanContext(now, calendar, interval, self.clock, settings))
+        self._idle.clear()
+        try:
+            report = await self.scan(ScanContext(now, calendar, interval, self.clock, settings, self._is_stopping))
+        finally:
+            self._idle.set()
         duration = asyncio.get_running_loop().time() - started
         self.status.last_run_finished = self.clock()
         self.status.last_report = report
@@ -190,6 +216,9 @@ class Scheduler:
         for listener in self.on_scan_finished:
             listener(self, report, duration)
         return min((self._next_scan - self.clock()).total_seconds(), SETTINGS_POLL_S)
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
     async def _calendar_at(self, now: datetime) -> tuple[MaintenanceCalendar, Suppression | None]:
         """The maintenance calendar as it is now, and the suppression ``now`` is in (None when there is none). The
@@ -220,6 +249,15 @@ class Schedulers:
     async def stop(self) -> None:
         for scheduler in self.by_name.values():
             await scheduler.stop()
+
+    def scanning(self) -> list[str]:
+        """The schedulers whose scan is running now."""
+        return [name for name, scheduler in self.by_name.items() if scheduler.scanning]
+
+    async def drain(self, grace_s: float) -> bool:
+        """Every scheduler's ``drain`` at once, within one ``grace_s``; whether all finished."""
+        results = await asyncio.gather(*(scheduler.drain(grace_s) for scheduler in self.by_name.values()))
+        return all(results)
 
     def wake(self) -> None:
         for scheduler in self.by_name.values():

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from certlm.foundation.certs import api_timestamp
+from certlm.foundation.config import Settings
 from certlm.foundation.version import END_OF_LIFE, SOFTWARE, __version__
 from certlm.lifecycle.schedulers import Schedulers
 from certlm.lifecycle.suppression import Suppression, maintenance_outlook
+from certlm.service.backup import backup_status
 from certlm.storage.models import SchemaVersion
 from certlm.system.settings import system_settings
 
@@ -25,8 +27,11 @@ def _debian_version() -> str:
         return ""
 
 
-async def system_info(schedulers: Schedulers, schema_version: int | None) -> dict[str, Any]:
-    """The fields of the spec's system information: software, versions, end of life and the scheduler settings."""
+async def system_info(
+    schedulers: Schedulers, schema_version: int | None, instance: Settings | None = None
+) -> dict[str, Any]:
+    """The fields of the spec's system information: software, versions, end of life and the scheduler settings;
+    with the ``instance``'s settings, the last backup too (an extension)."""
     settings = await system_settings()
     schema = await SchemaVersion.get_or_none(id=1)
     eol_days = (END_OF_LIFE - date.today()).days
@@ -56,6 +61,7 @@ async def system_info(schedulers: Schedulers, schema_version: int | None) -> dic
         # The status is this instance's: each instance runs its own schedulers over the shared inventory.
         **schedulers.status_fields(),
         "maintenance_window": _outlook_view(outlook, now) if outlook else None,
+        "last_backup": await backup_status(instance, now) if instance is not None else None,
     }
 
 

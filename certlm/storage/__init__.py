@@ -1,9 +1,12 @@
-"""Database start-up and shutdown: tortoise-orm on SQLite (default) or PostgreSQL, migrated on start."""
+"""Database start-up and shutdown: tortoise-orm on SQLite (default) or PostgreSQL, migrated on start. The models and
+the schema steps are here; imports the foundation room only."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,13 +67,25 @@ async def open_storage(
     database_url: str, model_modules: list[str], plugin_migrations: list[PluginMigration] | None = None
 ) -> int:
     """Connect, create or migrate the schema (the host's, then each plugin's steps), and return the host's schema
-    version now in force."""
+    version now in force. A database a newer certlm migrated raises ``DatabaseNewerThanCode`` before anything in it
+    is created or changed."""
     make_sqlite_file_private(database_url)
     # Global fallback: Quart serves requests in tasks that do not inherit the start-up task's context.
     await Tortoise.init(config=tortoise_config(database_url, model_modules), _enable_global_fallback=True)
     version = await migrate(connections.get("default"))
     await migrate_plugins(connections.get("default"), plugin_migrations or [])
     return version
+
+
+@asynccontextmanager
+async def connected_without_migrating(database_url: str) -> AsyncIterator[None]:
+    """The host's tables of an existing database, for a command run beside the service (``certlm backup``): nothing
+    is created or migrated, which is the service's part."""
+    await Tortoise.init(config=tortoise_config(database_url, []))
+    try:
+        yield
+    finally:
+        await Tortoise.close_connections()
 
 
 async def close_storage() -> None:

@@ -2,7 +2,10 @@
 
 A new database gets the current schema from the models and is stamped ``CURRENT_VERSION``. An existing one
 runs, in order, every step above its stamped version, each in a transaction together with its new stamp. A
-change to a model therefore comes with a new ``MigrationStep`` here; ``tests/storage`` checks both paths.
+change to a model therefore comes with a new ``MigrationStep`` here; ``tests/storage`` checks both paths, and
+``tests/storage/test_upgrades.py`` migrates a database of every older version, made by that version's code
+(``tests/storage/fixtures``). A database stamped newer than ``CURRENT_VERSION`` is refused before anything is touched
+(``DatabaseNewerThanCode``); a running older instance stops writing to it (``certlm.http.schema_guard``).
 """
 
 from __future__ import annotations
@@ -75,6 +78,20 @@ class PluginMigration:
 
 class PluginMigrationFailed(RuntimeError):
     """A plugin's migration step failed: start-up stops with this message, the step rolled back."""
+
+
+class DatabaseNewerThanCode(RuntimeError):
+    """The database is stamped with a schema version this code does not know (a newer certlm migrated it): start-up
+    stops with this message before anything is created or altered."""
+
+    def __init__(self, stored: int, known: int) -> None:
+        self.stored = stored
+        self.known = known
+        super().__init__(
+            f"the database has schema version {stored}, newer than this certlm knows (version {known}): a newer "
+            "certlm migrated it. Run that release or a later one on it, or restore a backup taken before the upgrade "
+            "to go back; nothing in the database was changed"
+        )
 
 
 async def _add_rule_cron_columns(connection: BaseDBAsyncClient, dialect: str) -> None:
@@ -236,8 +253,9 @@ async def _add_identity_changed_columns(connection: BaseDBAsyncClient, dialect: 
             await connection.execute_script(f"ALTER TABLE device_schedule ADD COLUMN {column} {definition}")
 
 
-async def _scheduler_state_table(connection: BaseDBAsyncClient, dialect: str) -> None:
-    # device_schedule is a new table: generate_schemas created it before the steps ran. The step records the version.
+async def _new_table_only(connection: BaseDBAsyncClient, dialect: str) -> None:
+    # The step's table is new: generate_schemas created it from its model before the steps ran. The step records
+    # the version.
     return None
 
 
@@ -255,7 +273,7 @@ STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(
         6, "inventory: the CRL check status and revocation reason of the last check", _add_revocation_status_columns
     ),
-    MigrationStep(7, "schedulers: per-device state and lease (device_schedule)", _scheduler_state_table),
+    MigrationStep(7, "schedulers: per-device state and lease (device_schedule)", _new_table_only),
     MigrationStep(
         8,
         "inventory: the lower-case server lookups use, and the licensed endpoint count kept by triggers",
@@ -276,6 +294,10 @@ STEPS: tuple[MigrationStep, ...] = (
         12,
         "license: the entries of every device table count, a vendor plugin's own table too",
         _reinstall_endpoint_count,
+    ),
+    MigrationStep(
+        13, "backups: a record of each backup, scheduled or by certlm backup, that every instance reports",
+        _new_table_only,
     ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
@@ -328,6 +350,10 @@ async def migrate(connection: BaseDBAsyncClient) -> int:
     """
     dialect = connection.capabilities.dialect
     version = await stored_version(connection)
+    if version is not None and version > CURRENT_VERSION:
+        # Before generate_schemas: a table this code's models have and the newer schema dropped or renamed would
+        # otherwise be created in it.
+        raise DatabaseNewerThanCode(version, CURRENT_VERSION)
     # New tables (a new database, or a newly installed plugin's models) are created from the models.
     await Tortoise.generate_schemas(safe=True)
     if version is None:
@@ -342,10 +368,15 @@ async def migrate(connection: BaseDBAsyncClient) -> int:
         return CURRENT_VERSION
     for step in STEPS:
         if step.version > version:
-            log.info("migrating database to version %d: %s", step.version, step.description)
             async with in_transaction("default") as tx:
-                await step.apply(tx, dialect)
-                await _stamp(tx, step.version)
+                if dialect != "sqlite":
+                    # Instances of the new release starting at once on one PostgreSQL (a rolling upgrade): one
+                    # applies the step, the others wait here and then find it stamped.
+                    await tx.execute_query("SELECT pg_advisory_xact_lock(hashtext('certlm_schema'))")
+                if (await stored_version(tx) or 0) < step.version:
+                    log.info("migrating database to version %d: %s", step.version, step.description)
+                    await step.apply(tx, dialect)
+                    await _stamp(tx, step.version)
             version = step.version
     return version
 

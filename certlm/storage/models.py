@@ -247,6 +247,23 @@ class CaCertificate(Model):
         table = "ca_certificate"
 
 
+class BackupRecord(Model):
+    """One backup, taken by the schedule of any instance on this database or by ``certlm backup``: what
+    ``GET /systeminfo`` reports as the last backup, the same for every instance."""
+
+    id = fields.IntField(primary_key=True)
+    taken_at = fields.DatetimeField(db_index=True)
+    taken_by = fields.CharField(max_length=32)  # BACKUP_BY_SCHEDULE or BACKUP_BY_COMMAND
+    ok = fields.BooleanField()
+    size = fields.BigIntField(null=True)
+    # The archive and its SFTP copy: paths and user@host, shown only to a caller with the API key.
+    locations = fields.JSONField(default=list)
+    error = fields.TextField(null=True)
+
+    class Meta:
+        table = "backup_record"
+
+
 class MaintenanceWindow(Model):
     id = fields.IntField(primary_key=True)
     name = fields.CharField(max_length=255)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
@@ -9,6 +11,7 @@ from quart_schema import validate_request, validate_response
 from certlm.foundation.crl_status import CRL_REASONS, CRL_STATUSES
 from certlm.foundation.errors import APIError
 from certlm.foundation.responses import PartialUpdate, Timestamp
+from certlm.http.auth import holds_api_key
 from certlm.http.openapi import answers
 from certlm.service.host import current_host
 from certlm.service.info import system_info
@@ -33,6 +36,29 @@ class MaintenanceOutlook(BaseModel):
     active: bool = Field(description="whether it suppresses automated operations now")
     starts_at: Timestamp | None = Field(description="when it starts suppressing them; null while active")
     ends_at: Timestamp = Field(description="when the suppression ends (with every window overlapping it)")
+
+
+class BackupStatus(BaseModel):
+    """The last backup recorded in the database (an extension): by the schedule of any instance on it, or by
+    ``certlm backup``."""
+
+    scheduled: bool = Field(description="whether CERTLM_BACKUP_SCHEDULE is set for this instance")
+    time: Timestamp | None = Field(description="when the last backup started; null when none was recorded")
+    taken_by: Literal["schedule", "certlm backup"] | None = Field(
+        default=None, description="who took it: an instance's schedule, or the certlm backup command"
+    )
+    where: list[str] = Field(description="the archive file and its SFTP copy")
+    size: int | None = Field(description="the archive's size in bytes")
+    ok: bool | None = Field(description="whether it was written (and copied); null when none was taken")
+    error: str | None = Field(description="why it failed")
+    stale: bool = Field(description="none, failed, or older than warn_after_h hours: the dashboard warns")
+    warn_after_h: int = Field(description="CERTLM_BACKUP_WARN_AFTER_H")
+
+
+def _anonymous_backup_view(status: dict) -> dict:
+    # Paths and the SFTP user@host tell an anonymous caller how the plant keeps its backups: for key holders only.
+    withheld = "send the API key to see why" if status.get("error") else None
+    return {**status, "where": [], "error": withheld}
 
 
 class SystemInfo(BaseModel):
@@ -64,6 +90,7 @@ class SystemInfo(BaseModel):
         default=None,
         description="extension: the active maintenance window, else the next within 7 days; null when none",
     )
+    last_backup: BackupStatus | None = Field(default=None, description="extension: the last backup")
 
 
 class SystemSettingsUpdate(PartialUpdate):
@@ -126,10 +153,14 @@ class CrlSystemInfo(BaseModel):
 @validate_response(SystemInfo)
 @answers(500)
 async def get_system_info() -> SystemInfo:
-    """System information and scheduler settings. Open: needs no API key."""
+    """System information and scheduler settings. Open: needs no API key; without it, ``last_backup`` does not say
+    where the archives are nor why a backup failed."""
     host = current_host()
     try:
-        return SystemInfo(**await system_info(host.schedulers, host.schema_version))
+        info = await system_info(host.schedulers, host.schema_version, host.settings)
+        if info.get("last_backup") and not holds_api_key(host.api_key):
+            info["last_backup"] = _anonymous_backup_view(info["last_backup"])
+        return SystemInfo(**info)
     except APIError:
         raise
     except Exception as error:
@@ -144,7 +175,7 @@ async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
     await change_system_settings(data.model_dump(exclude_unset=True))
     host = current_host()
     host.schedulers.wake()
-    return SystemInfo(**await system_info(host.schedulers, host.schema_version))
+    return SystemInfo(**await system_info(host.schedulers, host.schema_version, host.settings))
 
 
 @blueprint.get("/gds/systeminfo")

@@ -206,6 +206,23 @@ async function openDashboard() {
   await refresh();
 }
 
+// The CA keys and device credentials exist only here: warn when no backup was taken, the last one failed, or it is
+// older than CERTLM_BACKUP_WARN_AFTER_H (GET /systeminfo's last_backup.stale).
+function renderBackupWarning(backup) {
+  const warning = $("backup-warning");
+  warning.hidden = !backup || !backup.stale;
+  if (warning.hidden) return;
+  if (!backup.time) {
+    warning.textContent = backup.scheduled
+      ? "No backup has been taken yet."
+      : "No backup is scheduled: set CERTLM_BACKUP_SCHEDULE (README, Operating certlm) so that the CA keys and device credentials survive this machine.";
+  } else if (!backup.ok) {
+    warning.textContent = `The last backup (${localFormat.format(new Date(backup.time))}) failed: ${backup.error}`;
+  } else {
+    warning.textContent = `The last backup is older than ${backup.warn_after_h} hours: ${localFormat.format(new Date(backup.time))}.`;
+  }
+}
+
 async function refresh() {
   showError($("load-error"), "");
   $("refresh").disabled = true;
@@ -224,6 +241,7 @@ async function refresh() {
       api("/pki"),
     ]);
     state.system = system;
+    renderBackupWarning(system.last_backup);
     state.pkiTypes = new Map(pkiTypes.map((type) => [type.pki_type_id, type.pki_type]));
     state.trustLists = null;
     const lastById = new Map(operations.map((operation) => [operation.id, operation]));
