@@ -5,9 +5,10 @@ and add what only those need."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -40,6 +41,17 @@ def pytest_configure(config: pytest.Config) -> None:
         ],
         check=True,
     )
+
+
+@pytest.fixture(autouse=True)
+def umask_kept() -> Iterator[None]:
+    """The process umask as it was before each test. A test that runs certlm's CLI in this process (``main`` sets
+    umask 077 for the files certlm writes) would otherwise leave it to every test after it, whose test beds write
+    files that another user reads (the SSH tests' login user, through sshd)."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield
+    os.umask(previous)
 
 
 @pytest.fixture(scope="session")

@@ -197,6 +197,11 @@ class PushRequest(PushOptions):
     trusted_cas: tuple[x509.Certificate, ...] = ()
     trust_on_first_use: bool = False
     identify: DriverSelection | None = field(default=None, repr=False, compare=False)
+    # What the device must go on trusting beside what the push writes from the PKI (plugin API 1.1): a campaign that
+    # moves devices to another issuer keeps the other issuer's chain and CRLs trusted until its retire phase, so that
+    # no peer still presenting a certificate of that issuer is refused. A driver writes these into the lists of the
+    # same names together with its own, never drops them, and reports them in ``PushOutcome.trust_list``.
+    also_trusted: TrustList = field(default_factory=TrustList, repr=False)
 
     @classmethod
     def asked(cls, options: PushOptions, **decided: Any) -> PushRequest:
@@ -435,6 +440,19 @@ class DeviceDriver:
     async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
         """The device's trust list, the parts selected by ``mask`` (``TrustList.MASK_BITS``); others empty."""
         raise self._unsupported("reading the trust list")
+
+    async def write_trust_list(self, target: DeviceTarget, trust_list: TrustList) -> TrustList | None:
+        """Make ``trust_list`` (all four parts) the device's trust list and take it into use, in one session; return
+        the trust list the device holds afterwards, read back from it, or None when the device does not let it be
+        read (the host then reports the write as not verified rather than trust it).
+
+        Plugin API 1.1. The host composes ``trust_list`` from what ``read_trust_list`` returned with its changes (a
+        campaign adds a new issuer's chain and CRLs, or later removes the old issuer's), so it keeps what lets
+        certlm in; a driver refuses (``DeviceFailure``) a list that would lock certlm out, and writes nothing then.
+        This is an automated operation: it connects as ``read_*`` do, with the pinned identity (``DeviceTarget``)
+        and the stored credentials, and raises ``DeviceIdentityChanged`` when the device presents another. A failure
+        before the device took the new list into use leaves the old one in force."""
+        raise self._unsupported("writing the trust list")
 
     async def read_device(self, target: DeviceTarget) -> DeviceReading:
         """The trust list (all parts), firmware and status for the monitor scheduler, which visits every device each

@@ -103,6 +103,9 @@ class Settings:
     backup_sftp_known_hosts: Path | None = None
     # The dashboard warns when the last backup is older than this many hours, or there is none.
     backup_warn_after_h: int = field(default=48, metadata=_bounded(24 * 366))
+    # This many days before a PKI entry's CA certificate expires, certlm proposes a rollover campaign for its devices
+    # (``certlm.lifecycle.rollover``).
+    ca_rollover_warning_days: int = field(default=90, metadata=_bounded(3650))
     # Plugins' settings by name: the file's ``[plugins]`` table, and every ``CERTLM_*`` variable under its name
     # without the prefix, in lower case, as text for the plugin to check (``CERTLM_REST_VERIFY_WAIT_S`` is
     # ``rest_verify_wait_s``); the environment wins over the file, values given in code (``overrides["extra"]``)

@@ -25,6 +25,7 @@ from certlm.http.request_bodies import install_body_checks
 from certlm.http.schema_guard import install_schema_guard
 from certlm.inventory.entries import Inventory
 from certlm.lifecycle.access import HostInventoryAccess
+from certlm.lifecycle.campaigns import CampaignRunner
 from certlm.lifecycle.identification import IdentificationQueue
 from certlm.lifecycle.metrics import SchedulerMetrics
 from certlm.lifecycle.monitoring import monitor_scan
@@ -55,6 +56,7 @@ BLUEPRINT_MODULES: tuple[str, ...] = (
     "certlm.http.blueprints.trust_lists",
     "certlm.http.blueprints.pki",
     "certlm.http.blueprints.maintenance",
+    "certlm.http.blueprints.campaigns",
     "certlm.http.blueprints.admin",
     "certlm.http.blueprints.docs",
     "certlm.http.blueprints.dashboard",
@@ -119,6 +121,7 @@ def build_host(settings: Settings) -> Host:
         metrics=SchedulerMetrics(),
         identification=IdentificationQueue(runtime),
         published_crls=PublishedCrls(),
+        campaigns=CampaignRunner(runtime),
     )
     for scheduler in host.schedulers.by_name.values():
         scheduler.on_scan_finished.append(host.metrics.scan_finished)
@@ -172,6 +175,7 @@ def create_app(settings: Settings | None = None) -> Quart:
         host.schema_version = await open_storage(settings.database_url, host.model_modules, host.plugin_migrations)
         host.schedulers.start()
         host.identification.start()
+        host.campaigns.start()
 
     if settings.loop_watch:
         trace_after_s = settings.loop_trace_ms / 1000 if settings.loop_trace_ms else None
@@ -194,6 +198,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     @app.after_serving
     async def stop_storage() -> None:
         await host.identification.stop()
+        await host.campaigns.stop()
         await host.schedulers.stop()
         await close_storage()
 

@@ -71,6 +71,7 @@ def install_schema_guard(app: Quart) -> None:
             schedulers_stopped = True
             await host.schedulers.stop()
             await host.identification.stop()
+            await host.campaigns.stop()
 
     @app.before_request
     async def refuse_writes_on_newer_schema():

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 
 from certlm.inventory.entries import DEVICE_STATUS_ACTIVE, LISTING_BATCH, Inventory
+from certlm.lifecycle.rollover import RolloverProposal
 from certlm.lifecycle.schedulers import ScanReport, Scheduler
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.system.settings import system_settings
@@ -82,11 +83,14 @@ class SchedulerMetrics:
             self.devices.labels(scheduler.name, outcome).inc(count)
 
 
-async def exposition(scheduler_metrics: SchedulerMetrics, inventory: Inventory) -> bytes:
-    """The metrics in the Prometheus text format: the inventory's now, and this instance's counters. With tens of
-    thousands of devices the text is megabytes: it is written in a worker thread, the inventory read in batches."""
+async def exposition(
+    scheduler_metrics: SchedulerMetrics, inventory: Inventory, proposals: list[RolloverProposal] = ()
+) -> bytes:
+    """The metrics in the Prometheus text format: the inventory's now, the CA rollovers certlm proposes
+    (``certlm.lifecycle.rollover``), and this instance's counters. With tens of thousands of devices the text is
+    megabytes: it is written in a worker thread, the inventory read in batches."""
     devices = CollectorRegistry()
-    for family in await _device_families(inventory):
+    for family in [*await _device_families(inventory), *_rollover_families(proposals)]:
         devices.register(_Fixed(family))
     return await asyncio.to_thread(lambda: generate_latest(devices) + generate_latest(scheduler_metrics.registry))
 
@@ -164,6 +168,27 @@ async def _device_families(inventory: Inventory) -> list[GaugeMetricFamily]:
     total_changed.add_metric([], total_identity_changed)
     return [not_after, renewal_days, revoked, revocation_status, unreachable, changed, identity_changed, total,
             total_changed]  # fmt: skip
+
+
+def _rollover_families(proposals: list[RolloverProposal]) -> list[GaugeMetricFamily]:
+    labels = ["pki_id", "name"]
+    expires = GaugeMetricFamily(
+        "certlm_ca_rollover_due_timestamp_seconds",
+        "When the expiring CA certificate of a PKI entry that devices depend on expires (a rollover is proposed)",
+        labels=labels,
+    )
+    devices = GaugeMetricFamily(
+        "certlm_ca_rollover_due_devices",
+        "Active devices enrolled from a PKI entry whose CA expires soon",
+        labels=labels,
+    )
+    for proposal in proposals:
+        values = [str(proposal.pki_id), proposal.name]
+        expires.add_metric(values, proposal.expires.timestamp())
+        devices.add_metric(values, proposal.devices)
+    total = GaugeMetricFamily("certlm_ca_rollovers_due", "PKI entries for which certlm proposes a CA rollover")
+    total.add_metric([], len(proposals))
+    return [expires, devices, total]
 
 
 _METRIC_COLUMNS = (

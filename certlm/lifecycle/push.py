@@ -42,6 +42,7 @@ from certlm.foundation.errors import (
 from certlm.foundation.logs import log_operation
 from certlm.inventory.entries import Inventory, device_entry_at
 from certlm.inventory.identity import identity_repinned, mark_identity_changed
+from certlm.lifecycle.issuers import trust_kept_by_campaigns
 from certlm.lifecycle.leases import EntryDeleted, device_lease
 from certlm.lifecycle.operations import (
     certificate_summary,
@@ -76,6 +77,9 @@ class PushOrder(PushOptions):
     automated: bool = False
     """Set by the schedulers. An automated push never trusts a device on first contact: an entry without a pinned
     certificate waits for an operator."""
+    pki_id: int | None = None
+    """The PKI entry to enroll from instead of the entry's (a campaign's new issuer); the entry keeps it once the push
+    succeeded."""
 
     @property
     def operation(self) -> str:
@@ -221,6 +225,8 @@ async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder
     first_contact = not order.automated and (order.onboarding or entry.pinned_certificate_der is None)
     if first_contact:
         target.pinned_certificate = None
+    if order.pki_id is not None:
+        entry.pki_id = order.pki_id  # type: ignore[attr-defined]
     pki = await enrollment_pki(entry, runtime.pki_backends)
     material = await pki_material(pki, entry, runtime.pki_backends, runtime.services, runtime.crl_cache)
     # A pinned device is identified by the push itself, whose connection checks the pin; at first contact the
@@ -231,6 +237,8 @@ async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder
         trusted_cas=material.ca_certificates,
         trust_on_first_use=first_contact,
         identify=partial(_select_driver, runtime.drivers, entry) if first_contact else None,
+        # A fleet campaign's issuers stay trusted through every push until it retires the old one on this device.
+        also_trusted=await trust_kept_by_campaigns(entry.id),
     )
     contact_note: str | None = None
     try:

@@ -33,6 +33,7 @@ from certlm.inventory.entries import DEVICE_STATUS_ACTIVE
 from certlm.lifecycle.leases import Claim, DeviceBusy, EntryDeleted, device_lease, ensure_rows
 from certlm.lifecycle.monitoring import reconcile_device
 from certlm.lifecycle.push import PushError, PushOrder, push_certificate
+from certlm.lifecycle.rollover import log_rollover_proposals
 from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import ScanContext, ScanReport
 from certlm.pki.material import pki_ca_certificates
@@ -235,4 +236,6 @@ class RenewalWave:
 
 
 async def renewal_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
+    # The scheduler watches the issuers too: a CA that expires soon takes every certificate it issued with it.
+    await log_rollover_proposals(runtime, context.clock())
     return await RenewalWave(runtime, context).run()

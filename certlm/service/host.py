@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from certlm.foundation.config import Settings
     from certlm.foundation.secretbox import SecretBox
     from certlm.inventory.entries import Inventory
+    from certlm.lifecycle.campaigns import CampaignRunner
     from certlm.lifecycle.identification import IdentificationQueue
     from certlm.lifecycle.metrics import SchedulerMetrics
     from certlm.lifecycle.runtime import Runtime
@@ -35,6 +36,7 @@ class Host:
     metrics: SchedulerMetrics
     identification: IdentificationQueue
     published_crls: PublishedCrls
+    campaigns: CampaignRunner
     schema_version: int | None = None
     model_modules: list[str] = field(default_factory=list)
     """The plugins' model modules and migration steps, which the database is opened with."""

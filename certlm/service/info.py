@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 import sqlite3
 import ssl
+from dataclasses import asdict
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 from certlm.foundation.certs import api_timestamp
 from certlm.foundation.config import Settings
 from certlm.foundation.version import END_OF_LIFE, SOFTWARE, __version__
+from certlm.lifecycle.rollover import rollover_proposals
+from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import Schedulers
 from certlm.lifecycle.suppression import Suppression, maintenance_outlook
 from certlm.service.backup import backup_status
@@ -28,7 +31,7 @@ def _debian_version() -> str:
 
 
 async def system_info(
-    schedulers: Schedulers, schema_version: int | None, instance: Settings | None = None
+    schedulers: Schedulers, schema_version: int | None, instance: Settings | None = None, runtime: Runtime | None = None
 ) -> dict[str, Any]:
     """The fields of the spec's system information: software, versions, end of life and the scheduler settings;
     with the ``instance``'s settings, the last backup too (an extension)."""
@@ -62,6 +65,9 @@ async def system_info(
         **schedulers.status_fields(),
         "maintenance_window": _outlook_view(outlook, now) if outlook else None,
         "last_backup": await backup_status(instance, now) if instance is not None else None,
+        "ca_rollover_proposals": [asdict(proposal) for proposal in await rollover_proposals(runtime, now)]
+        if runtime is not None
+        else [],
     }
 
 

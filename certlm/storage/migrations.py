@@ -15,13 +15,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tortoise import Tortoise
 from tortoise.backends.base.client import BaseDBAsyncClient
 from tortoise.transactions import in_transaction
+from tortoise.utils import generate_schema_for_client
 
 from certlm.storage.models import SERVER_KEY_UNIQUE
 
 log = logging.getLogger(__name__)
+
+# Held by whoever changes the host's schema on PostgreSQL, until its transaction ends: one instance at a time.
+SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('certlm_schema'))"
 
 
 @dataclass(frozen=True)
@@ -299,6 +302,7 @@ STEPS: tuple[MigrationStep, ...] = (
         13, "backups: a record of each backup, scheduled or by certlm backup, that every instance reports",
         _new_table_only,
     ),
+    MigrationStep(14, "fleet campaigns and the state of each of their devices", _new_table_only),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 
@@ -354,8 +358,13 @@ async def migrate(connection: BaseDBAsyncClient) -> int:
         # Before generate_schemas: a table this code's models have and the newer schema dropped or renamed would
         # otherwise be created in it.
         raise DatabaseNewerThanCode(version, CURRENT_VERSION)
-    # New tables (a new database, or a newly installed plugin's models) are created from the models.
-    await Tortoise.generate_schemas(safe=True)
+    # New tables (a new database, or a newly installed plugin's models) are created from the models. On PostgreSQL
+    # under the schema lock, in one transaction: instances starting at once would otherwise run the same DDL (the
+    # tables' COMMENT statements are not IF NOT EXISTS) against each other and deadlock.
+    async with in_transaction("default") as tx:
+        if dialect != "sqlite":
+            await tx.execute_query(SCHEMA_LOCK)
+        await generate_schema_for_client(tx, safe=True)
     if version is None:
         conflict = "ON CONFLICT (id) DO NOTHING"
         async with in_transaction("default") as tx:
@@ -372,7 +381,7 @@ async def migrate(connection: BaseDBAsyncClient) -> int:
                 if dialect != "sqlite":
                     # Instances of the new release starting at once on one PostgreSQL (a rolling upgrade): one
                     # applies the step, the others wait here and then find it stamped.
-                    await tx.execute_query("SELECT pg_advisory_xact_lock(hashtext('certlm_schema'))")
+                    await tx.execute_query(SCHEMA_LOCK)
                 if (await stored_version(tx) or 0) < step.version:
                     log.info("migrating database to version %d: %s", step.version, step.description)
                     await step.apply(tx, dialect)

@@ -264,6 +264,62 @@ class BackupRecord(Model):
         table = "backup_record"
 
 
+class Campaign(Model):
+    """A fleet campaign (``certlm.lifecycle.campaigns``): the devices in ``scope`` move from the issuer of PKI entry
+    ``from_pki_id`` to that of ``to_pki_id`` (the same entry for a rekey), trust first."""
+
+    id = fields.IntField(primary_key=True)
+    kind = fields.CharField(max_length=16)
+    state = fields.CharField(max_length=16, default="running")
+    phase = fields.CharField(max_length=16, default="trust")
+    from_pki_id = fields.IntField()
+    to_pki_id = fields.IntField()
+    scope = fields.JSONField()
+    deadline = fields.DatetimeField(null=True)
+    concurrency = fields.IntField()
+    respect_windows = fields.BooleanField(default=True)
+    # The devices the operator accepted to go on without in the trust phase (their entry ids).
+    exceptions = fields.JSONField(default=list)
+    # The issuers' CA chains (PEM) and CRLs (PEM) as they were when the campaign was made.
+    old_issuer_pem = fields.TextField()
+    new_issuer_pem = fields.TextField()
+    new_crls_pem = fields.TextField(default="")
+    old_crls_pem = fields.TextField(default="")
+    # What keeps the campaign from its next phase, in a sentence; None when nothing does.
+    blocked = fields.TextField(null=True)
+    created_at = fields.DatetimeField(auto_now_add=True)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    devices: fields.ReverseRelation[CampaignDevice]
+
+    class Meta:
+        table = "campaign"
+
+
+class CampaignDevice(Model):
+    """One device of a campaign: the state of each of its phases (``pending``, ``done``, ``failed``, ``unverified``,
+    ``excepted``) and its last step."""
+
+    id = fields.IntField(primary_key=True)
+    campaign: fields.ForeignKeyRelation[Campaign] = fields.ForeignKeyField(
+        "models.Campaign", related_name="devices", on_delete=fields.CASCADE
+    )
+    entry: fields.ForeignKeyRelation[InventoryEntry] = fields.ForeignKeyField(
+        "models.InventoryEntry", related_name="campaign_devices", on_delete=fields.CASCADE
+    )
+    trust = fields.CharField(max_length=16, default="pending")
+    reissue = fields.CharField(max_length=16, default="pending")
+    retire = fields.CharField(max_length=16, default="pending")
+    last_step = fields.JSONField(null=True)
+    attempts = fields.IntField(default=0)
+    next_try_at = fields.DatetimeField(null=True)
+    updated_at = fields.DatetimeField(auto_now=True)
+
+    class Meta:
+        table = "campaign_device"
+        unique_together = (("campaign", "entry"),)
+
+
 class MaintenanceWindow(Model):
     id = fields.IntField(primary_key=True)
     name = fields.CharField(max_length=255)

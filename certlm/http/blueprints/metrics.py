@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from quart import Blueprint, Response
 
 from certlm.http.openapi import downloads
 from certlm.lifecycle.metrics import CONTENT_TYPE, exposition
+from certlm.lifecycle.rollover import rollover_proposals
 from certlm.service.host import current_host
 
 blueprint = Blueprint("metrics", __name__)
@@ -15,6 +18,7 @@ blueprint = Blueprint("metrics", __name__)
 @downloads("text/plain", description="Prometheus text format")
 async def metrics() -> Response:
     """Per device the certificate's notAfter, renewal_days, revocation and reachability; this instance's scheduler
-    scans, their durations and outcomes. An extension of the spec."""
+    scans, their durations and outcomes; the CA rollovers certlm proposes. An extension of the spec."""
     host = current_host()
-    return Response(await exposition(host.metrics, host.inventory), content_type=CONTENT_TYPE)
+    proposals = await rollover_proposals(host.runtime, datetime.now(UTC))
+    return Response(await exposition(host.metrics, host.inventory, proposals), content_type=CONTENT_TYPE)

@@ -55,6 +55,22 @@ class BackupStatus(BaseModel):
     warn_after_h: int = Field(description="CERTLM_BACKUP_WARN_AFTER_H")
 
 
+class RolloverProposalOut(BaseModel):
+    """A CA that expires soon while devices depend on it (an extension): make its successor and start a campaign."""
+
+    pki_id: int
+    name: str | None = Field(description="the PKI entry's name; only for a caller with the API key")
+    ca_subject: str | None = Field(description="the expiring CA certificate's subject; only with the API key")
+    expires: Timestamp
+    days_left: int
+    devices: int = Field(description="active devices enrolled from the entry")
+
+
+def _anonymous_proposal_view(proposal: dict) -> dict:
+    # How the plant names its PKI entries is for key holders; when and how much is at stake is not a secret.
+    return {**proposal, "name": None, "ca_subject": None}
+
+
 def _anonymous_backup_view(status: dict) -> dict:
     # Paths and the SFTP user@host tell an anonymous caller how the plant keeps its backups: for key holders only.
     withheld = "send the API key to see why" if status.get("error") else None
@@ -91,6 +107,11 @@ class SystemInfo(BaseModel):
         description="extension: the active maintenance window, else the next within 7 days; null when none",
     )
     last_backup: BackupStatus | None = Field(default=None, description="extension: the last backup")
+    ca_rollover_proposals: list[RolloverProposalOut] = Field(
+        default_factory=list,
+        description="extension: PKI entries whose CA expires within CERTLM_CA_ROLLOVER_WARNING_DAYS while devices "
+        "depend on them, until a campaign moves the devices away",
+    )
 
 
 class SystemSettingsUpdate(PartialUpdate):
@@ -154,12 +175,14 @@ class CrlSystemInfo(BaseModel):
 @answers(500)
 async def get_system_info() -> SystemInfo:
     """System information and scheduler settings. Open: needs no API key; without it, ``last_backup`` does not say
-    where the archives are nor why a backup failed."""
+    where the archives are nor why a backup failed, and ``ca_rollover_proposals`` names no PKI entry or CA."""
     host = current_host()
     try:
-        info = await system_info(host.schedulers, host.schema_version, host.settings)
-        if info.get("last_backup") and not holds_api_key(host.api_key):
-            info["last_backup"] = _anonymous_backup_view(info["last_backup"])
+        info = await system_info(host.schedulers, host.schema_version, host.settings, host.runtime)
+        if not holds_api_key(host.api_key):
+            if info.get("last_backup"):
+                info["last_backup"] = _anonymous_backup_view(info["last_backup"])
+            info["ca_rollover_proposals"] = [_anonymous_proposal_view(p) for p in info["ca_rollover_proposals"]]
         return SystemInfo(**info)
     except APIError:
         raise
@@ -175,7 +198,7 @@ async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
     await change_system_settings(data.model_dump(exclude_unset=True))
     host = current_host()
     host.schedulers.wake()
-    return SystemInfo(**await system_info(host.schedulers, host.schema_version, host.settings))
+    return SystemInfo(**await system_info(host.schedulers, host.schema_version, host.settings, host.runtime))
 
 
 @blueprint.get("/gds/systeminfo")

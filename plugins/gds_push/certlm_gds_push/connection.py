@@ -238,7 +238,7 @@ async def server_endpoints(url: str, timeouts: DeviceTimeouts) -> list[ua.Endpoi
 
 ServerCheck = Callable[[x509.Certificate], None]
 """Called with the certificate the device announces, before anything but GetEndpoints was sent; raises
-``DeviceError`` to refuse the device."""
+``DeviceFailure`` to refuse the device (``DeviceIdentityChanged`` for one that is not the device certlm pinned)."""
 
 
 class DeviceSession:
@@ -345,12 +345,16 @@ async def open_session(
         await session.close()
 
 
+def certificate_name(certificate: x509.Certificate) -> str:
+    """A certificate as messages name it: its subject and SHA-1 thumbprint, what OPC UA tools show."""
+    return f"{certificate.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(certificate)})"
+
+
 def client_not_trusted(identity: ClientIdentity, error: BaseException) -> DeviceError:
     """What to do about a device that refuses certlm's client certificate, with the status it answered."""
-    certificate = identity.certificate
     return DeviceError(
         f"the device refuses certlm's client certificate ({status_name(error)}): it must trust "
-        f"{certificate.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(certificate)}). Download it with "
+        f"{certificate_name(identity.certificate)}. Download it with "
         "GET /gds/crt, add it to the device's trusted certificates (or put the device in its factory state that "
         "accepts the first client), then retry",
         status_name(error),

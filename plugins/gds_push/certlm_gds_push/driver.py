@@ -9,17 +9,22 @@ the small ``read_*``/``after_apply_changes``/``csr_subject`` methods. The simula
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 from asyncua import ua
+from cryptography import x509
 
 from certlm import (
     CertificateReading,
     DeviceDescription,
     DeviceDriver,
+    DeviceFailure,
     DeviceIdentity,
+    DeviceIdentityChanged,
     DeviceReading,
     DeviceTarget,
     DeviceTimeouts,
@@ -35,19 +40,20 @@ from certlm_gds_push.connection import (
     DeviceSession,
     ServerCheck,
     SessionSecurity,
+    certificate_name,
     failure,
     open_session,
     server_endpoints,
     usable_endpoints,
 )
-from certlm_gds_push.push_flow import known_device_check, run_push
+from certlm_gds_push.push_flow import VERIFY_RETRY_S, known_device_check, run_push
 from certlm_gds_push.server_configuration import (
     RSA_SHA256_APPLICATION_CERTIFICATE_TYPE,
     ServerConfiguration,
     part12_subject,
     type_name,
 )
-from certlm_gds_push.trust_list import TrustListFile, from_data_type
+from certlm_gds_push.trust_list import TrustListFile, check_trust_list, to_data_type
 
 DI_NAMESPACE = "http://opcfoundation.org/UA/DI/"
 # The DI nameplate and identification properties read_plc_info reports for each device of a DeviceSet.
@@ -188,16 +194,54 @@ class GdsPushDriver(DeviceDriver):
     async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
         """DefaultApplicationGroup's trust list (OpenWithMasks, Read, Close), the lists in ``mask``."""
         async with self._reading(target, "reading the trust list", SessionSecurity.SIGNED) as session:
+            return await (await _trust_list_file(session)).read_lists(mask)
+
+    async def write_trust_list(self, target: DeviceTarget, trust_list: TrustList) -> TrustList | None:
+        """Make ``trust_list`` DefaultApplicationGroup's whole trust list, on a SignAndEncrypt session: Open (Write,
+        EraseExisting), Write, CloseAndUpdate, and ApplyChanges when CloseAndUpdate answers that the device needs it
+        (one that answers False took the list into use at once). A failure before the list is in use cancels it
+        (CancelChanges; closing the session does as well), so the old list stays in force. The list the device holds
+        then is read back in new sessions, since ApplyChanges may close every channel; None when the device does
+        not let it be read (``trust_list.READ_REFUSED_STATUSES``).
+
+        Refused with ``DeviceError`` before anything is sent: a list that would lock certlm out
+        (``refuse_lockout``) or holds what is not DER; after the device described itself, one over its limit
+        (``trust_list_limit``)."""
+        refuse_lockout(trust_list, await self.client_identity())
+        refuse_malformed(trust_list)
+        async with self._reading(target, "writing the trust list", SessionSecurity.ENCRYPTED) as session:
+            check_trust_list(trust_list, self.trust_list_limit(await self.read_description(session)), TrustList.ALL)
             configuration = await ServerConfiguration.locate(session)
             trust_file = await TrustListFile.locate(session, configuration.group_id)
-            return from_data_type(await trust_file.read(mask), mask)
+            applied_changes = await _take_into_use(configuration, trust_file, trust_list)
+            if applied_changes:
+                await self.after_apply_changes(session)
+        if applied_changes:
+            await asyncio.sleep(self.apply_settle_s)
+        return await self._read_back(target)
+
+    async def _read_back(self, target: DeviceTarget) -> TrustList | None:
+        """The whole trust list after a write, None when the device does not let it be read; retried in new
+        sessions within the operation time-out, since a device that applied changes drops every channel a moment
+        later."""
+        deadline = time.monotonic() + self.timeouts.operation_s
+        while True:
+            try:
+                async with self._reading(target, "reading the trust list back", SessionSecurity.SIGNED) as session:
+                    return await (await _trust_list_file(session)).read_if_allowed(TrustList.ALL)
+            except DeviceIdentityChanged:
+                raise
+            except DeviceFailure as error:
+                if time.monotonic() + VERIFY_RETRY_S > deadline:
+                    raise DeviceError(
+                        f"the device took the new trust list into use, but {error.message}", error.device_status
+                    ) from error
+            await asyncio.sleep(VERIFY_RETRY_S)
 
     async def read_device(self, target: DeviceTarget) -> DeviceReading:
         """Trust list, firmware and status in one signed session: what the monitor reads each scan."""
         async with self._reading(target, "reading the device", SessionSecurity.SIGNED) as session:
-            configuration = await ServerConfiguration.locate(session)
-            trust_file = await TrustListFile.locate(session, configuration.group_id)
-            trust_list = from_data_type(await trust_file.read(TrustList.ALL), TrustList.ALL)
+            trust_list = await (await _trust_list_file(session)).read_lists(TrustList.ALL)
             build_info = await self.read_build_info(session)
             status = await self._status(session)
         firmware = FirmwareInfo(firmware_version=build_info["software_version"], device_name=build_info["product"])
@@ -306,6 +350,60 @@ class GdsPushDriver(DeviceDriver):
     async def after_apply_changes(self, session: DeviceSession) -> None:
         """Called after a successful ApplyChanges, in the same session: a device that needs a restart or another
         vendor method to take the new certificate into use calls it here."""
+
+
+def refuse_lockout(trust_list: TrustList, client: identity.ClientIdentity) -> None:
+    """Refuse a trust list whose trusted certificates hold neither certlm's client certificate nor a CA of its chain:
+    from the moment the device took it into use it would refuse certlm, and nothing could repair that remotely."""
+    if client.trusted_by(trust_list.trusted_certificates):
+        return
+    accepted = " or ".join(
+        [f"certlm's client certificate {certificate_name(client.certificate)}"]
+        + [f"its CA {certificate_name(ca)}" for ca in client.chain]
+    )
+    raise DeviceError(
+        f"the trust list would lock certlm out: its trusted certificates must hold {accepted}, or the device refuses "
+        "certlm from then on. Nothing was sent to the device",
+        "BadRequestNotAllowed",
+    )
+
+
+def refuse_malformed(trust_list: TrustList) -> None:
+    """Refuse a trust list with an entry that is not a DER certificate or CRL, as its list says, before a device that
+    stores what it is given (node-opcua writes each entry to a file) keeps it."""
+    for name, load in (
+        ("trusted_certificates", x509.load_der_x509_certificate),
+        ("trusted_crls", x509.load_der_x509_crl),
+        ("issuer_certificates", x509.load_der_x509_certificate),
+        ("issuer_crls", x509.load_der_x509_crl),
+    ):
+        for index, entry in enumerate(getattr(trust_list, name)):
+            try:
+                load(entry)
+            except ValueError:
+                kind = "CRL" if name.endswith("crls") else "certificate"
+                raise DeviceError(
+                    f"{name}[{index}] is not a DER {kind}: nothing was sent to the device", "BadCertificateInvalid"
+                ) from None
+
+
+async def _trust_list_file(session: DeviceSession) -> TrustListFile:
+    """DefaultApplicationGroup's TrustList, where the device's ServerConfiguration has it."""
+    configuration = await ServerConfiguration.locate(session)
+    return await TrustListFile.locate(session, configuration.group_id)
+
+
+async def _take_into_use(configuration: ServerConfiguration, trust_file: TrustListFile, trust_list: TrustList) -> bool:
+    """Write the whole ``trust_list`` and ApplyChanges when the device needs it; whether it did. A failure cancels
+    what is pending, which leaves the old list in force unless the device took the new one already."""
+    try:
+        if not await trust_file.write(to_data_type(trust_list, TrustList.ALL)):
+            return False
+        await configuration.apply_changes()
+    except Exception:
+        await configuration.cancel_changes()
+        raise
+    return True
 
 
 def _json_value(value: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -48,6 +49,14 @@ class ClientIdentity:
     @property
     def self_signed(self) -> bool:
         return not self.chain
+
+    def trusted_by(self, trusted_certificates: Iterable[bytes]) -> bool:
+        """Whether a device with these trusted certificates (DER) lets certlm in: they hold its certificate or a CA of
+        its chain (Part 4 trusts a chain that ends in a trusted certificate)."""
+        trusted = set(trusted_certificates)
+        return self.certificate_der in trusted or any(
+            issuer.public_bytes(serialization.Encoding.DER) in trusted for issuer in self.chain
+        )
 
 
 _cache: dict[str, ClientIdentity] = {}

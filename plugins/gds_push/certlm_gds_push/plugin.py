@@ -8,7 +8,7 @@ from certlm import DeviceDriverRegistry, HostServices, hookimpl
 from certlm_gds_push.blueprint import make_blueprint
 from certlm_gds_push.driver import GdsPushDriver
 
-CERTLM_PLUGIN_API = "1.0"
+CERTLM_PLUGIN_API = "1.1"
 
 
 @hookimpl

@@ -4,7 +4,8 @@ connect → identify (an operator's first contact) → describe → create_signi
 fetch_crls → write_trust_list → update_certificate → apply_changes → verify. The trust list goes first, as Part 12
 (v1.05, 7.7) and the OPC Foundation's push client do: servers refuse to open it while a certificate update is
 pending, and servers that check revocation refuse a certificate whose CA and CRL they do not hold yet. Every list
-certlm writes keeps certlm trusted, so a failure after it was written still leaves a device certlm can reach. A
+certlm writes keeps certlm trusted, so a failure after it was written still leaves a device certlm can reach, and
+keeps what the request says it must go on trusting (``PushRequest.also_trusted``, in the lists of the same names). A
 device that needs ApplyChanges keeps running on what it had until then: a failure before that point cancels the
 pending changes, and its ``PushFailed`` says whether the device was changed (a device that applies a trust list or
 certificate at once is). Verification is a second session: the device must present the issued certificate on it,
@@ -31,6 +32,7 @@ from certlm import (
     CertlmKeyRequired,
     DeviceDescription,
     DeviceDriver,
+    DeviceIdentityChanged,
     DeviceTarget,
     DeviceTimeouts,
     DriverSelection,
@@ -45,7 +47,6 @@ from certlm import (
     UnsupportedOperation,
     host_general_name,
     issued_by,
-    sha1_fingerprint,
     to_der,
 )
 from certlm_gds_push.connection import (
@@ -53,19 +54,18 @@ from certlm_gds_push.connection import (
     DeviceSession,
     ServerCheck,
     SessionSecurity,
+    certificate_name,
     explain,
     status_name,
 )
 from certlm_gds_push.identity import ClientIdentity
 from certlm_gds_push.server_configuration import ServerConfiguration
-from certlm_gds_push.trust_list import TrustListFile, encode, from_data_type, to_data_type
+from certlm_gds_push.trust_list import ISSUER_LISTS, TRUSTED_LISTS, TrustListFile, check_trust_list, to_data_type
 
 log = logging.getLogger(__name__)
 
 # Answers to CreateSigningRequest meaning "this device cannot make a CSR": certlm makes the key pair instead.
 NO_CSR_STATUSES = frozenset({"BadNotSupported", "BadNotImplemented", "BadMethodInvalid"})
-# certlm writes the lists it owns: trusted certificates and their CRLs. The issuer lists stay as the device has them.
-WRITTEN_LISTS = TrustList.MASK_BITS["trusted_certificates"] | TrustList.MASK_BITS["trusted_crls"]
 GENERATED_KEY_BITS = 2048
 VERIFY_RETRY_S = 0.5
 
@@ -115,7 +115,9 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
                 driver.session(target, SessionSecurity.ENCRYPTED, known_device_check(request))
             )
             run.presented_certificate = session.server_certificate
-            note.message = f"{session.endpoint.name}, the device presents {_name(session.server_certificate)}"
+            note.message = (
+                f"{session.endpoint.name}, the device presents {certificate_name(session.server_certificate)}"
+            )
         description: DeviceDescription | None = None
         if request.identify is not None:
             selected, description = await identified(run, driver, session, request.identify)
@@ -144,7 +146,7 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
             identity = await driver.client_identity()
             trust_list = planned_trust_list(request, pki, identity)
             try:
-                check_trust_list(trust_list, driver.trust_list_limit(description))
+                check_trust_list(trust_list, driver.trust_list_limit(description), written_lists(trust_list))
             except DeviceError as error:
                 run.fail("write_trust_list", error)
 
@@ -152,7 +154,7 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
                 run, driver, session, configuration, certificate_type, description, target, request, pki
             )
             trust_list = await trust_list_for_chain(run, driver, description, request, pki, identity, enrollment)
-            await install(
+            trust_list = await install(
                 run, driver, session, configuration, certificate_type, trust_list, enrollment, private_key, key_format
             )
         except PushFailed:
@@ -279,7 +281,7 @@ async def obtain_certificate(
                 )
             enrollment = await pki.enroll(csr, private_key)
         via = f" via {enrollment.via}" if enrollment.via else ""
-        note.message = f"issued {_name(enrollment.certificate)}{via}{note.message}"
+        note.message = f"issued {certificate_name(enrollment.certificate)}{via}{note.message}"
     for warning in enrollment.warnings:
         run.warn("check_names", warning)
 
@@ -287,7 +289,7 @@ async def obtain_certificate(
         run.fail(
             "enroll",
             DeviceError(
-                f"the PKI issued {_name(enrollment.certificate)} but sent no certificate of its issuer "
+                f"the PKI issued {certificate_name(enrollment.certificate)} but sent no certificate of its issuer "
                 f"{enrollment.certificate.issuer.rfc4514_string()}, and none is known: the device could not "
                 "verify it",
                 "BadCertificateChainIncomplete",
@@ -318,7 +320,7 @@ async def trust_list_for_chain(
             )
     trust_list = planned_trust_list(request, pki, identity, enrollment.chain, crls)
     try:
-        check_trust_list(trust_list, driver.trust_list_limit(description))
+        check_trust_list(trust_list, driver.trust_list_limit(description), written_lists(trust_list))
     except DeviceError as error:
         run.fail("write_trust_list", error)
     return trust_list
@@ -334,16 +336,25 @@ async def install(
     enrollment: Enrollment,
     private_key: rsa.RSAPrivateKey | None,
     key_format: str,
-) -> None:
-    """Write the trust list, then the certificate, then ApplyChanges when either asked for it."""
+) -> TrustList:
+    """Write the trust list, then the certificate, then ApplyChanges when either asked for it; the trust list as
+    written."""
     async with run.step("write_trust_list") as note:
         trust_file = await TrustListFile.locate(session, configuration.group_id)
-        apply_required = await trust_file.write(to_data_type(trust_list, WRITTEN_LISTS))
+        lists = written_lists(trust_list)
+        if lists & ISSUER_LISTS:
+            trust_list = await keeping_device_issuers(trust_file, trust_list)
+        apply_required = await trust_file.write(to_data_type(trust_list, lists))
         # A device that applies CloseAndUpdate at once is changed from here on (and still trusts certlm).
         run.changed_device |= not apply_required
+        issuers = (
+            f", {len(trust_list.issuer_certificates)} issuer certificates and {len(trust_list.issuer_crls)} CRLs"
+            if lists & ISSUER_LISTS
+            else ""
+        )
         note.message = (
             f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} "
-            f"CRLs, {_pending_or_applied(apply_required)}"
+            f"CRLs{issuers}, {_pending_or_applied(apply_required)}"
         )
 
     async with run.step("update_certificate") as note:
@@ -359,6 +370,32 @@ async def install(
             await driver.after_apply_changes(session)
         else:
             note.message = "not needed: the device applied the changes at once"
+    return trust_list
+
+
+def written_lists(trust_list: TrustList) -> int:
+    """The lists a push writes (``TrustList.MASK_BITS``): the trusted ones, which certlm owns, and the issuer ones
+    only when the request must keep issuers trusted (``also_trusted``); else they stay as the device has them."""
+    has_issuers = trust_list.issuer_certificates or trust_list.issuer_crls
+    return TRUSTED_LISTS | (ISSUER_LISTS if has_issuers else 0)
+
+
+async def keeping_device_issuers(trust_file: TrustListFile, trust_list: TrustList) -> TrustList:
+    """``trust_list`` with the issuer certificates and CRLs the device holds ahead of its own: writing the issuer
+    lists replaces them, and what the device has there is not certlm's to drop."""
+    try:
+        held = await trust_file.read_lists(ISSUER_LISTS)
+    except ua.UaStatusCodeError as error:
+        raise DeviceError(
+            "certlm must read the device's issuer certificates and CRLs to add the ones it must keep trusted beside "
+            f"them, and the device refuses that: {explain(error)}",
+            status_name(error),
+        ) from error
+    return replace(
+        trust_list,
+        issuer_certificates=_unique([*held.issuer_certificates, *trust_list.issuer_certificates]),
+        issuer_crls=_unique([*held.issuer_crls, *trust_list.issuer_crls]),
+    )
 
 
 async def apply_changes(run: StepLog, configuration: ServerConfiguration) -> None:
@@ -388,15 +425,16 @@ def known_device_check(request: PushRequest) -> ServerCheck | None:
             return
         expected = []
         if request.pinned_certificate is not None:
-            pinned = x509.load_der_x509_certificate(request.pinned_certificate)
-            expected.append(f"its pinned certificate {_name(pinned)}")
+            expected.append(certificate_name(x509.load_der_x509_certificate(request.pinned_certificate)))
         if request.trusted_cas:
-            cas = "; ".join(_name(ca) for ca in request.trusted_cas)
+            cas = "; ".join(certificate_name(ca) for ca in request.trusted_cas)
             expected.append(f"a certificate issued by the PKI's CA {cas}")
-        raise DeviceError(
-            f"the device presents {_name(certificate)}, but certlm expects {' or '.join(expected) or 'a pinned one'}"
-            ": nothing was sent to it. If the device was replaced or reset, re-onboard it (POST /gds/push/onboarding)"
-            " to accept the certificate it presents now",
+        raise DeviceIdentityChanged(
+            "application certificate",
+            " or ".join(expected) or "none",
+            certificate_name(certificate),
+            "If the device was replaced or reset, re-onboard it (POST /gds/push/onboarding) to accept the certificate "
+            "it presents now",
             "BadCertificateUntrusted",
         )
 
@@ -449,31 +487,26 @@ def planned_trust_list(
     chain: tuple[x509.Certificate, ...] = (),
     crls: tuple[x509.CertificateRevocationList, ...] | None = None,
 ) -> TrustList:
-    """The trusted lists certlm writes: the PKI's CA chain and CRLs, plus certlm's client certificate or its issuers
-    as the request asks. The device must keep accepting certlm after ApplyChanges, or no later renewal could reach
-    it: when neither the request nor the PKI's chain makes it trust certlm, certlm's own certificate is added (the
-    narrowest trust that does; ``issuer`` widens it to certlm's CA so renewals of certlm's certificate keep working).
+    """The lists certlm writes: the PKI's CA chain and CRLs, plus certlm's client certificate or its issuers as the
+    request asks, plus what the request must keep trusted beside them (``also_trusted``, each in the list of the
+    same name). The device must keep accepting certlm after ApplyChanges, or no later renewal could reach it: when
+    neither the request nor the PKI's chain makes it trust certlm, certlm's own certificate is added (the narrowest
+    trust that does; ``issuer`` widens it to certlm's CA so renewals of certlm's certificate keep working).
     """
     trusted = [to_der(ca) for ca in (*pki.ca_certificates, *chain)]
     if request.add_issuer or (request.onboarding and not identity.self_signed):
         trusted += [to_der(issuer) for issuer in identity.chain]
-    if request.add_client_certificate or not _trusts(trusted, identity):
+    # also_trusted does not count here: a campaign removes it once no peer needs it, and certlm must stay in.
+    if request.add_client_certificate or not identity.trusted_by(trusted):
         trusted.append(identity.certificate_der)
     crl_ders = [crl.public_bytes(serialization.Encoding.DER) for crl in (pki.crls if crls is None else crls)]
-    return TrustList(trusted_certificates=_unique(trusted), trusted_crls=_unique(crl_ders))
-
-
-def _trusts(trusted: list[bytes], identity: ClientIdentity) -> bool:
-    return identity.certificate_der in trusted or any(to_der(issuer) in trusted for issuer in identity.chain)
-
-
-def check_trust_list(trust_list: TrustList, limit: int) -> None:
-    """Refuse a trust list the device cannot hold, before anything is sent."""
-    size = len(encode(to_data_type(trust_list, WRITTEN_LISTS)))
-    if limit and size > limit:
-        raise DeviceError(
-            f"trust list too large: {size} bytes, the device accepts at most {limit}", "BadRequestTooLarge"
-        )
+    also = request.also_trusted
+    return TrustList(
+        trusted_certificates=_unique([*trusted, *also.trusted_certificates]),
+        trusted_crls=_unique([*crl_ders, *also.trusted_crls]),
+        issuer_certificates=_unique(also.issuer_certificates),
+        issuer_crls=_unique(also.issuer_crls),
+    )
 
 
 def _unique(items: Iterable[bytes]) -> list[bytes]:
@@ -524,7 +557,8 @@ async def session_presenting(
     def check(certificate: x509.Certificate) -> None:
         if to_der(certificate) != issued_der:
             raise DeviceError(
-                f"the device still presents {_name(certificate)}, not the issued certificate", "BadCertificateInvalid"
+                f"the device still presents {certificate_name(certificate)}, not the issued certificate",
+                "BadCertificateInvalid",
             )
 
     deadline = time.monotonic() + driver.timeouts.operation_s
@@ -541,28 +575,29 @@ async def session_presenting(
 
 
 async def confirm_trust_list(session: DeviceSession, group_id: ua.NodeId, written: TrustList) -> str:
-    """Read the trusted lists back and raise when they are not what was written (stock node-opcua, for one, answers
+    """Read the written lists back and raise when they are not what was written (stock node-opcua, for one, answers
     CloseAndUpdate with Good and keeps its old list). A device that does not let them be read is only noted."""
+    lists = written_lists(written)
     try:
         trust_file = await TrustListFile.locate(session, group_id)
-        on_device = from_data_type(await trust_file.read(WRITTEN_LISTS), WRITTEN_LISTS)
+        on_device = await trust_file.read_lists(lists)
     except Exception as error:
         return f"its trust list could not be read back ({explain(error)})"
     # Devices store a trust list as they like (node-opcua as files named by thumbprint): the order may change.
     if _as_stored(on_device) != _as_stored(written):
         raise DeviceError(
-            "the device presents the issued certificate, but its trusted certificates and CRLs are not the ones "
-            f"written ({len(on_device.trusted_certificates)} certificates and {len(on_device.trusted_crls)} CRLs "
-            f"instead of {len(written.trusted_certificates)} and {len(written.trusted_crls)}): it did not apply "
-            "CloseAndUpdate",
+            "the device presents the issued certificate, but its trust list is not the one written "
+            f"({_sizes(on_device)} instead of {_sizes(written)}): it did not apply CloseAndUpdate",
             "BadInvalidState",
         )
     return "its trust list reads back as written"
 
 
-def _as_stored(trust_list: TrustList) -> tuple[list[bytes], list[bytes]]:
-    return sorted(trust_list.trusted_certificates), sorted(trust_list.trusted_crls)
+def _as_stored(trust_list: TrustList) -> list[list[bytes]]:
+    return [sorted(part) for part in vars(trust_list).values()]
 
 
-def _name(certificate: x509.Certificate) -> str:
-    return f"{certificate.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(certificate)})"
+def _sizes(trust_list: TrustList) -> str:
+    return ", ".join(
+        f"{len(part)} {name.replace('_', ' ').replace('crls', 'CRLs')}" for name, part in vars(trust_list).items()
+    )

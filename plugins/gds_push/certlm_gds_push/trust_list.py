@@ -1,4 +1,5 @@
-"""Reading and writing a certificate group's TrustList file object (OPC UA Part 12 TrustListType).
+"""Reading and writing a certificate group's TrustList file object (OPC UA Part 12 TrustListType), for the push and
+for ``GdsPushDriver.write_trust_list``.
 
 The file holds one UA Binary encoded ``TrustListDataType``, not wrapped in an ExtensionObject. asyncua's ``UaFile``
 has neither OpenWithMasks nor CloseAndUpdate (and relies on the Size property, which a TrustList need not serve), so
@@ -15,7 +16,7 @@ from asyncua.common.utils import Buffer
 from asyncua.ua.ua_binary import struct_from_binary, struct_to_binary
 
 from certlm import TrustList
-from certlm_gds_push.connection import DeviceError, DeviceSession
+from certlm_gds_push.connection import DeviceError, DeviceSession, status_name
 
 # Well-known ns=0 NodeIds of DefaultApplicationGroup's TrustList and its methods, for a device whose address space
 # does not resolve the browse path to them.
@@ -30,6 +31,11 @@ _DEFAULT_APPLICATION_TRUST_LIST_METHODS = {
 # Bytes per Read/Write call: small enough for devices with small message buffers, large enough to need few calls.
 CHUNK_BYTES = 32 * 1024
 WRITE_ERASE_EXISTING = ua.OpenFileMode.Write | ua.OpenFileMode.EraseExisting
+TRUSTED_LISTS = TrustList.MASK_BITS["trusted_certificates"] | TrustList.MASK_BITS["trusted_crls"]
+ISSUER_LISTS = TrustList.MASK_BITS["issuer_certificates"] | TrustList.MASK_BITS["issuer_crls"]
+# Answers to opening the TrustList for reading that mean "this session may not read it" (Part 12 lets a server keep
+# its trust list from anyone but a SecurityAdmin, or from everyone), not that something went wrong.
+READ_REFUSED_STATUSES = frozenset({"BadUserAccessDenied", "BadNotReadable", "BadNotSupported", "BadNotImplemented"})
 
 
 def to_data_type(trust_list: TrustList, specified_lists: int) -> ua.TrustListDataType:
@@ -58,6 +64,15 @@ def from_data_type(data: ua.TrustListDataType, mask: int) -> TrustList:
         issuer_certificates=part("issuer_certificates", data.IssuerCertificates),
         issuer_crls=part("issuer_crls", data.IssuerCrls),
     )
+
+
+def check_trust_list(trust_list: TrustList, limit: int, specified_lists: int) -> None:
+    """Refuse a trust list the device cannot hold (``limit`` bytes, 0 for none), before anything is sent."""
+    size = len(encode(to_data_type(trust_list, specified_lists)))
+    if limit and size > limit:
+        raise DeviceError(
+            f"trust list too large: {size} bytes, the device accepts at most {limit}", "BadRequestTooLarge"
+        )
 
 
 def encode(data: ua.TrustListDataType) -> bytes:
@@ -112,6 +127,19 @@ class TrustListFile:
         finally:
             await self._call("Close", ua.Variant(handle, ua.VariantType.UInt32))
         return decode(bytes(content))
+
+    async def read_lists(self, mask: int) -> TrustList:
+        """The lists selected by ``mask`` as the device holds them (``read``)."""
+        return from_data_type(await self.read(mask), mask)
+
+    async def read_if_allowed(self, mask: int) -> TrustList | None:
+        """``read_lists``, or None when the device does not let this session read its trust list."""
+        try:
+            return await self.read_lists(mask)
+        except ua.UaStatusCodeError as error:
+            if status_name(error) in READ_REFUSED_STATUSES:
+                return None
+            raise
 
     async def write(self, data: ua.TrustListDataType) -> bool:
         """Open for Write|EraseExisting, Write in chunks, CloseAndUpdate; whether the device needs ApplyChanges.

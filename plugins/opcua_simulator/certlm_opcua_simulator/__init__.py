@@ -78,8 +78,9 @@ RsaSha256ApplicationCertificateType (a null group or type NodeId means these):
   (1) or Write + EraseExisting (6); other OpenFileModes give BadNotSupported, 0 or unknown bits
   BadInvalidArgument. Readers see the applied list; handles belong to their session. Write past
   MaxTrustListSize: BadEncodingLimitsExceeded; CloseAndUpdate or AddCertificate producing a list over it:
-  BadRequestTooLarge. Certificates and CRLs must be DER and every CRL issued by a CA of the list
-  (BadCertificateInvalid). AddCertificate and RemoveCertificate act at once, so they need no transaction
+  BadRequestTooLarge. ``trust_list_readable=False``: Open for reading and OpenWithMasks answer
+  BadUserAccessDenied (writing works as usual). Certificates and CRLs must be DER and every CRL issued by a CA of
+  the list (BadCertificateInvalid). AddCertificate and RemoveCertificate act at once, so they need no transaction
   (BadTransactionPending) and no open file (BadInvalidState); AddCertificate only adds trusted certificates
   whose issuer is in the list (else BadCertificateInvalid, BadCertificateChainIncomplete).
 - GetRejectedList and GetCertificates (added to ServerConfiguration, asyncua's nodeset lacks it) are read-only.

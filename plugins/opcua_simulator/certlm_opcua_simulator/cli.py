@@ -119,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
         "endpoints reopen with it after --apply-delay (or when the caller's pending trust list is applied or dropped)",
     )
     parser.add_argument(
+        "--trust-list-unreadable",
+        action="store_true",
+        help="Open for reading and OpenWithMasks answer BadUserAccessDenied, even for an admin; writing works",
+    )
+    parser.add_argument(
         "--fail-at",
         type=_failure,
         metavar="STEP[:STATUS|:drop]",
@@ -181,6 +186,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> tuple[SimulatorConfig,
             lenient=args.lenient,
             trust_list_applies_at_once=args.trust_list_applies_at_once,
             certificate_applies_at_once=args.certificate_applies_at_once,
+            trust_list_readable=not args.trust_list_unreadable,
             fail_at=args.fail_at,
             fail_count=args.fail_count,
             down_s=args.down_s,

@@ -106,6 +106,9 @@ class SimulatorConfig:
     certificate_applies_at_once: bool = False
     """UpdateCertificate applies the certificate at once and answers applyChangesRequired False; the endpoints
     reopen with it ``apply_delay_s`` later (or, while the caller's transaction holds a trust list, once it ends)."""
+    trust_list_readable: bool = True
+    """False models a device that lets no client read its trust list, not even a security admin: Open for reading
+    and OpenWithMasks answer BadUserAccessDenied, while writing it works as usual."""
     fail_at: str | None = None
     """``STEP``, ``STEP:BadSomeStatus`` or ``STEP:drop`` with STEP one of ``FAILURE_STEPS``."""
     fail_count: int | None = None

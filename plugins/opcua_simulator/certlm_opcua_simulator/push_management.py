@@ -422,6 +422,8 @@ class PushManagement:
                 self._join_transaction(caller)
             file = _OpenFile(caller.user, writing=True)
         else:
+            if not self._config.trust_list_readable:
+                raise uaerrors.BadUserAccessDenied("this device does not let its TrustList be read")
             if any(file.writing for file in self._files.values()):
                 raise uaerrors.BadInvalidState("the TrustList is open for writing")
             # Part 12: readers see the applied list, not one pending in a transaction.

@@ -56,7 +56,7 @@ from certlm_rest.connection import (
 )
 from certlm_rest.models import RestDevice, RestTrustWritten, digests
 from certlm_rest.opcua_endpoint import endpoint_certificate
-from certlm_rest.push_flow import run_push
+from certlm_rest.push_flow import run_push, run_trust_list_write
 
 # Answers meaning "this device does not offer this API": recognition tries the next installed driver.
 NOT_THIS_API = frozenset({"HTTP 404", "HTTP 405"})
@@ -242,6 +242,13 @@ class RestGenericDriver(DeviceDriver):
     async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
         async with self.logged_in(target, "reading the trust list") as api:
             return masked(await self.read_installed_trust_list(api), mask)
+
+    async def write_trust_list(self, target: DeviceTarget, trust_list: TrustList) -> TrustList:
+        """Stage the trusted lists of ``trust_list`` (``upload_trust_list``), apply, verify and read the list back,
+        rolling back a failed apply, as a push does (``push_flow.run_trust_list_write``). The device's issuer lists
+        are its own: a list that would change them is ``UnsupportedOperation``. Never None: the generic API always
+        lets the list be read."""
+        return await run_trust_list_write(self, target, trust_list)
 
     async def read_firmware(self, target: DeviceTarget) -> FirmwareInfo:
         async with self.logged_in(target, "reading the firmware version") as api:

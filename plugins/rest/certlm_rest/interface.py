@@ -1,6 +1,7 @@
-"""``RestDriver``: a REST driver as the push flow uses it. ``RestGenericDriver`` (``driver``) implements it and runs the
-push flow (``push_flow``), which is written against this interface, so that neither of those modules imports the
-other. The methods are documented where ``RestGenericDriver`` implements them.
+"""``RestDriver``: a REST driver as the flows of ``push_flow`` (the push, the trust list written on its own) use it.
+``RestGenericDriver`` (``driver``) implements it and runs those flows, which are written against this interface, so
+that neither of those modules imports the other. The methods are documented where ``RestGenericDriver`` implements
+them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class RestDriver(Protocol):
     ) -> AbstractAsyncContextManager[ManagementApi]: ...
 
     async def pin_tls(self, target: DeviceTarget, api: ManagementApi) -> str: ...
+
+    def logged_in(self, target: DeviceTarget, action: str) -> AbstractAsyncContextManager[ManagementApi]: ...
 
     async def recognise(self, api: ManagementApi, credentials: Credentials) -> tuple[RestDriver, DeviceDescription]: ...
 

@@ -10,7 +10,7 @@ from certlm_rest.contoso import ContosoGatewayDriver
 from certlm_rest.driver import RestGenericDriver
 
 # The certlm plugin API these hooks are written for.
-CERTLM_PLUGIN_API = "1.0"
+CERTLM_PLUGIN_API = "1.1"
 
 
 @hookimpl

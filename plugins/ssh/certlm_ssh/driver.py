@@ -4,7 +4,7 @@ data (and ``supported_devices``). ``DebianOpcUaServerDriver`` is the example of 
 already open is its base, ``certlm_ssh.session_driver.SshSessionDriver``; the push is ``certlm_ssh.push_flow``.
 
 Every operation with credentials goes to the device whose SSH host key an operator pinned; the OPC UA endpoint's
-certificate is read without credentials (GetEndpoints).
+certificate is read without credentials (GetEndpoints). A trust list write is ``certlm_ssh.trust_list_flow``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from certlm_ssh.device_settings import DeviceSettings, device_settings, login_of
 from certlm_ssh.layout import StoreLayout
 from certlm_ssh.opcua import presented_certificate
 from certlm_ssh.push_flow import run_push
-from certlm_ssh.session_driver import SshSessionDriver
+from certlm_ssh.session_driver import SshSessionDriver, checked_trust_list
 from certlm_ssh.store import load_certificate_file
+from certlm_ssh.trust_list_flow import TrustListWrite
 
 
 class SshStoreDriver(SshSessionDriver):
@@ -44,10 +45,10 @@ class SshStoreDriver(SshSessionDriver):
     generic = True
 
     @asynccontextmanager
-    async def _reading(
+    async def _automated_session(
         self, target: DeviceTarget, action: str
     ) -> AsyncIterator[tuple[SshSession, StoreLayout, DeviceSettings]]:
-        """A session for a read: only with a pinned host key (a read never pins one)."""
+        """A session for a read or a trust list write: only with a pinned host key (neither ever pins one)."""
         settings = await device_settings(target.entry_id, self.services.secrets)
         if settings.host_key is None:
             raise HostKeyNotPinned(
@@ -64,14 +65,14 @@ class SshStoreDriver(SshSessionDriver):
     # The DeviceDriver operations.
 
     async def describe(self, target: DeviceTarget) -> DeviceDescription:
-        async with self._reading(target, "identifying the device") as (session, layout, _):
+        async with self._automated_session(target, "identifying the device") as (session, layout, _):
             return await self.describe_in(session, layout)
 
     async def read_certificate(self, target: DeviceTarget, *, secure_session: bool) -> CertificateReading:
         """Without ``secure_session`` the certificate the OPC UA endpoint presents; with it, the store's, read over
         the authenticated SSH session."""
         if secure_session:
-            async with self._reading(target, "reading the device certificate") as (session, layout, _):
+            async with self._automated_session(target, "reading the device certificate") as (session, layout, _):
                 path = layout.path("own_certs", layout.certificate_file)
                 data = await session.read_file(path)
             if not data:
@@ -86,24 +87,38 @@ class SshStoreDriver(SshSessionDriver):
         return CertificateReading(await presented_certificate(url, self.services.device_timeouts.connect_s), 0, 0)
 
     async def read_trust_list(self, target: DeviceTarget, mask: int) -> TrustList:
-        async with self._reading(target, "reading the trust list") as (session, layout, _):
+        async with self._automated_session(target, "reading the trust list") as (session, layout, _):
             return await self.read_trust_list_in(session, layout, mask)
 
     async def read_firmware(self, target: DeviceTarget) -> FirmwareInfo:
-        async with self._reading(target, "reading the firmware version") as (session, layout, _):
+        async with self._automated_session(target, "reading the firmware version") as (session, layout, _):
             return await self.read_firmware_in(session, layout)
 
     async def read_status(self, target: DeviceTarget) -> str:
-        async with self._reading(target, "reading the device status") as (session, layout, _):
+        async with self._automated_session(target, "reading the device status") as (session, layout, _):
             return await self.read_status_in(session, layout)
 
     async def read_device(self, target: DeviceTarget) -> DeviceReading:
         """Trust list, firmware and status in one SSH session: what the monitor reads each scan."""
-        async with self._reading(target, "reading the device") as (session, layout, _):
+        async with self._automated_session(target, "reading the device") as (session, layout, _):
             trust_list = await self.read_trust_list_in(session, layout)
             firmware = await self.read_firmware_in(session, layout) if layout.firmware_command else None
             status = await self.read_status_in(session, layout) if layout.status_command else None
         return DeviceReading(trust_list=trust_list, firmware=firmware, status=status)
+
+    async def write_trust_list(self, target: DeviceTarget, trust_list: TrustList) -> TrustList:
+        """Make the store's trust directories hold exactly ``trust_list`` and reload the server
+        (``certlm_ssh.trust_list_flow``); the list they hold afterwards. Never None: the write reads the directories
+        before it changes them, so a store it writes it reads back.
+
+        Nothing in a trust list lets certlm in: it logs in over SSH with the pinned host key and the entry's
+        password or key, and reads the OPC UA endpoint's certificate without a session or client certificate
+        (GetEndpoints), so no list locks it out. A list with an entry that is no DER certificate (CRL, in the CRL
+        lists) is refused before anything is sent."""
+        checked_trust_list(trust_list, f"the trust list to write to {target.url}")
+        async with self._automated_session(target, "writing the trust list") as (session, layout, settings):
+            assert settings.host_key is not None  # the session checked it against the pinned key
+            return await TrustListWrite(self, target, settings, settings.host_key, layout).write(session, trust_list)
 
     async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
         return await run_push(self, target, request, pki)

@@ -9,7 +9,7 @@ from certlm_ssh.blueprint import make_blueprint
 from certlm_ssh.driver import DebianOpcUaServerDriver, SshStoreDriver
 
 # The certlm plugin API these hooks are written for.
-CERTLM_PLUGIN_API = "1.0"
+CERTLM_PLUGIN_API = "1.1"
 
 
 @hookimpl

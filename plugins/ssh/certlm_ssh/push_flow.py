@@ -12,6 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
+from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
 from certlm import (
@@ -25,6 +26,7 @@ from certlm import (
     PushOutcome,
     PushRequest,
     StepLog,
+    TrustList,
     host_general_name,
     issued_by,
     plain_status,
@@ -32,7 +34,6 @@ from certlm import (
     to_der,
 )
 from certlm_ssh.connection import (
-    CommandFailed,
     HostKeyNotPinned,
     SshSession,
     describe_error,
@@ -45,16 +46,14 @@ from certlm_ssh.connection import (
 from certlm_ssh.device_settings import DeviceSettings, device_settings, login_of, opcua_url_of, pin_host_key
 from certlm_ssh.layout import StoreLayout
 from certlm_ssh.opcua import await_certificate
-from certlm_ssh.session_driver import SshSessionDriver
+from certlm_ssh.session_driver import SshSessionDriver, checked_trust_list
 from certlm_ssh.store import (
-    NOTHING_SWAPPED,
     PREVIOUS,
-    STAGING,
     certificate_bytes,
     install_script,
     load_certificate_file,
     private_key_bytes,
-    restore_script,
+    staged_path,
     staging_script,
     trust_files,
 )
@@ -282,14 +281,22 @@ class SshPush:
         enrollment: Enrollment,
         key: CertificateIssuerPrivateKeyTypes | None,
     ) -> None:
-        staged = _StagedPaths(layout)
-        files = {staged.path("own_certs", layout.certificate_file): (
+        files = {staged_path(layout, "own_certs", layout.certificate_file): (
             certificate_bytes(enrollment.certificate, layout.certificate_format), 0o644,
         )}  # fmt: skip
         if key is not None:
-            files[staged.path("own_private", layout.private_key_file)] = (
+            files[staged_path(layout, "own_private", layout.private_key_file)] = (
                 private_key_bytes(key, layout.private_key_format), 0o600,
             )  # fmt: skip
+        for directory, named in trust_files(layout, await self._trust_list(enrollment)).items():
+            for name, content in named.items():
+                files[staged_path(layout, directory, name)] = (content, 0o644)
+        await session.upload(files)
+
+    async def _trust_list(self, enrollment: Enrollment) -> TrustList:
+        """What the push writes into the trust directories: the PKI's CA certificates (else the issued chain) and
+        their CRLs as trusted, the chain's other certificates as issuers, and beside them everything the request's
+        ``also_trusted`` holds, in the lists of the same names."""
         trusted = self.pki.ca_certificates or enrollment.chain
         crls = list(self.pki.crls)
         if self.pki.chain_crls is not None:
@@ -298,10 +305,13 @@ class SshPush:
             for missing in chain_crls.missing:
                 self.run.warn("enroll", missing)
         issuers = [c for c in enrollment.chain if c not in trusted]
-        for directory, named in trust_files(layout, trusted, crls, issuers, []).items():
-            for name, content in named.items():
-                files[staged.path(directory, name)] = (content, 0o644)
-        await session.upload(files)
+        also = checked_trust_list(self.request.also_trusted, "the push's also_trusted")
+        return TrustList(
+            trusted_certificates=[to_der(c) for c in trusted] + list(also.trusted_certificates),
+            trusted_crls=[crl.public_bytes(Encoding.DER) for crl in crls] + list(also.trusted_crls),
+            issuer_certificates=[to_der(c) for c in issuers] + list(also.issuer_certificates),
+            issuer_crls=list(also.issuer_crls),
+        )
 
     async def _roll_back(
         self, settings: DeviceSettings, host_key: str, layout: StoreLayout, url: str,
@@ -311,19 +321,15 @@ class SshPush:
         device is unchanged once its files are restored and its server presents the previous certificate, whether or
         not the reload went through (a server that a failed reload never stopped still runs on the old files)."""
         timeouts = self.driver.services.device_timeouts
-        reload_failed: CommandFailed | None = None
         try:
             async with self.run.step("rollback") as note:
                 async with open_session(login_of(self.target, settings), host_key, timeouts) as session:
-                    restored = await session.run(restore_script(layout), name="the restore script")
-                    if restored.strip() == NOTHING_SWAPPED:
-                        note.message = "the install stopped before it changed the store: nothing to restore"
-                        self.run.changed_device = False
-                        return
-                    try:
-                        await session.run(layout.reload_command)
-                    except CommandFailed as error:
-                        reload_failed = error
+                    restoration = await self.driver.restore_in(session, layout)
+                if not restoration.swapped:
+                    note.message = "the install stopped before it changed the store: nothing to restore"
+                    self.run.changed_device = False
+                    return
+                reload_failed = restoration.reload_failure
                 reloaded = f"the reload after the restore failed ({reload_failed}), but " if reload_failed else ""
                 if previous is None:
                     if reload_failed is not None:
@@ -340,14 +346,6 @@ class SshPush:
         except PushFailed:
             return
         self.run.changed_device = False
-
-
-class _StagedPaths:
-    def __init__(self, layout: StoreLayout) -> None:
-        self.layout = layout.overridden({"root": f"{layout.root}/{STAGING}"})
-
-    def path(self, directory: str, name: str) -> str:
-        return self.layout.path(directory, name)
 
 
 def _new_key(key_type: str) -> CertificateIssuerPrivateKeyTypes:
@@ -382,8 +380,7 @@ def _san_argument(names: list[x509.GeneralName]) -> str:
 
 def _openssl_request(layout: StoreLayout, subject: x509.Name, names: list[x509.GeneralName]) -> str:
     """The command that makes the key in the staging directory (never readable by others) and prints the CSR."""
-    staged = _StagedPaths(layout)
-    key = staged.path("own_private", layout.private_key_file)
+    key = staged_path(layout, "own_private", layout.private_key_file)
     made = f"{key}.new"
     command = (
         f"umask 077 && openssl req -new {_OPENSSL_KEYS[layout.key_type]} -nodes -keyout {quoted(made)} -utf8 "

@@ -6,13 +6,14 @@ need this part of a driver, and neither needs the other."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
-from certlm import DeviceDescription, DeviceDriver, DeviceIdentity, FirmwareInfo, HostServices, TrustList
-from certlm_ssh.connection import SshSession
+from certlm import DeviceDescription, DeviceDriver, DeviceFailure, DeviceIdentity, FirmwareInfo, HostServices, TrustList
+from certlm_ssh.connection import CommandFailed, SshSession
 from certlm_ssh.device_settings import DeviceSettings
 from certlm_ssh.layout import StoreLayout
-from certlm_ssh.store import load_certificate_file, trust_list_of
+from certlm_ssh.store import NOTHING_SWAPPED, load_certificate_file, restore_script, trust_entries, trust_list_of
 
 # How long a push waits for the reloaded server to present the new certificate (and, after a rollback, the previous
 # one), unless the entry's layout sets reload_timeout_s. The host fills ``Settings.extra`` from the environment:
@@ -38,6 +39,29 @@ def verify_wait_s(services: HostServices) -> float:
             f"{VERIFY_WAIT_SETTING} must be more than 0 and at most {MAX_VERIFY_WAIT_S:g} seconds, got {raw!r}"
         )
     return value
+
+
+# A trust list to write that holds something else than DER certificates and CRLs, each in a list of its kind.
+INVALID_TRUST_LIST = "BadCertificateInvalid"
+
+
+def checked_trust_list(trust_list: TrustList, what: str) -> TrustList:
+    """``trust_list`` (``what`` names it) when every entry is a DER certificate, or CRL in the CRL lists; else
+    ``DeviceFailure`` naming the first that is not."""
+    try:
+        trust_entries(trust_list)
+    except ValueError as error:
+        raise DeviceFailure(f"{what} is refused: {error}", INVALID_TRUST_LIST) from None
+    return trust_list
+
+
+@dataclass(frozen=True)
+class Restoration:
+    """What putting the kept generation back did: ``swapped`` False when the swap had stopped before it changed the
+    store (nothing restored, nothing reloaded); the reload's failure, if it failed."""
+
+    swapped: bool
+    reload_failure: CommandFailed | None = None
 
 
 class SshSessionDriver(DeviceDriver):
@@ -83,3 +107,15 @@ class SshSessionDriver(DeviceDriver):
             raise self._unsupported("reading the device status")
         # A status command may say "inactive" with a non-zero exit (systemctl is-active): its output is the status.
         return (await session.run(layout.status_command, check=False)).strip() or "unknown"
+
+    async def restore_in(self, session: SshSession, layout: StoreLayout) -> Restoration:
+        """Put the generation the last swap kept back in place and reload the server. A reload that fails is
+        returned, not raised: a server that a failed reload never stopped still runs on the old files."""
+        restored = await session.run(restore_script(layout), name="the restore script")
+        if restored.strip() == NOTHING_SWAPPED:
+            return Restoration(swapped=False)
+        try:
+            await session.run(layout.reload_command)
+        except CommandFailed as error:
+            return Restoration(swapped=True, reload_failure=error)
+        return Restoration(swapped=True)

@@ -741,6 +741,20 @@ async def test_trust_list_file_follows_part_12(device: SimulatedDevice, admin: I
         assert device.trust_list.trusted_certificates == (admin.der,)
 
 
+async def test_device_with_an_unreadable_trust_list_still_takes_one(
+    config: SimulatorConfig, admin: Identity, ca: Identity
+) -> None:
+    async with SimulatedDevice(replace(config, trust_list_readable=False)) as device:
+        async with connect(device, admin) as client:
+            with pytest.raises(uaerrors.BadUserAccessDenied):
+                await call_trust_list(client, "Open", ua.Variant(READ, ua.VariantType.Byte))
+            with pytest.raises(uaerrors.BadUserAccessDenied):
+                await read_trust_list(client)
+            assert await write_trust_list(client, trusting(admin, ca)) is True
+            await apply_changes(client)
+        assert device.trust_list.trusted_certificates == (admin.der, ca.der)
+
+
 async def test_add_and_remove_certificate_act_at_once(device: SimulatedDevice, admin: Identity, ca: Identity) -> None:
     partner = make_client("partner")
     issued_by_unknown_ca = make_client("orphan", issuer=make_ca("Unknown CA"))
@@ -1123,14 +1137,20 @@ async def test_command_line_refuses_remote_hosts_unless_allowed(tmp_path: Path) 
 
 
 def test_command_line_switches_reach_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    def switches(*argv: str) -> tuple[bool, bool, bool]:
+    def switches(*argv: str) -> tuple[bool, bool, bool, bool]:
         config, count = parse_arguments(["--state-dir", str(tmp_path), *argv])
         assert count == 1
-        return config.lenient, config.trust_list_applies_at_once, config.certificate_applies_at_once
+        return (
+            config.lenient,
+            config.trust_list_applies_at_once,
+            config.certificate_applies_at_once,
+            config.trust_list_readable,
+        )
 
-    assert switches() == (False, False, False)
-    assert switches("--lenient") == (True, False, False)
-    assert switches("--trust-list-applies-at-once", "--certificate-applies-at-once") == (False, True, True)
+    assert switches() == (False, False, False, True)
+    assert switches("--lenient") == (True, False, False, True)
+    assert switches("--trust-list-applies-at-once", "--certificate-applies-at-once") == (False, True, True, True)
+    assert switches("--trust-list-unreadable") == (False, False, False, False)
     with pytest.raises(SystemExit):
         parse_arguments(["--help"])
     usage = " ".join(capsys.readouterr().out.split())

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from tests.plugins.rest.contract_device import ContractDevice
 from tests.plugins.rest.device import RestTestDevice
 from tests.support import InProcessApp, LicenseKeys, in_process_settings, licensed_app_in_process
 
 StartRestDevice = Callable[..., Awaitable[RestTestDevice]]
+StartContractDevice = Callable[..., Awaitable[ContractDevice]]
 
 
 @pytest.fixture
@@ -24,6 +26,25 @@ async def rest_device(tmp_path: Path) -> AsyncIterator[StartRestDevice]:
         device = RestTestDevice(tmp_path / f"device-{len(started)}", **options)
         started.append(device)
         await device.start()
+        return device
+
+    try:
+        yield start
+    finally:
+        for device in started:
+            await device.stop()
+
+
+@pytest.fixture
+async def contract_device(tmp_path: Path) -> AsyncIterator[StartContractDevice]:
+    """Starts devices built from the contract document (``ContractDevice`` options as keywords); stops them after the
+    test."""
+    started: list[ContractDevice] = []
+
+    async def start(**options: Any) -> ContractDevice:
+        device = ContractDevice(tmp_path / f"contract-{len(started)}", **options)
+        await device.start()
+        started.append(device)
         return device
 
     try:

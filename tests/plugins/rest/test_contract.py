@@ -10,7 +10,7 @@ import base64
 import copy
 import re
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -203,24 +203,6 @@ async def test_every_operation_of_the_test_device_in_turn_conforms(rest_device: 
 
 
 # The generic driver against a device built from the document.
-
-
-@pytest.fixture
-async def contract_device(tmp_path: Path) -> AsyncIterator[Any]:
-    """Starts devices built from the document (``ContractDevice`` options as keywords); stops them after the test."""
-    started: list[ContractDevice] = []
-
-    async def start(**options: Any) -> ContractDevice:
-        device = ContractDevice(tmp_path / f"contract-{len(started)}", **options)
-        await device.start()
-        started.append(device)
-        return device
-
-    try:
-        yield start
-    finally:
-        for device in started:
-            await device.stop()
 
 
 async def register_contract_device(certlm: InProcessApp, device: ContractDevice, pki_id: int, basic: bool) -> dict:

@@ -76,6 +76,15 @@ class SshPlant(InProcessApp):
         return entry
 
 
+def store_files(device: StoreDevice) -> dict[str, bytes]:
+    """Every file of the live store (not the kept previous ones)."""
+    return {
+        str(path.relative_to(device.store)): path.read_bytes()
+        for path in device.store.rglob("*")
+        if path.is_file() and not str(path.relative_to(device.store)).startswith(".certlm-")
+    }
+
+
 def failed_step(result: dict[str, Any]) -> dict[str, Any]:
     return next(step for step in result["result"]["steps"] if not step["ok"])
 

@@ -13,7 +13,7 @@ from certlm_ssh.connection import host_key_fingerprint
 from certlm_ssh.opcua import presented_certificate
 from cryptography import x509
 
-from tests.plugins.ssh.conftest import QUICK_VERIFY_WAIT_S, SshPlant, failed_step
+from tests.plugins.ssh.conftest import QUICK_VERIFY_WAIT_S, SshPlant, failed_step, store_files
 from tests.plugins.ssh.device import StoreDevice, running_as_root
 from tests.support import eventually
 
@@ -23,15 +23,6 @@ async def onboarded(plant: SshPlant, **settings) -> StoreDevice:
     await plant.register(device, **settings)
     await plant.onboard(device)
     return device
-
-
-def store_files(device: StoreDevice) -> dict[str, bytes]:
-    """Every file of the live store (not the kept previous ones)."""
-    return {
-        str(path.relative_to(device.store)): path.read_bytes()
-        for path in device.store.rglob("*")
-        if path.is_file() and not str(path.relative_to(device.store)).startswith(".certlm-")
-    }
 
 
 def kept_certificate(device: StoreDevice) -> x509.Certificate:

@@ -14,10 +14,18 @@ const state = {
   system: null,
   license: null,
   pkiTypes: new Map(),
+  pkiNames: new Map(),
   trustLists: null,
   sort: { key: "name", direction: 1 },
   page: 0,
   selectedUrl: null,
+  campaigns: [],
+  campaignId: null,
+  campaign: null,
+  campaignShown: null,
+  campaignSelection: new Set(),
+  campaignTimer: null,
+  campaignLoads: 0,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -149,6 +157,7 @@ function forgetData() {
   state.selectedUrl = null;
   replaceChildren($("device-rows"));
   $("detail").hidden = true;
+  forgetCampaigns();
   resetLicensePanel();
   $("license-form").reset();
   $("license-result").hidden = true;
@@ -223,6 +232,23 @@ function renderBackupWarning(backup) {
   }
 }
 
+// A CA that expires soon takes every certificate it issued with it (GET /systeminfo's ca_rollover_proposals, made
+// CERTLM_CA_ROLLOVER_WARNING_DAYS before): each one says what to do, until a campaign moves its devices away.
+function renderRolloverWarnings(proposals) {
+  const list = $("rollover-warnings");
+  list.replaceChildren(
+    ...(proposals || []).map((proposal) => {
+      const item = document.createElement("li");
+      item.textContent =
+        `The CA of PKI entry ${proposal.pki_id} (${proposal.name || "unnamed"}) expires in ${proposal.days_left} ` +
+        `day(s), on ${localFormat.format(new Date(proposal.expires))}; ${proposal.devices} device(s) depend on it. ` +
+        `Make its successor and start a rollover campaign (POST /campaigns, kind ca-rollover, from_pki_id ${proposal.pki_id}).`;
+      return item;
+    }),
+  );
+  list.hidden = list.children.length === 0;
+}
+
 async function refresh() {
   showError($("load-error"), "");
   $("refresh").disabled = true;
@@ -242,7 +268,9 @@ async function refresh() {
     ]);
     state.system = system;
     renderBackupWarning(system.last_backup);
+    renderRolloverWarnings(system.ca_rollover_proposals);
     state.pkiTypes = new Map(pkiTypes.map((type) => [type.pki_type_id, type.pki_type]));
+    state.pkiNames = new Map(pki.map((entry) => [entry.pki_id, entry.name]));
     state.trustLists = null;
     const lastById = new Map(operations.map((operation) => [operation.id, operation]));
     state.rows = entries.map((entry) => deviceRow(entry, lastById.get(entry.id), system));
@@ -258,6 +286,8 @@ async function refresh() {
   } finally {
     $("refresh").disabled = false;
   }
+  // On their own: the campaigns show even when another part of the page could not load.
+  if (apiKey()) await loadCampaigns();
 }
 
 // ---- certificates: the serial and names from DER, for the table and trust lists ----------------------------------
@@ -777,6 +807,287 @@ function renderSchedulers(system, pki) {
   );
 }
 
+// ---- campaigns: followed while one runs, controlled with the API's own answers --------------------------------------
+
+const CAMPAIGN_POLL_MS = 2000;
+const CAMPAIGN_DEVICE_ROWS = 500;
+const PHASES = ["trust", "reissue", "retire"];
+const STEP_STATES = ["done", "pending", "failed", "unverified", "excepted", "skipped"];
+const STEP_TONES = { done: "ok", pending: "none", failed: "bad", unverified: "warn", excepted: "warn", skipped: "none" };
+// A device in one of these states keeps its phase open; failed and unverified ones block it until they get through.
+const OPEN_STATES = new Set(["pending", "failed", "unverified"]);
+const BLOCKING_STATES = new Set(["failed", "unverified"]);
+
+function forgetCampaigns() {
+  clearTimeout(state.campaignTimer);
+  state.campaignTimer = null;
+  state.campaignLoads += 1;
+  state.campaigns = [];
+  state.campaignId = null;
+  state.campaign = null;
+  state.campaignShown = null;
+  state.campaignSelection.clear();
+  replaceChildren($("campaign-rows"));
+  replaceChildren($("campaign-device-rows"));
+  $("campaign-detail").hidden = true;
+  showError($("campaigns-error"), "");
+  showError($("campaign-error"), "");
+}
+
+function campaignLive(campaign) {
+  return campaign.state === "running" || campaign.state === "paused";
+}
+
+// The list and the open campaign, read again every CAMPAIGN_POLL_MS while a campaign runs (a paused, cancelled or
+// finished one changes only when an operator acts, and this page reads it again after each action).
+async function loadCampaigns() {
+  const ticket = ++state.campaignLoads;
+  clearTimeout(state.campaignTimer);
+  state.campaignTimer = null;
+  try {
+    const openId = state.campaignId;
+    const [list, open] = await Promise.all([api("/campaigns"), openId === null ? null : api(`/campaigns/${openId}`)]);
+    if (ticket !== state.campaignLoads) return;
+    showError($("campaigns-error"), "");
+    state.campaigns = list;
+    renderCampaigns();
+    if (open && state.campaignId === openId) renderCampaign(open);
+  } catch (error) {
+    if (ticket !== state.campaignLoads || error.status === 401) return;
+    showError($("campaigns-error"), `Could not load the campaigns: ${error.message}`);
+  }
+  if (ticket === state.campaignLoads && state.campaigns.some((campaign) => campaign.state === "running")) {
+    state.campaignTimer = setTimeout(loadCampaigns, CAMPAIGN_POLL_MS);
+  }
+}
+
+function campaignStateBadge(name) {
+  return statusBadge(name, { running: "ok", paused: "warn", cancelled: "none", finished: "ok" }[name] || "none");
+}
+
+// "done 2, failed 1": how many devices of a phase are in each state.
+function phaseCounts(counts) {
+  const names = [...STEP_STATES, ...Object.keys(counts || {}).filter((name) => !STEP_STATES.includes(name))];
+  const present = names.filter((name) => counts && counts[name]);
+  if (!present.length) return "–";
+  return present.flatMap((name, index) => [index ? ", " : "", el("span", { className: `count ${STEP_TONES[name] || "none"}` }, `${name} ${counts[name]}`)]);
+}
+
+function deadlineCell(campaign) {
+  if (!campaign.deadline) return "none";
+  const passed = campaignLive(campaign) && parseTime(campaign.deadline) < new Date();
+  return el("span", {}, timeElement(campaign.deadline), passed ? [" ", statusBadge("passed", "bad")] : null);
+}
+
+function renderCampaigns() {
+  const rows = state.campaigns.map((campaign) =>
+    el(
+      "tr",
+      { "data-campaign-id": campaign.id, className: campaign.id === state.campaignId ? "selected" : null },
+      el("td", { className: "campaign" }, el("button", { type: "button", className: "link", "data-campaign": campaign.id }, `Campaign ${campaign.id}`)),
+      el("td", { className: "kind" }, campaign.kind),
+      el("td", { className: "state" }, campaignStateBadge(campaign.state)),
+      el("td", { className: "phase" }, campaign.phase),
+      PHASES.map((phase) =>
+        el("td", { className: `counts counts-${phase}${phase === campaign.phase ? " current" : ""}` }, phaseCounts(campaign.counts[phase])),
+      ),
+      el("td", { className: "deadline" }, deadlineCell(campaign)),
+      el("td", { className: "blocked" }, campaign.blocked || "–"),
+    ),
+  );
+  replaceChildren($("campaign-rows"), rows);
+  if (!rows.length) $("campaign-rows").append(el("tr", {}, el("td", { colspan: 9 }, "No campaigns.")));
+}
+
+function campaignDeviceLabel(device) {
+  const row = state.byUrl.get(device.url);
+  return row && row.name ? `${row.name} (entry ${device.entry_id})` : `entry ${device.entry_id}`;
+}
+
+// Whether the device keeps a live campaign's current phase from its end: it failed or could not be verified there.
+function blocking(campaign, device) {
+  return campaignLive(campaign) && campaign.phase !== "done" && BLOCKING_STATES.has(device[campaign.phase]);
+}
+
+function lastStepCell(step) {
+  if (!step) return "none yet";
+  return el(
+    "span",
+    {},
+    statusBadge(step.success ? "succeeded" : "failed", step.success ? "ok" : "bad"),
+    ` ${step.phase || ""}, `,
+    timeElement(step.at),
+    step.error ? el("span", { className: "step-error" }, ` — ${step.error}`) : null,
+  );
+}
+
+function exceptionsOpen(campaign) {
+  return campaign.phase === "trust" && campaignLive(campaign);
+}
+
+function renderCampaign(campaign) {
+  const shown = JSON.stringify(campaign);
+  state.campaign = campaign;
+  state.campaignId = campaign.id;
+  const section = $("campaign-detail");
+  // A poll that brings nothing new leaves the page alone: no focus or scroll position lost.
+  if (shown === state.campaignShown && !section.hidden) return;
+  state.campaignShown = shown;
+  section.hidden = false;
+  section.dataset.campaignId = campaign.id;
+  const pkiEntry = (id) => (state.pkiNames.get(id) ? `${id} (${state.pkiNames.get(id)})` : String(id));
+  const issuers = campaign.kind === "rekey" ? `PKI entry ${pkiEntry(campaign.from_pki_id)}` : `PKI entry ${pkiEntry(campaign.from_pki_id)} to ${pkiEntry(campaign.to_pki_id)}`;
+  $("campaign-detail-heading").textContent = `Campaign ${campaign.id}: ${campaign.kind}, ${issuers}`;
+
+  const focused = document.activeElement;
+  $("campaign-pause").hidden = campaign.state !== "running";
+  $("campaign-resume").hidden = campaign.state !== "paused";
+  $("campaign-cancel").hidden = !campaignLive(campaign);
+  const devices = campaign.devices || [];
+  const byEntry = new Map(devices.map((device) => [device.entry_id, device]));
+  pairs($("campaign-facts"), [
+    ["State", campaignStateBadge(campaign.state)],
+    ["Phase", campaign.phase],
+    ["Blocked by", campaign.blocked || "nothing"],
+    ["Deadline", deadlineCell(campaign)],
+    ["Devices", devices.length],
+    ["Devices at once", campaign.concurrency],
+    ["Maintenance windows", campaign.respect_windows ? "respected" : "ignored"],
+    ["Exceptions", campaign.exceptions.length ? campaign.exceptions.map((id) => (byEntry.has(id) ? campaignDeviceLabel(byEntry.get(id)) : `entry ${id}`)).join(", ") : "none"],
+    ["Made", timeElement(campaign.created_at)],
+    ["Changed", timeElement(campaign.updated_at)],
+  ]);
+
+  const excepting = exceptionsOpen(campaign);
+  const selectable = new Set(excepting ? devices.filter((device) => OPEN_STATES.has(device.trust)).map((device) => device.entry_id) : []);
+  for (const id of [...state.campaignSelection]) if (!selectable.has(id)) state.campaignSelection.delete(id);
+  $("campaign-exceptions").hidden = !excepting;
+
+  const focusedEntry = focused && focused.dataset ? focused.dataset.entry : undefined;
+  const ordered = [...devices].sort((a, b) => blocking(campaign, b) - blocking(campaign, a) || a.entry_id - b.entry_id);
+  const rows = ordered.slice(0, CAMPAIGN_DEVICE_ROWS).map((device) => {
+    const blocks = blocking(campaign, device);
+    return el(
+      "tr",
+      { "data-entry-id": device.entry_id, className: blocks ? "blocked" : null },
+      el(
+        "td",
+        { className: "select" },
+        selectable.has(device.entry_id)
+          ? el("input", { type: "checkbox", "data-entry": device.entry_id, "aria-label": `Select ${device.url}`, checked: state.campaignSelection.has(device.entry_id) })
+          : null,
+      ),
+      el("td", { className: "device" }, campaignDeviceLabel(device), blocks ? [" ", statusBadge("blocked", "bad")] : null),
+      el("td", { className: "url" }, device.url),
+      PHASES.map((phase) => el("td", { className: `step step-${phase}` }, statusBadge(device[phase], STEP_TONES[device[phase]] || "none"))),
+      el("td", { className: "next-try" }, campaign.phase !== "done" && OPEN_STATES.has(device[campaign.phase]) && device.next_try_at ? timeElement(device.next_try_at) : "–"),
+      el("td", { className: "last-step" }, lastStepCell(device.last_step)),
+    );
+  });
+  replaceChildren($("campaign-device-rows"), rows);
+  if (!rows.length) $("campaign-device-rows").append(el("tr", {}, el("td", { colspan: 8 }, "No devices.")));
+  const note = $("campaign-devices-note");
+  note.hidden = devices.length <= CAMPAIGN_DEVICE_ROWS;
+  note.textContent = `Showing ${CAMPAIGN_DEVICE_ROWS} of ${devices.length} devices, the blocked ones first.`;
+  if (focusedEntry !== undefined) {
+    const again = $("campaign-device-rows").querySelector(`input[data-entry="${focusedEntry}"]`);
+    if (again) again.focus();
+  }
+  showSelection();
+}
+
+function showSelection() {
+  const count = state.campaignSelection.size;
+  $("campaign-selected").textContent = count ? `${count} selected` : "none selected";
+  $("campaign-accept").disabled = count === 0;
+}
+
+async function openCampaign(id) {
+  if (id !== state.campaignId) state.campaignSelection.clear();
+  state.campaignId = id;
+  state.campaignShown = null;
+  showError($("campaign-error"), "");
+  renderCampaigns();
+  $("campaign-detail").scrollIntoView({ block: "start" });
+  await loadCampaigns();
+}
+
+function closeCampaign() {
+  state.campaignId = null;
+  state.campaign = null;
+  state.campaignShown = null;
+  state.campaignSelection.clear();
+  $("campaign-detail").hidden = true;
+  renderCampaigns();
+}
+
+// One operator action on the open campaign: its answer is shown at once, or the API's error as it says it.
+async function campaignCall(call) {
+  showError($("campaign-error"), "");
+  const focused = document.activeElement;
+  const buttons = document.querySelectorAll("#campaign-detail button");
+  buttons.forEach((button) => {
+    button.disabled = true;
+  });
+  try {
+    const campaign = await call();
+    if (campaign.id === state.campaignId) {
+      state.campaignShown = null;
+      renderCampaign(campaign);
+    }
+  } catch (error) {
+    if (error.status === 401) return;
+    showError($("campaign-error"), error.message);
+  } finally {
+    buttons.forEach((button) => {
+      button.disabled = false;
+    });
+    showSelection();
+    // The button pressed may be gone (Pause once paused): the keyboard goes on from the first action left.
+    const target = focused && !focused.hidden && !focused.disabled ? focused : $("campaign-detail").querySelector(".campaign-actions button:not([hidden])");
+    if (target && !$("campaign-detail").hidden) target.focus();
+  }
+  await loadCampaigns();
+}
+
+async function controlCampaign(action) {
+  const campaign = state.campaign;
+  if (!campaign) return;
+  if (action === "cancel") {
+    const question =
+      `Cancel campaign ${campaign.id} (${campaign.kind}, in its ${campaign.phase} phase)? It ends where it is and cannot be resumed. ` +
+      "What it added to trust lists stays: the devices keep trusting both issuers, and later pushes keep it so, until the retire phase of another campaign removes the old issuer. " +
+      "Devices already reissued keep their new certificates.";
+    if (!(await confirmAction("Cancel the campaign", question))) return;
+  }
+  await campaignCall(() => api(`/campaigns/${campaign.id}/${action}`, { method: "POST" }));
+}
+
+function selectBlocked() {
+  const campaign = state.campaign;
+  if (!campaign || !exceptionsOpen(campaign)) return;
+  for (const device of campaign.devices || []) {
+    if (BLOCKING_STATES.has(device.trust)) state.campaignSelection.add(device.entry_id);
+  }
+  state.campaignShown = null;
+  renderCampaign(campaign);
+}
+
+async function acceptExceptions() {
+  const campaign = state.campaign;
+  const ids = [...state.campaignSelection].sort((a, b) => a - b);
+  if (!campaign || !ids.length) return;
+  const byEntry = new Map((campaign.devices || []).map((device) => [device.entry_id, device]));
+  const named = ids.slice(0, 10).map((id) => (byEntry.has(id) ? `${campaignDeviceLabel(byEntry.get(id))} at ${byEntry.get(id).url}` : `entry ${id}`));
+  const more = ids.length > 10 ? ` and ${ids.length - 10} more` : "";
+  const question =
+    `Go on without ${ids.length === 1 ? "this device" : `these ${ids.length} devices`} in campaign ${campaign.id}: ${named.join("; ")}${more}? ` +
+    "The trust phase stops waiting for them and they are left out of the campaign: they keep their certificates and trust lists as they are, " +
+    "and lose trust with their peers once those have certificates from the new issuer and no longer trust the old one. This cannot be undone in this campaign.";
+  if (!(await confirmAction("Accept as exceptions", question))) return;
+  await campaignCall(() => api(`/campaigns/${campaign.id}/exceptions`, { method: "POST", body: { entry_ids: ids } }));
+}
+
 // ---- actions: confirmed, with the result's steps ----------------------------------------------------------------
 
 function confirmAction(title, text) {
@@ -1067,6 +1378,24 @@ function wire() {
   $("license-restore-check").addEventListener("click", checkRestore);
   $("license-cancel").addEventListener("click", resetLicensePanel);
   $("license-apply").addEventListener("click", applyLicense);
+  $("campaign-rows").addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-campaign]");
+    if (button) openCampaign(Number(button.dataset.campaign));
+  });
+  $("campaign-pause").addEventListener("click", () => controlCampaign("pause"));
+  $("campaign-resume").addEventListener("click", () => controlCampaign("resume"));
+  $("campaign-cancel").addEventListener("click", () => controlCampaign("cancel"));
+  $("campaign-close").addEventListener("click", closeCampaign);
+  $("campaign-select-blocked").addEventListener("click", selectBlocked);
+  $("campaign-accept").addEventListener("click", acceptExceptions);
+  $("campaign-device-rows").addEventListener("change", (event) => {
+    const box = event.target.closest("input[data-entry]");
+    if (!box) return;
+    const id = Number(box.dataset.entry);
+    if (box.checked) state.campaignSelection.add(id);
+    else state.campaignSelection.delete(id);
+    showSelection();
+  });
 }
 
 wire();

@@ -1,0 +1,602 @@
+"""Fleet campaigns: many devices moved to another issuer in an order that keeps every device trusting every other at
+every moment.
+
+Done device by device, the first device that gets a certificate from a new issuer is no longer trusted by the peers
+that have not learned that issuer yet. A campaign therefore works in phases, each across its whole scope before the
+next begins:
+
+1. **trust**: the new issuer's chain and CRLs are added to every device's trust list (what it trusted stays) and read
+   back (``certlm.lifecycle.trust``). A device that cannot be reached keeps the phase open until it can, or until the
+   operator accepts going on without it (``exceptions``: it then loses trust with its peers, the operator's call).
+2. **reissue**: every device gets a certificate from the new issuer; each push keeps the old issuer trusted beside it
+   (``trust_kept_by_campaigns``), so peers not reissued yet are still trusted. A rekey revokes each old certificate
+   once its device presents the new one.
+3. **retire**: once no device presents a certificate of the old issuer (read live), the old issuer is taken out of
+   every trust list. The old CA itself is left alone: it keeps publishing its CRL until its last certificate expires.
+
+Every push of a device in a campaign that has not retired it (an operator's, the renewal scheduler's, the campaign's)
+keeps both issuers trusted, so no operation of certlm undoes a phase. The state is in the database (``Campaign``,
+``CampaignDevice``) and each device step is idempotent (a trust change already held writes nothing, a reissue finds
+the certificate a cut-off push installed), so a campaign goes on after a restart or ``kill -9``. A device step runs
+under the device's lease, which one conditional UPDATE claims and the holder extends while it works, and stores its
+outcome before letting go of it: with several instances on one PostgreSQL each step runs once, serialised with every
+other operation on the device. A campaign that respects maintenance windows (the default) starts no device step while
+one suppresses automated operations, and says when one opens before its phase can be through (``window_ahead``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from certlm.contracts.drivers import DeviceIdentityChanged
+from certlm.foundation.certs import api_timestamp, serial_hex, sha1_fingerprint, to_der
+from certlm.foundation.config import Settings
+from certlm.foundation.errors import APIError, NotFound, UnsupportedOperation
+from certlm.inventory.entries import DEVICE_STATUS_ACTIVE
+from certlm.lifecycle.issuers import (
+    CA_ROLLOVER,
+    CANCELLED,
+    EXCEPTED,
+    FAILED,
+    FINISHED,
+    PAUSED,
+    PENDING,
+    PKI_MIGRATION,
+    REKEY,
+    RUNNING,
+    SKIPPED,
+    STEP_DONE,
+    UNVERIFIED,
+    Issuer,
+    new_issuer,
+    old_issuer,
+)
+from certlm.lifecycle.leases import DeviceBusy, EntryDeleted, device_lease
+from certlm.lifecycle.monitoring import read_certificate_and_store
+from certlm.lifecycle.operations import certificate_summary
+from certlm.lifecycle.push import PushOrder, push_certificate
+from certlm.lifecycle.runtime import Runtime
+from certlm.lifecycle.suppression import OUTLOOK, MaintenanceCalendar, Suppression
+from certlm.lifecycle.trust import change_trust_list
+from certlm.pki.material import pki_ca_certificates
+from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry, PkiEntry
+
+log = logging.getLogger(__name__)
+
+KINDS = (CA_ROLLOVER, PKI_MIGRATION, REKEY)
+TRUST, REISSUE, RETIRE, DONE = "trust", "reissue", "retire", "done"
+PHASES = (TRUST, REISSUE, RETIRE)
+FINAL_STATES = frozenset({STEP_DONE, EXCEPTED, SKIPPED})
+# A failed device step is tried again after this, doubling up to the maximum.
+RETRY_BASE_S, RETRY_MAX_S = 30.0, 1800.0
+TRIGGER = "campaign"
+
+
+class CampaignConflict(APIError):
+    status = 409
+
+
+# --- making one ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CampaignPlan:
+    """A campaign as asked for (``POST /campaigns``), its fields checked for type and range already."""
+
+    kind: str
+    from_pki_id: int
+    to_pki_id: int | None
+    pki_id: int | None
+    services: tuple[str, ...]
+    entry_ids: tuple[int, ...]
+    deadline: datetime | None
+    concurrency: int
+    respect_windows: bool
+
+
+async def create_campaign(runtime: Runtime, plan: CampaignPlan) -> Campaign:
+    """Check the plan against the inventory and the PKI entries and store the campaign with its devices; it starts
+    with the runner's next round. ``APIError`` 400 naming the field, 409 for devices already in a running campaign."""
+    to_pki_id = plan.from_pki_id if plan.kind == REKEY else plan.to_pki_id
+    if to_pki_id is None:
+        raise APIError(f"to_pki_id is required for a {plan.kind} campaign: the PKI entry of the new issuer")
+    if plan.kind == REKEY and plan.to_pki_id not in (None, plan.from_pki_id):
+        raise APIError("to_pki_id: a rekey stays with its issuer; leave it out or give from_pki_id")
+    if plan.kind != REKEY and to_pki_id == plan.from_pki_id:
+        raise APIError(f"to_pki_id: a {plan.kind} moves devices to another PKI entry than from_pki_id")
+    if plan.deadline is not None and plan.deadline <= datetime.now(UTC):
+        raise APIError("deadline: must be in the future")
+    from_pki = await _pki_entry(runtime, plan.from_pki_id, "from_pki_id")
+    to_pki = await _pki_entry(runtime, to_pki_id, "to_pki_id")
+    old, new = await _issuer_of(runtime, from_pki, "from_pki_id"), await _issuer_of(runtime, to_pki, "to_pki_id")
+    entries = await _scope(plan)
+    if not entries:
+        raise APIError("the scope holds no device: no inventory entry of PKI entry "
+                       f"{plan.from_pki_id} matches pki_id, services and entry_ids")  # fmt: skip
+    busy = await CampaignDevice.filter(
+        entry_id__in=[entry.id for entry in entries], campaign__state__in=(RUNNING, PAUSED)
+    ).values_list("entry_id", "campaign_id")
+    if busy:
+        named = ", ".join(f"entry {entry_id} (campaign {campaign_id})" for entry_id, campaign_id in busy)
+        raise CampaignConflict(f"devices already in a running or paused campaign: {named}")
+    campaign = await Campaign.create(
+        kind=plan.kind,
+        phase=REISSUE if plan.kind == REKEY else TRUST,
+        from_pki_id=plan.from_pki_id,
+        to_pki_id=to_pki_id,
+        scope={"pki_id": plan.pki_id, "services": list(plan.services), "entry_ids": list(plan.entry_ids)},
+        deadline=plan.deadline,
+        concurrency=plan.concurrency,
+        respect_windows=plan.respect_windows,
+        old_issuer_pem=old.chain_pem(),
+        old_crls_pem=old.crls_pem(),
+        new_issuer_pem=new.chain_pem(),
+        new_crls_pem=new.crls_pem(),
+    )
+    skipped = {"trust": SKIPPED, "retire": SKIPPED} if plan.kind == REKEY else {}
+    await CampaignDevice.bulk_create(
+        [CampaignDevice(campaign_id=campaign.id, entry_id=entry.id, **skipped) for entry in entries]
+    )
+    log.info("campaign %d (%s) made: %d device(s), PKI entry %d to %d", campaign.id, plan.kind, len(entries),
+             plan.from_pki_id, to_pki_id)  # fmt: skip
+    if ahead := await window_ahead(runtime.settings, campaign, datetime.now(UTC)):
+        log.warning("campaign %d: %s", campaign.id, ahead)
+    return campaign
+
+
+async def _pki_entry(runtime: Runtime, pki_id: int, field: str) -> PkiEntry:
+    pki = await PkiEntry.get_or_none(id=pki_id)
+    if pki is None:
+        raise APIError(f"{field}: PKI entry {pki_id} does not exist")
+    if not runtime.pki_backends.known(pki.pki_type) or not runtime.pki_backends.get(pki.pki_type).offers("enroll"):
+        raise APIError(f"{field}: PKI entry {pki_id} cannot issue certificates (its backend does not enroll)")
+    return pki
+
+
+async def _issuer_of(runtime: Runtime, pki: PkiEntry, field: str) -> Issuer:
+    backend = runtime.pki_backends.get(pki.pki_type)
+    chain = await pki_ca_certificates(backend, pki)
+    if not chain:
+        raise CampaignConflict(
+            f"{field}: PKI entry {pki.id} hands out no CA certificates yet (its chain comes only with an enrollment); "
+            "a campaign must know the issuer before any device trusts it"
+        )
+    crls: tuple[x509.CertificateRevocationList, ...] = ()
+    with contextlib.suppress(APIError):
+        crls = (await backend.crl(pki),)
+    return Issuer(tuple(chain), crls)
+
+
+async def _scope(plan: CampaignPlan) -> list[InventoryEntry]:
+    query = InventoryEntry.filter(pki_id=plan.from_pki_id, device_status=DEVICE_STATUS_ACTIVE)
+    if plan.services:
+        query = query.filter(service__in=list(plan.services))
+    if plan.entry_ids:
+        query = query.filter(id__in=list(plan.entry_ids))
+    return await query.order_by("id")
+
+
+# --- running ---------------------------------------------------------------------------------------------------------
+
+
+async def advance(runtime: Runtime, campaign: Campaign, now: datetime) -> bool:
+    """One round of a running campaign: the due device steps of its phase, at most ``concurrency`` at a time, then
+    the next phase when the whole scope is through this one; ``blocked`` says what keeps it where it is. Whether the
+    round got anywhere (a step ran or a phase began), so that the runner goes on at once."""
+    if campaign.phase == DONE:
+        return False
+    if campaign.respect_windows:
+        suppression = await _suppression_at(now)
+        if suppression is not None:
+            await _set_blocked(campaign, f"suppressed: {suppression.describe()}")
+            return False
+    rows = await CampaignDevice.filter(campaign_id=campaign.id)
+    excepted = set(campaign.exceptions or [])
+    limit = asyncio.Semaphore(campaign.concurrency)
+
+    async def step(row: CampaignDevice) -> bool:
+        async with limit:
+            return await _step(runtime, campaign, row)
+
+    due = [row for row in rows if _due(row, campaign.phase, now) and row.entry_id not in excepted]
+    ran = await asyncio.gather(*(step(row) for row in due))
+    phase = campaign.phase
+    await _next_phase_if_through(runtime, campaign)
+    # Steps skipped because another instance holds their devices are no progress: the runner waits its interval
+    # rather than ask for those leases again at once.
+    return any(ran) or campaign.phase != phase
+
+
+async def _suppression_at(now: datetime) -> Suppression | None:
+    calendar = await MaintenanceCalendar.load()
+    # Finding where a suppression ends walks the calendar: off the event loop.
+    return await asyncio.to_thread(calendar.suppression_at, now)
+
+
+def _due(row: CampaignDevice, phase: str, now: datetime) -> bool:
+    state = getattr(row, phase)
+    return state in (PENDING, FAILED, UNVERIFIED) and (row.next_try_at is None or row.next_try_at <= now)
+
+
+async def _step(runtime: Runtime, campaign: Campaign, row: CampaignDevice) -> bool:
+    """The device's step of the phase, if it may start and is still due once this instance holds the device's lease;
+    whether it ran.
+
+    The lease is what makes a step run once across instances: it is claimed with one conditional UPDATE
+    (``certlm.lifecycle.leases``), extended for as long as the step runs, however long a push takes, and runs out only
+    when its holder died. Under it the row is read again, and the step's outcome is stored before it is released, so
+    an instance that gets the lease next sees a step another one finished and does not run it again. A step cut off
+    (``kill -9``) is run again by whoever takes the device over; each step is idempotent for that
+    (``change_trust_list`` writes nothing the device holds already, ``_reissue`` finds what a cut-off push
+    installed)."""
+    started = datetime.now(UTC)
+    if not await _may_start(campaign, started):
+        return False
+    try:
+        async with device_lease(row.entry_id, wait_s=0, lease_s=runtime.settings.device_lease_s) as claim:
+            await row.refresh_from_db()
+            entry = await InventoryEntry.get_or_none(id=row.entry_id)
+            if entry is None or not _due(row, campaign.phase, started):
+                return False
+            if claim.interrupted_holder is not None:
+                log.warning("campaign %d: a step on entry %d by %s was cut off; the %s step runs again", campaign.id,
+                            entry.id, claim.interrupted_holder, campaign.phase)  # fmt: skip
+            log.info("campaign %d: %s step of entry %d (%s:%s)", campaign.id, campaign.phase, entry.id, entry.server,
+                     entry.port)  # fmt: skip
+            await _run_step(runtime, campaign, row, entry, started)
+            return True
+    except DeviceBusy:
+        # Another instance's step, or any operation on the device: the next round looks again.
+        return False
+    except EntryDeleted:
+        return False
+
+
+async def _may_start(campaign: Campaign, at: datetime) -> bool:
+    """Whether a device step may start at ``at``: the campaign is still running in this phase (not paused, cancelled
+    or moved on meanwhile) and, when it respects them, no maintenance window is open. Asked before each step, not once
+    a round: a round over many devices is long, and a window or a pause holds it back from the next device on."""
+    if not await Campaign.filter(id=campaign.id, state=RUNNING, phase=campaign.phase).exists():
+        return False
+    return not campaign.respect_windows or (await MaintenanceCalendar.load()).window_at(at) is None
+
+
+async def _run_step(
+    runtime: Runtime, campaign: Campaign, row: CampaignDevice, entry: InventoryEntry, started: datetime
+) -> None:
+    phase = campaign.phase
+    record: dict[str, Any] = {"phase": phase, "at": api_timestamp(started)}
+    state = FAILED
+    try:
+        if phase == TRUST:
+            changed = await change_trust_list(runtime, entry, new_issuer(campaign).change(), trigger=TRIGGER)
+            state = STEP_DONE if changed.verified else UNVERIFIED
+            record["written"] = changed.written
+            if not changed.verified:
+                record["error"] = (
+                    f"{entry.service} wrote the trust list but cannot read it back: the device is not known to trust "
+                    "the new issuer; check it, then accept it as an exception"
+                )
+        elif phase == REISSUE:
+            state = await _reissue(runtime, campaign, row, entry, record)
+        elif phase == RETIRE:
+            changed = await change_trust_list(
+                runtime, entry, old_issuer(campaign).change(removed=True), trigger=TRIGGER
+            )
+            state = STEP_DONE if changed.verified else UNVERIFIED
+            record["written"] = changed.written
+    except (DeviceBusy, EntryDeleted) as busy:
+        record["error"] = busy.message
+        state = getattr(row, phase)
+    except DeviceIdentityChanged as changed:
+        record["error"] = changed.message
+    except APIError as error:
+        record["error"] = error.message
+    except Exception as error:  # a device step never stops the campaign: recorded, tried again later
+        log.exception("campaign %d: step %s of entry %d failed", campaign.id, phase, entry.id)
+        record["error"] = f"{type(error).__name__}: {error}"
+    record["success"] = state == STEP_DONE
+    failures = row.attempts + 1 if state != STEP_DONE else 0
+    retry = (
+        None
+        if state == STEP_DONE
+        else datetime.now(UTC) + timedelta(seconds=min(RETRY_BASE_S * 2 ** max(failures - 1, 0), RETRY_MAX_S))
+    )
+    # Only over the state the step started from: the operator may have excepted the device meanwhile.
+    stored = await CampaignDevice.filter(id=row.id, **{phase: getattr(row, phase)}).update(
+        **{phase: state}, last_step=record, attempts=failures, next_try_at=retry
+    )
+    if not stored:
+        await CampaignDevice.filter(id=row.id).update(last_step=record)
+
+
+async def _reissue(
+    runtime: Runtime, campaign: Campaign, row: CampaignDevice, entry: InventoryEntry, record: dict[str, Any]
+) -> str:
+    """A certificate from the new issuer (the entry moves to the campaign's PKI entry when the push succeeds); a rekey
+    revokes the certificate it replaced.
+
+    The certificate the step replaces is written down before the push. An attempt after an earlier one therefore
+    first looks for what that one may have installed before it was cut off (between the device's ApplyChanges and
+    certlm storing the outcome, say): reissuing the device again would give it a second new certificate."""
+    earlier = row.last_step if (row.last_step or {}).get("phase") == REISSUE else None
+    current = entry.pinned_certificate_der or entry.certificate_der
+    replaced = x509.load_der_x509_certificate(current) if current else None
+    if earlier is not None and "replacing" in earlier:
+        record["replacing"] = earlier["replacing"]
+        record.update({key: earlier[key] for key in ("replacing_pem",) if key in earlier})
+        installed = await _installed_by_earlier_attempt(runtime, campaign, entry, earlier["replacing"])
+        if installed is not None:
+            record["certificate"] = certificate_summary(installed)
+            record["found_installed"] = True
+            await _revoke_if_rekey(runtime, campaign, record)
+            return STEP_DONE
+    elif replaced is not None:
+        record["replacing"] = sha1_fingerprint(replaced)
+        if campaign.kind == REKEY:
+            # Revoked once the device presents its successor, which may be on a later attempt.
+            record["replacing_pem"] = replaced.public_bytes(serialization.Encoding.PEM).decode()
+    await CampaignDevice.filter(id=row.id).update(last_step=record)
+    order = PushOrder(trigger=TRIGGER, automated=True, pki_id=campaign.to_pki_id)
+    result = await push_certificate(runtime, entry, order)
+    record["certificate"] = result["result"]["certificate"]
+    await _revoke_if_rekey(runtime, campaign, record)
+    return STEP_DONE
+
+
+async def _installed_by_earlier_attempt(
+    runtime: Runtime, campaign: Campaign, entry: InventoryEntry, replacing: str
+) -> x509.Certificate | None:
+    """The new issuer's certificate an earlier attempt of the step installed, if it did: pinned on the entry when
+    that push was stored, else presented by the device (the push was cut off after ApplyChanges). The latter is
+    pinned as the push would have pinned it, when it bears the subject of the certificate it replaced, as
+    ``certlm.lifecycle.monitoring.unexpected_certificate`` adopts what an interrupted renewal left behind: its key is
+    proven by the secure session of the next operation."""
+    new = new_issuer(campaign)
+    pinned = x509.load_der_x509_certificate(entry.pinned_certificate_der) if entry.pinned_certificate_der else None
+    if pinned is not None and sha1_fingerprint(pinned) != replacing and new.issued(pinned):
+        return pinned
+    driver = runtime.drivers.get(entry.service)
+    target = await runtime.inventory.device_target(entry)
+    presented = (await driver.read_certificate(target, secure_session=False)).certificate
+    if pinned is None or sha1_fingerprint(presented) == replacing or not new.issued(presented):
+        return None
+    if presented.subject != pinned.subject:
+        return None
+    entry.certificate_der = entry.pinned_certificate_der = to_der(presented)
+    entry.pki_id = campaign.to_pki_id  # type: ignore[attr-defined]
+    entry.last_changed_certificate_date = datetime.now(UTC)
+    await entry.save(update_fields=["certificate_der", "pinned_certificate_der", "pki_id",
+                                    "last_changed_certificate_date", "updated_at"])  # fmt: skip
+    log.warning("campaign %d: entry %d presents the certificate a cut-off push installed (serial %s): now pinned, "
+                "not reissued again", campaign.id, entry.id, serial_hex(presented))  # fmt: skip
+    return presented
+
+
+async def _revoke_if_rekey(runtime: Runtime, campaign: Campaign, record: dict[str, Any]) -> None:
+    replaced_pem = record.pop("replacing_pem", None)
+    if campaign.kind == REKEY and replaced_pem:
+        replaced = x509.load_pem_x509_certificate(replaced_pem.encode())
+        record["revoked"] = await _revoke_replaced(runtime, campaign, replaced)
+
+
+async def _revoke_replaced(runtime: Runtime, campaign: Campaign, replaced: x509.Certificate) -> bool:
+    pki = await PkiEntry.get(id=campaign.from_pki_id)
+    backend = runtime.pki_backends.get(pki.pki_type)
+    if not backend.offers("revoke") or not old_issuer(campaign).issued(replaced):
+        return False
+    await backend.revoke(pki, replaced, x509.ReasonFlags.key_compromise)
+    runtime.crl_cache.forget(pki.id)
+    return True
+
+
+async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
+    rows = await CampaignDevice.filter(campaign_id=campaign.id).prefetch_related("entry")
+    excepted = set(campaign.exceptions or [])
+    phase = campaign.phase
+    open_rows = [row for row in rows if getattr(row, phase) not in FINAL_STATES and row.entry_id not in excepted]
+    if open_rows:
+        await _set_blocked(campaign, _waiting_for(runtime, phase, open_rows))
+        return
+    if phase == TRUST:
+        await _enter(runtime, campaign, REISSUE)
+    elif phase == REISSUE:
+        if campaign.kind == REKEY:
+            await _finish(campaign)
+            return
+        presenting_old = await _presenting_old_issuer(runtime, campaign, rows)
+        if presenting_old:
+            await _set_blocked(campaign, "retire waits: " + "; ".join(presenting_old))
+            return
+        await _enter(runtime, campaign, RETIRE)
+    elif phase == RETIRE:
+        await _finish(campaign)
+
+
+def _waiting_for(runtime: Runtime, phase: str, rows: list[CampaignDevice]) -> str:
+    named = []
+    for row in rows[:10]:
+        state = getattr(row, phase)
+        error = (row.last_step or {}).get("error") if (row.last_step or {}).get("phase") == phase else None
+        device = f"entry {row.entry_id} ({runtime.inventory.entry_url(row.entry)}) {state}"
+        named.append(device + (f" ({error})" if error else ""))
+    more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+    return f"{phase} phase waits for {len(rows)} device(s): {'; '.join(named)}{more}"
+
+
+async def _presenting_old_issuer(runtime: Runtime, campaign: Campaign, rows: list[CampaignDevice]) -> list[str]:
+    """The devices that present a certificate of the old issuer (read live), or could not be read."""
+    old = old_issuer(campaign)
+    found = []
+    for row in rows:
+        if row.entry_id in set(campaign.exceptions or []):
+            continue
+        try:
+            driver = runtime.drivers.get(row.entry.service)
+            target = await runtime.inventory.device_target(row.entry)
+            reading = await read_certificate_and_store(runtime, driver, target, row.entry, secure_session=False)
+        except (APIError, NotFound, UnsupportedOperation) as error:
+            found.append(f"entry {row.entry_id} could not be read ({error.message})")
+            continue
+        if old.issued(reading.certificate):
+            found.append(f"entry {row.entry_id} presents a certificate of the old issuer")
+    return found
+
+
+async def _enter(runtime: Runtime, campaign: Campaign, phase: str) -> None:
+    """Move the campaign on from the phase it is in. Several instances may find a phase through at once, each from
+    what it read at its round's start: the conditional UPDATE lets the first move it, and none move it back."""
+    moved = await Campaign.filter(id=campaign.id, phase=campaign.phase, state=RUNNING).update(
+        phase=phase, blocked=None, updated_at=datetime.now(UTC)
+    )
+    if moved:
+        log.info("campaign %d: %s phase begins", campaign.id, phase)
+        await CampaignDevice.filter(campaign_id=campaign.id).update(next_try_at=None, attempts=0)
+    await campaign.refresh_from_db()
+    if moved and (ahead := await window_ahead(runtime.settings, campaign, datetime.now(UTC))):
+        log.warning("campaign %d: %s", campaign.id, ahead)
+
+
+async def _finish(campaign: Campaign) -> None:
+    finished = await Campaign.filter(id=campaign.id, phase=campaign.phase, state=RUNNING).update(
+        phase=DONE, state=FINISHED, blocked=None, updated_at=datetime.now(UTC)
+    )
+    if finished:
+        log.info("campaign %d finished", campaign.id)
+    await campaign.refresh_from_db()
+
+
+async def _set_blocked(campaign: Campaign, blocked: str | None) -> None:
+    if campaign.blocked != blocked:
+        campaign.blocked = blocked
+        # In the phase it was found for only: another instance may have moved the campaign on meanwhile.
+        await Campaign.filter(id=campaign.id, phase=campaign.phase).update(
+            blocked=blocked, updated_at=datetime.now(UTC)
+        )
+
+
+# --- planning around maintenance windows -----------------------------------------------------------------------------
+
+
+async def window_ahead(settings: Settings, campaign: Campaign, now: datetime) -> str | None:
+    """The maintenance window that opens before the campaign's phase can be through, in a sentence; None when none
+    does, or the campaign ignores windows or is over.
+
+    The phase's devices still to go are planned ``concurrency`` at a time, each step taking one device operation's
+    time-out (``device_operation_timeout_s``, 60 s by default). A step that gets through takes a few seconds, so the
+    plan is long: it rather names a window the phase might still have finished before than miss one it cannot. It
+    looks a week ahead at most, and may step over a window shorter than the calendar's look-ahead step (five
+    minutes), which holds a phase up only as long."""
+    if not campaign.respect_windows or campaign.state not in (RUNNING, PAUSED) or campaign.phase == DONE:
+        return None
+    excepted = set(campaign.exceptions or [])
+    states = await CampaignDevice.filter(campaign_id=campaign.id).values_list("entry_id", campaign.phase)
+    remaining = sum(1 for entry_id, state in states if state not in FINAL_STATES and entry_id not in excepted)
+    if not remaining:
+        return None
+    step_s = settings.device_operation_timeout_s
+    needs = timedelta(seconds=math.ceil(remaining / campaign.concurrency) * step_s)
+    calendar = await MaintenanceCalendar.load()
+    window = await asyncio.to_thread(calendar.next_suppression, now, min(needs, OUTLOOK))
+    if window is None:
+        return None
+    return (
+        f"the {campaign.phase} phase may need up to {_minutes(needs)} more ({remaining} device(s), "
+        f"{campaign.concurrency} at a time, up to {step_s:g} s each) and maintenance window {window.window_name!r} "
+        f"(id {window.window_id}) suppresses from {api_timestamp(window.start)} until {api_timestamp(window.end)}: "
+        "the phase stops there until it ends"
+    )
+
+
+def _minutes(duration: timedelta) -> str:
+    minutes = math.ceil(duration.total_seconds() / 60)
+    return f"{minutes} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+
+
+# --- the operator's controls -----------------------------------------------------------------------------------------
+
+TRANSITIONS = {"pause": ((RUNNING,), PAUSED), "resume": ((PAUSED,), RUNNING), "cancel": ((RUNNING, PAUSED), CANCELLED)}
+
+
+async def control(campaign: Campaign, action: str) -> Campaign:
+    """Pause, resume or cancel; 409 naming the state from which it cannot."""
+    allowed, to = TRANSITIONS[action]
+    if campaign.state not in allowed:
+        raise CampaignConflict(f"campaign {campaign.id} is {campaign.state}: it cannot {action} (only when "
+                               f"{' or '.join(allowed)})")  # fmt: skip
+    changed = await Campaign.filter(id=campaign.id, state=campaign.state).update(state=to)
+    if not changed:
+        raise CampaignConflict(f"campaign {campaign.id} changed meanwhile: read it again")
+    await campaign.refresh_from_db()
+    return campaign
+
+
+async def accept_exceptions(campaign: Campaign, entry_ids: list[int]) -> Campaign:
+    """Let the trust phase go on without the named devices (the operator's call: they lose trust with their peers)."""
+    if campaign.phase != TRUST or campaign.state not in (RUNNING, PAUSED):
+        raise CampaignConflict(f"campaign {campaign.id} is past its trust phase or not running: exceptions are for "
+                               "devices the trust phase cannot reach")  # fmt: skip
+    members = set(await CampaignDevice.filter(campaign_id=campaign.id).values_list("entry_id", flat=True))
+    strangers = sorted(set(entry_ids) - members)
+    if strangers:
+        raise APIError(f"entry_ids: not devices of campaign {campaign.id}: {strangers}")
+    campaign.exceptions = sorted(set(campaign.exceptions or []) | set(entry_ids))
+    await campaign.save(update_fields=["exceptions", "updated_at"])
+    await CampaignDevice.filter(campaign_id=campaign.id, entry_id__in=entry_ids, trust__not=STEP_DONE).update(
+        trust=EXCEPTED, reissue=EXCEPTED, retire=EXCEPTED
+    )
+    return campaign
+
+
+# --- the runner ------------------------------------------------------------------------------------------------------
+
+
+class CampaignRunner:
+    """Advances the running campaigns, one round every ``interval_s`` (sooner when ``wake`` is called)."""
+
+    def __init__(self, runtime: Runtime, interval_s: float = 5.0) -> None:
+        self.runtime, self.interval_s = runtime, interval_s
+        self._task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="certlm-campaigns")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            progressed = False
+            try:
+                progressed = await self.round()
+            except Exception:  # a database hiccup: the next round tries again
+                log.exception("campaign round failed")
+            if not progressed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.interval_s)
+
+    async def round(self) -> bool:
+        """One round of every running campaign; whether any got anywhere."""
+        progressed = False
+        for campaign in await Campaign.filter(state=RUNNING).order_by("id"):
+            progressed |= await advance(self.runtime, campaign, datetime.now(UTC))
+        return progressed
