@@ -64,8 +64,8 @@ async def sampling(devices: list[Any]):
 
 
 async def plant(in_process: InProcessApp, simulated_device: StartDevice) -> tuple[InternalCa, InternalCa, list]:
-    """certlm's own client CA (the oldest internal CA signs certlm's OPC UA client certificate), the plant CA the
-    devices are onboarded from, its successor, and the devices."""
+    """A first internal CA (the one that would issue certlm's own OPC UA client certificate, so that it is not the
+    CA the campaign retires), the plant CA the devices are onboarded from, its successor, and the devices."""
     await create_internal_ca(in_process, "certlm client CA")
     plant_ca = await create_internal_ca(in_process, "Plant CA")
     devices = []
