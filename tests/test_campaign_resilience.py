@@ -13,7 +13,7 @@ import re
 import shutil
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -286,7 +286,9 @@ async def watching(api: Any, campaign_id: int) -> AsyncIterator[dict[tuple[int, 
                     steps.setdefault((row["entry_id"], row["last_step"]["phase"]), row["last_step"]["at"])
             if last:
                 return
-            await asyncio.sleep(0.1)
+            # The next look in 100 ms, or a last one once the block ended.
+            with suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
 
     task = asyncio.create_task(watch())
     try:
