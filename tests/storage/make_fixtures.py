@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
 from certlm.system.licensing import generate_key_pair, issue_license, load_private_key
-from certlm.testing.running import free_port, stop_process
+from certlm.testing.running import eventually, free_port, stop_process
 from tests.support import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,16 +166,16 @@ class OldService:
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.data_dir.parent,
             )  # fmt: skip
         async with httpx.AsyncClient() as client:
-            for _ in range(300):
+
+            async def serving() -> bool:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"old certlm exited:\n{self.log.read_text()}")
                 try:
-                    if (await client.get(f"{self.url}/systeminfo", timeout=2)).status_code == 200:
-                        return
+                    return (await client.get(f"{self.url}/systeminfo", timeout=2)).status_code == 200
                 except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise RuntimeError(f"old certlm did not start:\n{self.log.read_text()}")
+                    return False
+
+            await eventually(serving, f"the old certlm serving (log: {self.log})", timeout=60)
 
     def stop(self) -> None:
         stop_process(self.process, 15)
