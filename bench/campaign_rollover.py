@@ -20,7 +20,10 @@ Devices run in ``certlm-simulate`` processes of their own on both sides, so thei
 the channels) counts for neither; it is printed apart. Printed: each phase's wall time, certlm's CPU per device, the
 script's wall time and CPU per device, the ratios against the targets (certlm's CPU per device at most 0.5x the
 script's, the campaign's wall time at most 1.2x the script's; MISSED when not) and the load average before and after.
-The exit code is 0 either way.
+Beside them, measured in the same run, the floors a device's rollover cannot go below, and where the CPU target lies
+against them: the cryptography (``rollover_baseline.CryptoFloor``: three secure sessions' RSA 2048 operations of the
+client and the CA's RSA 3072 signature), and three of the script's secure sessions through asyncua, opened and closed
+with nothing in them. The exit code is 0 either way.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ from typing import TypeVar
 
 import httpx
 from common import ADMIN, LicenseKeys, RunningService, Simulators, cpu_seconds, start_certlm
-from rollover_baseline import Plant
+from rollover_baseline import CA_KEY_BITS, CLIENT_KEY_BITS, SESSIONS_PER_ROLLOVER, CryptoFloor, Plant
 
 CPU_TARGET, WALL_TARGET = 0.5, 1.2
 PHASES = ("trust", "reissue", "retire")
 POLL_COST_SAMPLES = 10
+SESSION_COST_SAMPLES = 20
 # A device's onboarding (set-up, not measured) is tried again when it fails: a simulator process holding hundreds of
 # devices on a loaded machine now and then drops a channel.
 SETUP_ATTEMPTS = 3
@@ -175,8 +179,9 @@ async def run_campaign(
     return run, times, poll_cpu
 
 
-async def run_baseline(simulators: Simulators, concurrency: int) -> Run:
-    """``rollover_baseline`` over every device, after setting each up; CPU is this process's."""
+async def run_baseline(simulators: Simulators, concurrency: int) -> tuple[Run, float]:
+    """``rollover_baseline`` over every device, after setting each up; CPU is this process's. With it, the CPU one
+    secure session of the script costs (GetEndpoints, open, close; measured after the rollover on one device)."""
     plant = Plant.create()
     urls = simulators.urls
     presented = await for_each(concurrency, lambda url: with_retries(lambda: plant.onboard(url)), urls)
@@ -184,14 +189,28 @@ async def run_baseline(simulators: Simulators, concurrency: int) -> Run:
     cpu_before, started = time.process_time(), time.monotonic()
     await for_each(concurrency, lambda device: plant.roll_over(*device), zip(urls, presented, strict=True))
     wall, cpu = time.monotonic() - started, time.process_time() - cpu_before
-    return Run(len(urls), wall, cpu, simulators_cpu(simulators) - devices_before)
+    run = Run(len(urls), wall, cpu, simulators_cpu(simulators) - devices_before)
+    return run, await session_cost(plant, urls[0])
+
+
+async def session_cost(plant: Plant, url: str) -> float:
+    """CPU seconds of one of the script's secure sessions through asyncua, opened and closed with nothing in it."""
+    async with plant.session(url, None):
+        pass  # the device listens again after the rollover's last ApplyChanges
+    started = time.process_time()
+    for _ in range(SESSION_COST_SAMPLES):
+        async with plant.session(url, None):
+            pass
+    return (time.process_time() - started) / SESSION_COST_SAMPLES
 
 
 def verdict(ratio: float, target: float) -> str:
     return f"target at most {target}x: {'met' if ratio <= target else 'MISSED'}"
 
 
-def report(certlm: Run, times: PhaseTimes, poll_cpu: float, script: Run, concurrency: int) -> None:
+def report(
+    certlm: Run, times: PhaseTimes, poll_cpu: float, script: Run, concurrency: int, floor: CryptoFloor, session_s: float
+) -> None:
     devices = certlm.devices
     print(f"\nca-rollover of {devices} devices at concurrency {concurrency}")
     print(f"  campaign: {certlm.wall_s:.1f} s wall")
@@ -211,6 +230,20 @@ def report(certlm: Run, times: PhaseTimes, poll_cpu: float, script: Run, concurr
     cpu_ratio, wall_ratio = certlm.cpu_s / script.cpu_s, certlm.wall_s / script.wall_s
     print(f"  certlm CPU per device / script's: {cpu_ratio:.2f}x ({verdict(cpu_ratio, CPU_TARGET)})")
     print(f"  campaign wall / script's: {wall_ratio:.2f}x ({verdict(wall_ratio, WALL_TARGET)})")
+    crypto_ms, sessions_ms = 1000 * floor.per_device_s, 1000 * SESSIONS_PER_ROLLOVER * session_s
+    target_ms = CPU_TARGET * script.cpu_per_device_ms
+    print(f"  floor per device, measured in this run: cryptography {crypto_ms:.1f} ms ({SESSIONS_PER_ROLLOVER} secure "
+          f"sessions x {1000 * floor.per_session_s:.2f} ms of the client's RSA {CLIENT_KEY_BITS} operations, and the "
+          f"CA's RSA {CA_KEY_BITS} signature with its CSR check {1000 * floor.per_renewal_s:.2f} ms); "
+          f"{SESSIONS_PER_ROLLOVER} empty secure sessions through asyncua (the script's, GetEndpoints included) "
+          f"{sessions_ms:.1f} ms")  # fmt: skip
+    for name, run in (("certlm", certlm), ("script", script)):
+        print(f"    {name}: {run.cpu_per_device_ms / crypto_ms:.1f}x the cryptography, "
+              f"{run.cpu_per_device_ms / sessions_ms:.1f}x the sessions")  # fmt: skip
+    for name, floor_ms in (("the cryptography", crypto_ms), ("the sessions through asyncua", sessions_ms)):
+        side = "below" if target_ms < floor_ms else "above"
+        print(f"    the CPU target ({CPU_TARGET}x the script = {target_ms:.1f} ms per device) is {side} {name} "
+              f"({floor_ms:.1f} ms)")  # fmt: skip
 
 
 async def main() -> None:
@@ -224,6 +257,7 @@ async def main() -> None:
     # asyncua warns on every session that the device grants less than the session time-out it asked for.
     logging.getLogger("asyncua").setLevel(logging.ERROR)
     print(f"load average before: {load_average()}")
+    floor = CryptoFloor.measure()
     with tempfile.TemporaryDirectory(prefix="certlm-bench-") as tmp:
         workdir = Path(tmp)
         service = await start_certlm(workdir / "data", LicenseKeys.create(workdir / "license"))
@@ -238,10 +272,10 @@ async def main() -> None:
         simulators = Simulators(args.devices, processes, workdir / "baseline-devices")
         try:
             await simulators.start()
-            script = await run_baseline(simulators, args.concurrency)
+            script, session_s = await run_baseline(simulators, args.concurrency)
         finally:
             simulators.stop()
-    report(certlm, times, poll_cpu, script, args.concurrency)
+    report(certlm, times, poll_cpu, script, args.concurrency, floor, session_s)
     print(f"load average after: {load_average()}")
 
 

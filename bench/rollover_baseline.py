@@ -38,7 +38,7 @@ from asyncua.crypto.security_policies import SecurityPolicyAes256Sha256RsaPss
 from asyncua.ua.ua_binary import struct_from_binary, struct_to_binary
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 APPLICATION_URI = f"urn:{socket.gethostname()}:rollover-baseline"
@@ -137,6 +137,56 @@ def application_certificate(
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
         .sign(issuer_key, hashes.SHA256())
     )  # fmt: skip
+
+
+SESSIONS_PER_ROLLOVER = 3  # trust, renew, retire: each change is applied on its own, and ApplyChanges drops the channel
+
+
+@dataclass(frozen=True)
+class CryptoFloor:
+    """CPU seconds of the cryptography a device's rollover cannot do without, measured in this process: per secure
+    session the client's RSA 2048 private-key operations (the OpenSecureChannel request's signature, the decryption of
+    the device's answer, the ActivateSession signature) and the public-key ones beside them (the device's signatures
+    checked, what is sent encrypted to it), and per renewal the CSR's signature checked and the CA's RSA 3072
+    signature. The device's own work (its new key, its signatures) is the device's."""
+
+    per_session_s: float
+    per_renewal_s: float
+
+    @property
+    def per_device_s(self) -> float:
+        return SESSIONS_PER_ROLLOVER * self.per_session_s + self.per_renewal_s
+
+    @classmethod
+    def measure(cls, rounds: int = 30) -> CryptoFloor:
+        client_key = rsa.generate_private_key(public_exponent=65537, key_size=CLIENT_KEY_BITS)
+        device_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        ca = Ca.create("floor CA")
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "floor device")])
+        san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier("urn:floor:device")])
+        csr = (
+            x509.CertificateSigningRequestBuilder().subject_name(name).add_extension(san, critical=False)
+            .sign(device_key, hashes.SHA256())
+        )  # fmt: skip
+        nonce = os.urandom(32)
+        pss = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=32)
+        oaep = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+        device_signature = device_key.sign(nonce, pss, hashes.SHA256())
+        answer = client_key.public_key().encrypt(nonce, oaep)  # the device's OpenSecureChannel answer, for the client
+        started = time.process_time()
+        for _ in range(rounds):
+            for _ in range(2):  # the OpenSecureChannel request's and the ActivateSession signature
+                client_key.sign(nonce, pss, hashes.SHA256())
+            client_key.decrypt(answer, oaep)
+            for _ in range(2):  # the device's OpenSecureChannel and CreateSession signatures
+                device_key.public_key().verify(device_signature, nonce, pss, hashes.SHA256())
+            for _ in range(2):  # the OpenSecureChannel request and the password, encrypted for the device
+                device_key.public_key().encrypt(nonce, oaep)
+        per_session = (time.process_time() - started) / rounds
+        started = time.process_time()
+        for _ in range(rounds):
+            ca.sign(csr)
+        return cls(per_session, (time.process_time() - started) / rounds)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ certlm's own plugins to that). ``PLUGIN_API_VERSION`` versions it; a plugin decl
 - The PKI-backend contract: ``PkiBackend``, profiles and enrollments; ``pki_client``, the plumbing of PKIs reached
   over HTTP(S).
 - What the host lends: ``HostServices`` (to drivers and backends when they are made, and to the routes hook),
-  ``InventoryAccess`` (to the routes hook).
+  ``InventoryAccess`` (to the routes hook); what a plugin lends the host: ``ClientCertificateHolder``.
 - Errors that become the API's answers, certificate helpers, and the shapes and helpers of routes.
 """
 
@@ -47,9 +47,17 @@ from certlm.contracts.enrollment import (
     ServerValidation,
 )
 from certlm.contracts.hookspecs import hookimpl
-from certlm.contracts.pki_backends import CertlmKeyRequired, PkiBackend
+from certlm.contracts.pki_backends import CertlmKeyRequired, PkiBackend, SuccessorIssuer
 from certlm.contracts.registry import DeviceDriverRegistry, DuplicateRegistration, PkiBackendRegistry
-from certlm.contracts.services import DeviceTimeouts, HostServices, InstalledDrivers, InventoryAccess
+from certlm.contracts.services import (
+    ClientCertificateHolder,
+    ClientCertificateIssuer,
+    DeviceTimeouts,
+    HostServices,
+    InstalledDrivers,
+    InventoryAccess,
+    PresentedClientCertificate,
+)
 from certlm.foundation.certs import (
     api_timestamp,
     crl_signed_by,
@@ -105,6 +113,8 @@ __all__ = [
     "CertificateReading",
     "CertlmKeyRequired",
     "ChainCrls",
+    "ClientCertificateHolder",
+    "ClientCertificateIssuer",
     "CsrRejected",
     "DeviceCredential",
     "DeviceDescription",
@@ -137,6 +147,7 @@ __all__ = [
     "PkiEntry",
     "PkiMaterial",
     "PluginMigration",
+    "PresentedClientCertificate",
     "PushFailed",
     "PushOutcome",
     "PushRequest",
@@ -148,6 +159,7 @@ __all__ = [
     "StepNote",
     "StepOutcome",
     "StrictBody",
+    "SuccessorIssuer",
     "SupportedDevice",
     "TrustList",
     "UnsupportedOperation",

@@ -13,7 +13,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from certlm.foundation.certs import issued_by
-from certlm.storage.models import InventoryEntry
+from certlm.lifecycle.campaigns import _presenting_old_issuer
+from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry
 from certlm.testing.pushes import InternalCa, assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
 from tests.conftest import StartDevice
@@ -192,3 +193,36 @@ async def test_an_unknown_campaign_is_404(in_process: InProcessApp) -> None:
         assert status == 404 and "campaign 7 does not exist" in answer["error"], answer
     status, answer = await request(in_process, "POST", "/campaigns/7/exceptions", {"entry_ids": []})
     assert status == 400 and "entry_ids" in answer["error"], answer
+
+
+async def test_before_retire_every_device_is_read_live_and_one_renewed_from_the_old_issuer_is_caught(
+    in_process: InProcessApp, simulated_device: StartDevice
+) -> None:
+    """The check before the retire phase reads every device live (one GetEndpoints each), also those whose reissue
+    was verified: one an operator renewed from the old issuer meanwhile holds the retire phase."""
+    plant_ca, successor, devices = await plant(in_process, simulated_device)
+    status, created = await request(in_process, "POST", "/campaigns", {
+        "kind": "pki-migration", "from_pki_id": plant_ca.pki_id, "to_pki_id": successor.pki_id, "concurrency": 2,
+    })  # fmt: skip
+    assert status == 201, created
+    await eventually(lambda: finished(in_process, created["id"]), "the campaign to finish", 120)
+    runtime = in_process.host.runtime
+
+    async def check() -> tuple[list[str], list[int]]:
+        """The check's findings, and how many GetEndpoints each device answered meanwhile."""
+        async with in_process.context():
+            campaign = await Campaign.get(id=created["id"])
+            rows = await CampaignDevice.filter(campaign_id=campaign.id).order_by("entry_id")
+            before = [device.endpoint_requests for device in devices]
+            found = await _presenting_old_issuer(runtime, campaign, rows)
+        return found, [device.endpoint_requests - count for device, count in zip(devices, before, strict=True)]
+
+    assert await check() == ([], [1, 1, 1])
+    # An operator renews the first device from the old issuer: it is read and caught.
+    async with in_process.context():
+        entry = await InventoryEntry.get(port=devices[0].config.port, protocol="gds")
+        await InventoryEntry.filter(id=entry.id).update(pki_id=plant_ca.pki_id)
+    await assert_pushed(await push(in_process, devices[0], onboarding=False), devices[0], issuer=plant_ca.certificate)
+    await devices[0].settle()
+    found, reads = await check()
+    assert found == [f"entry {entry.id} presents a certificate of the old issuer"] and reads == [1, 1, 1]

@@ -307,3 +307,28 @@ async def test_an_api_error_from_a_stale_page_is_shown_as_the_api_words_it(plant
     await expect(view.error).to_have_text(refused["error"])
     assert (await plant.campaign(campaign["id"]))["state"] == "cancelled"
     assert not view.page_errors(), view.log.errors
+
+
+async def test_a_campaign_past_its_deadline_is_shown_overdue_with_the_apis_words(
+    plant: Plant, view: CampaignView
+) -> None:
+    """Held by a window past its deadline: the list and the campaign say overdue, and the outlook is the API's."""
+    await plant.hold()
+    deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+    body = {"kind": "pki-migration", "from_pki_id": plant.plant_ca.pki_id, "to_pki_id": plant.successor.pki_id,
+            "deadline": deadline.isoformat()}  # fmt: skip
+    campaign = await plant.call("POST", "/campaigns", body, expect_status=201)
+
+    async def overdue() -> dict | None:
+        now = await plant.campaign(campaign["id"])
+        return now if now["overdue"] else None
+
+    answer = await eventually(overdue, "the campaign to be overdue", timeout=20)
+    await view.signed_in()
+    row = view.row(campaign["id"])
+    await expect(row.locator("td.deadline .status")).to_have_text("overdue", timeout=WAIT_MS)
+    await view.open_campaign(campaign["id"])
+    facts = view.page.locator("#campaign-facts")
+    await expect(facts).to_contain_text(answer["deadline_outlook"].split(" (")[0], timeout=WAIT_MS)
+    await expect(facts).to_contain_text("overdue: the deadline")
+    assert not view.page_errors(), view.log.errors

@@ -90,3 +90,18 @@ async def test_log_files_rotate_by_size_and_count(make_service: StartService) ->
     # The oldest lines (start-up) were dropped, the newest are kept.
     kept = "".join(path.read_text() for path in logs.iterdir())
     assert "Running on" not in kept and kept.count("outcome=failed") >= 3
+
+
+async def test_asyncua_logs_its_requests_only_when_the_operator_asks_for_debug(
+    make_service: StartService, simulated_device: StartDevice
+) -> None:
+    # Formatting asyncua's INFO lines (endpoint lists with whole certificates) cost a campaign a tenth of its CPU:
+    # at the default level they are not made at all, certlm's own INFO lines are; at debug they are in the file.
+    for level, asyncua_lines in (("info", False), ("debug", True)):
+        service = await make_service(env={"CERTLM_LOG_LEVEL": level})
+        device = await simulated_device()
+        await create_internal_ca(service)
+        await push(service, device)
+        text = (service.data_dir / "logs" / "certlm.log").read_text()
+        assert " operation=onboarding " in text
+        assert (" INFO asyncua." in text) is asyncua_lines, (level, text[-2000:])

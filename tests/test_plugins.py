@@ -450,6 +450,7 @@ def test_every_hookspec_is_documented_and_named_certlm_verb() -> None:
         "certlm_provide_blueprints",
         "certlm_provide_model_modules",
         "certlm_provide_migrations",
+        "certlm_provide_client_certificates",
     }
     for name, function in specs:
         doc = inspect.getdoc(function) or ""

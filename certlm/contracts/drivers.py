@@ -329,7 +329,11 @@ class StepLog:
 class PushFailed(Exception):
     """A push that stopped at ``steps[-1]``. ``changed_device`` is False when it failed before the device was
     told to apply anything, so the device still runs on what it had. ``presented_certificate`` is what the device
-    presented, when the push got that far. Raise it ``from`` the original error."""
+    presented, when the push got that far. ``changes_pending`` (plugin API 1.1) is True when the device may still
+    hold changes of this push that it could not discard (an OPC UA server without CancelChanges keeps a new key
+    from CreateSigningRequest, a certificate from UpdateCertificate, a trust list closed without ApplyChanges, and
+    takes them in at its next ApplyChanges): the host then writes no trust list to the device until a push goes
+    through. Raise it ``from`` the original error."""
 
     def __init__(
         self,
@@ -338,12 +342,14 @@ class PushFailed(Exception):
         *,
         changed_device: bool = False,
         presented_certificate: x509.Certificate | None = None,
+        changes_pending: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.steps = steps
         self.changed_device = changed_device
         self.presented_certificate = presented_certificate
+        self.changes_pending = changes_pending
 
 
 @dataclass(frozen=True)
@@ -477,3 +483,21 @@ class DeviceDriver:
         change applied and verified by reconnecting. Raise ``PushFailed`` with the steps done so far; a
         failure before the device applied anything must leave the device unchanged."""
         raise self._unsupported("certificate push")
+
+    async def change_trust_list(
+        self, target: DeviceTarget, compose: Callable[[TrustList], TrustList | None]
+    ) -> TrustList | None:
+        """Read the device's trust list (all four parts), let ``compose`` make the list to write from it, write that
+        and take it into use, as ``write_trust_list`` does; the trust list the device holds afterwards, read back, or
+        None when it does not let it be read back. ``compose`` answers None when the device holds what it needs
+        already: nothing is written then, and the list read is the answer.
+
+        Plugin API 1.1. A fleet campaign changes every device's trust list this way, read-modify-write under the
+        device's lease. The default reads with ``read_trust_list`` and writes with ``write_trust_list``, so a driver
+        that has both has this too; a driver that can do it in fewer sessions (read, write and read back in one where
+        the device allows) overrides it. ``compose`` is plain code: it does not block and raises nothing."""
+        current = await self.read_trust_list(target, TrustList.ALL)
+        wanted = compose(current)
+        if wanted is None:
+            return current
+        return await self.write_trust_list(target, wanted)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from quart import Blueprint
 
     from certlm.contracts.registry import DeviceDriverRegistry, PkiBackendRegistry
-    from certlm.contracts.services import HostServices, InventoryAccess
+    from certlm.contracts.services import ClientCertificateHolder, HostServices, InventoryAccess
     from certlm.storage.migrations import PluginMigration
 
 hookspec = HookspecMarker("certlm")
@@ -69,6 +69,20 @@ def certlm_provide_blueprints(services: HostServices, inventory: InventoryAccess
     take only the arguments it uses. Routes a plugin adds are subject to the host's API-key and license checks like
     any other route, and documented in ``/openapi.json`` under the plugin's name. Results of all plugins are
     collected.
+    """
+
+
+@hookspec
+def certlm_provide_client_certificates(services: HostServices) -> list[ClientCertificateHolder] | None:
+    """Return the client certificates this plugin presents to devices, or ``None`` for none. Plugin API 1.1.
+
+    Each is a ``certlm.ClientCertificateHolder``: a plugin whose driver logs in to devices with a certificate of
+    certlm's own (the OPC UA client application of GDS push) hands the host an object that reads the certificate it
+    presents and renews it. Before a campaign's retire phase takes an issuer out of the devices' trust lists, the host
+    renews every such certificate that issuer signed from the campaign's new issuer (client profile), so devices keep
+    accepting certlm; until that is done for all of them the campaign waits, ``blocked`` naming why. ``services`` is
+    what the host lends every plugin (settings, the encryption of secrets, ``issue_client_certificate`` for a first
+    certificate); the holder keeps it. Results of all plugins are collected.
     """
 
 

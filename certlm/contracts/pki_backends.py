@@ -5,6 +5,7 @@ returns. A vendor reads this module on its own: subclass ``PkiBackend``, registe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from certlm.contracts.enrollment import (
@@ -50,6 +51,23 @@ class CertlmKeyRequired(APIError):
             f"the PKI refused every request for the device's own key ({self.refused}) and PKI entry {self.pki_id} "
             "allows keys certlm makes (allow_certlm_generated_keys)"
         )
+
+
+@dataclass(frozen=True)
+class SuccessorIssuer:
+    """The CA that follows a PKI entry's current issuer, for a ``ca-rollover`` campaign
+    (``PkiBackend.successor_issuer``).
+
+    ``pki_id`` is the PKI entry that issues from the successor: a new entry when certlm made the successor itself (the
+    internal CA), the same entry when the PKI announced a new CA of its own (an EST ``/cacerts`` rollover, a CMP root CA
+    key update) and will issue from it under the same settings. ``chain`` is the successor CA first, then its issuers
+    up to its root; ``crls`` the CRLs devices need to accept its certificates (may be empty for a CA that has issued
+    nothing yet). ``how`` says in one sentence how it was found or made, for the campaign's answer and the log."""
+
+    pki_id: int
+    chain: tuple[x509.Certificate, ...]
+    crls: tuple[x509.CertificateRevocationList, ...]
+    how: str
 
 
 class PkiBackend:
@@ -162,6 +180,16 @@ class PkiBackend:
         CRL until its nextUpdate): fetch only from CRL distribution points (``certlm.pki.client.fetch_crl``) or from
         what the backend holds locally, never from the PKI's own API on the entry's credentials."""
         raise self._unsupported("CRLs")
+
+    async def successor_issuer(self, entry: PkiEntry) -> SuccessorIssuer:
+        """The CA that follows ``entry``'s current issuer, for a ``ca-rollover`` campaign that names no ``to_pki_id``.
+
+        Plugin API 1.1. A PKI whose CA certlm holds (the internal CA) makes the successor: a new key and CA certificate
+        in a new PKI entry. A PKI reached over the network reports the new CA it announced (EST ``/cacerts`` with the
+        RFC 7030 section 4.4 rollover certificates, CMP RFC 9483 section 4.3.2 root CA key update) and keeps issuing
+        from ``entry``. Raise ``APIError`` (409) when the PKI announced no new CA, ``UpstreamUnavailable`` (502) when it
+        cannot be reached. Called only for an operator's ``POST /campaigns``, never for anonymous callers."""
+        raise self._unsupported("a successor CA")
 
     async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
         """Revoke ``certificate``, issued by this PKI (CMP ``rr``, the internal CA's own CRL). The host calls it

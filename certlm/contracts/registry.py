@@ -7,8 +7,9 @@ protocol or PKI type.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from certlm.contracts.drivers import DeviceDriver
@@ -17,7 +18,6 @@ from certlm.foundation.errors import UnsupportedOperation
 from certlm.foundation.hostspec import HostSpec, parse_host_or_url
 
 if TYPE_CHECKING:
-
     from certlm.contracts.drivers import DeviceIdentity, SupportedDevice
     from certlm.contracts.services import HostServices
     from certlm.storage.models import PkiEntry
@@ -81,6 +81,37 @@ class DeviceDriverRegistry(Registry[str, DeviceDriver]):
 
     def __init__(self) -> None:
         super().__init__(lambda driver: driver.service, lambda service: f"service {service!r}")
+        # The plugin API each driver's plugin declared (``CERTLM_PLUGIN_API``), by service; what the host asks before
+        # it relies on something a later minor version added (a campaign needs 1.1's trust-list writes).
+        self._plugin_api: dict[str, str] = {}
+        self._registering_plugin_api: str | None = None
+
+    def add(self, plugin_class: type[DeviceDriver]) -> None:
+        super().add(plugin_class)
+        if self._registering_plugin_api is not None:
+            self._plugin_api[plugin_class.service] = self._registering_plugin_api
+
+    @contextlib.contextmanager
+    def registering_for(self, plugin_api: str | None) -> Iterator[None]:
+        """For the host: the drivers ``add``-ed meanwhile come from a plugin that declared ``plugin_api``."""
+        self._registering_plugin_api = plugin_api
+        try:
+            yield
+        finally:
+            self._registering_plugin_api = None
+
+    def plugin_api(self, service: str) -> str | None:
+        """The plugin API the driver's plugin declared; None when it declared none (taken as this certlm's)."""
+        return self._plugin_api.get(service)
+
+    def offers_plugin_api(self, service: str, needed: tuple[int, int]) -> bool:
+        """Whether the driver of ``service`` was written for plugin API ``needed`` or a later minor version of it (a
+        plugin that declared none is taken as written for this certlm's)."""
+        declared = self._plugin_api.get(service)
+        if declared is None:
+            return True
+        major, _, minor = declared.partition(".")
+        return (int(major), int(minor or 0)) >= needed
 
     def services(self) -> list[str]:
         return [service for service, _ in self.classes()]

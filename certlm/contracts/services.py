@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from cryptography import x509
 
     from certlm.contracts.enrollment import Enrollment
@@ -25,6 +27,43 @@ ClientCertificateIssuer = Callable[["x509.CertificateSigningRequest"], Awaitable
 async def no_internal_ca(csr: x509.CertificateSigningRequest) -> Enrollment | None:
     """The issuer of a host without an internal CA: certlm's client certificates are then self-signed."""
     return None
+
+
+@dataclass(frozen=True)
+class PresentedClientCertificate:
+    """A client certificate certlm presents to devices (``ClientCertificateHolder``): the certificate, its issuers
+    (issuing CA first; empty when self-signed) and from when every certlm instance sharing the database presents it:
+    when it was stored, plus the longest an instance goes on presenting the one it read before."""
+
+    certificate: x509.Certificate
+    chain: tuple[x509.Certificate, ...]
+    everywhere_from: datetime
+
+
+class ClientCertificateHolder(Protocol):
+    """A client certificate certlm presents to devices on a plugin's behalf (the OPC UA client application of GDS
+    push, a vendor driver's own client), made available with ``certlm_provide_client_certificates``. Plugin API 1.1.
+
+    A campaign that retires an issuer asks every holder, once each device in scope trusts the new issuer and before
+    any device stops trusting the old one, for the certificate it presents; one issued by the old issuer is renewed
+    from the new one, or devices would refuse certlm once the old issuer is gone. A self-signed certificate is
+    trusted directly and left alone."""
+
+    description: str
+    """What the certificate is, for messages: ``"OPC UA client certificate (gds_push)"``."""
+
+    async def presented(self) -> PresentedClientCertificate | None:
+        """The certificate presented now, read from the database rather than this instance's memory; None when none
+        has been made yet."""
+        ...
+
+    async def renew(self, issue: ClientCertificateIssuer, replacing: x509.Certificate) -> PresentedClientCertificate:
+        """Replace ``replacing`` with a certificate ``issue`` signs (a new key; the same subject, names and usage),
+        store it for every instance and present it from now on in this one. Once across the instances sharing a
+        database: when the stored certificate is no longer ``replacing`` (another instance renewed it meanwhile),
+        nothing is issued and the stored one is answered. ``issue`` answers None when it cannot issue; raise
+        ``APIError`` naming why for that and any other failure, leaving the stored certificate as it was."""
+        ...
 
 
 class InstalledDrivers(Protocol):

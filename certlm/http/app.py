@@ -9,6 +9,7 @@ from functools import partial
 from cryptography import x509
 from quart import Quart
 from quart_schema import QuartSchema
+from tortoise.expressions import Q
 
 from certlm.contracts.enrollment import CLIENT_PROFILE, Enrollment
 from certlm.contracts.registry import DeviceDriverRegistry, PkiBackendRegistry
@@ -20,13 +21,14 @@ from certlm.foundation.secretbox import SecretBox, private_directory
 from certlm.foundation.version import __version__
 from certlm.http.auth import install_access_checks, load_or_create_api_key
 from certlm.http.openapi import CertlmOpenAPIProvider
-from certlm.http.plugins import build_plugin_manager
+from certlm.http.plugins import build_plugin_manager, register_device_drivers
 from certlm.http.request_bodies import install_body_checks
 from certlm.http.schema_guard import install_schema_guard
 from certlm.inventory.entries import Inventory
 from certlm.lifecycle.access import HostInventoryAccess
-from certlm.lifecycle.campaigns import CampaignRunner
+from certlm.lifecycle.campaigns import RETIRE, CampaignRunner
 from certlm.lifecycle.identification import IdentificationQueue
+from certlm.lifecycle.issuers import CA_ROLLOVER, FINISHED, PKI_MIGRATION
 from certlm.lifecycle.metrics import SchedulerMetrics
 from certlm.lifecycle.monitoring import monitor_scan
 from certlm.lifecycle.renewal import renewal_scan
@@ -39,7 +41,7 @@ from certlm.service.backup import ScheduledBackups
 from certlm.service.host import Host
 from certlm.storage import close_storage, open_storage
 from certlm.storage.migrations import checked_plugin_migrations
-from certlm.storage.models import PkiEntry
+from certlm.storage.models import Campaign, PkiEntry
 from certlm.system.licensing import LicenseService
 
 log = logging.getLogger(__name__)
@@ -65,13 +67,23 @@ BLUEPRINT_MODULES: tuple[str, ...] = (
 
 
 def internal_ca_client_issuer(pki_backends: PkiBackendRegistry) -> ClientCertificateIssuer:
-    """``HostServices.issue_client_certificate``: the oldest internal CA PKI entry signs under the client profile;
-    None while there is none (or no internal CA plugin)."""
+    """``HostServices.issue_client_certificate``: the newest internal CA PKI entry that no campaign retired signs under
+    the client profile; None while there is none (or no internal CA plugin).
+
+    The newest, because an operator makes a CA to be used from then on (a rollover's successor is newer than the CA
+    it follows). Not a retired one: a finished ``ca-rollover`` or ``pki-migration`` campaign, or one in its retire
+    phase, took its ``from_pki_id``'s CA out of its devices' trust lists, and a client certificate it issued would
+    lock certlm out of them."""
 
     async def issue(csr: x509.CertificateSigningRequest) -> Enrollment | None:
         if not pki_backends.known(INTERNAL_PKI_TYPE):
             return None
-        ca_entry = await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).order_by("id").first()
+        retired = await Campaign.filter(
+            Q(state=FINISHED) | Q(phase=RETIRE), kind__in=(CA_ROLLOVER, PKI_MIGRATION)
+        ).values_list("from_pki_id", flat=True)
+        ca_entry = (
+            await PkiEntry.filter(pki_type=INTERNAL_PKI_TYPE).exclude(id__in=list(retired)).order_by("-id").first()
+        )
         if ca_entry is None:
             return None
         return await pki_backends.get(INTERNAL_PKI_TYPE).enroll(ca_entry, csr, CLIENT_PROFILE)
@@ -93,7 +105,7 @@ def build_host(settings: Settings) -> Host:
         drivers=drivers,
     )
     plugin_manager = build_plugin_manager(settings.disabled_plugins)
-    plugin_manager.hook.certlm_register_device_drivers(register=drivers)
+    register_device_drivers(plugin_manager, drivers)
     drivers.instantiate(services)
     plugin_manager.hook.certlm_register_pki_backends(register=pki_backends)
     pki_backends.instantiate(services)
@@ -107,6 +119,11 @@ def build_host(settings: Settings) -> Host:
         licenses=licenses,
         crl_cache=CrlCache(),
         inventory=Inventory(drivers, secrets, licenses),
+        client_certificates=tuple(
+            holder
+            for holders in plugin_manager.hook.certlm_provide_client_certificates(services=services)
+            for holder in holders or ()
+        ),
     )
     host = Host(
         runtime=runtime,

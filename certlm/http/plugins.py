@@ -9,6 +9,7 @@ from types import ModuleType
 import pluggy
 
 from certlm.contracts import hookspecs
+from certlm.contracts.registry import DeviceDriverRegistry
 from certlm.foundation.version import PLUGIN_API_VERSION, __version__
 
 ENTRY_POINT_GROUP = "certlm"
@@ -72,6 +73,19 @@ def build_plugin_manager(disabled: frozenset[str] = frozenset()) -> pluggy.Plugi
             manager.register(importlib.import_module(module_name), name=module_name)
     manager.check_pending()
     return manager
+
+
+def register_device_drivers(manager: pluggy.PluginManager, drivers: DeviceDriverRegistry) -> None:
+    """Each plugin's ``certlm_register_device_drivers`` in turn, so that the registry knows which plugin API each
+    driver's plugin declared (``DeviceDriverRegistry.plugin_api``)."""
+    plugins = [impl.plugin for impl in manager.hook.certlm_register_device_drivers.get_hookimpls()]
+    for plugin in plugins:
+        call = manager.subset_hook_caller(
+            "certlm_register_device_drivers", remove_plugins=[other for other in plugins if other is not plugin]
+        )
+        declared = getattr(plugin, "CERTLM_PLUGIN_API", None)
+        with drivers.registering_for(None if declared is None else str(declared)):
+            call(register=drivers)
 
 
 def plugin_names(manager: pluggy.PluginManager) -> list[str]:

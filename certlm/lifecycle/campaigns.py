@@ -36,12 +36,15 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from tortoise.expressions import Q
 
 from certlm.contracts.drivers import DeviceIdentityChanged
+from certlm.contracts.pki_backends import SuccessorIssuer
 from certlm.foundation.certs import api_timestamp, serial_hex, sha1_fingerprint, to_der
 from certlm.foundation.config import Settings
 from certlm.foundation.errors import APIError, NotFound, UnsupportedOperation
 from certlm.inventory.entries import DEVICE_STATUS_ACTIVE
+from certlm.lifecycle.client_identities import client_certificates_off_old_issuer
 from certlm.lifecycle.issuers import (
     CA_ROLLOVER,
     CANCELLED,
@@ -79,6 +82,10 @@ FINAL_STATES = frozenset({STEP_DONE, EXCEPTED, SKIPPED})
 # A failed device step is tried again after this, doubling up to the maximum.
 RETRY_BASE_S, RETRY_MAX_S = 30.0, 1800.0
 TRIGGER = "campaign"
+# The states of a device whose step of the phase is to run (once its ``next_try_at`` is reached).
+DUE_STATES = (PENDING, FAILED, UNVERIFIED)
+# How many of the devices a phase waits for ``blocked`` names.
+WAITING_NAMED = 10
 
 
 class CampaignConflict(APIError):
@@ -105,29 +112,44 @@ class CampaignPlan:
 
 async def create_campaign(runtime: Runtime, plan: CampaignPlan) -> Campaign:
     """Check the plan against the inventory and the PKI entries and store the campaign with its devices; it starts
-    with the runner's next round. ``APIError`` 400 naming the field, 409 for devices already in a running campaign."""
+    with the runner's next round. ``APIError`` 400 naming the field, 409 for devices already in a running campaign.
+
+    A ``ca-rollover`` without ``to_pki_id`` goes to the successor of ``from_pki_id``'s issuer, which its backend makes
+    or reports (``PkiBackend.successor_issuer``), asked only once the rest of the plan holds, so that a refused plan
+    leaves no new CA behind. The successor may be a new PKI entry (the internal CA makes one) or ``from_pki_id``
+    itself (an EST or CMP PKI that announced a new CA): the old issuer is then the chain certlm holds for the entry,
+    the new one the announced chain. How it was found is the returned campaign's ``successor_how``."""
     to_pki_id = plan.from_pki_id if plan.kind == REKEY else plan.to_pki_id
-    if to_pki_id is None:
+    successor_wanted = plan.kind == CA_ROLLOVER and to_pki_id is None
+    if to_pki_id is None and not successor_wanted:
         raise APIError(f"to_pki_id is required for a {plan.kind} campaign: the PKI entry of the new issuer")
     if plan.kind == REKEY and plan.to_pki_id not in (None, plan.from_pki_id):
         raise APIError("to_pki_id: a rekey stays with its issuer; leave it out or give from_pki_id")
     if plan.kind != REKEY and to_pki_id == plan.from_pki_id:
-        raise APIError(f"to_pki_id: a {plan.kind} moves devices to another PKI entry than from_pki_id")
+        leave_out = " (leave it out for the successor of its issuer)" if plan.kind == CA_ROLLOVER else ""
+        raise APIError(f"to_pki_id: a {plan.kind} moves devices to another PKI entry than from_pki_id{leave_out}")
     if plan.deadline is not None and plan.deadline <= datetime.now(UTC):
         raise APIError("deadline: must be in the future")
     from_pki = await _pki_entry(runtime, plan.from_pki_id, "from_pki_id")
-    to_pki = await _pki_entry(runtime, to_pki_id, "to_pki_id")
-    old, new = await _issuer_of(runtime, from_pki, "from_pki_id"), await _issuer_of(runtime, to_pki, "to_pki_id")
+    old = await _issuer_of(runtime, from_pki, "from_pki_id")
+    new: Issuer | None = None
+    if to_pki_id is not None:
+        new = await _issuer_of(runtime, await _pki_entry(runtime, to_pki_id, "to_pki_id"), "to_pki_id")
     entries = await _scope(plan)
     if not entries:
         raise APIError("the scope holds no device: no inventory entry of PKI entry "
                        f"{plan.from_pki_id} matches pki_id, services and entry_ids")  # fmt: skip
+    _refuse_drivers_without_campaigns(runtime, entries)
     busy = await CampaignDevice.filter(
         entry_id__in=[entry.id for entry in entries], campaign__state__in=(RUNNING, PAUSED)
     ).values_list("entry_id", "campaign_id")
     if busy:
         named = ", ".join(f"entry {entry_id} (campaign {campaign_id})" for entry_id, campaign_id in busy)
         raise CampaignConflict(f"devices already in a running or paused campaign: {named}")
+    successor_how = None
+    if new is None:
+        successor = await _successor(runtime, from_pki)
+        to_pki_id, new, successor_how = successor.pki_id, Issuer(successor.chain, successor.crls), successor.how
     campaign = await Campaign.create(
         kind=plan.kind,
         phase=REISSUE if plan.kind == REKEY else TRUST,
@@ -142,6 +164,7 @@ async def create_campaign(runtime: Runtime, plan: CampaignPlan) -> Campaign:
         new_issuer_pem=new.chain_pem(),
         new_crls_pem=new.crls_pem(),
     )
+    campaign.successor_how = successor_how  # type: ignore[attr-defined]
     skipped = {"trust": SKIPPED, "retire": SKIPPED} if plan.kind == REKEY else {}
     await CampaignDevice.bulk_create(
         [CampaignDevice(campaign_id=campaign.id, entry_id=entry.id, **skipped) for entry in entries]
@@ -150,7 +173,32 @@ async def create_campaign(runtime: Runtime, plan: CampaignPlan) -> Campaign:
              plan.from_pki_id, to_pki_id)  # fmt: skip
     if ahead := await window_ahead(runtime.settings, campaign, datetime.now(UTC)):
         log.warning("campaign %d: %s", campaign.id, ahead)
+    if outlook := await deadline_outlook(runtime.settings, campaign, datetime.now(UTC)):
+        log.warning("campaign %d: %s", campaign.id, outlook)
     return campaign
+
+
+# Trust-list writes (``DeviceDriver.write_trust_list``) and pushes that keep both issuers (``PushRequest.also_trusted``)
+# came with plugin API 1.1: a driver written for 1.0 has neither, and its pushes would drop the issuer a campaign added.
+CAMPAIGN_PLUGIN_API = (1, 1)
+
+
+def _refuse_drivers_without_campaigns(runtime: Runtime, entries: list[InventoryEntry]) -> None:
+    """409 naming the devices whose driver is not installed or was written for a plugin API before campaigns."""
+    refused: dict[str, list[int]] = {}
+    for entry in entries:
+        if not entry.service or not runtime.drivers.known(entry.service):
+            refused.setdefault(f"{entry.service or 'no driver'} (not installed)", []).append(entry.id)
+        elif not runtime.drivers.offers_plugin_api(entry.service, CAMPAIGN_PLUGIN_API):
+            declared = runtime.drivers.plugin_api(entry.service)
+            refused.setdefault(f"{entry.service} (its plugin declares plugin API {declared})", []).append(entry.id)
+    if refused:
+        named, needed = "; ".join(f"{driver}: entries {ids}" for driver, ids in refused.items()), CAMPAIGN_PLUGIN_API
+        raise CampaignConflict(
+            f"devices whose driver cannot take part in a campaign (it needs plugin API {'.'.join(map(str, needed))}: "
+            f"trust-list writes and pushes that keep both issuers): {named}; "
+            "leave them out of the scope (services, entry_ids) or install a release of their plugin for it"
+        )
 
 
 async def _pki_entry(runtime: Runtime, pki_id: int, field: str) -> PkiEntry:
@@ -160,6 +208,29 @@ async def _pki_entry(runtime: Runtime, pki_id: int, field: str) -> PkiEntry:
     if not runtime.pki_backends.known(pki.pki_type) or not runtime.pki_backends.get(pki.pki_type).offers("enroll"):
         raise APIError(f"{field}: PKI entry {pki_id} cannot issue certificates (its backend does not enroll)")
     return pki
+
+
+async def _successor(runtime: Runtime, from_pki: PkiEntry) -> SuccessorIssuer:
+    """The successor of ``from_pki``'s issuer from its backend: 400 when the backend can neither make nor report one
+    (give ``to_pki_id``), its 409 (nothing announced) or 502 (PKI unreachable) as they are."""
+    backend = runtime.pki_backends.get(from_pki.pki_type)
+    cannot = APIError(
+        f"to_pki_id: PKI entry {from_pki.id} ({backend.name}) cannot make or report a successor of its issuer; "
+        "give to_pki_id, the PKI entry of the new issuer"
+    )
+    if not backend.offers("successor_issuer"):
+        raise cannot
+    try:
+        successor = await backend.successor_issuer(from_pki)
+    except UnsupportedOperation:
+        raise cannot from None
+    if successor.pki_id != from_pki.id:
+        await _pki_entry(runtime, successor.pki_id, "to_pki_id")
+    held = {to_der(ca) for ca in await pki_ca_certificates(backend, from_pki)}
+    if not successor.chain or to_der(successor.chain[0]) in held:
+        raise CampaignConflict(f"PKI entry {from_pki.id} answered no new CA as its successor: {successor.how}")
+    log.info("PKI entry %d: the successor of its issuer: %s", from_pki.id, successor.how)
+    return successor
 
 
 async def _issuer_of(runtime: Runtime, pki: PkiEntry, field: str) -> Issuer:
@@ -199,7 +270,12 @@ async def advance(runtime: Runtime, campaign: Campaign, now: datetime) -> bool:
         if suppression is not None:
             await _set_blocked(campaign, f"suppressed: {suppression.describe()}")
             return False
-    rows = await CampaignDevice.filter(campaign_id=campaign.id)
+    # The rows of devices whose step may be due, not every row of the campaign each round.
+    rows = await CampaignDevice.filter(
+        Q(next_try_at__isnull=True) | Q(next_try_at__lte=now),
+        campaign_id=campaign.id,
+        **{f"{campaign.phase}__in": list(DUE_STATES)},
+    )
     excepted = set(campaign.exceptions or [])
     limit = asyncio.Semaphore(campaign.concurrency)
 
@@ -224,7 +300,7 @@ async def _suppression_at(now: datetime) -> Suppression | None:
 
 def _due(row: CampaignDevice, phase: str, now: datetime) -> bool:
     state = getattr(row, phase)
-    return state in (PENDING, FAILED, UNVERIFIED) and (row.next_try_at is None or row.next_try_at <= now)
+    return state in DUE_STATES and (row.next_try_at is None or row.next_try_at <= now)
 
 
 async def _step(runtime: Runtime, campaign: Campaign, row: CampaignDevice) -> bool:
@@ -349,6 +425,16 @@ async def _reissue(
     order = PushOrder(trigger=TRIGGER, automated=True, pki_id=campaign.to_pki_id)
     result = await push_certificate(runtime, entry, order)
     record["certificate"] = result["result"]["certificate"]
+    await entry.refresh_from_db()
+    issued = x509.load_der_x509_certificate(entry.pinned_certificate_der or entry.certificate_der)
+    if not new_issuer(campaign).issued(issued):
+        # An EST/CMP PKI that announced a new CA may go on issuing from the old one for a while: the device works, but
+        # it is not reissued, and the step is tried again after its back-off.
+        raise APIError(
+            f"PKI entry {campaign.to_pki_id} issued the device's new certificate (serial {serial_hex(issued)}) from "
+            f"{issued.issuer.rfc4514_string()}, not from the campaign's new issuer: the PKI does not issue from its "
+            "new CA yet; the step is tried again"
+        )
     await _revoke_if_rekey(runtime, campaign, record)
     return STEP_DONE
 
@@ -400,12 +486,23 @@ async def _revoke_replaced(runtime: Runtime, campaign: Campaign, replaced: x509.
 
 
 async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
-    rows = await CampaignDevice.filter(campaign_id=campaign.id).prefetch_related("entry")
     excepted = set(campaign.exceptions or [])
     phase = campaign.phase
-    open_rows = [row for row in rows if getattr(row, phase) not in FINAL_STATES and row.entry_id not in excepted]
+    # Only the rows still open in the phase, without their entries: a round of a large campaign would load every
+    # device's row and entry to name ten.
+    open_rows = [
+        row
+        for row in await CampaignDevice.filter(campaign_id=campaign.id, **{f"{phase}__not_in": list(FINAL_STATES)})
+        if row.entry_id not in excepted
+    ]
     if open_rows:
+        await CampaignDevice.fetch_for_list(open_rows[:WAITING_NAMED], "entry")
         await _set_blocked(campaign, _waiting_for(runtime, phase, open_rows))
+        return
+    # certlm's own client certificates leave the old issuer as soon as every device trusts the new one.
+    renewing = campaign.kind != REKEY and phase in (TRUST, REISSUE)
+    if renewing and (blocked := await client_certificates_off_old_issuer(runtime, campaign)):
+        await _set_blocked(campaign, blocked)
         return
     if phase == TRUST:
         await _enter(runtime, campaign, REISSUE)
@@ -413,6 +510,7 @@ async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
         if campaign.kind == REKEY:
             await _finish(campaign)
             return
+        rows = await CampaignDevice.filter(campaign_id=campaign.id)
         presenting_old = await _presenting_old_issuer(runtime, campaign, rows)
         if presenting_old:
             await _set_blocked(campaign, "retire waits: " + "; ".join(presenting_old))
@@ -423,33 +521,40 @@ async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
 
 
 def _waiting_for(runtime: Runtime, phase: str, rows: list[CampaignDevice]) -> str:
+    """The first ``WAITING_NAMED`` of ``rows`` by name (their entries fetched), and how many there are."""
     named = []
-    for row in rows[:10]:
+    for row in rows[:WAITING_NAMED]:
         state = getattr(row, phase)
         error = (row.last_step or {}).get("error") if (row.last_step or {}).get("phase") == phase else None
         device = f"entry {row.entry_id} ({runtime.inventory.entry_url(row.entry)}) {state}"
         named.append(device + (f" ({error})" if error else ""))
-    more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+    more = f" and {len(rows) - WAITING_NAMED} more" if len(rows) > WAITING_NAMED else ""
     return f"{phase} phase waits for {len(rows)} device(s): {'; '.join(named)}{more}"
 
 
 async def _presenting_old_issuer(runtime: Runtime, campaign: Campaign, rows: list[CampaignDevice]) -> list[str]:
-    """The devices that present a certificate of the old issuer (read live), or could not be read."""
+    """The devices that present a certificate of the old issuer, or could not be read: every device is read live (one
+    GetEndpoints each, no secure session, ``concurrency`` at a time), also those whose reissue was verified, since a
+    device restored or renewed behind certlm's back since would otherwise lose its peers' trust at the retire."""
     old = old_issuer(campaign)
-    found = []
-    for row in rows:
-        if row.entry_id in set(campaign.exceptions or []):
-            continue
-        try:
-            driver = runtime.drivers.get(row.entry.service)
-            target = await runtime.inventory.device_target(row.entry)
-            reading = await read_certificate_and_store(runtime, driver, target, row.entry, secure_session=False)
-        except (APIError, NotFound, UnsupportedOperation) as error:
-            found.append(f"entry {row.entry_id} could not be read ({error.message})")
-            continue
+    excepted = set(campaign.exceptions or [])
+    limit = asyncio.Semaphore(campaign.concurrency)
+
+    async def check(row: CampaignDevice) -> str | None:
+        async with limit:
+            try:
+                driver = runtime.drivers.get(row.entry.service)
+                target = await runtime.inventory.device_target(row.entry)
+                reading = await read_certificate_and_store(runtime, driver, target, row.entry, secure_session=False)
+            except (APIError, NotFound, UnsupportedOperation) as error:
+                return f"entry {row.entry_id} could not be read ({error.message})"
         if old.issued(reading.certificate):
-            found.append(f"entry {row.entry_id} presents a certificate of the old issuer")
-    return found
+            return f"entry {row.entry_id} presents a certificate of the old issuer"
+        return None
+
+    rows = [row for row in rows if row.entry_id not in excepted]
+    await CampaignDevice.fetch_for_list(rows, "entry")
+    return [found for found in await asyncio.gather(*(check(row) for row in rows)) if found is not None]
 
 
 async def _enter(runtime: Runtime, campaign: Campaign, phase: str) -> None:
@@ -515,6 +620,82 @@ async def window_ahead(settings: Settings, campaign: Campaign, now: datetime) ->
         f"(id {window.window_id}) suppresses from {api_timestamp(window.start)} until {api_timestamp(window.end)}: "
         "the phase stops there until it ends"
     )
+
+
+def is_overdue(campaign: Campaign, now: datetime) -> bool:
+    """The deadline passed and the campaign is neither finished nor cancelled."""
+    return campaign.deadline is not None and now >= campaign.deadline and campaign.state in (RUNNING, PAUSED)
+
+
+async def deadline_outlook(settings: Settings, campaign: Campaign, now: datetime) -> str | None:
+    """Whether the campaign's deadline holds, in a sentence: past it with steps to go (overdue), or a plan that ends
+    after it; None without a deadline, when the plan ends before it, or when the campaign is over.
+
+    The plan counts every device step still to go in this phase and the ones after it, at the pace of the steps done
+    so far in this campaign (before any is done: one device operation's time-out per step, ``concurrency`` at a time,
+    which is long on purpose), and, when the campaign respects them, lets the maintenance windows on the way hold it
+    up for as long as they suppress."""
+    if campaign.deadline is None or campaign.state not in (RUNNING, PAUSED) or campaign.phase == DONE:
+        return None
+    to_go, done = await _steps_to_go(campaign)
+    if now >= campaign.deadline:
+        return (f"overdue: the deadline {api_timestamp(campaign.deadline)} passed with {to_go} device step(s) to go "
+                f"({campaign.phase} phase)")  # fmt: skip
+    if not to_go:
+        return None
+    elapsed = (now - campaign.created_at).total_seconds()
+    if done and elapsed > 0:
+        needs = timedelta(seconds=to_go * elapsed / done)
+        pace = f"at the pace so far ({done} step(s) in {elapsed:.0f} s)"
+    else:
+        step_s = settings.device_operation_timeout_s
+        needs = timedelta(seconds=math.ceil(to_go / campaign.concurrency) * step_s)
+        pace = f"at up to {step_s:g} s a step, {campaign.concurrency} at a time (no step done yet)"
+    windows: list[Suppression] = []
+    if campaign.respect_windows:
+        calendar = await MaintenanceCalendar.load()
+        ends, windows = await asyncio.to_thread(_end_with_windows, calendar, now, needs, campaign.deadline)
+    else:
+        ends = now + needs
+    if ends <= campaign.deadline:
+        return None
+    held = ""
+    if windows:
+        named = ", ".join(f"{window.window_name!r} ({api_timestamp(window.start)} to {api_timestamp(window.end)})"
+                          for window in windows[:3])  # fmt: skip
+        held = f" and maintenance windows hold it up ({named}{' and more' if len(windows) > 3 else ''})"
+    deadline = api_timestamp(campaign.deadline)
+    return (f"deadline at risk: {to_go} device step(s) to go need about {_minutes(needs)} {pace}{held}: the "
+            f"campaign would end about {api_timestamp(ends)}, after its deadline {deadline}")  # fmt: skip
+
+
+async def _steps_to_go(campaign: Campaign) -> tuple[int, int]:
+    """The device steps still to go in this phase and the phases after it, and the steps done so far."""
+    excepted = set(campaign.exceptions or [])
+    later = PHASES[PHASES.index(campaign.phase) :]
+    to_go = done = 0
+    for entry_id, *states in await CampaignDevice.filter(campaign_id=campaign.id).values_list("entry_id", *PHASES):
+        for phase, state in zip(PHASES, states, strict=True):
+            done += state == STEP_DONE
+            if phase in later and state not in FINAL_STATES and entry_id not in excepted:
+                to_go += 1
+    return to_go, done
+
+
+def _end_with_windows(
+    calendar: MaintenanceCalendar, now: datetime, needs: timedelta, deadline: datetime
+) -> tuple[datetime, list[Suppression]]:
+    """When work of ``needs`` started at ``now`` ends if it stops for every suppression on the way, and those
+    suppressions; it stops looking a little past the deadline (all that matters is whether it ends before)."""
+    at, left, met = now, needs, []
+    while left > timedelta(0) and at <= deadline and len(met) < 100:
+        window = calendar.suppression_at(at) or calendar.next_suppression(at, min(left, OUTLOOK))
+        if window is None or window.start >= at + left:
+            return at + left, met
+        left -= max(window.start - at, timedelta(0))
+        met.append(window)
+        at = window.end
+    return at + left, met
 
 
 def _minutes(duration: timedelta) -> str:

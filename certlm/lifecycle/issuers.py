@@ -49,25 +49,51 @@ class TrustChange:
         return cls(remove=issuer) if removed else cls(add=issuer)
 
     def applied_to(self, current: TrustList) -> TrustList:
-        """``current`` with what is removed left out and what is added appended (each once), the rest in its order."""
+        """``current`` with what is removed left out and what is added appended (each once), the rest in its order.
+        A removed CA takes every CRL it signed with it, not only the ones named: a CA re-signs its CRL as it goes, and
+        a device refuses a list that keeps a CRL whose issuer is gone."""
         parts = {}
         for part in TRUST_LIST_PARTS:
-            removed = set(getattr(self.remove, part))
+            removed = self._removed(part, current)
             kept = [item for item in getattr(current, part) if item not in removed]
             parts[part] = _unique([*kept, *getattr(self.add, part)])
         return TrustList(**parts)
 
     def held_by(self, trust_list: TrustList) -> bool:
-        """Whether ``trust_list`` holds everything added and nothing removed."""
+        """Whether ``trust_list`` holds everything added and nothing removed (a removed CA's CRLs included)."""
         for part in TRUST_LIST_PARTS:
             held = set(getattr(trust_list, part))
-            if not set(getattr(self.add, part)) <= held or held & set(getattr(self.remove, part)):
+            if not set(getattr(self.add, part)) <= held or held & self._removed(part, trust_list):
                 return False
         return True
+
+    def _removed(self, part: str, current: TrustList) -> set[bytes]:
+        removed = set(getattr(self.remove, part))
+        if part in ("trusted_crls", "issuer_crls"):
+            cas = [*self.remove.trusted_certificates, *self.remove.issuer_certificates]
+            if cas:
+                removed |= {crl for crl in getattr(current, part) if _signed_by_any(crl, cas)}
+        return removed
 
     @property
     def empty(self) -> bool:
         return not any(getattr(self.add, part) or getattr(self.remove, part) for part in TRUST_LIST_PARTS)
+
+
+def _signed_by_any(crl_der: bytes, cas_der: list[bytes]) -> bool:
+    """Whether the CRL (DER) was signed by one of the CAs (DER); False for what does not parse."""
+    try:
+        crl = x509.load_der_x509_crl(crl_der)
+    except ValueError:
+        return False
+    for ca_der in cas_der:
+        try:
+            ca = x509.load_der_x509_certificate(ca_der)
+        except ValueError:
+            continue
+        if crl.issuer == ca.subject and crl.is_signature_valid(ca.public_key()):  # type: ignore[arg-type]
+            return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,11 @@ async def ensure_rows(entry_ids: list[int]) -> None:
 async def try_claim(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> Claim | None:
     """Claim the device's lease if it is free or expired; None when another holder's lease is in force.
     ``EntryDeleted`` (404) when the entry is gone."""
-    await ensure_rows([entry_id])
-    now = _now()
     row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+    if row is None:  # the entry's first operation: its row is made now
+        await ensure_rows([entry_id])
+        row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+    now = _now()
     if row is None:
         raise EntryDeleted(entry_id)
     if row.lease_holder is not None and row.lease_until is not None and row.lease_until > now:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
@@ -84,13 +85,17 @@ class SchedulerMetrics:
 
 
 async def exposition(
-    scheduler_metrics: SchedulerMetrics, inventory: Inventory, proposals: list[RolloverProposal] = ()
+    scheduler_metrics: SchedulerMetrics,
+    inventory: Inventory,
+    proposals: list[RolloverProposal] = (),
+    campaigns: list[CampaignState] = (),
 ) -> bytes:
     """The metrics in the Prometheus text format: the inventory's now, the CA rollovers certlm proposes
-    (``certlm.lifecycle.rollover``), and this instance's counters. With tens of thousands of devices the text is
-    megabytes: it is written in a worker thread, the inventory read in batches."""
+    (``certlm.lifecycle.rollover``), the campaigns that are not over, and this instance's counters. With tens of
+    thousands of devices the text is megabytes: it is written in a worker thread, the inventory read in batches."""
     devices = CollectorRegistry()
-    for family in [*await _device_families(inventory), *_rollover_families(proposals)]:
+    families = [*await _device_families(inventory), *_rollover_families(proposals), *_campaign_families(campaigns)]
+    for family in families:
         devices.register(_Fixed(family))
     return await asyncio.to_thread(lambda: generate_latest(devices) + generate_latest(scheduler_metrics.registry))
 
@@ -189,6 +194,31 @@ def _rollover_families(proposals: list[RolloverProposal]) -> list[GaugeMetricFam
     total = GaugeMetricFamily("certlm_ca_rollovers_due", "PKI entries for which certlm proposes a CA rollover")
     total.add_metric([], len(proposals))
     return [expires, devices, total]
+
+
+@dataclass(frozen=True)
+class CampaignState:
+    """What ``/metrics`` says of a campaign that is not over."""
+
+    campaign_id: int
+    kind: str
+    state: str
+    phase: str
+    overdue: bool
+
+
+def _campaign_families(campaigns: list[CampaignState]) -> list[GaugeMetricFamily]:
+    running = GaugeMetricFamily(
+        "certlm_campaign_running", "A campaign that is not over (1), by its state and phase",
+        labels=["campaign", "kind", "state", "phase"],
+    )  # fmt: skip
+    for campaign in campaigns:
+        running.add_metric([str(campaign.campaign_id), campaign.kind, campaign.state, campaign.phase], 1)
+    overdue = GaugeMetricFamily(
+        "certlm_campaigns_overdue", "Campaigns whose deadline passed before they were through (alert on it)"
+    )
+    overdue.add_metric([], sum(campaign.overdue for campaign in campaigns))
+    return [running, overdue]
 
 
 _METRIC_COLUMNS = (

@@ -123,6 +123,17 @@ def last_certificate_operation(entry_id: int, records: Any) -> LastOperation | N
     return max(found, key=lambda item: item.at.timestamp() if item.at else float("-inf"), default=None)
 
 
+def changes_left_pending(entry: InventoryEntry) -> str | None:
+    """When the entry's latest certificate operation is a failed push that left changes on the device
+    (``PushFailed.changes_pending``): when it ran; None otherwise."""
+    latest = last_certificate_operation(entry.id, entry.last_result)
+    if latest is None or latest.success:
+        return None
+    record = (entry.last_result or {}).get(latest.operation) or {}
+    result = record.get("result") if isinstance(record.get("result"), dict) else {}
+    return str(result.get("at")) if result.get("changes_pending") else None
+
+
 class LastOperations(BaseModel):
     """A page of the listing."""
 

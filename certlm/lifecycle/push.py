@@ -91,6 +91,14 @@ PUSH = "push"
 ONBOARDING = "onboarding"
 
 
+# What a failed push says when the device kept its changes (``PushFailed.changes_pending``).
+CHANGES_PENDING = (
+    "the device could not discard this push's changes (it has no CancelChanges): its next ApplyChanges would take "
+    "them in, a new key without its certificate among them; certlm writes no trust list to it until a push goes "
+    "through, which replaces them"
+)
+
+
 class PushError(APIError):
     """A push that did not complete; the body carries the steps it got through."""
 
@@ -260,7 +268,11 @@ async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder
         }
         if contact_note:
             result["first_contact"] = contact_note
-        if warnings := warnings_of(failure.steps):
+        warnings = warnings_of(failure.steps)
+        if failure.changes_pending:
+            result["changes_pending"] = True
+            warnings.append(CHANGES_PENDING)
+        if warnings:
             result["warnings"] = warnings
         raise PushError(failure.message, status, details={"result": result}) from failure
     if first_contact:

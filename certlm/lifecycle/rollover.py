@@ -2,7 +2,9 @@
 of its PKI entry stop trusting each other at that moment. ``Settings.ca_rollover_warning_days`` before the first CA
 certificate of an entry's chain expires, certlm proposes a rollover campaign (``certlm.lifecycle.campaigns``) for the
 entry's devices: in ``GET /systeminfo`` (``ca_rollover_proposals``), ``GET /metrics`` and the dashboard, and the
-renewal scheduler logs it, so that nobody learns of it from an outage. A proposal ends with a campaign that moves the
+renewal scheduler logs it, so that nobody learns of it from an outage. A proposal says what to POST: a rollover to
+the successor the entry's backend makes or reports (``PkiBackend.successor_issuer``), or, for a backend that does
+neither, to a PKI entry the operator makes. A proposal ends with a campaign that moves the
 entry's devices elsewhere (running, paused or finished).
 
 Only the CA certificates certlm holds are looked at (``PkiBackend.published_ca_certificates``): watching never sends
@@ -11,9 +13,11 @@ a request to a PKI.
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from certlm.foundation.errors import APIError
 from certlm.inventory.entries import DEVICE_STATUS_ACTIVE
@@ -26,7 +30,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RolloverProposal:
-    """A PKI entry whose CA chain expires within the warning days while devices still depend on it."""
+    """A PKI entry whose CA chain expires within the warning days while devices still depend on it; ``campaign`` is
+    what to POST to ``/campaigns`` for it. Without ``to_pki_id`` there, the entry's backend makes the successor (the
+    internal CA) or reports the one its PKI announced (EST, CMP); ``successor_made`` is False for a backend that does
+    neither, whose successor the operator makes as a PKI entry and names as ``to_pki_id``."""
 
     pki_id: int
     name: str
@@ -34,13 +41,21 @@ class RolloverProposal:
     expires: datetime
     days_left: int
     devices: int
+    campaign: dict[str, Any] = field(default_factory=dict)
+    successor_made: bool = True
 
     def sentence(self) -> str:
+        if self.successor_made:
+            post = f"start a campaign to its successor: POST /campaigns {json.dumps(self.campaign)}"
+        else:
+            post = (
+                "make a PKI entry for its successor (its PKI type cannot make one) and start a campaign: POST "
+                f'/campaigns {json.dumps(self.campaign)[:-1]}, "to_pki_id": <that entry\'s id>}}'
+            )
         return (
             f"the CA certificate {self.ca_subject} of PKI entry {self.pki_id} ({self.name}) expires in "
             f"{self.days_left} day(s), on {self.expires.date().isoformat()}; {self.devices} device(s) depend on it: "
-            f"make its successor and start a campaign (POST /campaigns with kind ca-rollover, from_pki_id "
-            f"{self.pki_id})"
+            f"{post}"
         )
 
 
@@ -48,10 +63,12 @@ async def rollover_proposals(runtime: Runtime, now: datetime) -> list[RolloverPr
     """The PKI entries whose CA chain expires within ``ca_rollover_warning_days`` of ``now``, that active devices are
     enrolled from, and that no campaign moves away from yet."""
     warning_days = runtime.settings.ca_rollover_warning_days
-    moving_away = set(
-        await Campaign.filter(kind__in=(CA_ROLLOVER, PKI_MIGRATION), state__in=(RUNNING, PAUSED, FINISHED))
-        .values_list("from_pki_id", flat=True)
-    )  # fmt: skip
+    # A rollover within one entry (to the new CA its EST or CMP server announced) leaves the entry with a new CA of its
+    # own: once finished, that one is watched again.
+    campaigns = await Campaign.filter(
+        kind__in=(CA_ROLLOVER, PKI_MIGRATION), state__in=(RUNNING, PAUSED, FINISHED)
+    ).values_list("from_pki_id", "to_pki_id", "state")
+    moving_away = {from_id for from_id, to_id, state in campaigns if state != FINISHED or to_id != from_id}
     proposals = []
     for pki in await PkiEntry.all().order_by("id"):
         if pki.id in moving_away or not runtime.pki_backends.known(pki.pki_type):
@@ -70,7 +87,13 @@ async def rollover_proposals(runtime: Runtime, now: datetime) -> list[RolloverPr
         if devices:
             name = pki.name or f"PKI entry {pki.id}"
             expires, subject = first.not_valid_after_utc, first.subject.rfc4514_string()
-            proposals.append(RolloverProposal(pki.id, name, subject, expires, max(days_left, 0), devices))
+            proposals.append(
+                RolloverProposal(
+                    pki.id, name, subject, expires, max(days_left, 0), devices,
+                    campaign={"kind": CA_ROLLOVER, "from_pki_id": pki.id},
+                    successor_made=runtime.pki_backends.get(pki.pki_type).offers("successor_issuer"),
+                )
+            )  # fmt: skip
     return proposals
 
 

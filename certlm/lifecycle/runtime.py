@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from certlm.contracts.registry import DeviceDriverRegistry, PkiBackendRegistry
-    from certlm.contracts.services import HostServices
+    from certlm.contracts.services import ClientCertificateHolder, HostServices
     from certlm.foundation.config import Settings
     from certlm.foundation.secretbox import SecretBox
     from certlm.inventory.entries import Inventory
@@ -28,3 +28,5 @@ class Runtime:
     licenses: LicenseService
     crl_cache: CrlCache
     inventory: Inventory
+    client_certificates: tuple[ClientCertificateHolder, ...] = ()
+    """certlm's own client certificates the plugins present to devices (``certlm_provide_client_certificates``)."""

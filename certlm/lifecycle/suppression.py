@@ -56,6 +56,8 @@ class MaintenanceCalendar:
     @classmethod
     async def load(cls) -> MaintenanceCalendar:
         windows = await MaintenanceWindow.filter(status="active").order_by("id")
+        if not windows:  # no window, no rules to ask for: a campaign asks before every device step
+            return cls([])
         rules: dict[int, list[MaintenanceRule]] = {}
         for rule in await MaintenanceRule.filter(window_id__in=[w.id for w in windows]).order_by("id"):
             rules.setdefault(rule.window_id, []).append(rule)  # type: ignore[attr-defined]

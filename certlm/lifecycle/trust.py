@@ -4,8 +4,10 @@ the old issuer any more (remove the old issuer's).
 
 The change is read-modify-write under the device's lease: the device's list is read, the change applied to it (what
 the device holds beside the change stays, so whatever lets certlm in stays too), written only when it differs, and
-read back; the write counts as done only when the list read back holds the change. A driver that cannot read the
-list back is reported as such (``verified`` False), never taken on trust.
+read back, in as few sessions as the driver manages (``DeviceDriver.change_trust_list``; over OPC UA one where the
+device takes the list into use at once, and a second one to read back after a device's ApplyChanges dropped the
+first). The write counts as done only when the list read back holds the change. A driver that cannot read the list
+back is reported as such (``verified`` False), never taken on trust.
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ from datetime import UTC, datetime
 
 from certlm.contracts.drivers import TrustList
 from certlm.foundation.certs import api_timestamp
-from certlm.foundation.errors import DeviceFailure
+from certlm.foundation.errors import APIError, DeviceFailure
 from certlm.lifecycle.issuers import TrustChange
 from certlm.lifecycle.monitoring import reading
-from certlm.lifecycle.operations import record_operation, trust_list_record
+from certlm.lifecycle.operations import changes_left_pending, record_operation, trust_list_record
 from certlm.lifecycle.runtime import Runtime
 from certlm.storage.models import InventoryEntry
+
+
+class ChangesPending(APIError):
+    """409: the device holds a failed push's changes, which the trust list's ApplyChanges would take in."""
+
+    status = 409
 
 
 @dataclass(frozen=True)
@@ -42,13 +50,28 @@ async def change_trust_list(
     Raises what the driver raises (``DeviceFailure`` 502, ``UnsupportedOperation`` 501 when it cannot read or
     write trust lists, ``DeviceIdentityChanged``), and ``DeviceFailure`` when the list read back lacks the change."""
     async with reading(runtime.settings, entry):
+        if pending_since := changes_left_pending(entry):
+            raise ChangesPending(
+                f"{runtime.inventory.entry_url(entry)}: the push of {pending_since} failed and the device kept its "
+                "changes (it has no CancelChanges): writing the trust list would take them in with its ApplyChanges, "
+                "a new key without its certificate among them; renew the device first (POST /gds/push/change), "
+                "which replaces them"
+            )
         driver = runtime.drivers.get(entry.service)
         target = await runtime.inventory.device_target(entry)
-        current = await driver.read_trust_list(target, TrustList.ALL)
-        if change.held_by(current):
-            outcome = TrustListChanged(written=False, verified=True, trust_list=current)
+        wanted: list[TrustList] = []
+
+        def compose(current: TrustList) -> TrustList | None:
+            if change.held_by(current):
+                return None
+            wanted.append(change.applied_to(current))
+            return wanted[-1]
+
+        # Read, composed and written in as few sessions as the driver manages (``DeviceDriver.change_trust_list``).
+        after = await driver.change_trust_list(target, compose)
+        if not wanted:
+            outcome = TrustListChanged(written=False, verified=True, trust_list=after)
         else:
-            after = await driver.write_trust_list(target, change.applied_to(current))
             if after is not None and not change.held_by(after):
                 await _record(entry, trigger, after, success=False)
                 raise DeviceFailure(

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-from certlm import APIError, PkiEntry, SecretBox, serial_hex
+from certlm import SERVER_PROFILE, APIError, PkiEntry, SecretBox, serial_hex
 from tests.crypto_factory import (
     DEVICE_DNS,
     DEVICE_IPS,
@@ -395,3 +395,48 @@ async def test_concurrent_first_signatures_share_one_ca(make_service) -> None:
     for certificate in certificates:
         assert_issued_by(certificate, ca)
     assert len({certificate.serial_number for certificate in certificates}) == 6
+
+
+async def test_a_successor_is_a_new_entry_with_a_new_root_of_the_same_kind_each_time(local_app) -> None:
+    client, headers, backend = local_app
+    response = await client.post("/pki/inventory", headers=headers, json={
+        "pki_type": 1, "pki_connection": "localhost:0", "name": "Plant CA", "require_requested_names": True,
+    })  # fmt: skip
+    assert response.status_code == 200, await response.get_data(as_text=True)
+    entry = await PkiEntry.get(id=(await response.get_json())["pki_id"])
+    (predecessor,) = await backend.ca_certificates(entry)
+
+    first, second = await backend.successor_issuer(entry), await backend.successor_issuer(entry)
+    assert entry.id not in (first.pki_id, second.pki_id) and first.pki_id != second.pki_id
+    for successor in (first, second):
+        made = await PkiEntry.get(id=successor.pki_id)
+        assert made.name == f"Successor of Plant CA (PKI entry {entry.id})"
+        assert (made.pki_type, made.pki_connection, made.require_requested_names) == (1, "localhost:0", True)
+        (root,) = successor.chain
+        assert root == (await backend.ca_certificates(made))[0], "the entry's stored root"
+        assert root.public_key().key_size == predecessor.public_key().key_size == 3072
+        assert root.public_key() != predecessor.public_key()
+        assert root.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == f"certlm Internal CA {made.id}"
+        assert root.not_valid_after_utc - root.not_valid_before_utc == timedelta(days=3650, minutes=5)
+        (crl,) = successor.crls
+        assert crl.is_signature_valid(root.public_key()) and list(crl) == []
+        assert f"PKI entry {made.id} (Successor of Plant CA (PKI entry {entry.id}))" in successor.how
+        assert "RSA 3072" in successor.how
+        # It issues from the new root.
+        issued = await backend.enroll(made, device_csr(), SERVER_PROFILE)
+        assert_issued_by(issued.certificate, root)
+    assert first.chain[0].public_key() != second.chain[0].public_key()
+
+
+async def test_the_successor_of_an_ec_root_has_an_ec_key_on_the_same_curve() -> None:
+    from certlm_pki_internal import ca as internal_ca_module
+
+    root = internal_ca_module.create_root(ec_key(), 7, datetime.now(UTC))
+    key = internal_ca_module.generate_key_like(root)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == root.public_key().curve.name
+    successor = internal_ca_module.create_root(key, 8, datetime.now(UTC))
+    assert internal_ca_module.describe_key(successor) == f"EC {root.public_key().curve.name}"
+    leaf = internal_ca_module.issue(
+        device_csr(), SERVER_PROFILE, successor, key, internal_ca_module.IssuancePolicy(), datetime.now(UTC)
+    )
+    assert_issued_by(leaf, successor)

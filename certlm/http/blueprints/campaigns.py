@@ -20,6 +20,8 @@ from certlm.lifecycle.campaigns import (
     accept_exceptions,
     control,
     create_campaign,
+    deadline_outlook,
+    is_overdue,
     window_ahead,
 )
 from certlm.service.host import current_host
@@ -101,6 +103,18 @@ class CampaignOut(BaseModel):
         description="a maintenance window that opens before the current phase can be through (its devices still to go "
         "planned at one device operation's time-out each), named; null when none does. Null in GET /campaigns",
     )
+    deadline_outlook: str | None = Field(
+        default=None,
+        description="whether the deadline holds: 'overdue: ...' once it passed with steps to go, 'deadline at risk: "
+        "...' when the plan (the pace so far, and the maintenance windows on the way) ends after it; null when it "
+        "holds or there is none. Null in GET /campaigns",
+    )
+    overdue: bool = Field(description="the deadline passed and the campaign is not through")
+    successor: str | None = Field(
+        default=None,
+        description="in the answer to a ca-rollover POST without to_pki_id: how the successor CA was made or found "
+        "(also in the log); null otherwise",
+    )
     counts: dict[str, dict[str, int]] = Field(description="per phase, how many devices are in each state")
     created_at: Timestamp
     updated_at: Timestamp
@@ -117,12 +131,15 @@ async def _view(campaign: Campaign, with_devices: bool) -> CampaignOut:
     runtime = current_host().runtime
     devices = [_device_view(runtime.inventory, row) for row in rows] if with_devices else None
     # The plan walks the maintenance calendar: for one campaign at a time, not for every one of a listing.
-    ahead = await window_ahead(runtime.settings, campaign, datetime.now(UTC)) if with_devices else None
+    now = datetime.now(UTC)
+    ahead = await window_ahead(runtime.settings, campaign, now) if with_devices else None
+    outlook = await deadline_outlook(runtime.settings, campaign, now) if with_devices else None
     return CampaignOut(
         id=campaign.id, kind=campaign.kind, state=campaign.state, phase=campaign.phase,
         from_pki_id=campaign.from_pki_id, to_pki_id=campaign.to_pki_id, scope=campaign.scope,
         deadline=campaign.deadline, concurrency=campaign.concurrency, respect_windows=campaign.respect_windows,
-        exceptions=campaign.exceptions or [], blocked=campaign.blocked, window_ahead=ahead, counts=counts,
+        exceptions=campaign.exceptions or [], blocked=campaign.blocked, window_ahead=ahead,
+        deadline_outlook=outlook, overdue=is_overdue(campaign, now), counts=counts,
         created_at=campaign.created_at, updated_at=campaign.updated_at, devices=devices,
     )  # fmt: skip
 
@@ -157,7 +174,9 @@ async def create(data: CampaignCreate) -> tuple[CampaignOut, int]:
     host = current_host()
     campaign = await create_campaign(host.runtime, plan)
     host.campaigns.wake()
-    return await _view(campaign, with_devices=True), 201
+    view = await _view(campaign, with_devices=True)
+    view.successor = getattr(campaign, "successor_how", None)
+    return view, 201
 
 
 @blueprint.get("/campaigns")

@@ -10,9 +10,9 @@ the small ``read_*``/``after_apply_changes``/``csr_subject`` methods. The simula
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from asyncua import ua
@@ -46,7 +46,7 @@ from certlm_gds_push.connection import (
     server_endpoints,
     usable_endpoints,
 )
-from certlm_gds_push.push_flow import VERIFY_RETRY_S, known_device_check, run_push
+from certlm_gds_push.push_flow import known_device_check, once_back, run_push
 from certlm_gds_push.server_configuration import (
     RSA_SHA256_APPLICATION_CERTIFICATE_TYPE,
     ServerConfiguration,
@@ -207,36 +207,82 @@ class GdsPushDriver(DeviceDriver):
         Refused with ``DeviceError`` before anything is sent: a list that would lock certlm out
         (``refuse_lockout``) or holds what is not DER; after the device described itself, one over its limit
         (``trust_list_limit``)."""
-        refuse_lockout(trust_list, await self.client_identity())
+        client = await self.client_identity()
+        refuse_lockout(trust_list, client)
         refuse_malformed(trust_list)
         async with self._reading(target, "writing the trust list", SessionSecurity.ENCRYPTED) as session:
-            check_trust_list(trust_list, self.trust_list_limit(await self.read_description(session)), TrustList.ALL)
             configuration = await ServerConfiguration.locate(session)
             trust_file = await TrustListFile.locate(session, configuration.group_id)
-            applied_changes = await _take_into_use(configuration, trust_file, trust_list)
-            if applied_changes:
-                await self.after_apply_changes(session)
+            applied_changes = await self._write_in(session, configuration, trust_file, trust_list)
         if applied_changes:
             await asyncio.sleep(self.apply_settle_s)
-        return await self._read_back(target)
+        return await self._read_back(target, trust_file)
 
-    async def _read_back(self, target: DeviceTarget) -> TrustList | None:
+    async def change_trust_list(
+        self, target: DeviceTarget, compose: Callable[[TrustList], TrustList | None]
+    ) -> TrustList | None:
+        """Read, compose and write DefaultApplicationGroup's trust list in one SignAndEncrypt session, refused as
+        ``write_trust_list`` refuses before anything is written. A device that takes the list into use at
+        CloseAndUpdate is read back in the same session; one that needs ApplyChanges drops every channel a moment
+        later, so it is read back in new sessions once it listens again (``_read_back``)."""
+        client = await self.client_identity()
+        async with self._reading(target, "changing the trust list", SessionSecurity.ENCRYPTED) as session:
+            configuration = await ServerConfiguration.locate(session)
+            trust_file = await TrustListFile.locate(session, configuration.group_id)
+            current = await trust_file.read_lists(TrustList.ALL)
+            trust_list = compose(current)
+            if trust_list is None:
+                return current
+            refuse_lockout(trust_list, client)
+            refuse_malformed(trust_list)
+            if not await self._write_in(session, configuration, trust_file, trust_list):
+                return await trust_file.read_if_allowed(TrustList.ALL)
+        await asyncio.sleep(self.apply_settle_s)
+        return await self._read_back(target, trust_file)
+
+    async def _write_in(
+        self,
+        session: DeviceSession,
+        configuration: ServerConfiguration,
+        trust_file: TrustListFile,
+        trust_list: TrustList,
+    ) -> bool:
+        """Write ``trust_list`` in ``session`` once it fits the device's limit, and take it into use; whether that
+        took ApplyChanges (after which the device drops every channel)."""
+        check_trust_list(trust_list, await self._trust_list_limit_in(session, configuration), TrustList.ALL)
+        applied_changes = await _take_into_use(configuration, trust_file, trust_list)
+        if applied_changes:
+            await self.after_apply_changes(session)
+        return applied_changes
+
+    async def _trust_list_limit_in(self, session: DeviceSession, configuration: ServerConfiguration) -> int:
+        """``trust_list_limit`` for the device of ``session``. Unless a driver overrides ``trust_list_limit`` (which
+        may look at any part of the description), only MaxTrustListSize is read, not the whole description."""
+        if type(self).trust_list_limit is not GdsPushDriver.trust_list_limit:
+            return self.trust_list_limit(await self.read_description(session))
+        if self.max_trust_list_size is not None:
+            return self.max_trust_list_size
+        (max_size,) = await session.read_values([configuration.nodes["MaxTrustListSize"]])
+        return int(max_size or 0)
+
+    async def _read_back(self, target: DeviceTarget, written: TrustListFile) -> TrustList | None:
         """The whole trust list after a write, None when the device does not let it be read; retried in new
         sessions within the operation time-out, since a device that applied changes drops every channel a moment
-        later."""
-        deadline = time.monotonic() + self.timeouts.operation_s
-        while True:
-            try:
-                async with self._reading(target, "reading the trust list back", SessionSecurity.SIGNED) as session:
-                    return await (await _trust_list_file(session)).read_if_allowed(TrustList.ALL)
-            except DeviceIdentityChanged:
-                raise
-            except DeviceFailure as error:
-                if time.monotonic() + VERIFY_RETRY_S > deadline:
-                    raise DeviceError(
-                        f"the device took the new trust list into use, but {error.message}", error.device_status
-                    ) from error
-            await asyncio.sleep(VERIFY_RETRY_S)
+        later. The TrustList's nodes are those the write found (``written``): the device's address space is the
+        same after it applied the list."""
+
+        async def read() -> TrustList | None:
+            async with self._reading(target, "reading the trust list back", SessionSecurity.SIGNED) as session:
+                return await replace(written, session=session).read_if_allowed(TrustList.ALL)
+
+        try:
+            return await once_back(self.timeouts, read)
+        except DeviceIdentityChanged:
+            raise
+        except DeviceFailure as error:
+            raise DeviceError(
+                f"the device took the new trust list into use, but {error.message}", error.device_status
+            ) from error
 
     async def read_device(self, target: DeviceTarget) -> DeviceReading:
         """Trust list, firmware and status in one signed session: what the monitor reads each scan."""

@@ -3,15 +3,20 @@
 Created at first start and kept in the plugin's table (key encrypted with the host's secrets), so every instance
 sharing the database presents the same certificate and a device that trusts it keeps trusting it across restarts.
 It is issued by the internal CA (``HostServices.issue_client_certificate``) when one is configured at that moment,
-else self-signed as OPC UA Part 6 allows.
+else self-signed as OPC UA Part 6 allows. A campaign that retires the CA that issued it renews it from the campaign's
+new issuer first (``GdsClientCertificate``, the plugin's ``certlm.ClientCertificateHolder``); each instance keeps the
+identity in memory and reads it again every few seconds (``REFRESH_S``), so a renewal reaches every instance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
-from collections.abc import Iterable
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -19,9 +24,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from tortoise import connections
+from tortoise.backends.base.client import BaseDBAsyncClient
 from tortoise.exceptions import IntegrityError
+from tortoise.transactions import in_transaction
 
-from certlm import HostServices
+from certlm import APIError, ClientCertificateIssuer, HostServices, PresentedClientCertificate, serial_hex
 from certlm_gds_push.models import OpcUaClientIdentity
 
 log = logging.getLogger(__name__)
@@ -30,6 +38,9 @@ log = logging.getLogger(__name__)
 CLIENT_KEY_BITS = 2048
 SELF_SIGNED_VALIDITY = timedelta(days=2 * 365)
 CLOCK_SKEW_ALLOWANCE = timedelta(minutes=5)
+# How long an instance goes on presenting the identity it read before reading it again: the most a renewal by another
+# instance waits to be presented by this one (a campaign waits that long before its retire phase).
+REFRESH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -59,10 +70,6 @@ class ClientIdentity:
         )
 
 
-_cache: dict[str, ClientIdentity] = {}
-_creation_lock = asyncio.Lock()
-
-
 def default_application_uri() -> str:
     return f"urn:{socket.gethostname()}:certlm:opcua-client"
 
@@ -71,21 +78,147 @@ async def stored_client_identity() -> OpcUaClientIdentity | None:
     return await OpcUaClientIdentity.get_or_none(id=1)
 
 
+class GdsClientCertificate:
+    """certlm's OPC UA client certificate as the host sees it (``certlm.ClientCertificateHolder``), and as this
+    instance presents it: kept in memory and read again from the database at most ``REFRESH_S`` after the last read
+    (sooner after ``forget``), so that a device session costs no query while a renewal by another instance reaches
+    this one within seconds."""
+
+    description = "OPC UA client certificate (gds_push)"
+
+    def __init__(self, services: HostServices) -> None:
+        self.services = services
+        self._identity: ClientIdentity | None = None
+        self._stored_der: bytes | None = None
+        self._read_at = -math.inf
+        self._creation_lock = asyncio.Lock()
+        self._renewal_lock = asyncio.Lock()
+
+    def forget(self) -> None:
+        """Read the identity from the database at the next use: a device refused the one in memory, which another
+        instance may have renewed meanwhile."""
+        self._read_at = -math.inf
+
+    async def identity(self) -> ClientIdentity:
+        """The identity to present, created when there is none (first start, or after the database was wiped)."""
+        if self._identity is not None and time.monotonic() - self._read_at < REFRESH_S:
+            return self._identity
+        read_at = time.monotonic()
+        stored = await stored_client_identity()
+        if stored is None:
+            async with self._creation_lock:
+                stored = await stored_client_identity()
+                if stored is None:
+                    uri = self.services.settings.extra.get("gds_client_application_uri") or default_application_uri()
+                    stored = await _create(uri, self.services)
+        return self._take(stored, read_at)
+
+    def _take(self, stored: OpcUaClientIdentity, read_at: float) -> ClientIdentity:
+        # Decrypting and parsing once per stored certificate, not once per read.
+        if self._identity is None or stored.certificate_der != self._stored_der:
+            self._identity, self._stored_der = _load(stored, self.services), stored.certificate_der
+        self._read_at = read_at
+        return self._identity
+
+    async def presented(self) -> PresentedClientCertificate | None:
+        stored = await stored_client_identity()
+        if stored is None:
+            return None
+        identity = self._take(stored, time.monotonic())
+        return PresentedClientCertificate(identity.certificate, identity.chain, _everywhere_from(stored))
+
+    async def renew(self, issue: ClientCertificateIssuer, replacing: x509.Certificate) -> PresentedClientCertificate:
+        """A new key and certificate from ``issue`` with the subject and names of ``replacing``, stored in place of it
+        once across instances: on PostgreSQL under the identity row's lock, which a second instance waits for and
+        then finds the certificate renewed; SQLite has one instance, whose renewals queue on ``_renewal_lock``."""
+        async with self._renewal_lock, _row_locked() as (connection, lock_row):
+            query = OpcUaClientIdentity.filter(id=1).using_db(connection)
+            stored = await (query.select_for_update() if lock_row else query).first()
+            if stored is None:
+                raise APIError(
+                    "certlm's OPC UA client certificate has not been made yet: there is nothing to renew", 409
+                )
+            if stored.certificate_der != replacing.public_bytes(serialization.Encoding.DER):
+                log.info("certlm's OPC UA client certificate was renewed already (by another instance): %s",
+                         stored_name(stored))  # fmt: skip
+            else:
+                stored = await _renewed(stored, issue, replacing, self.services)
+                await query.update(
+                    certificate_der=stored.certificate_der, chain_der=stored.chain_der,
+                    private_key_enc=stored.private_key_enc, created_at=stored.created_at,
+                )  # fmt: skip
+        identity = self._take(stored, time.monotonic())
+        return PresentedClientCertificate(identity.certificate, identity.chain, _everywhere_from(stored))
+
+
+_holders: dict[int, GdsClientCertificate] = {}
+
+
+def client_certificate(services: HostServices) -> GdsClientCertificate:
+    """The one holder of certlm's OPC UA client identity for the host that lent ``services`` (an app in a test's
+    process is one host among several)."""
+    holder = _holders.get(id(services))
+    if holder is None or holder.services is not services:
+        holder = _holders[id(services)] = GdsClientCertificate(services)
+    return holder
+
+
 async def client_identity(services: HostServices) -> ClientIdentity:
     """certlm's client identity, created when there is none (first start, or after the database was wiped)."""
-    stored = await stored_client_identity()
-    if stored is None:
-        async with _creation_lock:
-            stored = await stored_client_identity()
-            if stored is None:
-                uri = services.settings.extra.get("gds_client_application_uri") or default_application_uri()
-                stored = await _create(uri, services)
-    # Decrypting and parsing once per stored certificate, not once per device operation.
-    cache_key = stored.certificate_der.hex()
-    if cache_key not in _cache:
-        _cache.clear()
-        _cache[cache_key] = _load(stored, services)
-    return _cache[cache_key]
+    return await client_certificate(services).identity()
+
+
+def forget_client_identity(services: HostServices) -> None:
+    """Read certlm's client identity again at its next use (``GdsClientCertificate.forget``): for a driver whose
+    device refused certlm's certificate."""
+    client_certificate(services).forget()
+
+
+def stored_name(stored: OpcUaClientIdentity) -> str:
+    certificate = x509.load_der_x509_certificate(stored.certificate_der)
+    return f"{certificate.subject.rfc4514_string()}, issued by {certificate.issuer.rfc4514_string()}"
+
+
+def _everywhere_from(stored: OpcUaClientIdentity) -> datetime:
+    return stored.created_at + timedelta(seconds=REFRESH_S)
+
+
+@asynccontextmanager
+async def _row_locked() -> AsyncIterator[tuple[BaseDBAsyncClient, bool]]:
+    """A connection on which the identity row can be locked until the block ends (PostgreSQL: a transaction, and
+    True), or the default connection of SQLite (and False): its transaction would hold the one connection the CA
+    that signs the renewal needs too."""
+    default = connections.get("default")
+    if default.capabilities.dialect == "sqlite":
+        yield default, False
+        return
+    async with in_transaction("default") as transaction:
+        yield transaction, True
+
+
+async def _renewed(
+    stored: OpcUaClientIdentity, issue: ClientCertificateIssuer, replacing: x509.Certificate, services: HostServices
+) -> OpcUaClientIdentity:
+    """``stored`` with a new key and a certificate ``issue`` signed for it, with the subject and names of
+    ``replacing`` (not saved)."""
+    key = await asyncio.to_thread(rsa.generate_private_key, public_exponent=65537, key_size=CLIENT_KEY_BITS)
+    try:
+        san = replacing.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(stored.application_uri)])
+    enrollment = await issue(_csr(key, replacing.subject, san))
+    if enrollment is None:
+        raise APIError("no CA could sign certlm's new OPC UA client certificate", 409)
+    if enrollment.certificate.public_key() != key.public_key():
+        raise APIError("the CA answered a client certificate for another key than certlm's new one", 502)
+    log.warning("certlm's OPC UA client certificate renewed: %s (serial %s) replaces %s (serial %s)",
+                enrollment.certificate.issuer.rfc4514_string(), serial_hex(enrollment.certificate),
+                replacing.issuer.rfc4514_string(), serial_hex(replacing))  # fmt: skip
+    stored.certificate_der = enrollment.certificate.public_bytes(serialization.Encoding.DER)
+    stored.chain_der = [c.public_bytes(serialization.Encoding.DER).hex() for c in enrollment.chain]
+    stored.private_key_enc = services.secrets.encrypt(_key_der(key))
+    stored.created_at = datetime.now(UTC)
+    return stored
 
 
 def _load(stored: OpcUaClientIdentity, services: HostServices) -> ClientIdentity:
@@ -99,6 +232,23 @@ def _load(stored: OpcUaClientIdentity, services: HostServices) -> ClientIdentity
     )
 
 
+def _key_der(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _csr(
+    key: rsa.RSAPrivateKey, subject: x509.Name, san: x509.SubjectAlternativeName
+) -> x509.CertificateSigningRequest:
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(subject)
+        .add_extension(san, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
 async def _create(application_uri: str, services: HostServices) -> OpcUaClientIdentity:
     key = await asyncio.to_thread(rsa.generate_private_key, public_exponent=65537, key_size=CLIENT_KEY_BITS)
     hostname = socket.gethostname()
@@ -109,13 +259,7 @@ async def _create(application_uri: str, services: HostServices) -> OpcUaClientId
         ]
     )
     san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(application_uri), x509.DNSName(hostname)])
-    csr = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(subject)
-        .add_extension(san, critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    enrollment = await services.issue_client_certificate(csr)
+    enrollment = await services.issue_client_certificate(_csr(key, subject, san))
     if enrollment is not None:
         certificate, chain = enrollment.certificate, enrollment.chain
         log.info(
@@ -130,11 +274,7 @@ async def _create(application_uri: str, services: HostServices) -> OpcUaClientId
         application_uri=application_uri,
         certificate_der=certificate.public_bytes(serialization.Encoding.DER),
         chain_der=[c.public_bytes(serialization.Encoding.DER).hex() for c in chain],
-        private_key_enc=services.secrets.encrypt(
-            key.private_bytes(
-                serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        ),
+        private_key_enc=services.secrets.encrypt(_key_der(key)),
     )
     try:
         await stored.save(force_create=True)

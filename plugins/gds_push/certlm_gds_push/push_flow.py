@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import replace
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
 from asyncua import ua
 from cryptography import x509
@@ -43,6 +43,7 @@ from certlm import (
     PushRequest,
     StepLog,
     StepNote,
+    StepOutcome,
     TrustList,
     UnsupportedOperation,
     host_general_name,
@@ -52,11 +53,14 @@ from certlm import (
 from certlm_gds_push.connection import (
     DeviceError,
     DeviceSession,
+    Endpoint,
     ServerCheck,
     SessionSecurity,
     certificate_name,
     explain,
+    server_endpoints,
     status_name,
+    usable_endpoints,
 )
 from certlm_gds_push.identity import ClientIdentity
 from certlm_gds_push.server_configuration import ServerConfiguration
@@ -67,7 +71,45 @@ log = logging.getLogger(__name__)
 # Answers to CreateSigningRequest meaning "this device cannot make a CSR": certlm makes the key pair instead.
 NO_CSR_STATUSES = frozenset({"BadNotSupported", "BadNotImplemented", "BadMethodInvalid"})
 GENERATED_KEY_BITS = 2048
-VERIFY_RETRY_S = 0.5
+# Reconnecting to a device that reopens its endpoints after ApplyChanges: soon at first, since it is usually back
+# within tens of milliseconds of its settle time, then less often, so that a device that stays away costs little.
+VERIFY_RETRY_FIRST_S, VERIFY_RETRY_MAX_S = 0.05, 0.5
+# The first attempt to reach it again gets this long, each next one twice as long up to a connect and an operation
+# time-out: a connection the device accepted just as it closed its endpoints is never answered, and must not hold
+# the step up for a whole connect time-out.
+RECONNECT_ATTEMPT_FIRST_S = 1.0
+_T = TypeVar("_T")
+
+
+def verify_retry_delays() -> Iterator[float]:
+    """The pauses between attempts to reach a device that applied changes: doubling from the first to the most."""
+    delay = VERIFY_RETRY_FIRST_S
+    while True:
+        yield delay
+        delay = min(2 * delay, VERIFY_RETRY_MAX_S)
+
+
+async def once_back(timeouts: DeviceTimeouts, attempt: Callable[[], Awaitable[_T]]) -> _T:
+    """``attempt()`` again until it succeeds, for a device that reopens its endpoints after ApplyChanges, within the
+    operation time-out: each attempt bounded (``RECONNECT_ATTEMPT_FIRST_S``, doubling up to both time-outs' sum),
+    paused between as ``verify_retry_delays`` says. ``DeviceIdentityChanged`` ends it at once; else the last failure
+    (an attempt that ran out of time as ``DeviceError`` BadTimeout) once the time is spent."""
+    deadline = time.monotonic() + timeouts.operation_s
+    delays = verify_retry_delays()
+    bound = min(RECONNECT_ATTEMPT_FIRST_S, timeouts.connect_s)
+    while True:
+        try:
+            return await asyncio.wait_for(attempt(), bound)
+        except DeviceIdentityChanged:
+            raise
+        except Exception as error:
+            delay = next(delays)
+            if time.monotonic() + delay > deadline:
+                if isinstance(error, TimeoutError):
+                    raise DeviceError(f"BadTimeout (no answer within {bound:g} s)", "BadTimeout") from error
+                raise
+        bound = min(2 * bound, timeouts.connect_s + timeouts.operation_s)
+        await asyncio.sleep(delay)
 
 
 @runtime_checkable
@@ -154,20 +196,29 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
                 run, driver, session, configuration, certificate_type, description, target, request, pki
             )
             trust_list = await trust_list_for_chain(run, driver, description, request, pki, identity, enrollment)
-            trust_list = await install(
+            trust_list, trust_list_written = await install(
                 run, driver, session, configuration, certificate_type, trust_list, enrollment, private_key, key_format
             )
-        except PushFailed:
-            if not run.changed_device:
-                await configuration.cancel_changes()
+        except PushFailed as failure:
+            if not run.changed_device and not await configuration.cancel_changes():
+                failure.changes_pending = asked_for_changes(failure.steps)
             raise
 
     async with run.step("verify") as note:
         await asyncio.sleep(driver.apply_settle_s)
-        async with session_presenting(driver, target, enrollment.certificate) as session:
-            endpoint = session.endpoint
-            trust_list_read_back = await confirm_trust_list(session, configuration.group_id, trust_list)
-        note.message = f"the device presents the issued certificate on {endpoint.name}; {trust_list_read_back}"
+        if trust_list_written:
+            async with session_presenting(driver, target, enrollment.certificate) as session:
+                endpoint = session.endpoint
+                trust_list_read_back = await confirm_trust_list(session, configuration.group_id, trust_list)
+            note.message = f"the device presents the issued certificate on {endpoint.name}; {trust_list_read_back}"
+        else:
+            # Nothing but the certificate changed: its endpoints announcing it is the proof, without another secure
+            # session (the next one, pinned to it, must meet it anyway).
+            endpoint = await endpoint_presenting(driver, target, enrollment.certificate)
+            note.message = (
+                f"the device announces the issued certificate on {endpoint.name} (GetEndpoints); its trust list was "
+                "held already and not written"
+            )
     return run.outcome(
         enrollment,
         trust_list,
@@ -175,6 +226,16 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
         security_policy=endpoint.policy_bit,
         security_mode=endpoint.mode_bit,
     )
+
+
+# The steps after which a device holds changes until ApplyChanges or CancelChanges: a new key of CreateSigningRequest
+# (regeneratePrivateKey), the trust list of CloseAndUpdate, the certificate of UpdateCertificate. The step that failed
+# counts too: the device may have done its part before the answer was lost.
+CHANGING_STEPS = frozenset({"create_signing_request", "write_trust_list", "update_certificate"})
+
+
+def asked_for_changes(steps: list[StepOutcome]) -> bool:
+    return any(step.step in CHANGING_STEPS for step in steps)
 
 
 async def identified(
@@ -336,26 +397,33 @@ async def install(
     enrollment: Enrollment,
     private_key: rsa.RSAPrivateKey | None,
     key_format: str,
-) -> TrustList:
-    """Write the trust list, then the certificate, then ApplyChanges when either asked for it; the trust list as
-    written."""
+) -> tuple[TrustList, bool]:
+    """Write the trust list unless the device holds it already, then the certificate, then ApplyChanges when either
+    asked for it; the trust list as written (or held), and whether it was written."""
     async with run.step("write_trust_list") as note:
         trust_file = await TrustListFile.locate(session, configuration.group_id)
         lists = written_lists(trust_list)
+        held = await lists_held(trust_file, lists)
         if lists & ISSUER_LISTS:
-            trust_list = await keeping_device_issuers(trust_file, trust_list)
-        apply_required = await trust_file.write(to_data_type(trust_list, lists))
-        # A device that applies CloseAndUpdate at once is changed from here on (and still trusts certlm).
-        run.changed_device |= not apply_required
+            trust_list = keeping_device_issuers(held, trust_list)
+        written = False
         issuers = (
             f", {len(trust_list.issuer_certificates)} issuer certificates and {len(trust_list.issuer_crls)} CRLs"
             if lists & ISSUER_LISTS
             else ""
         )
-        note.message = (
-            f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} "
-            f"CRLs{issuers}, {_pending_or_applied(apply_required)}"
-        )
+        counts = f"{len(trust_list.trusted_certificates)} trusted certificates, {len(trust_list.trusted_crls)} CRLs"
+        if isinstance(held, TrustList) and _as_stored(held) == _as_stored(trust_list):
+            # A renewal, or a campaign's reissue after its trust phase: the device holds the list already, and
+            # writing it again would only make it one more thing to read back.
+            apply_required = False
+            note.message = f"{counts}{issuers}, held by the device already: not written"
+        else:
+            apply_required = await trust_file.write(to_data_type(trust_list, lists))
+            written = True
+            # A device that applies CloseAndUpdate at once is changed from here on (and still trusts certlm).
+            run.changed_device |= not apply_required
+            note.message = f"{counts}{issuers}, {_pending_or_applied(apply_required)}"
 
     async with run.step("update_certificate") as note:
         key_blob = private_key_blob(private_key, key_format, enrollment) if private_key else b""
@@ -370,7 +438,7 @@ async def install(
             await driver.after_apply_changes(session)
         else:
             note.message = "not needed: the device applied the changes at once"
-    return trust_list
+    return trust_list, written
 
 
 def written_lists(trust_list: TrustList) -> int:
@@ -380,17 +448,24 @@ def written_lists(trust_list: TrustList) -> int:
     return TRUSTED_LISTS | (ISSUER_LISTS if has_issuers else 0)
 
 
-async def keeping_device_issuers(trust_file: TrustListFile, trust_list: TrustList) -> TrustList:
-    """``trust_list`` with the issuer certificates and CRLs the device holds ahead of its own: writing the issuer
-    lists replaces them, and what the device has there is not certlm's to drop."""
+async def lists_held(trust_file: TrustListFile, lists: int) -> TrustList | ua.UaStatusCodeError:
+    """The ``lists`` the device holds, to compare with what the push would write; the device's refusal instead when
+    it does not let them be read (a push that writes only the trusted lists then writes them unread)."""
     try:
-        held = await trust_file.read_lists(ISSUER_LISTS)
+        return await trust_file.read_lists(lists)
     except ua.UaStatusCodeError as error:
+        return error
+
+
+def keeping_device_issuers(held: TrustList | ua.UaStatusCodeError, trust_list: TrustList) -> TrustList:
+    """``trust_list`` with the issuer certificates and CRLs the device holds (``held``) ahead of its own: writing the
+    issuer lists replaces them, and what the device has there is not certlm's to drop."""
+    if isinstance(held, ua.UaStatusCodeError):
         raise DeviceError(
             "certlm must read the device's issuer certificates and CRLs to add the ones it must keep trusted beside "
-            f"them, and the device refuses that: {explain(error)}",
-            status_name(error),
-        ) from error
+            f"them, and the device refuses that: {explain(held)}",
+            status_name(held),
+        ) from held
     return replace(
         trust_list,
         issuer_certificates=_unique([*held.issuer_certificates, *trust_list.issuer_certificates]),
@@ -561,17 +636,33 @@ async def session_presenting(
                 "BadCertificateInvalid",
             )
 
-    deadline = time.monotonic() + driver.timeouts.operation_s
     async with AsyncExitStack() as stack:
-        while True:
-            try:
-                session = await stack.enter_async_context(driver.session(target, SessionSecurity.ENCRYPTED, check))
-                break
-            except Exception:
-                if time.monotonic() + VERIFY_RETRY_S > deadline:
-                    raise
-            await asyncio.sleep(VERIFY_RETRY_S)
-        yield session
+        yield await once_back(
+            driver.timeouts,
+            lambda: stack.enter_async_context(driver.session(target, SessionSecurity.ENCRYPTED, check)),
+        )
+
+
+async def endpoint_presenting(driver: PushDriver, target: DeviceTarget, issued: x509.Certificate) -> Endpoint:
+    """The strongest SignAndEncrypt endpoint once the device announces ``issued`` on it: GetEndpoints again until
+    it does, within the operation time-out (a device restarts its endpoints some time after ApplyChanges)."""
+    issued_der = to_der(issued)
+
+    async def presenting() -> Endpoint:
+        endpoint = usable_endpoints(
+            await server_endpoints(target.url, driver.timeouts), target, SessionSecurity.ENCRYPTED
+        )[0]
+        presented = endpoint.certificate
+        if presented is None:
+            raise DeviceError("the device announces no certificate in its endpoints", "BadCertificateInvalid")
+        if to_der(presented) != issued_der:
+            raise DeviceError(
+                f"the device still presents {certificate_name(presented)}, not the issued certificate",
+                "BadCertificateInvalid",
+            )
+        return endpoint
+
+    return await once_back(driver.timeouts, presenting)
 
 
 async def confirm_trust_list(session: DeviceSession, group_id: ua.NodeId, written: TrustList) -> str:

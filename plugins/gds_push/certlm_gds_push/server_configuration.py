@@ -124,17 +124,24 @@ class ServerConfiguration:
     async def apply_changes(self) -> None:
         await self._call("ApplyChanges")
 
-    async def cancel_changes(self) -> None:
-        """Discard pending changes, best effort: closing the session right after discards them as well."""
+    async def cancel_changes(self) -> bool:
+        """Discard pending changes, best effort; whether the device said it discarded them (or had none). A device
+        without CancelChanges (node-opcua 2.157) may keep them across sessions and take them in at its next
+        ApplyChanges, whoever calls it."""
         url = self.session.client.server_url.geturl()
         try:
             await asyncio.wait_for(self._call("CancelChanges"), self.session.timeouts.connect_s)
         except ua.UaStatusCodeError as error:
-            # Devices without CancelChanges, and devices with nothing pending, are fine.
-            if status_name(error) not in {"BadMethodInvalid", "BadNotImplemented", "BadNotSupported", "BadNothingToDo"}:
-                log.warning("CancelChanges on %s: %s", url, status_name(error))
+            status = status_name(error)
+            if status == "BadNothingToDo":
+                return True
+            if status not in {"BadMethodInvalid", "BadNotImplemented", "BadNotSupported"}:
+                log.warning("CancelChanges on %s: %s", url, status)
+            return False
         except Exception as error:
             log.info("CancelChanges on %s: %s", url, status_name(error))
+            return False
+        return True
 
 
 def type_name(node_id: ua.NodeId) -> str:

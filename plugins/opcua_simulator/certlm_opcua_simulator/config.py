@@ -106,6 +106,11 @@ class SimulatorConfig:
     certificate_applies_at_once: bool = False
     """UpdateCertificate applies the certificate at once and answers applyChangesRequired False; the endpoints
     reopen with it ``apply_delay_s`` later (or, while the caller's transaction holds a trust list, once it ends)."""
+    keeps_abandoned_changes: bool = False
+    """True models node-opcua 2.157: no CancelChanges (BadNotImplemented), and the changes of a session that closed
+    without ApplyChanges are kept, not discarded: the next ApplyChanges, whoever calls it, takes them in, and with them
+    the key of a CreateSigningRequest no certificate came for, which leaves the device presenting a certificate its
+    key does not match (every secure channel fails)."""
     trust_list_readable: bool = True
     """False models a device that lets no client read its trust list, not even a security admin: Open for reading
     and OpenWithMasks answer BadUserAccessDenied, while writing it works as usual."""

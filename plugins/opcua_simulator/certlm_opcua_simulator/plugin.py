@@ -5,7 +5,7 @@ from __future__ import annotations
 from certlm import DeviceDriverRegistry, hookimpl
 from certlm_opcua_simulator.driver import SimulatedPlcDriver
 
-CERTLM_PLUGIN_API = "1.0"
+CERTLM_PLUGIN_API = "1.1"
 
 
 @hookimpl

@@ -361,6 +361,12 @@ class PushManagement:
         if any(file.writing for file in self._files.values()):
             raise uaerrors.BadInvalidState("the TrustList is still open for writing")
         self._transaction = None
+        if transaction.certificate is None and self._config.keeps_abandoned_changes and self._csr_key is not None:
+            # node-opcua moves the pending key in whatever else the ApplyChanges is for.
+            _logger.warning("%s: ApplyChanges takes in the key of an abandoned CreateSigningRequest", self._label)
+            self._state.private_key, self._csr_key = self._csr_key, None
+            self._store.save_certificate(self._state)
+            transaction.present_certificate = True
         if transaction.certificate is not None:
             self._install_certificate(transaction.certificate)
         if transaction.trust_list is not None:
@@ -370,6 +376,8 @@ class PushManagement:
         return []
 
     async def cancel_changes(self, caller: Caller) -> list[ua.Variant]:
+        if self._config.keeps_abandoned_changes:
+            raise uaerrors.BadNotImplemented("CancelChanges is not implemented")
         transaction = self._own_transaction(caller)
         self._end_transaction(transaction)
         # A TrustList still open for writing belonged to the transaction.
@@ -562,8 +570,14 @@ class PushManagement:
         return self._state.trust_list
 
     def _refuse_foreign_transaction(self, caller: Caller) -> None:
+        self._adopt_abandoned(caller)
         if self._transaction is not None and self._transaction.owner is not caller.user:
             raise uaerrors.BadTransactionPending()
+
+    def _adopt_abandoned(self, caller: Caller) -> None:
+        """A transaction kept after its session closed (``keeps_abandoned_changes``) is anyone's to go on with."""
+        if self._transaction is not None and self._transaction.owner is None:
+            self._transaction.owner = caller.user
 
     def _join_transaction(self, caller: Caller) -> _Transaction:
         self._refuse_foreign_transaction(caller)
@@ -572,6 +586,9 @@ class PushManagement:
         return self._transaction
 
     def _own_transaction(self, caller: Caller) -> _Transaction:
+        self._adopt_abandoned(caller)
+        if self._transaction is None and self._config.keeps_abandoned_changes and self._csr_key is not None:
+            self._transaction = _Transaction(caller.user)  # the abandoned key is a change ApplyChanges takes in
         if self._transaction is None:
             raise uaerrors.BadNothingToDo("no transaction is active")
         if self._transaction.owner is not caller.user:
@@ -585,8 +602,11 @@ class PushManagement:
             self._on_applied()
 
     def session_closed(self, user: Any) -> None:
-        """Part 12: a closed session's transaction is discarded, and so are its open files."""
-        if self._transaction is not None and self._transaction.owner is user:
+        """Part 12: a closed session's transaction is discarded, and so are its open files (a device that
+        ``keeps_abandoned_changes`` keeps the transaction, for whoever comes next)."""
+        if self._transaction is not None and self._transaction.owner is user and self._config.keeps_abandoned_changes:
+            self._transaction.owner = None
+        elif self._transaction is not None and self._transaction.owner is user:
             _logger.info("%s session of %s closed: pending changes discarded", self._label, getattr(user, "name", None))
             self._end_transaction(self._transaction)
         self._files = {handle: file for handle, file in self._files.items() if file.owner is not user}

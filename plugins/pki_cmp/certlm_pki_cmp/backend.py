@@ -19,7 +19,8 @@ answers 400 naming the missing field.
 
 Every certificate transaction asks for implicit confirmation and sends ``certConf`` unless the response grants it,
 polls while the CA answers ``waiting``, and refuses (certConf with rejection) a certificate whose public key is not
-the requested one. ``rr`` revokes; ``genm`` asks for id-it-caCerts.
+the requested one. ``rr`` revokes; ``genm`` asks for id-it-caCerts, and for a root CA key update (id-it-rootCaCert,
+RFC 9483 §4.3.2) when a ``ca-rollover`` campaign asks for the successor of the root certlm holds (``rollover``).
 
 Which request an enrollment sends: the first of these the configuration allows and the server takes.
 
@@ -56,7 +57,8 @@ certlm suggests checking username and password only when the server's failInfo p
 CA certificates (the cache ``PkiEntry.ca_certificates``, issuing CA first) come from each enrollment's answer
 (``caPubs``, ``extraCerts``) and from ``genm``, keeping only CA certificates whose signatures chain the issued
 certificate. A failing ``genm`` (a CMP error message or an HTTP error) is not fatal: the chain comes with every
-enrollment. See ``CmpPki._chain`` for when the cache is refreshed.
+enrollment. See ``CmpPki._chain`` for when the cache is refreshed; a certificate from a new root that comes without
+its chain makes that root the entry's only when the CA's root CA key update, verified, announces it.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ from certlm import (
     NotFound,
     PkiBackend,
     PkiEntry,
+    SuccessorIssuer,
     UpstreamUnavailable,
     is_self_signed,
     issued_by,
@@ -90,7 +93,7 @@ from certlm import (
     serial_hex,
     spki_der,
 )
-from certlm_pki_cmp import messages, protection
+from certlm_pki_cmp import messages, protection, rollover
 from certlm_pki_cmp.capabilities import LearnedCapabilities, TypeRefused, type_refusal
 from certlm_pki_cmp.transaction import (
     Credentials,
@@ -360,7 +363,9 @@ class CmpPki(PkiBackend):
                 f"PKI entry {entry.id} allows keys certlm makes (allow_certlm_generated_keys), for a device that takes "
                 f"a pushed key: certlm makes one and enrolls it with {pushed_kind} and a signature POPO"
             ) + (
-                "" if credentials.signs else "; for one that does not, configure an RA certificate "
+                ""
+                if credentials.signs
+                else "; for one that does not, configure an RA certificate "
                 "(est_client_pkcs12_base64) so that certlm sends cr with raVerified"
             )
         else:
@@ -484,9 +489,27 @@ class CmpPki(PkiBackend):
         if not chain and not is_self_signed(certificate) and learned.refusal("genm") is None:
             fetched = await self._genm(entry, credentials, negotiation, learned)
             chain = _verified_chain(certificate, [*candidates, *fetched, *cached])
+        if not chain and cached and not is_self_signed(certificate) and learned.refusal("genm") is None:
+            chain = await self._announced_issuer(entry, credentials, negotiation, certificate)
         if chain and chain != pki_client.stored_ca_certificates(entry):
             await pki_client.store_ca_certificates(entry, chain)
         return chain
+
+    async def _announced_issuer(
+        self, entry: PkiEntry, credentials: Credentials, negotiation: MacNegotiation, certificate: x509.Certificate
+    ) -> list[x509.Certificate]:
+        """The announced new root as the chain of ``certificate`` when it issued it: a CA that issues from its new
+        root and sends no chain. The new root is taken only as ``successor_issuer`` verifies it (newWithOld under
+        the held root's key), so that the entry's chain, and with it every device's trust list, follows the CA
+        after a rollover; an enrollment's answer alone does not make a new root. Empty when nothing verifies."""
+        try:
+            new_root = await self._announced_root(entry, credentials, negotiation)
+        except APIError as error:
+            log.info(
+                "PKI entry %s: no verified new root CA for %s: %s", entry.id, serial_hex(certificate), error.message
+            )
+            return []
+        return [new_root] if issued_by(certificate, new_root) else []
 
     async def _poll(
         self, transaction: Transaction, response: rfc9480.PKIMessage, sent: str, expected: str
@@ -632,6 +655,72 @@ class CmpPki(PkiBackend):
         return self._read(
             credentials, lambda message: messages.general_certificates(message, rfc9480.id_it_caCerts), response
         )
+
+    async def successor_issuer(self, entry: PkiEntry) -> SuccessorIssuer:
+        """The new root CA key the CMP server announces for the root certlm holds (RFC 9483 §4.3.2: genm with
+        id-it-rootCaCert, answered with id-it-rootCaKeyUpdate), verified (``rollover``), with its CRL where its
+        distribution points deliver one. The entry stays as it is: the campaign's old issuer is the chain it holds,
+        and the first enrollment from the new root makes that the entry's chain (``_chain``). 409 when the server
+        announces nothing new or certlm holds no CA yet; 502 when it cannot be reached, refuses the genm, or
+        announces a root that does not verify."""
+        credentials = self._credentials(entry)
+        learned = LearnedCapabilities.of(entry)
+        negotiation = self._negotiation(entry, learned)
+        try:
+            new_root = await self._announced_root(entry, credentials, negotiation)
+        finally:
+            self._learn_mac(credentials, negotiation, learned)
+            await learned.save(entry)
+        crls: tuple[x509.CertificateRevocationList, ...] = ()
+        try:
+            crls = (await pki_client.fetch_crl(pki_client.cdp_urls(new_root), [new_root], self.services),)
+        except APIError as error:
+            # A root that has issued nothing yet may publish no CRL; the reissue phase fetches each chain's CRLs.
+            log.info("PKI entry %s: no CRL of the announced root CA yet: %s", entry.id, error.message)
+        held_root = pki_client.stored_ca_certificates(entry)[-1]
+        how = (
+            f"the CMP server of PKI entry {entry.id} announced the new root CA {rollover.describe(new_root)} in "
+            f"answer to genm id-it-rootCaCert (RFC 9483 §4.3.2), linked to the root CA certlm holds, "
+            f"{rollover.describe(held_root)}, by a newWithOld certificate its key signed; PKI entry {entry.id} "
+            "issues from it once the CA does"
+        )
+        log.info("PKI entry %s: %s", entry.id, how)
+        return SuccessorIssuer(pki_id=entry.id, chain=(new_root,), crls=crls, how=how)
+
+    async def _announced_root(
+        self, entry: PkiEntry, credentials: Credentials, negotiation: MacNegotiation
+    ) -> x509.Certificate:
+        """The new root the server announces for the root the entry holds, verified; ``APIError`` 409 or 502."""
+        held = pki_client.stored_ca_certificates(entry)
+        if not held:
+            raise APIError(
+                f"PKI entry {entry.id} (CMP) holds no CA certificates to verify an announced root CA against: certlm "
+                f"learns them from the first enrollment's answer, or from genm through GET /pki/ca/{entry.id}",
+                409,
+            )
+        held_root = held[-1]
+
+        async def asked(transaction: Transaction) -> rfc9480.PKIMessage:
+            return await transaction.exchange(messages.root_ca_cert_genm_body(held_root))
+
+        try:
+            response = await self._in_transaction(entry, credentials, negotiation, asked)
+        except ServerRefused as refused:
+            raise self._with_negotiation(
+                refused.as_api_error(entry.id, "refused the genm for a root CA key update", UpstreamUnavailable),
+                negotiation,
+            ) from None
+        if messages.body_type(response) != "genp":
+            raise self._invalid(credentials, f"answered genm with {messages.body_type(response)}, not genp")
+        update = self._read(credentials, messages.root_ca_key_update, response)
+        try:
+            return rollover.verified_successor(
+                held_root, update, datetime.now(UTC), f"the CMP server of PKI entry {entry.id}"
+            )
+        except rollover.NothingAnnounced as nothing:
+            raise APIError(str(nothing), 409) from None
+        except rollover.AnnouncementRefused as refused:
+            raise UpstreamUnavailable(str(refused)) from None
 
     async def crl(self, entry: PkiEntry) -> x509.CertificateRevocationList:
         known = self._cached_chain(entry)

@@ -405,6 +405,17 @@ def genm_body(info_type: univ.ObjectIdentifier) -> rfc9480.PKIBody:
     return body
 
 
+def root_ca_cert_genm_body(held_root: x509.Certificate) -> rfc9480.PKIBody:
+    """A genm asking whether the root CA has a new key (RFC 9483 §4.3.2): id-it-rootCaCert with the root certlm
+    holds, whose update is wanted."""
+    body = rfc9480.PKIBody()
+    item = rfc9480.InfoTypeAndValue()
+    item["infoType"] = rfc9480.id_it_rootCaCert
+    item["infoValue"] = encoder.encode(to_cmp_certificate(held_root))
+    body["genm"].append(item)
+    return body
+
+
 # --- responses --------------------------------------------------------------------------------------------------
 
 
@@ -480,3 +491,34 @@ def general_certificates(message_value: rfc9480.PKIMessage, info_type: univ.Obje
                 raise MalformedMessage(f"the genp's CA certificates do not parse: {error}") from None
             return [from_cmp_certificate(value) for value in values]
     return []
+
+
+@dataclass(frozen=True)
+class RootCaKeyUpdate:
+    """A genp's RootCaKeyUpdateValue (RFC 9480 §2.14): the new root, and the two link certificates when sent."""
+
+    new_with_new: x509.Certificate
+    new_with_old: x509.Certificate | None
+    old_with_new: x509.Certificate | None
+
+
+def root_ca_key_update(message_value: rfc9480.PKIMessage) -> RootCaKeyUpdate | None:
+    """The root CA key update a genp answers with (id-it-rootCaKeyUpdate, RFC 9483 §4.3.2); None when the genp has
+    none or says there is none (the item without a value)."""
+    for item in message_value["body"]["genp"]:
+        if item["infoType"] != rfc9480.id_it_rootCaKeyUpdate:
+            continue
+        if not item["infoValue"].isValue:
+            return None
+        try:
+            value = _decode_exact(bytes(item["infoValue"]), rfc9480.RootCaKeyUpdateValue())
+        except (PyAsn1Error, MalformedMessage) as error:
+            raise MalformedMessage(f"the genp's root CA key update does not parse: {error}") from None
+        optional = {
+            name: from_cmp_certificate(value[name]) if value[name].isValue else None
+            for name in ("newWithOld", "oldWithNew")
+        }
+        return RootCaKeyUpdate(
+            from_cmp_certificate(value["newWithNew"]), optional["newWithOld"], optional["oldWithNew"]
+        )
+    return None

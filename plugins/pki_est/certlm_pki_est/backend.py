@@ -1,14 +1,20 @@
 """PKI type 2, ``est``: certificates from a plant's EST server (RFC 7030), reached at the entry's ``pki_connection``
 (HTTPS unless it says ``http://``) with its ``additional_path_segment``, HTTP basic and/or TLS client
-authentication, and at the origins in its ``redirect_origins`` where the server redirects there, without them."""
+authentication, and at the origins in its ``redirect_origins`` where the server redirects there, without them.
+
+A new root CA the server announces in ``/cacerts`` (RFC 7030 §4.1.3) is the successor a ``ca-rollover`` campaign
+moves the devices to (``successor_issuer``, verified in ``rollover``); the entry takes it as its chain with the first
+certificate the server issues from it."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import re
 import ssl
+from datetime import UTC, datetime
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -24,9 +30,11 @@ from certlm import (
     PkiBackend,
     PkiEntry,
     ServerValidation,
+    SuccessorIssuer,
     UpstreamUnavailable,
     api_timestamp,
     crl_signed_by,
+    is_self_signed,
     issued_by,
     issuer_chain,
     load_crl,
@@ -35,7 +43,7 @@ from certlm import (
     sha1_fingerprint,
     spki_der,
 )
-from certlm_pki_est import csrattrs
+from certlm_pki_est import csrattrs, rollover
 from certlm_pki_est.client import EstClient, EstEndpoint, OtherOrigins
 
 log = logging.getLogger(__name__)
@@ -103,7 +111,7 @@ class EstPki(PkiBackend):
                 certificates = await client.ca_certificates()
         except pki_client.ServerNotTrusted as error:
             raise APIError(error.message) from None
-        ordered = ca_chain_order(certificates)
+        ordered = ca_chain_order(certificates, pki_client.stored_ca_certificates(entry))
         await pki_client.store_ca_certificates(entry, ordered)
         log.info(
             "PKI entry %s: stored %d CA certificate(s) from EST server %s (%s)",
@@ -155,7 +163,8 @@ class EstPki(PkiBackend):
                 raise CsrRejected(
                     f"{error.message}; the server's csrattrs ask for what the CSR lacks: {'; '.join(lacking)}"
                 ) from None
-        return self._enrollment(entry, endpoint, csr.public_key(), certificates, "the CSR's public key")
+        enrollment = self._enrollment(entry, endpoint, csr.public_key(), certificates, "the CSR's public key")
+        return await self._adopt_successor(entry, enrollment)
 
     async def issue_with_server_key(self, entry: PkiEntry, request: EnrollmentRequest) -> KeyedEnrollment:
         """``serverkeygen`` (RFC 7030 §4.4); EST has no re-enrollment form of it. The key comes back as an
@@ -163,8 +172,87 @@ class EstPki(PkiBackend):
         endpoint = self._endpoint(entry)
         async with self._enrollment_client(entry, endpoint) as client:
             key, certificates = await client.server_keygen(request.csr)
-        enrollment = self._enrollment(entry, endpoint, key.public_key(), certificates, "the key it generated")
+        enrollment = await self._adopt_successor(
+            entry, self._enrollment(entry, endpoint, key.public_key(), certificates, "the key it generated")
+        )
         return KeyedEnrollment(enrollment.certificate, enrollment.chain, private_key=key)
+
+    async def successor_issuer(self, entry: PkiEntry) -> SuccessorIssuer:
+        """The new root CA the EST server announces in ``/cacerts`` (RFC 7030 §4.1.3, the root CA key update
+        certificates of §4.4), verified against the root certlm holds (``rollover``), with its chain and, where its
+        distribution points deliver one, its CRL. The entry stays as it is: the campaign's old issuer is the chain it
+        holds, and the first enrollment the server answers from the new CA makes the new chain the entry's
+        (``_adopt_successor``). 409 when nothing new is announced or certlm holds no CA yet; 502 when the server
+        cannot be reached or announces a CA that does not verify."""
+        announcement = await self._announcement(entry)
+        crls: tuple[x509.CertificateRevocationList, ...] = ()
+        urls = [url for certificate in announcement.chain for url in pki_client.cdp_urls(certificate)]
+        try:
+            crls = (await pki_client.fetch_crl(list(dict.fromkeys(urls)), list(announcement.chain), self.services),)
+        except APIError as error:
+            # A CA that has issued nothing yet may publish no CRL; the reissue phase fetches the CRLs of each chain.
+            log.info("PKI entry %s: no CRL of the announced CA yet: %s", entry.id, error.message)
+        new_root = announcement.new_with_new
+        how = (
+            f"EST server {self._endpoint(entry).where} announced the new root CA {rollover.describe(new_root)} in "
+            f"/cacerts, linked to the root CA certlm holds, {rollover.describe(announcement.held_root)}, by a "
+            "NewWithOld certificate its key signed (RFC 7030 §4.4); PKI entry "
+            f"{entry.id} issues from it once the EST server does"
+        )
+        log.info("PKI entry %s: %s", entry.id, how)
+        return SuccessorIssuer(pki_id=entry.id, chain=announcement.chain, crls=crls, how=how)
+
+    async def _announcement(self, entry: PkiEntry) -> rollover.Announcement:
+        held = pki_client.stored_ca_certificates(entry)
+        if not held:
+            raise APIError(
+                f"PKI entry {entry.id} (EST) holds no CA certificates to verify an announced CA against: run GET "
+                f"/pki/exec/validate/{entry.id} first",
+                409,
+            )
+        endpoint = self._endpoint(entry)
+        tls, trust = enrollment_tls(entry, None)
+        # /cacerts needs no credentials (RFC 7030 §4.1.1), and none are sent, here or to another origin.
+        other_origins = OtherOrigins(
+            pki_client.allowed_redirect_origins(entry), tls=lambda: enrollment_tls(entry, None)[0]
+        )
+        async with self._client(endpoint, tls, trust, other_origins) as client:
+            bag = await client.ca_certificates()
+        try:
+            return rollover.announced_successor(held, bag, datetime.now(UTC), endpoint.where)
+        except rollover.NothingAnnounced as nothing:
+            raise APIError(str(nothing), 409) from None
+        except rollover.AnnouncementRefused as refused:
+            raise UpstreamUnavailable(str(refused)) from None
+
+    async def _adopt_successor(self, entry: PkiEntry, enrollment: Enrollment) -> Enrollment:
+        """Make the announced CA's chain the entry's once the server issues from it. Without this every later push
+        would put the old CA back into the device's trust list (a push trusts the entry's chain) after a campaign
+        retired it. Only a chain the server also announces, verified as ``successor_issuer`` verifies it, is taken:
+        an enrollment's answer alone does not make a new trust anchor. A certificate whose path passes through a CA
+        certlm holds, or one the announced CA did not issue, leaves the entry as it is. Returns the enrollment, with
+        the announced chain when the server sent none."""
+        held = pki_client.stored_ca_certificates(entry)
+        path = (enrollment.certificate, *enrollment.chain)
+        if not held or any(issued_by(certificate, ca) for certificate in path for ca in held):
+            return enrollment
+        try:
+            announcement = await self._announcement(entry)
+        except APIError as error:
+            log.warning(
+                "PKI entry %s: the EST server issued %s from a CA certlm does not hold (%s), and its announcement "
+                "does not vouch for that CA: %s", entry.id, serial_hex(enrollment.certificate),
+                enrollment.certificate.issuer.rfc4514_string(), error.message,
+            )  # fmt: skip
+            return enrollment
+        if not issued_by(enrollment.certificate, announcement.chain[0]):
+            return enrollment
+        await pki_client.store_ca_certificates(entry, announcement.chain)
+        log.info(
+            "PKI entry %s: the EST server issues from the new CA %s it announced; it is now the entry's CA chain",
+            entry.id, rollover.describe(announcement.new_with_new),
+        )  # fmt: skip
+        return enrollment if enrollment.chain else dataclasses.replace(enrollment, chain=announcement.chain)
 
     def _endpoint(self, entry: PkiEntry) -> EstEndpoint:
         return EstEndpoint(pki_client.pki_server(entry, "EST", "https"), entry.additional_path_segment)
@@ -343,10 +431,28 @@ def _unverified_tls() -> ssl.SSLContext:
     return context
 
 
-def ca_chain_order(certificates: list[x509.Certificate]) -> list[x509.Certificate]:
+def ca_chain_order(
+    certificates: list[x509.Certificate], held: list[x509.Certificate] | None = None
+) -> list[x509.Certificate]:
     """CA certificates from ``/cacerts`` (a bag) as a chain, issuing CA first: the certificate that issued none
-    of the others, then its issuers; anything else (root key rollover certificates) after them."""
+    of the others, then its issuers; anything else after them.
+
+    While the server announces a root CA key update (RFC 7030 §4.1.3) the bag holds two roots and the certificates
+    that link their keys (NewWithOld, OldWithNew). Those links are never trust anchors and are left out. Of the
+    roots, the current one stays with what descends from it: the one certlm holds (``held``, the entry's chain), or
+    else the one that expires first (a successor outlives the root it follows). The other, the announced root, is
+    ``successor_issuer``'s: a campaign brings it to the devices, trust first, not a validate."""
     unique = list({c.fingerprint(hashes.SHA256()): c for c in certificates}.values())
+    roots = [c for c in unique if is_self_signed(c)]
+    if len(roots) > 1:
+        root_keys = {spki_der(root.public_key()) for root in roots}
+        unique = [c for c in unique if is_self_signed(c) or spki_der(c.public_key()) not in root_keys]
+        held_keys = {spki_der(c.public_key()) for c in held or ()}
+        current = next(
+            (root for root in roots if spki_der(root.public_key()) in held_keys),
+            min(roots, key=lambda root: root.not_valid_after_utc),
+        )
+        unique = [c for c in unique if (issuer_chain(c, unique) or [c])[-1] == current]
     bottoms = [c for c in unique if not any(o is not c and issued_by(o, c) and o.issuer != o.subject for o in unique)]
     if not bottoms:
         return unique

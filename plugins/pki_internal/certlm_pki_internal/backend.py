@@ -8,11 +8,20 @@ from datetime import UTC, datetime, timedelta
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
-from certlm import APIError, Enrollment, EnrollmentRequest, HostServices, PkiBackend, PkiEntry, serial_hex
+from certlm import (
+    APIError,
+    Enrollment,
+    EnrollmentRequest,
+    HostServices,
+    PkiBackend,
+    PkiEntry,
+    SuccessorIssuer,
+    serial_hex,
+)
 from certlm_pki_internal import ca
 from certlm_pki_internal.models import InternalCa, IssuedCertificate
 
@@ -51,8 +60,8 @@ class InternalPki(PkiBackend):
             ca_issuers_url=f"{base}/pki/ca/{entry.id}?format=der",
         )
 
-    async def _authority(self, entry: PkiEntry) -> InternalCa:
-        """The entry's root CA, created on first use."""
+    async def _authority(self, entry: PkiEntry, like: x509.Certificate | None = None) -> InternalCa:
+        """The entry's root CA, created on first use (with a key of the kind of ``like``'s when given)."""
         authority = await InternalCa.get_or_none(pki_entry_id=entry.id)
         if authority is not None:
             return authority
@@ -60,7 +69,7 @@ class InternalPki(PkiBackend):
             authority = await InternalCa.get_or_none(pki_entry_id=entry.id)
             if authority is not None:
                 return authority
-            key, certificate = await asyncio.to_thread(self._new_root, entry.id)
+            key, certificate = await asyncio.to_thread(self._new_root, entry.id, like)
             key_der = key.private_bytes(
                 serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
             )
@@ -75,18 +84,45 @@ class InternalPki(PkiBackend):
                 return await InternalCa.get(pki_entry_id=entry.id)
 
     @staticmethod
-    def _new_root(pki_id: int) -> tuple[rsa.RSAPrivateKey, x509.Certificate]:
-        key = ca.generate_root_key()
+    def _new_root(pki_id: int, like: x509.Certificate | None = None) -> tuple[ca.RootKey, x509.Certificate]:
+        key = ca.generate_root_key() if like is None else ca.generate_key_like(like)
         return key, ca.create_root(key, pki_id, datetime.now(UTC))
 
-    def _signing_material(self, authority: InternalCa) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
+    async def successor_issuer(self, entry: PkiEntry) -> SuccessorIssuer:
+        """A new internal CA to follow ``entry``'s: a new PKI entry with the entry's settings, named as its successor,
+        and a new root with a new key of the same kind and size (``ca.generate_key_like``) and the configured
+        validity. Each call makes another one: a campaign asks once per rollover, and refuses a second rollover of
+        devices already in one before it asks. No cross-certificate is issued: a device trusts the new root itself
+        from the campaign's trust phase on, before any certificate of it is presented, so a path through the old
+        root would serve no device."""
+        predecessor = (await self.ca_certificates(entry))[0]
+        name = f"Successor of {entry.name or 'internal CA'} (PKI entry {entry.id})"
+        successor = await PkiEntry.create(
+            name=name[:255],
+            pki_type=entry.pki_type,
+            pki_connection=entry.pki_connection,
+            additional_path_segment=entry.additional_path_segment,
+            require_requested_names=entry.require_requested_names,
+            allow_certlm_generated_keys=entry.allow_certlm_generated_keys,
+            creator_id=entry.creator_id,
+        )
+        authority = await self._authority(successor, like=predecessor)
+        root = x509.load_pem_x509_certificate(authority.certificate_pem.encode())
+        crl = await self.crl(successor)
+        how = (
+            f"certlm made a new internal CA, PKI entry {successor.id} ({name}): {root.subject.rfc4514_string()}, a new "
+            f"{ca.describe_key(root)} key, valid until {root.not_valid_after_utc.date().isoformat()}"
+        )
+        return SuccessorIssuer(pki_id=successor.id, chain=(root,), crls=(crl,), how=how)
+
+    def _signing_material(self, authority: InternalCa) -> tuple[x509.Certificate, ca.RootKey]:
         # The stored key is one this backend generated, and SecretBox's authenticated encryption proves it unchanged:
         # OpenSSL's RSA consistency check (some 90 ms for RSA-3072, on every signature) would prove nothing more.
         key = serialization.load_der_private_key(
             self.services.secrets.decrypt(authority.private_key_enc), None, unsafe_skip_rsa_key_validation=True
         )
-        if not isinstance(key, rsa.RSAPrivateKey):
-            raise APIError(f"internal CA {authority.id} has a stored key that is not RSA", 500)
+        if not isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
+            raise APIError(f"internal CA {authority.id} has a stored key that is neither RSA nor EC", 500)
         return x509.load_pem_x509_certificate(authority.certificate_pem.encode()), key
 
     async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:

@@ -53,12 +53,36 @@ def root_name(pki_id: int) -> x509.Name:
     )
 
 
+RootKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+
+
 def generate_root_key() -> rsa.RSAPrivateKey:
     """A new root key. Takes a noticeable fraction of a second: call it off the event loop."""
     return rsa.generate_private_key(public_exponent=65537, key_size=ROOT_KEY_BITS)
 
 
-def create_root(key: rsa.RSAPrivateKey, pki_id: int, now: datetime) -> x509.Certificate:
+def generate_key_like(root: x509.Certificate) -> RootKey:
+    """A new key of the kind and size of ``root``'s, for its successor: RSA of the same modulus size, EC on the same
+    curve (a root of another kind gets a new root's key). Off the event loop, like ``generate_root_key``."""
+    public_key = root.public_key()
+    if isinstance(public_key, rsa.RSAPublicKey):
+        return rsa.generate_private_key(public_exponent=65537, key_size=public_key.key_size)
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return ec.generate_private_key(public_key.curve)
+    return generate_root_key()
+
+
+def describe_key(certificate: x509.Certificate) -> str:
+    """``RSA 3072``, ``EC secp384r1``: a certificate's key as messages name it."""
+    public_key = certificate.public_key()
+    if isinstance(public_key, rsa.RSAPublicKey):
+        return f"RSA {public_key.key_size}"
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return f"EC {public_key.curve.name}"
+    return type(public_key).__name__
+
+
+def create_root(key: RootKey, pki_id: int, now: datetime) -> x509.Certificate:
     """The self-signed root of PKI entry ``pki_id``; it signs leaf certificates and CRLs only."""
     name = root_name(pki_id)
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
@@ -150,7 +174,7 @@ def issue(
     csr: x509.CertificateSigningRequest,
     profile: CertificateProfile,
     ca_certificate: x509.Certificate,
-    ca_key: rsa.RSAPrivateKey,
+    ca_key: RootKey,
     policy: IssuancePolicy,
     now: datetime,
 ) -> x509.Certificate:
@@ -217,7 +241,7 @@ class Revocation:
 
 def build_crl(
     ca_certificate: x509.Certificate,
-    ca_key: rsa.RSAPrivateKey,
+    ca_key: RootKey,
     revocations: Iterable[Revocation],
     crl_number: int,
     now: datetime,

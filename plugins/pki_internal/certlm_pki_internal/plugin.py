@@ -5,7 +5,7 @@ from __future__ import annotations
 from certlm import PkiBackendRegistry, hookimpl
 from certlm_pki_internal.backend import InternalPki
 
-CERTLM_PLUGIN_API = "1.0"
+CERTLM_PLUGIN_API = "1.1"
 
 
 @hookimpl

@@ -310,6 +310,61 @@ async def test_push_keeps_also_trusted_on_the_device_and_reports_it(
     assert await lets_in(old_peer, device)
 
 
+# ``change_trust_list``: read, composed and written in one session.
+
+# Sessions a change takes: one to read, compose and write, plus one to read back after ApplyChanges, which drops
+# every channel a moment later; a device that takes the list at CloseAndUpdate is read back in the same one.
+CHANGE_SESSIONS = {"at ApplyChanges": 2, "at CloseAndUpdate": 1}
+
+
+@pytest.mark.parametrize("mode", TAKES_INTO_USE)
+async def test_a_change_reads_composes_and_writes_in_one_session(
+    simulated_device: StartDevice, driver: GdsPushDriver, client_identity: ClientIdentity, mode: str
+) -> None:
+    device = await trusting_certlm(simulated_device, client_identity, **TAKES_INTO_USE[mode])
+    target = pinned(device)
+    before = held_by(device)
+    new_ca = OpcUaTestCa("the new issuer of a campaign")
+    seen: list[TrustList] = []
+
+    def adding(current: TrustList) -> TrustList | None:
+        seen.append(current)
+        return None if to_der(new_ca.certificate) in current.trusted_certificates else plus(current, new_ca)
+
+    sessions = device.sessions_created
+    read_back = await driver.change_trust_list(target, adding)
+    assert device.sessions_created - sessions == CHANGE_SESSIONS[mode]
+    assert lists(seen[0]) == before  # composed from what the device held
+    assert read_back is not None and lists(read_back) == held_by(device) == lists(plus(seen[0], new_ca))
+
+    # Held already: one session reads it, nothing is written, and the list read is the answer.
+    await device.settle()
+    sessions, writes = device.sessions_created, held_by(device)
+    again = await driver.change_trust_list(target, adding)
+    assert device.sessions_created - sessions == 1
+    assert again is not None and lists(again) == writes == held_by(device)
+
+
+async def test_a_composed_list_that_would_lock_certlm_out_is_refused_before_anything_is_written(
+    simulated_device: StartDevice, driver: GdsPushDriver, client_identity: ClientIdentity
+) -> None:
+    device = await trusting_certlm(simulated_device, client_identity)
+    target = pinned(device)
+    before = held_by(device)
+    other = OpcUaTestCa("another CA")
+    with pytest.raises(DeviceError) as refused:
+        await driver.change_trust_list(target, lambda current: plus(TrustList(), other))
+    assert refused.value.device_status == "BadRequestNotAllowed"
+    assert "would lock certlm out" in refused.value.message
+    with pytest.raises(DeviceError) as refused:
+        await driver.change_trust_list(
+            target, lambda current: TrustList(trusted_certificates=[b"junk", *current.trusted_certificates])
+        )
+    assert refused.value.device_status == "BadCertificateInvalid"
+    assert held_by(device) == before
+    assert await lets_in(driver, device)
+
+
 # The node-opcua peer: it takes a written trust list into use at ApplyChanges and keeps it as files.
 
 PEER_FOLDERS = {
@@ -410,3 +465,13 @@ async def test_node_opcua_push_keeps_also_trusted(
     )
     assert lists(outcome.trust_list) == expected == on_disk(peer)
     assert (await driver.read_certificate(target, secure_session=True)).certificate == outcome.certificate
+
+
+async def test_node_opcua_takes_a_change_composed_from_its_list(peer: NodeOpcuaPeer, driver: GdsPushDriver) -> None:
+    own_issuer = OpcUaTestCa("the plant's own issuing CA")
+    place_issuer(peer, own_issuer)
+    target = peer_target(peer)
+    new_ca = OpcUaTestCa("the new issuer of a campaign")
+    read_back = await driver.change_trust_list(target, lambda current: plus(current, new_ca))
+    assert read_back is not None and lists(read_back) == on_disk(peer)
+    assert to_der(new_ca.certificate) in on_disk(peer)[0] and to_der(own_issuer.certificate) in on_disk(peer)[2]

@@ -19,6 +19,8 @@ connections the ways networks do, for the EST tests as much as the CMP ones.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import secrets
 import socket
 import ssl
@@ -408,12 +410,121 @@ class IssuingCmpServer:
             mock = self._standing
         return await forward_to(mock)(request)
 
+    def issue_from(self, authority: Credential) -> None:
+        """Certify with ``authority`` from now on (the new root of a key update), its certificate handed out as the
+        chain by the mocks started from now on."""
+        self.pki.ca_key, self.pki.ca_certificate = authority.key, authority.certificate  # type: ignore[assignment]
+        self.pki.write("issuing-ca.pem", authority.certificate)
+        self.pki.write("ca.pem", authority.certificate)
+
     def stop(self) -> None:
         for mock in self._started:
             mock.stop()
         self._started.clear()
         self._transactions.clear()
         self._standing = None
+
+
+@dataclass(frozen=True)
+class RootKeyUpdate:
+    """A new root CA key and the RFC 4210 §4.4 certificates that announce it: ``new`` (NewWithNew with its key),
+    ``new_with_old`` and ``old_with_new``."""
+
+    new: Credential
+    new_with_old: x509.Certificate
+    old_with_new: x509.Certificate
+
+    @classmethod
+    def of(cls, old: Credential, common_name: str = "Plant CMP Test CA", *, broken_link: bool = False) -> RootKeyUpdate:
+        """A successor of the root ``old`` (valid longer, as a successor is); ``broken_link`` signs newWithOld with
+        a stranger's key under the old root's name, as a forger would have to."""
+        new = make_ca(common_name, days=60)
+        signer = Credential(old.certificate, ec_key()) if broken_link else old
+        options = {"ca": True, "days": 60, "key_identifiers": True}
+        return cls(
+            new,
+            signer.issue(new.certificate.subject, new.key.public_key(), **options),
+            new.issue(old.certificate.subject, old.key.public_key(), **options),  # type: ignore[union-attr]
+        )
+
+
+class RootCaKeyUpdateAnswer:
+    """A relay handler answering genm id-it-rootCaCert (RFC 9483 §4.3.2) as an OpenSSL 3.2+ server does, which the
+    3.0 mock on this machine cannot (it echoes a genm's items back): a genp with id-it-rootCaKeyUpdate carrying
+    ``update`` (or, None, without a value: no update), MAC-protected with ``secret`` under the request's
+    PasswordBasedMac parameters, computed here from RFC 4210 §5.1.3.1 rather than with certlm's code. Other requests
+    go to ``handle`` (an ``IssuingCmpServer``'s: the enrollments stay OpenSSL's). ``without`` leaves fields of the
+    update out (``newWithOld``); ``asked`` lists the root certificates the requests named."""
+
+    def __init__(self, handle: Handler, secret: str, sender: x509.Name, update: RootKeyUpdate | None = None) -> None:
+        self.handle = handle
+        self.secret = secret.encode()
+        self.sender = sender
+        self.update = update
+        self.without: set[str] = set()
+        self.asked: list[x509.Certificate | None] = []
+
+    async def __call__(self, request: bytes) -> Answer:
+        message, _ = decoder.decode(request, asn1Spec=rfc9480.PKIMessage())
+        items = list(message["body"]["genm"]) if message["body"].getName() == "genm" else []
+        if not any(item["infoType"] == rfc9480.id_it_rootCaCert for item in items):
+            return await self.handle(request)
+        value = items[0]["infoValue"]
+        self.asked.append(x509.load_der_x509_certificate(bytes(value)) if value.isValue else None)
+        return self._genp(message), CMP_CONTENT_TYPE
+
+    def _genp(self, request: rfc9480.PKIMessage) -> bytes:
+        answer = rfc9480.PKIMessage()
+        header = answer["header"]
+        header["pvno"] = 2
+        sender, _ = decoder.decode(self.sender.public_bytes(), asn1Spec=rfc5280.Name())
+        header["sender"]["directoryName"]["rdnSequence"] = sender["rdnSequence"]
+        header["recipient"] = request["header"]["sender"]
+        header["messageTime"] = time.strftime("%Y%m%d%H%M%SZ", time.gmtime())
+        header["protectionAlg"] = request["header"]["protectionAlg"]
+        header["transactionID"] = bytes(request["header"]["transactionID"])
+        header["senderNonce"] = secrets.token_bytes(16)
+        header["recipNonce"] = bytes(request["header"]["senderNonce"])
+        item = rfc9480.InfoTypeAndValue()
+        item["infoType"] = rfc9480.id_it_rootCaKeyUpdate
+        if self.update is not None:
+            value = rfc9480.RootCaKeyUpdateValue()
+            certificates = {
+                "newWithNew": self.update.new.certificate,
+                "newWithOld": self.update.new_with_old,
+                "oldWithNew": self.update.old_with_new,
+            }
+            for name, certificate in certificates.items():
+                if name in self.without:
+                    continue
+                der = certificate.public_bytes(serialization.Encoding.DER)
+                decoded, _ = decoder.decode(der, asn1Spec=rfc9480.CMPCertificate())
+                field = value[name]
+                for part in ("tbsCertificate", "signatureAlgorithm", "signature"):
+                    field[part] = decoded[part]
+            item["infoValue"] = encoder.encode(value)
+        answer["body"]["genp"].append(item)
+        part = rfc9480.ProtectedPart()
+        part["header"] = answer["header"]
+        part["body"] = answer["body"]
+        protection = password_based_mac_value(self.secret, password_based_mac(request), encoder.encode(part))
+        schema = answer.componentType.getTypeByPosition(answer.componentType.getPositionByName("protection"))
+        answer["protection"] = schema.clone(hexValue=protection.hex())
+        return encoder.encode(answer)
+
+
+# RFC 4210 §5.1.3.1's one-way functions and MACs, by OID, as the test servers compute them.
+_HASHES = {"2.16.840.1.101.3.4.2.1": "sha256", "1.3.14.3.2.26": "sha1"}
+_HMACS = {"1.2.840.113549.2.9": "sha256", "1.3.6.1.5.5.8.1.2": "sha1"}
+
+
+def password_based_mac_value(secret: bytes, parameters: rfc4210.PBMParameter | None, data: bytes) -> bytes:
+    """PasswordBasedMac over ``data``: the key is the one-way function iterated over secret and salt, then the MAC."""
+    assert parameters is not None, "the request is not protected with PasswordBasedMac"
+    key = secret + bytes(parameters["salt"])
+    for _ in range(int(parameters["iterationCount"])):
+        key = hashlib.new(_HASHES[str(parameters["owf"]["algorithm"])], key).digest()
+    return hmac.new(key, data, _HMACS[str(parameters["mac"]["algorithm"])]).digest()
 
 
 # What Trustpoint 0.6 takes (its trustpoint_core.oid): the PasswordBasedMac MACs of HmacAlgorithm, all under the IPsec

@@ -65,6 +65,22 @@ class _Authority(Credential):
     crl_name: str = ""
 
 
+@dataclass(frozen=True)
+class RootKeyUpdate:
+    """The four certificates of a root CA key update (RFC 4210 §4.4), which ``/cacerts`` serves beside the current
+    chain once announced: the old root (OldWithOld), the new root (NewWithNew, with its key as ``new``), the new key
+    certified by the old (NewWithOld) and the old key certified by the new (OldWithNew)."""
+
+    old: _Authority
+    new: _Authority
+    new_with_old: x509.Certificate
+    old_with_new: x509.Certificate
+
+    @property
+    def certificates(self) -> list[x509.Certificate]:
+        return [self.old.certificate, self.old_with_new, self.new_with_old, self.new.certificate]
+
+
 def _name(common_name: str) -> x509.Name:
     return name(common_name, organization="EST Test")
 
@@ -77,11 +93,12 @@ def _certificate(
     is_ca: bool,
     cdp: str | None = None,
     hosts: tuple[str, ...] = (),
+    days: int | None = None,
 ) -> x509.Certificate:
     """A CA or TLS server certificate; ``issuer`` None makes it self-signed."""
     options = {
         "ca": is_ca,
-        "days": 30 if is_ca else 20,
+        "days": days or (30 if is_ca else 20),
         "extended_key_usage": () if is_ca else (ExtendedKeyUsageOID.SERVER_AUTH,),
         "san": host_names(*hosts),
         "crl_url": cdp,
@@ -128,6 +145,9 @@ class EstTestServer:
     ``pending`` (how many 202 answers come first) and ``retry_after``, ``failure`` (one of ``FAILURES``, for
     the enrollment operations) and ``slow_seconds``, ``single_line_base64``, ``shuffle`` (PKCS#7 order),
     ``enroll_includes_chain``. ``requests`` lists what came in.
+
+    Root CA key update: ``announce_new_root`` adds the RFC 7030 §4.1.3 rollover certificates to ``/cacerts`` (a
+    forged NewWithOld with ``broken_link``), ``issue_from_new_root`` switches issuance to the new root.
 
     Redirects: ``trailing_slash=True`` publishes the EST paths with a trailing slash and answers the path without it
     with ``slash_redirect_status`` (301, or 308) and a relative Location, as some EST servers do. ``mirror=True``
@@ -179,8 +199,11 @@ class EstTestServer:
         # The profile of a server that keeps only the URI of the subject alternative names asked for.
         self.uri_san_only = False
         self.tls_certificate_revoked = False
+        # A root CA key update (RFC 7030 §4.1.3): ``announce_new_root``, then ``issue_from_new_root``.
+        self.rollover: RootKeyUpdate | None = None
         self.requests: list[SeenRequest] = []
         self.issued: list[x509.Certificate] = []
+        self._crls: dict[tuple[bytes, tuple[int, ...]], x509.CertificateRevocationList] = {}
         self.port = 0
         self.mirror_port = 0
         self.cdp_port = 0
@@ -291,6 +314,40 @@ class EstTestServer:
 
     # ----- PKI
 
+    def announce_new_root(self, common_name: str = "EST Test Root CA", *, broken_link: bool = False) -> RootKeyUpdate:
+        """Give the root CA a new key and announce it in ``/cacerts`` with the root CA key update certificates; the
+        server goes on issuing from the old root until ``issue_from_new_root``. The new root keeps the old name
+        unless ``common_name`` says otherwise (RFC 4210 §4.4 keeps it; a new name is as valid). ``broken_link``
+        signs NewWithOld with a stranger's key under the old root's name, as a forger would have to."""
+        if self.intermediate:
+            raise NotImplementedError("a root key update of a server with an issuing CA is not modelled")
+        old = self.root
+        key = ec_key()
+        new = _Authority(
+            # A successor outlives the root it follows.
+            _certificate(_name(common_name), key, None, is_ca=True, cdp=self.crl_url("root2"), days=60),
+            key,
+            "root2",
+        )
+        signer = old
+        if broken_link:
+            stranger_key = ec_key()
+            stranger = _certificate(old.certificate.subject, stranger_key, None, is_ca=True)
+            signer = _Authority(stranger, stranger_key, "stranger")
+        self.rollover = RootKeyUpdate(
+            old=old,
+            new=new,
+            new_with_old=_certificate(new.certificate.subject, key, signer, is_ca=True, cdp=self.crl_url("root")),
+            old_with_new=_certificate(old.certificate.subject, old.key, new, is_ca=True, cdp=self.crl_url("root2")),  # type: ignore[arg-type]
+        )
+        return self.rollover
+
+    def issue_from_new_root(self) -> None:
+        """Issue from the announced root from now on (``ca_certificates`` is then its chain); ``/cacerts`` still
+        serves the key update certificates, as RFC 7030 §4.1.3 asks while peers may hold the old root."""
+        assert self.rollover is not None, "announce_new_root first"
+        self.root = self.issuing = self.rollover.new
+
     def _make_pki(self) -> None:
         root_key = ec_key()
         # The root names its own CRL: /pki/crl finds it from the CA certificate /cacerts delivers.
@@ -373,7 +430,16 @@ class EstTestServer:
         return builder.sign(self.issuing.key, hashes.SHA256())  # type: ignore[arg-type]
 
     def _crl(self, authority: _Authority, revocations: list[ca.Revocation]) -> x509.CertificateRevocationList:
-        return ca.build_crl(authority.certificate, authority.key, revocations, 1, datetime.now(UTC))  # type: ignore[arg-type]
+        """The authority's CRL as a CA publishes it: the same one until what it revokes changes. (A CA re-signs its
+        CRL at its next update, not for each download; a new CRL per request would give every device its own.)"""
+        key = (
+            authority.certificate.fingerprint(hashes.SHA256()),
+            tuple(sorted(revocation.serial_number for revocation in revocations)),
+        )
+        if key not in self._crls:
+            number = len(self._crls) + 1
+            self._crls[key] = ca.build_crl(authority.certificate, authority.key, revocations, number, datetime.now(UTC))  # type: ignore[arg-type]
+        return self._crls[key]
 
     def _tls_revocations(self) -> list[ca.Revocation]:
         revoked = []
@@ -409,6 +475,8 @@ class EstTestServer:
         async def crl(request: web.Request) -> web.Response:
             # The EST CAs revoke nothing; the TLS CA revokes the server's certificate when a test says so.
             authorities = {"root": self.root, "issuing": self.issuing, "tls": self.tls_ca}
+            if self.rollover is not None:
+                authorities |= {"root": self.rollover.old, "root2": self.rollover.new}
             authority = authorities.get(request.match_info["name"])
             if authority is None:
                 raise web.HTTPNotFound()
@@ -523,6 +591,10 @@ class EstTestServer:
 
     async def _cacerts(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
         certificates = self.ca_certificates
+        if self.rollover is not None:
+            certificates = list(
+                {c.fingerprint(hashes.SHA256()): c for c in certificates + self.rollover.certificates}.values()
+            )
         return self._certs_only(certificates[::-1] if self.shuffle else certificates)
 
     async def _csrattrs(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:

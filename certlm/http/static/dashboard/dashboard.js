@@ -873,10 +873,18 @@ function phaseCounts(counts) {
   return present.flatMap((name, index) => [index ? ", " : "", el("span", { className: `count ${STEP_TONES[name] || "none"}` }, `${name} ${counts[name]}`)]);
 }
 
+// The API says whether a live campaign is past its deadline (overdue) and, for one campaign, whether its plan ends
+// after it (deadline_outlook: "deadline at risk: ..."), in its own words.
 function deadlineCell(campaign) {
   if (!campaign.deadline) return "none";
-  const passed = campaignLive(campaign) && parseTime(campaign.deadline) < new Date();
-  return el("span", {}, timeElement(campaign.deadline), passed ? [" ", statusBadge("passed", "bad")] : null);
+  const atRisk = !campaign.overdue && (campaign.deadline_outlook || "").startsWith("deadline at risk");
+  return el(
+    "span",
+    {},
+    timeElement(campaign.deadline),
+    campaign.overdue ? [" ", statusBadge("overdue", "bad")] : null,
+    atRisk ? [" ", statusBadge("at risk", "warn")] : null,
+  );
 }
 
 function renderCampaigns() {
@@ -950,6 +958,8 @@ function renderCampaign(campaign) {
     ["Phase", campaign.phase],
     ["Blocked by", campaign.blocked || "nothing"],
     ["Deadline", deadlineCell(campaign)],
+    ["Deadline outlook", campaign.deadline_outlook || (campaign.deadline ? "holds" : "no deadline")],
+    ["Window ahead", campaign.window_ahead || "none in the way"],
     ["Devices", devices.length],
     ["Devices at once", campaign.concurrency],
     ["Maintenance windows", campaign.respect_windows ? "respected" : "ignored"],

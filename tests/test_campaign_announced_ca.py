@@ -1,0 +1,282 @@
+"""A ``ca-rollover`` campaign to the new root CA a networked PKI announced: an EST server (ours, aiohttp over TLS)
+announces a root CA key update in ``/cacerts`` (RFC 7030 §4.1.3), a CMP CA (OpenSSL's mock, with the genm for the
+root CA key update answered in front of it: ``tests.plugins.pki_cmp.test_rollover`` says why) in its genp (RFC 9483
+§4.3.2), and ``POST /campaigns`` without ``to_pki_id`` moves a plant of simulated OPC UA devices onboarded from it to
+the new root, trust first. The trust lists and presented certificates are sampled throughout
+(``tests.test_campaigns.sampling``), and the invariant holds at every sample."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from certlm.foundation.certs import issued_by
+from certlm.storage.models import InventoryEntry
+from certlm.testing.pushes import assert_pushed, create_internal_ca, push, request
+from certlm.testing.running import eventually
+from tests.conftest import StartDevice
+from tests.plugins.pki_cmp.cmp_server import (
+    HttpRelay,
+    IssuingCmpServer,
+    RootCaKeyUpdateAnswer,
+    RootKeyUpdate,
+    TestPki,
+    http_error,
+    refusing,
+)
+from tests.plugins.pki_est.est_server import EstTestServer
+from tests.support import InProcessApp
+from tests.test_campaigns import PLANT_SIZE, der, finished, invariant_breaks, sampling
+
+
+@pytest.fixture
+async def est_server(tmp_path: Path) -> AsyncIterator[EstTestServer]:
+    server = EstTestServer(tmp_path / "est")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def est_plant(in_process: InProcessApp, simulated_device: StartDevice, server: EstTestServer) -> tuple[int, list]:
+    """An EST PKI entry, validated, and a plant of devices onboarded from it. An internal CA made first issues
+    certlm's own OPC UA client certificate, so that the root the campaign retires is not the one devices trust
+    certlm by."""
+    await create_internal_ca(in_process, "certlm client CA")
+    status, created = await request(in_process, "POST", "/pki/inventory", {
+        "pki_type": 2, "name": "plant EST", "pki_connection": server.pki_connection, "tls_ca": [server.tls_ca_pem],
+        "username": server.username, "password": server.password,
+    })  # fmt: skip
+    assert status == 200, created
+    pki_id = created["pki_id"]
+    status, validated = await request(in_process, "GET", f"/pki/exec/validate/{pki_id}")
+    assert status == 200, validated
+    devices = []
+    for _ in range(PLANT_SIZE):
+        device = await simulated_device()
+        status, body = await request(
+            in_process, "POST", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port, "pki": pki_id}
+        )
+        assert status == 200, body
+        await assert_pushed(await push(in_process, device, issuer=True), device, issuer=server.ca_certificate)
+        devices.append(device)
+    return pki_id, devices
+
+
+async def campaign_state(in_process: InProcessApp, campaign_id: int) -> dict[str, Any]:
+    status, campaign = await request(in_process, "GET", f"/campaigns/{campaign_id}")
+    assert status == 200, campaign
+    return campaign
+
+
+async def finishes(in_process: InProcessApp, campaign_id: int, timeout: float) -> dict[str, Any]:
+    """The campaign once finished; fails with its phase, what blocks it and each device's last step otherwise."""
+    try:
+        return await eventually(lambda: finished(in_process, campaign_id), "the campaign to finish", timeout)
+    except AssertionError:
+        campaign = await campaign_state(in_process, campaign_id)
+        steps = [(device["entry_id"], device["last_step"]) for device in campaign["devices"]]
+        raise AssertionError(
+            f"campaign {campaign_id} not finished within {timeout} s: {campaign['state']}, phase {campaign['phase']}, "
+            f"blocked {campaign['blocked']!r}, last steps {steps}"
+        ) from None
+
+
+# The new root keeps the old one's name (RFC 4210 §4.4: devices tell the roots apart by key) or has its own.
+@pytest.mark.parametrize("new_name", ["EST Test Root CA", "EST Test Root CA G2"])
+async def test_a_rollover_to_the_root_an_est_server_announced_keeps_every_device_trusting_every_other(
+    in_process: InProcessApp, simulated_device: StartDevice, est_server: EstTestServer, new_name: str
+) -> None:
+    pki_id, devices = await est_plant(in_process, simulated_device, est_server)
+    old_root = est_server.ca_certificate
+    update = est_server.announce_new_root(new_name)
+    assert (new_name == "EST Test Root CA") == (update.new.certificate.subject == old_root.subject)
+    new_root = update.new.certificate
+    assert invariant_breaks(devices) == []
+
+    async with sampling(devices) as samples:
+        status, created = await request(in_process, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, created
+        # The PKI starts issuing from the new root; the trust phase, which takes device round trips, is still on.
+        est_server.issue_from_new_root()
+        assert created["from_pki_id"] == created["to_pki_id"] == pki_id, created
+        assert "newwithold" in (created["successor"] or "").lower(), created["successor"]
+        assert created["phase"] == "trust" and len(created["devices"]) == PLANT_SIZE
+        campaign = await finishes(in_process, created["id"], 120)
+
+    broken = [breaks for breaks in samples if breaks]
+    assert len(samples) > 20 and not broken, broken[:3]
+    assert campaign["phase"] == "done" and campaign["blocked"] is None
+    assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+    for device in devices:
+        assert issued_by(device.certificate, new_root)
+        assert der(new_root) in device.trust_list.trusted_certificates
+        assert der(old_root) not in device.trust_list.trusted_certificates
+    async with in_process.context():
+        assert {entry.pki_id for entry in await InventoryEntry.filter(protocol="gds")} == {pki_id}
+    # The entry's chain is the new root now: a renewal afterwards comes from it and does not bring the old root back.
+    status, chain = await request(in_process, "GET", f"/pki/ca/{pki_id}")
+    assert status == 200 and x509.load_pem_x509_certificates(chain.encode()) == [new_root], chain
+    await assert_pushed(await push(in_process, devices[0], onboarding=False), devices[0], issuer=new_root)
+    assert der(old_root) not in devices[0].trust_list.trusted_certificates
+
+
+async def test_a_rollover_is_refused_when_the_est_server_announces_nothing(
+    in_process: InProcessApp, simulated_device: StartDevice, est_server: EstTestServer
+) -> None:
+    pki_id, _ = await est_plant(in_process, simulated_device, est_server)
+    status, answer = await request(in_process, "POST", "/campaigns", {"kind": "ca-rollover", "from_pki_id": pki_id})
+    assert status == 409 and "announces no new CA" in answer["error"], (status, answer)
+    assert await request(in_process, "GET", "/campaigns") == (200, [])
+
+
+async def test_a_rollover_to_a_forged_announcement_is_refused_saying_what_does_not_verify(
+    in_process: InProcessApp, simulated_device: StartDevice, est_server: EstTestServer
+) -> None:
+    pki_id, devices = await est_plant(in_process, simulated_device, est_server)
+    est_server.announce_new_root("EST Test Root CA G2", broken_link=True)
+    status, answer = await request(in_process, "POST", "/campaigns", {"kind": "ca-rollover", "from_pki_id": pki_id})
+    assert status == 502 and "do not verify with the key of the root CA certlm holds" in answer["error"], answer
+    assert await request(in_process, "GET", "/campaigns") == (200, [])
+    for device in devices:
+        assert der(est_server.rollover.new.certificate) not in device.trust_list.trusted_certificates
+
+
+async def test_a_rollover_is_refused_when_the_est_server_is_unreachable(
+    in_process: InProcessApp, simulated_device: StartDevice, est_server: EstTestServer
+) -> None:
+    pki_id, _ = await est_plant(in_process, simulated_device, est_server)
+    await est_server.stop()
+    status, answer = await request(in_process, "POST", "/campaigns", {"kind": "ca-rollover", "from_pki_id": pki_id})
+    assert status == 502 and "cannot connect to EST server" in answer["error"], (status, answer)
+    assert await request(in_process, "GET", "/campaigns") == (200, [])
+
+
+async def test_a_reissue_while_the_pki_still_issues_from_the_old_root_fails_saying_so(
+    in_process: InProcessApp, simulated_device: StartDevice, est_server: EstTestServer
+) -> None:
+    """The server announced its new root but has not switched: the reissue phase must not hand devices another
+    certificate of the old root and call it done; each step fails naming why, and the campaign waits for the PKI."""
+    pki_id, devices = await est_plant(in_process, simulated_device, est_server)
+    old_root = est_server.ca_certificate
+    est_server.announce_new_root("EST Test Root CA G2")
+    status, created = await request(in_process, "POST", "/campaigns", {"kind": "ca-rollover", "from_pki_id": pki_id})
+    assert status == 201, created
+
+    async def reissue_failed() -> dict | None:
+        campaign = await campaign_state(in_process, created["id"])
+        failed = [device for device in campaign["devices"] if device["reissue"] == "failed"]
+        return campaign if campaign["phase"] == "reissue" and failed else None
+
+    campaign = await eventually(reissue_failed, "a reissue step to fail", 90)
+    failed = [device for device in campaign["devices"] if device["reissue"] == "failed"]
+    assert all("does not issue from its new CA yet" in device["last_step"]["error"] for device in failed), failed
+    assert campaign["state"] == "running" and campaign["phase"] == "reissue"
+    for device in devices:
+        # Whatever the device got, the retire phase has not begun: the old root is still trusted everywhere.
+        assert der(old_root) in device.trust_list.trusted_certificates
+    assert invariant_breaks(devices) == []
+
+
+# --- CMP ---------------------------------------------------------------------------------------------------------
+
+CMP_REFERENCE, CMP_SECRET = "certlm-ra", "plant-cmp-secret"
+
+
+async def test_a_rollover_to_the_root_a_cmp_ca_announced_keeps_every_device_trusting_every_other(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    # Each root's CRL at a distribution point of its own: devices that check revocation want it in their trust list.
+    old_cdp, new_cdp = CrlDistributionPoint(), CrlDistributionPoint()
+    await old_cdp.start()
+    await new_cdp.start()
+    pki = TestPki.create(tmp_path / "cmp", "Plant CMP CA", crl_url=old_cdp.url)
+    old = pki.ca
+    old_cdp.crl = old.crl(days=7)
+    # The CA hands its chain out in the extraCerts of every answer; it takes no kur (OpenSSL's mock accepts a kur
+    # only for the certificate it answers with), so renewals are new requests.
+    issuing = IssuingCmpServer(
+        pki, "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}", chain_option="-rsp_extracerts"
+    )
+    answer = RootCaKeyUpdateAnswer(refusing(issuing.handle, {"kur"}, http_error()), CMP_SECRET, old.certificate.subject)
+    relay = await HttpRelay(answer).start()
+    try:
+        await create_internal_ca(in_process, "certlm client CA")
+        status, created = await request(in_process, "POST", "/pki/inventory", {
+            "pki_type": 3, "name": "plant CMP", "pki_connection": relay.address, "username": CMP_REFERENCE,
+            "password": CMP_SECRET,
+        })  # fmt: skip
+        assert status == 200, created
+        pki_id = created["pki_id"]
+        devices = []
+        for _ in range(PLANT_SIZE):
+            device = await simulated_device()
+            status, body = await request(
+                in_process, "POST", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port,
+                                                       "pki": pki_id},
+            )  # fmt: skip
+            assert status == 200, body
+            await assert_pushed(await push(in_process, device, issuer=True), device, issuer=old.certificate)
+            devices.append(device)
+        answer.update = update = RootKeyUpdate.of(old, "Plant CMP CA G2")
+        new_root = update.new.certificate
+
+        async with sampling(devices) as samples:
+            status, created = await request(in_process, "POST", "/campaigns", {
+                "kind": "ca-rollover", "from_pki_id": pki_id, "concurrency": 2,
+            })  # fmt: skip
+            assert status == 201, created
+            new_cdp.crl = update.new.crl(days=7)
+            pki.crl_url = new_cdp.url
+            issuing.issue_from(update.new)
+            assert created["from_pki_id"] == created["to_pki_id"] == pki_id, created
+            assert "newwithold" in (created["successor"] or "").lower(), created["successor"]
+            campaign = await finishes(in_process, created["id"], 120)
+
+        broken = [breaks for breaks in samples if breaks]
+        assert len(samples) > 20 and not broken, broken[:3]
+        assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+        assert answer.asked and all(asked == old.certificate for asked in answer.asked), "the genm named the old root"
+        for device in devices:
+            assert issued_by(device.certificate, new_root)
+            assert der(new_root) in device.trust_list.trusted_certificates
+            assert der(old.certificate) not in device.trust_list.trusted_certificates
+        status, chain = await request(in_process, "GET", f"/pki/ca/{pki_id}")
+        assert status == 200 and x509.load_pem_x509_certificates(chain.encode()) == [new_root], chain
+        await assert_pushed(await push(in_process, devices[0], onboarding=False), devices[0], issuer=new_root)
+        assert der(old.certificate) not in devices[0].trust_list.trusted_certificates
+    finally:
+        await relay.stop()
+        issuing.stop()
+        await old_cdp.stop()
+        await new_cdp.stop()
+
+
+class CrlDistributionPoint:
+    """An HTTP server answering ``crl`` (set it before anything asks) at ``url``."""
+
+    def __init__(self) -> None:
+        self.crl: x509.CertificateRevocationList | None = None
+        self.relay = HttpRelay(self._answer)
+
+    async def _answer(self, body: bytes) -> tuple[bytes, str]:
+        assert self.crl is not None
+        return self.crl.public_bytes(serialization.Encoding.DER), "application/pkix-crl"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.relay.address}/ca.crl"
+
+    async def start(self) -> None:
+        await self.relay.start()
+
+    async def stop(self) -> None:
+        await self.relay.stop()
