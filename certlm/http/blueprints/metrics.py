@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 
 from quart import Blueprint, Response
 
+from certlm.foundation.actors import VIEWER
+from certlm.http.auth import requires_role
 from certlm.http.openapi import downloads
 from certlm.lifecycle.metrics import CONTENT_TYPE, exposition
 from certlm.lifecycle.rollover import rollover_proposals
@@ -15,6 +17,7 @@ blueprint = Blueprint("metrics", __name__)
 
 
 @blueprint.get("/metrics")
+@requires_role(VIEWER)
 @downloads("text/plain", description="Prometheus text format")
 async def metrics() -> Response:
     """Per device the certificate's notAfter, renewal_days, revocation and reachability; this instance's scheduler
