@@ -12,7 +12,8 @@ certlm's own plugins to that). ``PLUGIN_API_VERSION`` versions it; a plugin decl
   over HTTP(S).
 - What the host lends: ``HostServices`` (to drivers and backends when they are made, and to the routes hook),
   ``InventoryAccess`` (to the routes hook); what a plugin lends the host: ``ClientCertificateHolder``.
-- Errors that become the API's answers, certificate helpers, and the shapes and helpers of routes.
+- Errors that become the API's answers, certificate helpers, and the shapes and helpers of routes; the role a
+  route needs (``requires_role`` with ``VIEWER``, ``OPERATOR``, ``ADMIN``).
 """
 
 from certlm.contracts.drivers import (
@@ -58,6 +59,7 @@ from certlm.contracts.services import (
     InventoryAccess,
     PresentedClientCertificate,
 )
+from certlm.foundation.actors import ADMIN, OPERATOR, VIEWER
 from certlm.foundation.certs import (
     api_timestamp,
     crl_signed_by,
@@ -91,6 +93,7 @@ from certlm.foundation.hostspec import HostSpec, address_url
 from certlm.foundation.responses import DownloadQuery, StrictBody
 from certlm.foundation.secretbox import SecretBox
 from certlm.foundation.version import PLUGIN_API_VERSION, __version__
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers, downloads
 from certlm.inventory.entries import MAX_SECRET_CHARS, InventoryEntryOut, ListingPage, checked_server
 from certlm.inventory.identity import identity_repinned
@@ -102,12 +105,15 @@ from certlm.storage.models import DeviceCredential, InventoryEntry, PkiEntry
 from certlm.system.settings import MAX_RENEWAL_DAYS
 
 __all__ = [
+    "ADMIN",
     "CLIENT_PROFILE",
     "MAX_ID",
     "MAX_RENEWAL_DAYS",
     "MAX_SECRET_CHARS",
+    "OPERATOR",
     "PLUGIN_API_VERSION",
     "SERVER_PROFILE",
+    "VIEWER",
     "APIError",
     "CertificateProfile",
     "CertificateReading",
@@ -185,6 +191,7 @@ __all__ = [
     "load_crl",
     "pki_client",
     "plain_status",
+    "requires_role",
     "serial_hex",
     "sha1_fingerprint",
     "spki_der",

@@ -1,5 +1,5 @@
 """The ``certlm`` command: serve the API, set up a demo instance, issue licenses, talk to a running service (import
-an inventory file, install, restore and show its license), and write a new plugin package."""
+an inventory file, install, restore and show its license), check the audit trail, and write a new plugin package."""
 
 from __future__ import annotations
 
@@ -613,6 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=_license_show)
     _add_plugin_commands(commands)
     _add_backup_commands(commands)
+    _add_audit_commands(commands)
     return parser
 
 
@@ -667,6 +668,61 @@ def _add_backup_commands(commands: argparse._SubParsersAction) -> None:
         help="overwrite a non-empty data directory or PostgreSQL database (default: refuse)",
     )
     restore.set_defaults(func=_restore)
+
+
+def _add_audit_commands(commands: argparse._SubParsersAction) -> None:
+    audit = commands.add_parser("audit", help="check the audit trail of the database the service uses")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    verify = audit_commands.add_parser(
+        "verify",
+        help="check every record's hash and link: exit 0 with the count and head when intact, else 1 naming the "
+        "first bad record",
+    )
+    _add_config_arguments(verify)
+    verify.add_argument(
+        "--database-url", default=None, help="the database (default: $CERTLM_DATABASE_URL, else the data directory's)"
+    )
+    verify.add_argument(
+        "--anchor", default=None,
+        help="ID:HASH of a head the log recorded earlier (certlm.audit.anchor): the chain must still hold it "
+             "(default: none)",
+    )  # fmt: skip
+    verify.set_defaults(func=_audit_verify)
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    """Read the database as the service's settings name it (nothing is created or migrated) and check the chain."""
+    from tortoise.exceptions import OperationalError
+
+    from certlm.foundation.config import ConfigError, Settings, config_file_for
+    from certlm.storage import connected_without_migrating
+    from certlm.system.audit import parse_anchor, verify_chain
+
+    try:
+        anchor = parse_anchor(args.anchor) if args.anchor is not None else None
+    except ValueError as error:
+        raise SystemExit(f"certlm: --anchor: {error}") from None
+    overrides: dict[str, Any] = {"data_dir": args.data_dir} if args.data_dir else {}
+    if args.database_url:
+        overrides["database_url"] = args.database_url
+    try:
+        settings = Settings.from_env(config_file=config_file_for(args.config, data_dir=args.data_dir), **overrides)
+    except ConfigError as error:
+        raise _refused_settings(error) from None
+    database = settings.database_url
+    if database.startswith("sqlite://") and not Path(database.removeprefix("sqlite://")).is_file():
+        raise SystemExit(f"certlm: no database at {database.removeprefix('sqlite://')}")
+
+    async def verify() -> Any:
+        async with connected_without_migrating(database):
+            return await verify_chain(anchor)
+
+    try:
+        verdict = asyncio.run(verify())
+    except OperationalError as error:
+        raise SystemExit(f"certlm: cannot read the audit trail ({error}): has certlm serve migrated it?") from None
+    print(verdict.message())
+    return 0 if verdict.intact else 1
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:

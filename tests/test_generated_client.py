@@ -26,6 +26,7 @@ ACCEPTED_WARNINGS = {
     "GET /pki/crl/{pki_id}": "application/pkix-crl",
     "GET /pki/crt/{pki_id}": "application/pkix-cert",
     "POST /gds/inventory/import": "text/csv",
+    "GET /audit/export": "application/x-ndjson",
 }
 SECTIONS = {"system", "tls", "license_", "inventory", "monitoring", "gds_push", "pki", "maintenance", "administration"}
 

@@ -112,6 +112,7 @@ async def test_every_operation_documents_a_success_with_its_media_type(service) 
         "/pki/crt/{pki_id}": {"application/x-pem-file", "application/pkix-cert"},
         "/gds/crt": {"application/x-pem-file", "application/pkix-cert"},
         "/metrics": {"text/plain"},
+        "/audit/export": {"application/x-ndjson"},
     }
     redirects = {"/swagger", "/swagger-ui", "/api/docs"}
     wrong = []

@@ -209,11 +209,17 @@ def answers_a_trust_list(answer: Any, demo: RunningDemo) -> None:
     assert answer["trustlist_trusted_ca"] or answer["trustlist_issuer_ca"], answer
 
 
+def makes_a_named_key(answer: Any, demo: RunningDemo) -> None:
+    assert (answer["name"], answer["role"], answer["expires"]) == ("shift-lead", "operator", None), answer
+    assert answer["key"].startswith("certlm_") and answer["created_by"] == "administrator", answer
+
+
 # What a reader expects from each curl example, by the request path it ends with.
 EXPECTED: dict[str, Callable[[Any, RunningDemo], None]] = {
     r"/gds/inventory": lists_the_demo_devices,
     r"/gds/push/change": renewed_with_step_timings,
     r"/gds/monitor/trustlist/[^/]+": answers_a_trust_list,
+    r"/apikeys": makes_a_named_key,
 }
 
 

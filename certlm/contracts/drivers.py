@@ -360,6 +360,9 @@ class DeviceReading:
     trust_list: TrustList | None = None
     firmware: FirmwareInfo | None = None
     status: str | None = None
+    # Plugin API 1.1: the client certificates the device refused (``DeviceDriver.read_rejected_list``); None when
+    # the driver or the device does not list them.
+    rejected_certificates: list[x509.Certificate] | None = None
 
 
 class DeviceDriver:
@@ -461,14 +464,16 @@ class DeviceDriver:
         raise self._unsupported("writing the trust list")
 
     async def read_device(self, target: DeviceTarget) -> DeviceReading:
-        """The trust list (all parts), firmware and status for the monitor scheduler, which visits every device each
-        scan: override it to read them in one session. The default asks ``read_trust_list``, ``read_firmware`` and
-        ``read_status`` in turn and leaves out what raises ``UnsupportedOperation``."""
+        """The trust list (all parts), firmware, status and rejected client certificates for the monitor scheduler,
+        which visits every device each scan: override it to read them in one session. The default asks
+        ``read_trust_list``, ``read_firmware``, ``read_status`` and ``read_rejected_list`` in turn and leaves out what
+        raises ``UnsupportedOperation``."""
         parts: dict[str, Any] = {}
         reads = {
             "trust_list": lambda: self.read_trust_list(target, TrustList.ALL),
             "firmware": lambda: self.read_firmware(target),
             "status": lambda: self.read_status(target),
+            "rejected_certificates": lambda: self.read_rejected_list(target),
         }
         for part, read in reads.items():
             try:
@@ -501,3 +506,14 @@ class DeviceDriver:
         if wanted is None:
             return current
         return await self.write_trust_list(target, wanted)
+
+    async def read_rejected_list(self, target: DeviceTarget) -> list[x509.Certificate]:
+        """The client certificates the device refused to talk to and still lists (OPC UA Part 12 GetRejectedList, a
+        file store's ``rejected/`` folder), each once, read live. Plugin API 1.1.
+
+        The monitor stores what it finds (``GET /gds/rejected``) and an operator may approve one: the host then adds
+        that certificate, or its issuer, to the device's trust list through ``read_trust_list`` and
+        ``write_trust_list``. A chain the device kept with a certificate comes as its certificates in turn (the
+        issuer after what it issued), so that its CA can be approved. A device that does not list them (the method
+        missing, or refused to certlm's user) raises ``UnsupportedOperation`` naming why."""
+        raise self._unsupported("listing the client certificates the device rejected")

@@ -106,6 +106,13 @@ class Settings:
     # This many days before a PKI entry's CA certificate expires, certlm proposes a rollover campaign for its devices
     # (``certlm.lifecycle.rollover``).
     ca_rollover_warning_days: int = field(default=90, metadata=_bounded(3650))
+    # The audit trail (``certlm.system.audit``): records older than this many days are dropped, a whole prefix of the
+    # chain at a time, the last dropped record's hash kept as where the chain starts; unset keeps every record.
+    audit_retention_days: int | None = field(default=None, metadata=_bounded(36500))
+    # Every this many minutes (and at shutdown) the chain's head is logged at INFO, for a log collector to keep.
+    audit_anchor_interval_min: int = field(default=60, metadata=_bounded(1440))
+    # ``off`` records nothing: only to measure what the trail costs (``bench/bench_audit.py``), never in production.
+    audit_trail: bool = True
     # Plugins' settings by name: the file's ``[plugins]`` table, and every ``CERTLM_*`` variable under its name
     # without the prefix, in lower case, as text for the plugin to check (``CERTLM_REST_VERIFY_WAIT_S`` is
     # ``rest_verify_wait_s``); the environment wins over the file, values given in code (``overrides["extra"]``)

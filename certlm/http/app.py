@@ -59,10 +59,13 @@ BLUEPRINT_MODULES: tuple[str, ...] = (
     "certlm.http.blueprints.pki",
     "certlm.http.blueprints.maintenance",
     "certlm.http.blueprints.campaigns",
+    "certlm.http.blueprints.rejected",
     "certlm.http.blueprints.admin",
     "certlm.http.blueprints.docs",
     "certlm.http.blueprints.dashboard",
     "certlm.http.blueprints.metrics",
+    "certlm.http.blueprints.audit",
+    "certlm.http.blueprints.apikeys",
 )
 
 

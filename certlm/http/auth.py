@@ -1,7 +1,23 @@
-"""API-key authentication and license feature gating, applied to every route in one place, and the limit on failed
-attempts at a credential (the API key, the TOTP of ``DELETE /sql``) per source address.
+"""API-key authentication, the role each route needs, and license feature gating, applied to every route in one
+place, and the limit on failed attempts at a credential (the API key, the TOTP of ``DELETE /sql``) per source address.
 
 The open routes are exactly the spec's list; ``tests/test_access.py`` walks the app's url map to keep it so.
+
+Roles (``certlm.foundation.actors``: ``viewer`` < ``operator`` < ``admin``, each may do what the ones before may).
+The spec's API key is the administrator's (``admin``); ``POST /apikeys`` makes named keys with a role
+(``certlm.system.apikeys``). Every route declares the role it needs where its view is defined, and nowhere else::
+
+    from certlm import OPERATOR, requires_role  # host code: certlm.foundation.actors and certlm.http.auth
+
+    @blueprint.post("/gds/rejected/<rejected_id>/approve")
+    @requires_role(OPERATOR)
+    async def approve(rejected_id: str): ...
+
+A route that declares nothing needs ``admin`` (``UNDECLARED_ROLE``): a forgotten declaration locks out too many
+rather than letting in too many; ``tests/test_roles.py`` holds every route of certlm and its own plugins to an
+explicit declaration. ``requires_role(ADMIN, spec_key_only=True)`` keeps a route to the spec's key itself
+(``DELETE /sql``). A refusal is 403 naming the role needed and the caller's (``this needs the operator role; key
+'ops-ro' has viewer``); ``/openapi.json`` documents each operation's role (``x-certlm-role``).
 """
 
 from __future__ import annotations
@@ -20,9 +36,12 @@ from typing import Any, TypeVar
 
 from quart import Quart, current_app, request
 
+from certlm.foundation.actors import ADMIN, ANONYMOUS, ROLES, Actor, set_actor
+from certlm.foundation.certs import api_timestamp
 from certlm.foundation.errors import APIError, Forbidden, Unauthorized
 from certlm.foundation.secretbox import write_private_file
 from certlm.service.host import current_host
+from certlm.system.apikeys import find_key
 from certlm.system.licensing import CORE_FEATURE
 
 log = logging.getLogger(__name__)
@@ -41,13 +60,22 @@ OPEN_ROUTES: frozenset[tuple[str, str]] = frozenset(
         ("GET", "/dashboard/assets/<path:filename>"),
     }
 )
-# URL rules that need the API key but no license, so that a license can be installed at all.
-LICENSE_EXEMPT_RULES: frozenset[str] = frozenset({"/systeminfo/lic", "/systeminfo/lic/restore"})
+# URL rules that need the API key but no license, so that a license can be installed at all (and the dashboard can
+# tell whether the key's role may install one).
+LICENSE_EXEMPT_RULES: frozenset[str] = frozenset({"/systeminfo/lic", "/systeminfo/lic/restore", "/apikeys/self"})
 # Every request body is JSON, unless the route declares more with ``takes_body``.
 JSON = "application/json"
 BODY_MEDIA_TYPES_ATTRIBUTE = "_certlm_body_media_types"
 
 View = TypeVar("View", bound=Callable[..., Any])
+
+ROLE_ATTRIBUTE = "_certlm_role"
+SPEC_KEY_ONLY_ATTRIBUTE = "_certlm_spec_key_only"
+# The role a route needs when its view declares none (a third-party plugin's route): the strictest.
+UNDECLARED_ROLE = ADMIN
+# The actor of a request made with the spec's API key, and the kinds of keys (``Actor.kind``).
+ADMINISTRATOR = "administrator"
+SPEC_KEY, NAMED_KEY = "api_key", "named_key"
 
 # How many source addresses the failure limiters remember at most: past that, the oldest window is forgotten first.
 MAX_TRACKED_SOURCES = 10_000
@@ -193,6 +221,35 @@ def body_media_types(view: Callable[..., Any] | None) -> dict[str, str]:
     return getattr(view, BODY_MEDIA_TYPES_ATTRIBUTE, {})
 
 
+def requires_role(role: str, *, spec_key_only: bool = False) -> Callable[[View], View]:
+    """Declare the role a route needs (``VIEWER``, ``OPERATOR`` or ``ADMIN``); with ``spec_key_only`` only the
+    spec's API key itself may call it, not a named key of any role. A route that declares nothing needs ``ADMIN``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+
+    def declare(view: View) -> View:
+        setattr(view, ROLE_ATTRIBUTE, role)
+        if spec_key_only:
+            setattr(view, SPEC_KEY_ONLY_ATTRIBUTE, True)
+        return view
+
+    return declare
+
+
+def declared_role(view: Callable[..., Any] | None) -> str | None:
+    """The role a route's view declares with ``requires_role``; None when it declares none."""
+    return getattr(view, ROLE_ATTRIBUTE, None)
+
+
+def role_needed(view: Callable[..., Any] | None) -> str:
+    """The role a route needs: the declared one, else ``UNDECLARED_ROLE``."""
+    return declared_role(view) or UNDECLARED_ROLE
+
+
+def spec_key_only(view: Callable[..., Any] | None) -> bool:
+    return bool(getattr(view, SPEC_KEY_ONLY_ATTRIBUTE, False))
+
+
 def load_or_create_api_key(path: Path) -> str:
     """Read the API key, or create a strong random one (mode 0600) on first start and say where."""
     if path.exists():
@@ -226,9 +283,35 @@ def is_open(method: str, rule: str) -> bool:
     return (method, rule) in OPEN_ROUTES
 
 
+async def authenticated_actor(failures: FailureLimiter, source: str) -> Actor:
+    """Who the request's key makes the caller: the spec's key is the administrator, a named key (``POST /apikeys``)
+    its name and role. 401 without a key, with a wrong, deleted or expired one (which the sentence says)."""
+    key = presented_key()
+    if key is None:
+        failures.refused(source, request_route(), "missing API key", counts=False)
+        raise Unauthorized("missing API key: send X-API-Key or Authorization: Bearer")
+    if hmac.compare_digest(key.encode(), current_host().api_key.encode()):
+        return Actor(SPEC_KEY, ADMINISTRATOR, ADMIN, source)
+    found = await find_key(key)
+    if found.key is None:
+        failures.refused(source, request_route(), "invalid API key")
+        raise Unauthorized("invalid API key")
+    actor = Actor(NAMED_KEY, found.key.name, found.key.role, source)
+    if found.expired:
+        set_actor(actor)
+        # A real key, not a guess: refused without counting towards the source's limit.
+        failures.refused(source, request_route(), f"API key {found.key.name!r} expired", counts=False)
+        raise Unauthorized(
+            f"API key {found.key.name!r} expired at {api_timestamp(found.key.expires_at)}: ask an administrator for "
+            "a new one"
+        )
+    return actor
+
+
 def install_access_checks(app: Quart) -> None:
     """The checks every request passes: the API key (its failures limited per source address, ``FailureLimiter``),
-    the license, the content type of a body."""
+    the role the route needs, the license, the content type of a body. The request's actor (``current_actor()``)
+    is set before any refusal."""
     settings = app.extensions["certlm"].settings
     app.extensions[FAILURE_LIMITERS_EXTENSION] = {
         credential: FailureLimiter(credential, settings.auth_failure_limit, settings.auth_failure_window_s)
@@ -242,23 +325,29 @@ def install_access_checks(app: Quart) -> None:
     @app.before_request
     async def check_access() -> None:
         rule = request.url_rule
+        source = request_source()
+        # Every request has an actor, a refused or an open one too: the audit trail records who came from where.
+        set_actor(Actor(ANONYMOUS.kind, ANONYMOUS.name, None, source))
         if rule is None or request.method == "OPTIONS":
             return  # routing answers 404/405 itself
         if is_open(request.method, rule.rule):
             return
-        failures, source = failure_limiter(API_KEY), request_source()
+        failures = failure_limiter(API_KEY)
         failures.check(source)
-        key = presented_key()
-        host = current_host()
-        if key is None:
-            failures.refused(source, request_route(), "missing API key", counts=False)
-            raise Unauthorized("missing API key: send X-API-Key or Authorization: Bearer")
-        if not hmac.compare_digest(key.encode(), host.api_key.encode()):
-            failures.refused(source, request_route(), "invalid API key")
-            raise Unauthorized("invalid API key")
+        actor = await authenticated_actor(failures, source)
+        set_actor(actor)
+        view = current_app.view_functions.get(rule.endpoint)
+        needed = role_needed(view)
+        if not actor.may(needed):
+            # Not a guess at a credential: refused, logged, not counted towards the source's limit.
+            log.info("refused %s to %s from %s: needs the %s role", request_route(), actor.describe(), source, needed)
+            raise Forbidden(f"this needs the {needed} role; {actor.describe()} has {actor.role}")
+        if spec_key_only(view) and actor.kind != SPEC_KEY:
+            log.info("refused %s to %s from %s: the key file's key only", request_route(), actor.describe(), source)
+            raise Forbidden(f"only the API key of the service's key file may do this, not {actor.describe()}")
         if rule.rule in LICENSE_EXEMPT_RULES:
             return
-        status = await host.licenses.current()
+        status = await current_host().licenses.current()
         if status is None:
             raise Forbidden("no license installed: POST one to /systeminfo/lic")
         if not status.grants(CORE_FEATURE):

@@ -1,11 +1,13 @@
 """Completes the OpenAPI description quart-schema generates, so that ``/openapi.json`` tells the truth: every status
-an operation can answer (errors as ``{error}``), binary media types, redirects, open routes, fields that refuse null.
+an operation can answer (errors as ``{error}``), binary media types, redirects, open routes, fields that refuse null,
+the role each operation needs.
 
 What follows from the route itself is derived here (a body, a query or a path can be refused with 400; a non-open
-route answers 401, a license-gated one 403; a path naming an entry answers 404; a body can be too large, 413, or not
-JSON, 415; a body in another media type a route takes, declared with ``certlm.http.auth.takes_body``). What only the
-code behind a route knows, the route declares with ``answers``, ``downloads`` or ``redirects``; plugins' routes do the
-same.
+route answers 401, a license-gated one 403, and so does one that needs more than the ``viewer`` role, which each
+operation names in ``x-certlm-role`` and a line of its description, from ``certlm.http.auth.requires_role``; a path
+naming an entry answers 404; a body can be too large, 413, or not JSON, 415; a body in another media type a route
+takes, declared with ``certlm.http.auth.takes_body``). What only the code behind a route knows, the route declares
+with ``answers``, ``downloads`` or ``redirects``; plugins' routes do the same.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from quart import Blueprint
 from quart_schema.openapi import OpenAPIProvider
 from werkzeug.routing import Rule
 
+from certlm.foundation.actors import VIEWER
 from certlm.foundation.errors import APIError
 from certlm.foundation.responses import refuse_null
-from certlm.http.auth import LICENSE_EXEMPT_RULES, body_media_types, is_open
+from certlm.http.auth import LICENSE_EXEMPT_RULES, body_media_types, is_open, role_needed, spec_key_only
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -36,7 +39,8 @@ ERROR_SCHEMA = {
 ERROR_DESCRIPTIONS = {
     400: "Invalid request: body, query or path parameter refused",
     401: "Missing or invalid API key",
-    403: "No valid license, a license lacking the feature, or the licensed endpoint limit reached",
+    403: "The key's role does not include the role the operation needs (the sentence names both), no valid license, a "
+    "license lacking the feature, or the licensed endpoint limit reached",
     404: "Not found",
     409: "Conflicts with what is stored",
     413: "Request body too large",
@@ -48,9 +52,9 @@ ERROR_DESCRIPTIONS = {
     502: "A device, PKI or CRL distribution point could not be reached or answered nonsense",
 }
 # Path parameters that name a stored entry: an unknown one answers 404.
-ENTRY_PARAMETERS = frozenset({"pki_id", "window_id", "rule_id", "host_or_url"})
+ENTRY_PARAMETERS = frozenset({"pki_id", "window_id", "rule_id", "host_or_url", "key_id"})
 # Path parameters ``responses.parse_id`` reads: positive integers of at most 18 digits, 400 otherwise.
-ID_PARAMETERS = frozenset({"pki_id", "window_id", "rule_id"})
+ID_PARAMETERS = frozenset({"pki_id", "window_id", "rule_id", "key_id"})
 ID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 10**18 - 1}
 BINARY_SCHEMA = {"type": "string", "format": "binary"}
 RETRY_AFTER_HEADER = {"description": "Seconds until the source may try again", "schema": {"type": "integer"}}
@@ -72,6 +76,9 @@ HOST_TAGS: dict[str, str] = {
     "pki": "PKI",
     "maintenance": "maintenance",
     "admin": "administration",
+    "apikeys": "API keys",
+    "audit": "audit trail",
+    "rejected": "rejected clients",
 }
 TAG_DESCRIPTIONS: dict[str, str] = {
     "system": "The service's state and settings: system information, schedulers, CRL status codes, supported "
@@ -87,13 +94,19 @@ TAG_DESCRIPTIONS: dict[str, str] = {
     "signing by the internal CA.",
     "maintenance": "Maintenance windows and rules, during which automated certificate operations are suppressed.",
     "administration": "Database administration: the sample database and the TOTP-protected wipe.",
+    "API keys": "Named API keys with a role (viewer, operator, admin), made and deleted by an administrator, and the "
+    "key a caller holds.",
+    "audit trail": "Who did what and when: the hash-chained record of every change and refusal, filtered, exported.",
+    "rejected clients": "Client certificates devices refused, and approving (trusting) or dismissing them.",
 }
 API_DESCRIPTION = (
     "certlm manages the certificates of OPC UA devices: an inventory of the plant's devices, certificates from the "
     "plant's PKI pushed into them with their trust lists, watched and renewed before they expire, outside maintenance "
     "windows. Operations are grouped by the sections of the REST interface specification; routes a plugin adds are "
     "grouped under that plugin. Send the API key as `X-API-Key` or `Authorization: Bearer`; the operations marked "
-    "without security are open."
+    "without security are open. The service's key is the administrator's; `POST /apikeys` makes named keys with a "
+    "role, `viewer` < `operator` < `admin`, each allowed what the ones before it are. Each operation names the role "
+    "it needs (`x-certlm-role`) and answers 403 to a key whose role falls short."
 )
 
 ERRORS_ATTRIBUTE = "_certlm_error_statuses"
@@ -178,9 +191,21 @@ def error_statuses(method: str, rule: Rule, operation: dict[str, Any], declared:
     return statuses
 
 
+def role_line(view: Callable[..., Any]) -> str:
+    """The line an operation's description gets naming the role it needs."""
+    if spec_key_only(view):
+        return "Needs the service's own API key (its key file); a named key of any role gets 403."
+    if role_needed(view) == VIEWER:
+        return "Needs the `viewer` role: any key may call it."
+    return f"Needs the `{role_needed(view)}` role (403 for a key whose role falls short)."
+
+
 def complete_operation(method: str, rule: Rule, view: Callable[..., Any], operation: dict[str, Any]) -> dict:
     responses = {**operation["responses"], **getattr(view, RESPONSES_ATTRIBUTE, {})}
-    for status in sorted(error_statuses(method, rule, operation, getattr(view, ERRORS_ATTRIBUTE, ()))):
+    declared = set(getattr(view, ERRORS_ATTRIBUTE, ()))
+    if not is_open(method, rule.rule) and (role_needed(view) != VIEWER or spec_key_only(view)):
+        declared.add(403)
+    for status in sorted(error_statuses(method, rule, operation, declared)):
         responses.setdefault(status, error_response(status))
     operation = {**operation, "responses": responses}
     if "requestBody" in operation and (other_bodies := body_media_types(view)):
@@ -190,6 +215,10 @@ def complete_operation(method: str, rule: Rule, view: Callable[..., Any], operat
         operation["requestBody"] = {**body, "content": {**body["content"], **content}}
     if is_open(method, rule.rule):
         operation["security"] = []
+    else:
+        operation["x-certlm-role"] = role_needed(view)
+        description = operation.get("description", "")
+        operation["description"] = f"{description}\n\n{role_line(view)}" if description else role_line(view)
     return operation
 
 

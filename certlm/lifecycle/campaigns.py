@@ -40,6 +40,7 @@ from tortoise.expressions import Q
 
 from certlm.contracts.drivers import DeviceIdentityChanged
 from certlm.contracts.pki_backends import SuccessorIssuer
+from certlm.foundation.actors import ADMIN, Actor, acting_as
 from certlm.foundation.certs import api_timestamp, serial_hex, sha1_fingerprint, to_der
 from certlm.foundation.config import Settings
 from certlm.foundation.errors import APIError, NotFound, UnsupportedOperation
@@ -72,6 +73,7 @@ from certlm.lifecycle.suppression import OUTLOOK, MaintenanceCalendar, Suppressi
 from certlm.lifecycle.trust import change_trust_list
 from certlm.pki.material import pki_ca_certificates
 from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry, PkiEntry
+from certlm.system.audit import record_automated
 
 log = logging.getLogger(__name__)
 
@@ -393,6 +395,8 @@ async def _run_step(
     )
     if not stored:
         await CampaignDevice.filter(id=row.id).update(last_step=record)
+    said = f"campaign {campaign.id}: {state}" + (f": {record['error']}" if record.get("error") else "")
+    await record_automated(f"campaign {phase} step", entry=entry, success=record["success"], detail=said)
 
 
 async def _reissue(
@@ -565,6 +569,7 @@ async def _enter(runtime: Runtime, campaign: Campaign, phase: str) -> None:
     )
     if moved:
         log.info("campaign %d: %s phase begins", campaign.id, phase)
+        await record_automated("campaign phase", target=f"campaign {campaign.id}", detail=f"{phase} phase begins")
         await CampaignDevice.filter(campaign_id=campaign.id).update(next_try_at=None, attempts=0)
     await campaign.refresh_from_db()
     if moved and (ahead := await window_ahead(runtime.settings, campaign, datetime.now(UTC))):
@@ -577,6 +582,7 @@ async def _finish(campaign: Campaign) -> None:
     )
     if finished:
         log.info("campaign %d finished", campaign.id)
+        await record_automated("campaign phase", target=f"campaign {campaign.id}", detail="finished")
     await campaign.refresh_from_db()
 
 
@@ -768,7 +774,8 @@ class CampaignRunner:
             self._wake.clear()
             progressed = False
             try:
-                progressed = await self.round()
+                with acting_as(Actor("automated", TRIGGER, ADMIN)):  # the audit trail names the campaign runner
+                    progressed = await self.round()
             except Exception:  # a database hiccup: the next round tries again
                 log.exception("campaign round failed")
             if not progressed:

@@ -32,10 +32,12 @@ from certlm.inventory.entries import (
 from certlm.inventory.identity import mark_identity_changed
 from certlm.lifecycle.leases import DeviceBusy, EntryDeleted, device_lease, ensure_rows
 from certlm.lifecycle.push import record_operation, trust_list_record
+from certlm.lifecycle.rejected import record_rejected
 from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import ScanContext, ScanReport
 from certlm.pki.revocation import REVOCATION_FIELDS, revocation_of, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+from certlm.system.audit import record_automated
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +149,7 @@ async def _store_certificate(
 
 
 async def read_firmware_and_store(
-    runtime: Runtime,
-    driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry | None
+    runtime: Runtime, driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry | None
 ) -> FirmwareInfo:
     """Read the device's firmware version and name; for a device in the inventory, store them in its entry."""
     async with reading(runtime.settings, entry):
@@ -306,8 +307,8 @@ async def _issued_by_entry_pki(runtime: Runtime, entry: InventoryEntry, certific
 
 
 async def _read_the_rest(driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry) -> str | None:
-    """Trust list, firmware and status in the driver's one visit (``DeviceDriver.read_device``), stored; what failed,
-    as text: the scan goes on."""
+    """Trust list, firmware, status and the client certificates the device rejected in the driver's one visit
+    (``DeviceDriver.read_device``), stored; what failed, as text: the scan goes on."""
     try:
         reading = await driver.read_device(target)
     except DeviceIdentityChanged:
@@ -322,10 +323,14 @@ async def _read_the_rest(driver: DeviceDriver, target: DeviceTarget, entry: Inve
         entry.firmware_version, entry.device_name = reading.firmware.firmware_version, reading.firmware.device_name
         fields += ["firmware_version", "device_name"]
     await entry.save(update_fields=fields)
+    if reading.rejected_certificates is not None:
+        await record_rejected(entry, target.url, reading.rejected_certificates)
     return f"status {reading.status}" if reading.status else None
 
 
 async def _record_monitor(entry: InventoryEntry, now: datetime, trigger: str, outcome: str, detail: str | None) -> None:
+    if outcome in ("identity_changed", "certificate_changed"):  # a finding that changes the device's state
+        await record_automated(f"monitor {outcome}", entry=entry, detail=detail)
     record_operation(
         entry,
         "monitor",

@@ -56,6 +56,7 @@ from certlm.lifecycle.runtime import Runtime
 from certlm.pki.material import enrollment_pki, pki_material, revoke_on_decommission
 from certlm.pki.revocation import RevocationCheck, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+from certlm.system.audit import record_automated
 
 log = logging.getLogger(__name__)
 # The error of a push that certlm stopped (cancelled) before it finished.
@@ -213,6 +214,7 @@ async def _record_push(
     last_step = (failed or steps or [{"step": "start"}])[-1]["step"]
     verdict = "ok" if not error else ("interrupted" if error == INTERRUPTED else "failed")
     detail = f"{outcome['execution']} ({order.trigger})" + (f": {error}" if error else "")
+    await record_automated(order.operation, entry=entry, success=not error, detail=detail)  # a scheduler's push
     log_operation(log, result["url"], order.operation, last_step, verdict, detail)
     return outcome
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from certlm.foundation.actors import ADMIN, Actor, acting_as
 from certlm.foundation.certs import api_timestamp
 from certlm.lifecycle.suppression import MaintenanceCalendar, Suppression, calendar_fingerprint
 from certlm.system.settings import system_settings
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 # may have changed them.
 SETTINGS_POLL_S = 5.0
 STOPPED, IDLE, RUNNING, SUPPRESSED, ERROR = "stopped", "idle", "running", "suppressed", "error"
+# Who a scheduler's work is done by, as the audit trail names it.
+SCHEDULER_ACTORS = {"gds_push": "renewal"}
 
 
 def utc_now() -> datetime:
@@ -204,7 +207,9 @@ class Scheduler:
         started = asyncio.get_running_loop().time()
         self._idle.clear()
         try:
-            report = await self.scan(ScanContext(now, calendar, interval, self.clock, settings, self._is_stopping))
+            # What the scan does is the scheduler's doing: the audit trail names it (the renewal scheduler "renewal").
+            with acting_as(Actor("automated", SCHEDULER_ACTORS.get(self.name, self.name), ADMIN)):
+                report = await self.scan(ScanContext(now, calendar, interval, self.clock, settings, self._is_stopping))
         finally:
             self._idle.set()
         duration = asyncio.get_running_loop().time() - started

@@ -18,6 +18,8 @@ from certlm.inventory.entries import Inventory, counts_against_license, find_ent
 from certlm.lifecycle.runtime import Runtime
 from certlm.pki.entries import INTERNAL_PKI_TYPE
 from certlm.storage.models import (
+    AuditChainStart,
+    AuditRecord,
     InventoryEntry,
     MaintenanceRule,
     MaintenanceWindow,
@@ -34,8 +36,11 @@ INVALID_TOTP = "Invalid TOTP code"
 # ASCII digits only: str.isdigit() would let other scripts' digits through to the comparison.
 SIX_DIGITS = re.compile(r"[0-9]{6}")
 # What DELETE /sql keeps: the schema stamp, the settings row (which records the used TOTP step), the license,
-# and the API server's own TLS certificate, without which the service would fall back to plain HTTP.
+# and the API server's own TLS certificate, without which the service would fall back to plain HTTP; and the audit
+# trail, which records the wipe itself and must outlive it.
 KEPT_MODELS: tuple[type[Model], ...] = (
+    AuditChainStart,
+    AuditRecord,
     SchemaVersion,
     PluginSchemaVersion,
     SystemSettings,

@@ -299,10 +299,14 @@ STEPS: tuple[MigrationStep, ...] = (
         _reinstall_endpoint_count,
     ),
     MigrationStep(
-        13, "backups: a record of each backup, scheduled or by certlm backup, that every instance reports",
+        13,
+        "backups: a record of each backup, scheduled or by certlm backup, that every instance reports",
         _new_table_only,
     ),
     MigrationStep(14, "fleet campaigns and the state of each of their devices", _new_table_only),
+    MigrationStep(15, "named API keys with a role (stored as hashes)", _new_table_only),
+    MigrationStep(16, "the audit trail: hash-chained records and where the chain starts", _new_table_only),
+    MigrationStep(17, "the client certificates devices rejected, and what an operator decided", _new_table_only),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 

@@ -264,6 +264,23 @@ class BackupRecord(Model):
         table = "backup_record"
 
 
+class NamedApiKey(Model):
+    """A key made with ``POST /apikeys`` (``certlm.system.apikeys``): its name, role and expiry, and the key only as
+    its SHA-256 (the key is 256 random bits, so a plain hash is as good as a slow one and costs nothing per request).
+    Deleting the row revokes the key on every instance at once: each request looks its key up."""
+
+    id = fields.IntField(primary_key=True)
+    name = fields.CharField(max_length=64, unique=True)
+    role = fields.CharField(max_length=16)
+    key_sha256 = fields.CharField(max_length=64, unique=True)
+    expires_at = fields.DatetimeField(null=True)
+    created_at = fields.DatetimeField(auto_now_add=True)
+    created_by = fields.CharField(max_length=80)
+
+    class Meta:
+        table = "named_api_key"
+
+
 class Campaign(Model):
     """A fleet campaign (``certlm.lifecycle.campaigns``): the devices in ``scope`` move from the issuer of PKI entry
     ``from_pki_id`` to that of ``to_pki_id`` (the same entry for a rekey), trust first."""
@@ -361,3 +378,72 @@ class MaintenanceRule(Model):
 
     class Meta:
         table = "maintenance_rule"
+
+
+class AuditRecord(Model):
+    """One record of the audit trail (``certlm.system.audit``): who did what to which target, when, with what outcome
+    and which fields changed. Never updated: each carries the SHA-256 of the record before it (``prev_hash``) and its
+    own over its fields (``hash``). The appender gives the id (the head's plus one, under the chain's lock), so ids
+    have no gaps and a removed record shows."""
+
+    id = fields.BigIntField(primary_key=True, generated=False)
+    at = fields.DatetimeField(db_index=True)
+    actor = fields.CharField(max_length=255, db_index=True)
+    actor_kind = fields.CharField(max_length=16)
+    role = fields.CharField(max_length=16, null=True)
+    source = fields.CharField(max_length=64, null=True)
+    action = fields.CharField(max_length=255, db_index=True)
+    target = fields.TextField(null=True)
+    entry_id = fields.IntField(null=True, db_index=True)
+    device = fields.CharField(max_length=300, null=True, db_index=True)
+    status = fields.IntField(null=True)
+    outcome = fields.CharField(max_length=16)
+    detail = fields.TextField(null=True)
+    # The changed fields as canonical JSON text: hashed as stored, whatever a database does to JSON values.
+    changes = fields.TextField(default="[]")
+    prev_hash = fields.CharField(max_length=64)
+    hash = fields.CharField(max_length=64)
+
+    class Meta:
+        table = "audit_record"
+
+
+class AuditChainStart(Model):
+    """One row (id 1) once retention dropped a prefix of the audit trail: the last dropped record's id and hash, which
+    the first kept record's ``prev_hash`` must equal."""
+
+    id = fields.IntField(primary_key=True)
+    last_dropped_id = fields.BigIntField()
+    last_dropped_hash = fields.CharField(max_length=64)
+    dropped_at = fields.DatetimeField()
+
+    class Meta:
+        table = "audit_chain_start"
+
+
+class RejectedClient(Model):
+    """A client certificate a device refused and listed (OPC UA GetRejectedList), as the monitor found it
+    (``certlm.lifecycle.rejected``): one row per device and certificate. ``entry_id`` is no foreign key: the record
+    outlives a deleted entry (``device`` keeps its address), and an approval then says the device is gone.
+    ``state`` is ``waiting``, ``approved`` or ``dismissed``; ``trusted`` what an approval added to the trust list."""
+
+    id = fields.IntField(primary_key=True)
+    entry_id = fields.IntField(db_index=True)
+    device = fields.CharField(max_length=512)
+    fingerprint = fields.CharField(max_length=64)
+    certificate_der = fields.BinaryField()
+    subject = fields.TextField()
+    issuer = fields.TextField()
+    application_uri = fields.TextField(null=True)
+    first_seen = fields.DatetimeField()
+    last_seen = fields.DatetimeField()
+    # Whether the device listed it at its last read of the list.
+    listed = fields.BooleanField(default=True)
+    state = fields.CharField(max_length=16, default="waiting", db_index=True)
+    decided_by = fields.CharField(max_length=80, null=True)
+    decided_at = fields.DatetimeField(null=True)
+    trusted = fields.JSONField(null=True)
+
+    class Meta:
+        table = "rejected_client"
+        unique_together = (("entry_id", "fingerprint"),)

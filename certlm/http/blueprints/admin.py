@@ -5,8 +5,9 @@ from __future__ import annotations
 from quart import Blueprint
 from quart_schema import validate_response
 
+from certlm.foundation.actors import ADMIN
 from certlm.foundation.responses import OperationResult, operation_result
-from certlm.http.auth import TOTP, failure_limiter, request_route, request_source
+from certlm.http.auth import TOTP, failure_limiter, request_route, request_source, requires_role
 from certlm.service.admin import TotpRefused, create_sample_data, wipe_with_totp
 from certlm.service.host import current_host
 
@@ -14,6 +15,7 @@ blueprint = Blueprint("admin", __name__)
 
 
 @blueprint.post("/create/dummy-db")
+@requires_role(ADMIN)
 @validate_response(OperationResult)
 async def create_sample_database() -> OperationResult:
     """Fill the database with sample entries: three GDS devices (one inactive) and an SSH gateway, an EST
@@ -25,11 +27,12 @@ async def create_sample_database() -> OperationResult:
 
 
 @blueprint.delete("/sql/<totp_code>")
+@requires_role(ADMIN, spec_key_only=True)
 @validate_response(OperationResult)
 async def wipe_database(totp_code: str) -> OperationResult:
     """Irreversibly delete the inventory, user credentials, PKI configuration, CA and device certificates,
     maintenance windows and every plugin's stored rows. Kept: the license, the schema version, the system
-    settings and the API server's TLS certificate.
+    settings, the API server's TLS certificate and the audit trail.
 
     ``totp_code`` is the current 6-digit TOTP (RFC 6238, SHA-1, 30 s steps) whose secret is the API key:
     ``base32(api_key as UTF-8)`` without padding. The previous and next step are accepted for clock drift;

@@ -10,8 +10,10 @@ from pydantic import BaseModel, BeforeValidator, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
+from certlm.foundation.actors import ADMIN, OPERATOR, VIEWER
 from certlm.foundation.errors import NotFound
 from certlm.foundation.responses import StrictBody, Timestamp, parse_id
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers
 from certlm.lifecycle.campaigns import (
     PHASES,
@@ -159,6 +161,7 @@ async def _campaign(campaign_id: str) -> Campaign:
 
 
 @blueprint.post("/campaigns")
+@requires_role(ADMIN)
 @validate_request(CampaignCreate)
 @validate_response(CampaignOut, 201)
 @answers(CampaignConflict)
@@ -180,6 +183,7 @@ async def create(data: CampaignCreate) -> tuple[CampaignOut, int]:
 
 
 @blueprint.get("/campaigns")
+@requires_role(VIEWER)
 @validate_response(list[CampaignOut])
 async def list_campaigns() -> list[CampaignOut]:
     """Every campaign, newest first, with its counts (no per-device list)."""
@@ -187,6 +191,7 @@ async def list_campaigns() -> list[CampaignOut]:
 
 
 @blueprint.get("/campaigns/<campaign_id>")
+@requires_role(VIEWER)
 @validate_response(CampaignOut)
 @answers(NotFound)
 async def get_campaign(campaign_id: str) -> CampaignOut:
@@ -201,6 +206,7 @@ async def _control(campaign_id: str, action: str) -> CampaignOut:
 
 
 @blueprint.post("/campaigns/<campaign_id>/pause")
+@requires_role(OPERATOR)
 @validate_response(CampaignOut)
 @answers(NotFound, CampaignConflict)
 async def pause(campaign_id: str) -> CampaignOut:
@@ -209,6 +215,7 @@ async def pause(campaign_id: str) -> CampaignOut:
 
 
 @blueprint.post("/campaigns/<campaign_id>/resume")
+@requires_role(OPERATOR)
 @validate_response(CampaignOut)
 @answers(NotFound, CampaignConflict)
 async def resume(campaign_id: str) -> CampaignOut:
@@ -216,6 +223,7 @@ async def resume(campaign_id: str) -> CampaignOut:
 
 
 @blueprint.post("/campaigns/<campaign_id>/cancel")
+@requires_role(OPERATOR)
 @validate_response(CampaignOut)
 @answers(NotFound, CampaignConflict)
 async def cancel(campaign_id: str) -> CampaignOut:
@@ -225,6 +233,7 @@ async def cancel(campaign_id: str) -> CampaignOut:
 
 
 @blueprint.post("/campaigns/<campaign_id>/exceptions")
+@requires_role(OPERATOR)
 @validate_request(ExceptionsBody)
 @validate_response(CampaignOut)
 @answers(NotFound, CampaignConflict)

@@ -10,8 +10,10 @@ from pydantic import BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
+from certlm.foundation.actors import OPERATOR, VIEWER
 from certlm.foundation.certs import api_timestamp, certificate_detail
 from certlm.foundation.errors import NotFound
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers
 from certlm.inventory.entries import EntryAddress, Inventory, entry_certificate, find_entry, managed_entry_at
 from certlm.pki.material import host_names_warnings
@@ -75,6 +77,7 @@ def _certificate_detail_view(inventory: Inventory, entry: InventoryEntry) -> Cer
 
 
 @blueprint.get("/gds/inventory/crt/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_response(CertificateDetailOut)
 async def certificate_detail_stored(host_or_url: str) -> CertificateDetailOut:
     """The certificate last read from or pushed to the device, parsed; cached data, no live connection."""
@@ -83,6 +86,7 @@ async def certificate_detail_stored(host_or_url: str) -> CertificateDetailOut:
 
 
 @blueprint.post("/gds/inventory/crt")
+@requires_role(OPERATOR)
 @validate_response(CertificateDetailOut)
 @validate_request(EntryAddress)
 @answers(NotFound)

@@ -11,6 +11,8 @@ from pathlib import Path
 from quart import Blueprint, Response, render_template_string
 from quart_schema import hide, validate_querystring, validate_response
 
+from certlm.foundation.actors import VIEWER
+from certlm.http.auth import requires_role
 from certlm.http.static_assets import StaticAssets
 from certlm.lifecycle.operations import LastOperations, OperationsPage, last_operations
 
@@ -51,6 +53,7 @@ async def dashboard_asset(filename: str) -> Response:
 
 
 @blueprint.get("/dashboard/operations")
+@requires_role(VIEWER)
 @validate_querystring(OperationsPage)
 @validate_response(LastOperations)
 async def list_last_operations(query_args: OperationsPage) -> LastOperations:

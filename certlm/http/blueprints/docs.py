@@ -12,7 +12,9 @@ from pydantic import BaseModel
 from quart import Blueprint, Response, redirect, render_template_string
 from quart_schema import hide, validate_response
 
+from certlm.foundation.actors import VIEWER
 from certlm.foundation.version import SOFTWARE, __version__
+from certlm.http.auth import requires_role
 from certlm.http.openapi import redirects
 from certlm.http.static_assets import StaticAssets
 
@@ -54,6 +56,7 @@ class ServiceRoot(BaseModel):
 
 
 @blueprint.get("/")
+@requires_role(VIEWER)
 @validate_response(ServiceRoot)
 async def root() -> ServiceRoot:
     """Where to go from here."""
@@ -82,6 +85,7 @@ async def docs_asset(filename: str) -> Response:
 @blueprint.get("/swagger")
 @blueprint.get("/swagger-ui")
 @blueprint.get("/api/docs")
+@requires_role(VIEWER)
 @redirects(302, "To the documentation page, /docs")
 async def docs_alias() -> Response:
     return redirect("/docs", code=302)

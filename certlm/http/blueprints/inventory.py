@@ -13,6 +13,7 @@ from quart_schema import document_request, document_response, validate_querystri
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
+from certlm.foundation.actors import OPERATOR, VIEWER
 from certlm.foundation.certs import (
     load_certificate,
     sha1_fingerprint,
@@ -20,7 +21,7 @@ from certlm.foundation.certs import (
 )
 from certlm.foundation.errors import APIError, NotFound, UpstreamUnavailable
 from certlm.foundation.responses import OperationResult, operation_result
-from certlm.http.auth import takes_body
+from certlm.http.auth import requires_role, takes_body
 from certlm.http.openapi import answers
 from certlm.inventory.entries import (
     EVERY_TABLE,
@@ -61,6 +62,7 @@ blueprint = Blueprint("inventory", __name__)
 def _inventory() -> Inventory:
     return current_host().inventory
 
+
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 LOW_LEVEL_TABLES = ("gds", "opc", "ssh", "pki", "ca")
@@ -87,6 +89,7 @@ def _streamed_listing(protocols: tuple[str, ...], page: ListingPage) -> Response
 
 
 @blueprint.get("/inventory")
+@requires_role(VIEWER)
 @validate_querystring(ListingPage)
 @document_response(list[InventoryEntryOut])
 async def list_all_entries(query_args: ListingPage) -> Response:
@@ -97,6 +100,7 @@ async def list_all_entries(query_args: ListingPage) -> Response:
 
 
 @blueprint.get("/gds/inventory")
+@requires_role(VIEWER)
 @validate_querystring(ListingPage)
 @document_response(list[InventoryEntryOut])
 async def list_gds_entries(query_args: ListingPage) -> Response:
@@ -107,6 +111,7 @@ async def list_gds_entries(query_args: ListingPage) -> Response:
 
 
 @blueprint.get("/gds/inventory/trustlist")
+@requires_role(VIEWER)
 @validate_response(list[TrustListOut])
 async def list_trust_lists() -> list[TrustListOut]:
     """The trust lists last read from the listed GDS entries; empty lists where none was read."""
@@ -130,6 +135,7 @@ async def _store_gds_entry(data: GdsEntryIn, entry: InventoryEntry | None = None
 
 
 @blueprint.post("/gds/inventory")
+@requires_role(OPERATOR)
 @validate_response(InventoryEntryOut)
 @validate_request(GdsEntryIn)
 @answers(409)
@@ -145,6 +151,7 @@ async def create_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 
 
 @blueprint.post("/gds/inventory/import")
+@requires_role(OPERATOR)
 @validate_querystring(ImportQuery)
 @document_request(ImportRows)
 @validate_response(ImportResult)
@@ -164,6 +171,7 @@ async def import_gds_inventory(query_args: ImportQuery) -> ImportResult:
 
 
 @blueprint.patch("/gds/inventory")
+@requires_role(OPERATOR)
 @validate_response(InventoryEntryOut)
 @validate_request(GdsEntryIn)
 @answers(NotFound, 409)
@@ -174,6 +182,7 @@ async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
 
 
 @blueprint.post("/gds/inventory/user")
+@requires_role(OPERATOR)
 @validate_response(InventoryEntryOut)
 @validate_request(UserCredentialsIn)
 @answers(409)
@@ -190,6 +199,7 @@ async def set_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
 
 
 @blueprint.patch("/gds/inventory/user")
+@requires_role(OPERATOR)
 @validate_response(InventoryEntryOut)
 @validate_request(UserCredentialsIn)
 @answers(NotFound)
@@ -201,6 +211,7 @@ async def update_user_credentials(data: UserCredentialsIn) -> InventoryEntryOut:
 
 
 @blueprint.get("/gds/inventory/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_response(InventoryEntryOut)
 async def get_gds_entry(host_or_url: str) -> InventoryEntryOut:
     """One GDS entry by ``host``, ``host:port`` or ``opc.tcp://host:port``, whatever its device_status."""
@@ -208,6 +219,7 @@ async def get_gds_entry(host_or_url: str) -> InventoryEntryOut:
 
 
 @blueprint.delete("/gds/inventory/<path:host_or_url>")
+@requires_role(OPERATOR)
 @validate_response(InventoryEntryOut)
 @answers(DeviceBusy, UpstreamUnavailable)
 async def delete_gds_entry(host_or_url: str) -> InventoryEntryOut:
@@ -447,6 +459,7 @@ _TABLE_WRITERS: dict[str, tuple[RowWriter, RowWriter]] = {
 
 
 @blueprint.post("/inventory")
+@requires_role(OPERATOR)
 @validate_response(OperationResult)
 @validate_request(LowLevelRequest)
 @answers(409)
@@ -462,6 +475,7 @@ async def insert_row(data: LowLevelRequest) -> OperationResult:
 
 
 @blueprint.patch("/inventory")
+@requires_role(OPERATOR)
 @validate_response(OperationResult)
 @validate_request(LowLevelRequest)
 @answers(NotFound, 409)

@@ -7,7 +7,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 from quart_schema import validate_querystring, validate_request, validate_response
 
+from certlm.foundation.actors import ADMIN, VIEWER
 from certlm.foundation.errors import APIError, NotFound
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers
 from certlm.inventory.entries import licensed_endpoints_in_use
 from certlm.service.host import current_host
@@ -102,6 +104,7 @@ class LicenseRemoved(BaseModel):
 
 
 @blueprint.post("/systeminfo/lic")
+@requires_role(ADMIN)
 @validate_querystring(DryRun)
 @validate_response(LicenseChangeOut, 201)
 @validate_response(LicenseCheckOut, 200)
@@ -125,6 +128,7 @@ async def install_license(data: LicenseUpload, query_args: DryRun) -> tuple[Lice
 
 
 @blueprint.post("/systeminfo/lic/restore")
+@requires_role(ADMIN)
 @validate_querystring(DryRun)
 @validate_response(LicenseChangeOut)
 @answers(NotFound)
@@ -138,6 +142,7 @@ async def restore_license(query_args: DryRun) -> LicenseChangeOut:
 
 
 @blueprint.get("/systeminfo/lic")
+@requires_role(VIEWER)
 @validate_response(LicenseOut)
 @answers(NotFound)
 async def show_license() -> LicenseOut:
@@ -151,6 +156,7 @@ async def show_license() -> LicenseOut:
 
 
 @blueprint.delete("/systeminfo/lic")
+@requires_role(ADMIN)
 @validate_response(LicenseRemoved)
 async def remove_license() -> LicenseRemoved:
     """Remove the license; feature-gated endpoints answer 403 until another is installed. The removed license is kept

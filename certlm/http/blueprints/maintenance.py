@@ -12,8 +12,10 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
+from certlm.foundation.actors import OPERATOR, VIEWER
 from certlm.foundation.errors import APIError, NotFound
 from certlm.foundation.responses import PartialUpdate, Timestamp, parse_id, refuse_null
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers
 from certlm.lifecycle.maintenance import (
     DEFAULT_TIMEZONE,
@@ -243,6 +245,7 @@ def _checked(check: Callable[[Any], None], subject: Any) -> None:
 
 
 @blueprint.get("/maintenance/inventory")
+@requires_role(VIEWER)
 @validate_response(list[WindowSummary])
 async def list_windows() -> list[WindowSummary]:
     """All maintenance windows, summarised: id, name, description, status."""
@@ -251,6 +254,7 @@ async def list_windows() -> list[WindowSummary]:
 
 
 @blueprint.get("/maintenance/inventory/<window_id>")
+@requires_role(VIEWER)
 @validate_response(WindowOut)
 async def get_window(window_id: str) -> WindowOut:
     """One maintenance window with its rules."""
@@ -259,6 +263,7 @@ async def get_window(window_id: str) -> WindowOut:
 
 
 @blueprint.post("/maintenance/inventory")
+@requires_role(OPERATOR)
 @validate_request(WindowCreate)
 @validate_response(WindowOut, 201)
 async def create_window(data: WindowCreate) -> tuple[WindowOut, int]:
@@ -272,6 +277,7 @@ async def create_window(data: WindowCreate) -> tuple[WindowOut, int]:
 
 
 @blueprint.patch("/maintenance/inventory/<window_id>")
+@requires_role(OPERATOR)
 @validate_request(WindowUpdate)
 @validate_response(WindowOut)
 async def update_window(window_id: str, data: WindowUpdate) -> WindowOut:
@@ -289,6 +295,7 @@ async def update_window(window_id: str, data: WindowUpdate) -> WindowOut:
 
 
 @blueprint.delete("/maintenance/inventory/<window_id>")
+@requires_role(OPERATOR)
 @validate_response(WindowOut)
 async def delete_window(window_id: str) -> WindowOut:
     """Delete a maintenance window and its rules; answers with both as they were."""
@@ -300,6 +307,7 @@ async def delete_window(window_id: str) -> WindowOut:
 
 
 @blueprint.get("/maintenance/rule")
+@requires_role(VIEWER)
 @validate_response(list[RuleOut])
 async def list_rules() -> list[RuleOut]:
     """The rules of all maintenance windows."""
@@ -308,6 +316,7 @@ async def list_rules() -> list[RuleOut]:
 
 
 @blueprint.post("/maintenance/rule")
+@requires_role(OPERATOR)
 @validate_request(RuleCreate)
 @validate_response(RuleOut, 201)
 @answers(NotFound)
@@ -326,6 +335,7 @@ async def create_rule(data: RuleCreate) -> tuple[RuleOut, int]:
 
 
 @blueprint.patch("/maintenance/rule/<rule_id>")
+@requires_role(OPERATOR)
 @validate_request(RuleUpdate)
 @validate_response(RuleOut)
 async def update_rule(rule_id: str, data: RuleUpdate) -> RuleOut:
@@ -342,6 +352,7 @@ async def update_rule(rule_id: str, data: RuleUpdate) -> RuleOut:
 
 
 @blueprint.delete("/maintenance/rule/<rule_id>")
+@requires_role(OPERATOR)
 @validate_response(RuleOut)
 async def delete_rule(rule_id: str) -> RuleOut:
     """Delete a rule; answers with it as it was."""
@@ -353,6 +364,7 @@ async def delete_rule(rule_id: str) -> RuleOut:
 
 
 @blueprint.post("/maintenance/test/<window_id>")
+@requires_role(OPERATOR)
 @validate_request(WindowTest)
 @validate_response(WindowTestResult)
 async def evaluate_window(window_id: str, data: WindowTest) -> WindowTestResult:

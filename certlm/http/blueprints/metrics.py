@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 
 from quart import Blueprint, Response
 
+from certlm.foundation.actors import VIEWER
+from certlm.http.auth import requires_role
 from certlm.http.openapi import downloads
 from certlm.lifecycle.campaigns import is_overdue
 from certlm.lifecycle.issuers import PAUSED, RUNNING
@@ -18,6 +20,7 @@ blueprint = Blueprint("metrics", __name__)
 
 
 @blueprint.get("/metrics")
+@requires_role(VIEWER)
 @downloads("text/plain", description="Prometheus text format")
 async def metrics() -> Response:
     """Per device the certificate's notAfter, renewal_days, revocation and reachability; this instance's scheduler

@@ -11,10 +11,12 @@ from quart import Blueprint
 from quart_schema import validate_querystring, validate_request, validate_response
 
 from certlm.contracts.drivers import DeviceDriver, DeviceTarget
+from certlm.foundation.actors import OPERATOR, VIEWER
 from certlm.foundation.certs import certificate_text, sha1_fingerprint
 from certlm.foundation.errors import APIError, DeviceFailure, UnsupportedOperation
 from certlm.foundation.hostspec import DEFAULT_OPCUA_PORT
 from certlm.foundation.responses import StrictBody
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers
 from certlm.inventory.entries import MAX_SECRET_CHARS, EntryAddress
 from certlm.lifecycle.monitoring import device_at, inventory_device, read_certificate_and_store, read_firmware_and_store
@@ -134,6 +136,7 @@ async def _read_certificate(
 
 
 @blueprint.post("/gds/monitor/crt")
+@requires_role(OPERATOR)
 @validate_response(MonitorCrtOut)
 @validate_request(MonitorCrtIn)
 @answers(500, UnsupportedOperation)
@@ -148,6 +151,7 @@ async def monitor_certificate(data: MonitorCrtIn) -> MonitorCrtOut:
 
 
 @blueprint.get("/gds/monitor/crt/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_querystring(MonitorCrtQuery)
 @validate_response(MonitorCrtOut)
 @answers(UnsupportedOperation)
@@ -164,6 +168,7 @@ async def monitor_certificate_stored(host_or_url: str, query_args: MonitorCrtQue
 
 
 @blueprint.get("/gds/monitor/firmware/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_response(FirmwareOut)
 @answers(UnsupportedOperation, DeviceFailure)
 async def read_firmware(host_or_url: str) -> FirmwareOut:
@@ -175,6 +180,7 @@ async def read_firmware(host_or_url: str) -> FirmwareOut:
 
 
 @blueprint.post("/gds/firmware")
+@requires_role(OPERATOR)
 @validate_response(FirmwareOut)
 @validate_request(FirmwareIn)
 @answers(UnsupportedOperation, DeviceFailure)
@@ -196,6 +202,7 @@ async def firmware_by_address(data: FirmwareIn) -> FirmwareOut:
 
 
 @blueprint.get("/gds/monitor/status/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_response(StatusOut)
 @answers(UnsupportedOperation, DeviceFailure)
 async def read_status(host_or_url: str) -> StatusOut:
@@ -205,6 +212,7 @@ async def read_status(host_or_url: str) -> StatusOut:
 
 
 @blueprint.get("/gds/monitor/plc/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_response(PlcOut)
 @answers(UnsupportedOperation, DeviceFailure)
 async def read_plc(host_or_url: str) -> PlcOut:

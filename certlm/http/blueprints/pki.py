@@ -16,6 +16,7 @@ from quart_schema import validate_querystring, validate_request, validate_respon
 
 from certlm.contracts.enrollment import CLIENT_PROFILE, SERVER_PROFILE, CertificateProfile
 from certlm.contracts.pki_backends import PkiBackend
+from certlm.foundation.actors import ADMIN, VIEWER
 from certlm.foundation.certs import (
     api_timestamp,
     load_certificate,
@@ -27,6 +28,7 @@ from certlm.foundation.certs import (
 )
 from certlm.foundation.errors import APIError, NotFound, UnsupportedOperation, UpstreamUnavailable
 from certlm.foundation.responses import DownloadQuery, parse_id
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers, downloads
 from certlm.pki.entries import PkiCreate, PkiFields, apply_fields, internal_ca_entry
 from certlm.pki.publication import published_ca_certificates
@@ -176,6 +178,7 @@ def _download(body: bytes, resource: str, pki_id: int, file_format: str) -> Resp
 
 
 @blueprint.get("/pki")
+@requires_role(VIEWER)
 @validate_response(PkiTypeList)
 async def list_pki_types() -> PkiTypeList:
     """The PKI types the installed plugins provide."""
@@ -183,6 +186,7 @@ async def list_pki_types() -> PkiTypeList:
 
 
 @blueprint.get("/pki/inventory")
+@requires_role(VIEWER)
 @validate_response(PkiList)
 async def list_pki_entries() -> PkiList:
     """All PKI entries."""
@@ -190,6 +194,7 @@ async def list_pki_entries() -> PkiList:
 
 
 @blueprint.get("/pki/inventory/creator/<creator_id>")
+@requires_role(VIEWER)
 @validate_response(PkiList)
 async def list_pki_entries_by_creator(creator_id: str) -> PkiList:
     """The PKI entries whose creator_id (as stored, a string) equals ``creator_id``."""
@@ -197,6 +202,7 @@ async def list_pki_entries_by_creator(creator_id: str) -> PkiList:
 
 
 @blueprint.get("/pki/inventory/<pki_id>")
+@requires_role(VIEWER)
 @validate_response(PkiOut)
 async def get_pki_entry(pki_id: str) -> PkiOut:
     """One PKI entry."""
@@ -204,6 +210,7 @@ async def get_pki_entry(pki_id: str) -> PkiOut:
 
 
 @blueprint.post("/pki/inventory")
+@requires_role(ADMIN)
 @validate_request(PkiCreate)
 @validate_response(PkiOut)
 async def create_pki_entry(data: PkiCreate) -> PkiOut:
@@ -215,6 +222,7 @@ async def create_pki_entry(data: PkiCreate) -> PkiOut:
 
 
 @blueprint.patch("/pki/inventory/<pki_id>")
+@requires_role(ADMIN)
 @validate_request(PkiFields)
 @validate_response(PkiOut)
 async def update_pki_entry(pki_id: str, data: PkiFields) -> PkiOut:
@@ -226,6 +234,7 @@ async def update_pki_entry(pki_id: str, data: PkiFields) -> PkiOut:
 
 
 @blueprint.delete("/pki/inventory/<pki_id>")
+@requires_role(ADMIN)
 @validate_response(PkiOut)
 async def delete_pki_entry(pki_id: str) -> PkiOut:
     """Delete a PKI entry (and what its backend stored for it); devices using it keep no PKI."""
@@ -250,6 +259,7 @@ async def _validate(pki_id: str, strict: bool) -> ValidationOut:
 
 
 @blueprint.get("/pki/exec/validate/<pki_id>")
+@requires_role(VIEWER)
 @validate_response(ValidationOut)
 @answers(UnsupportedOperation, UpstreamUnavailable)
 async def validate_pki_entry(pki_id: str) -> ValidationOut:
@@ -258,6 +268,7 @@ async def validate_pki_entry(pki_id: str) -> ValidationOut:
 
 
 @blueprint.get("/pki/exec/validate-strict/<pki_id>")
+@requires_role(VIEWER)
 @validate_response(ValidationOut)
 @answers(UnsupportedOperation, UpstreamUnavailable)
 async def validate_pki_entry_strictly(pki_id: str) -> ValidationOut:
@@ -296,6 +307,7 @@ async def download_crl(pki_id: str, query_args: DownloadQuery) -> Response:
 
 
 @blueprint.get("/pki/crt/<pki_id>")
+@requires_role(VIEWER)
 @validate_querystring(DownloadQuery)
 @downloads(_PEM_MIMETYPE, _DER_MIMETYPES["crt"], description="The EST client certificate")
 async def download_est_client_certificate(pki_id: str, query_args: DownloadQuery) -> Response:
@@ -316,6 +328,7 @@ async def _sign(data: CsrIn, profile: CertificateProfile) -> CertificateOut:
 
 
 @blueprint.post("/pki/sign-client-csr")
+@requires_role(ADMIN)
 @validate_request(CsrIn)
 @validate_response(CertificateOut)
 @answers(UnsupportedOperation, UpstreamUnavailable)
@@ -325,6 +338,7 @@ async def sign_client_csr(data: CsrIn) -> CertificateOut:
 
 
 @blueprint.post("/pki/sign-server-csr")
+@requires_role(ADMIN)
 @validate_request(CsrIn)
 @validate_response(CertificateOut)
 @answers(UnsupportedOperation, UpstreamUnavailable)

@@ -11,8 +11,10 @@ from pydantic import Field, field_validator
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
+from certlm.foundation.actors import OPERATOR, VIEWER
 from certlm.foundation.errors import NotFound, UnsupportedOperation
 from certlm.foundation.responses import OperationResult
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers
 from certlm.inventory.entries import (
     GDS,
@@ -102,6 +104,7 @@ async def _last_recorded(host_or_url: str, operation: str) -> dict[str, Any]:
 
 
 @blueprint.post("/gds/push")
+@requires_role(OPERATOR)
 @validate_response(OperationResult)
 @validate_request(PushIn)
 @answers(*PUSH_FAILURES)
@@ -115,6 +118,7 @@ async def push(data: PushIn) -> dict[str, Any]:
 
 
 @blueprint.post("/gds/push/onboarding")
+@requires_role(OPERATOR)
 @validate_response(OperationResult)
 @validate_request(PushIn)
 @answers(*PUSH_FAILURES)
@@ -125,6 +129,7 @@ async def onboard(data: PushIn) -> dict[str, Any]:
 
 
 @blueprint.post("/gds/push/change")
+@requires_role(OPERATOR)
 @validate_response(OperationResult)
 @validate_request(RenewalIn)
 @answers(NotFound, *PUSH_FAILURES)
@@ -136,6 +141,7 @@ async def force_renewal(data: RenewalIn) -> dict[str, Any]:
 
 
 @blueprint.get("/gds/push/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_response(OperationResult)
 async def last_push(host_or_url: str) -> dict[str, Any]:
     """The last push recorded for the entry (``POST /gds/push``, ``/gds/push/change`` or the scheduler), with its
@@ -145,6 +151,7 @@ async def last_push(host_or_url: str) -> dict[str, Any]:
 
 
 @blueprint.get("/gds/push/onboarding/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_response(OperationResult)
 async def last_onboarding(host_or_url: str) -> dict[str, Any]:
     """The last onboarding recorded for the entry, like ``GET /gds/push/{host_or_url}``; never contacts the device."""

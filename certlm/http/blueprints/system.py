@@ -8,10 +8,11 @@ from pydantic import BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
+from certlm.foundation.actors import ADMIN, VIEWER
 from certlm.foundation.crl_status import CRL_REASONS, CRL_STATUSES
 from certlm.foundation.errors import APIError
 from certlm.foundation.responses import PartialUpdate, Timestamp
-from certlm.http.auth import holds_api_key
+from certlm.http.auth import holds_api_key, requires_role
 from certlm.http.openapi import answers
 from certlm.service.host import current_host
 from certlm.service.info import system_info
@@ -191,6 +192,7 @@ async def get_system_info() -> SystemInfo:
 
 
 @blueprint.post("/systeminfo")
+@requires_role(ADMIN)
 @validate_response(SystemInfo)
 @validate_request(SystemSettingsUpdate)
 async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
@@ -202,6 +204,7 @@ async def update_system_settings(data: SystemSettingsUpdate) -> SystemInfo:
 
 
 @blueprint.get("/gds/systeminfo")
+@requires_role(VIEWER)
 @validate_response(GdsSystemInfo)
 async def gds_system_info() -> GdsSystemInfo:
     """The OPC UA security policy and mode bitmasks, device status and operating mode codes."""
@@ -216,6 +219,7 @@ async def gds_system_info() -> GdsSystemInfo:
 
 
 @blueprint.get("/crl/systeminfo")
+@requires_role(VIEWER)
 @validate_response(CrlSystemInfo)
 async def crl_system_info() -> CrlSystemInfo:
     """The CRL check statuses and RFC 5280 revocation reasons."""
@@ -226,6 +230,7 @@ async def crl_system_info() -> CrlSystemInfo:
 
 
 @blueprint.get("/supported-devices")
+@requires_role(VIEWER)
 @validate_response(list[SupportedDeviceOut])
 async def supported_devices() -> list[SupportedDeviceOut]:
     """Device and firmware combinations the installed driver plugins declare."""

@@ -6,7 +6,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
+from certlm.foundation.actors import ADMIN, VIEWER
 from certlm.foundation.certs import PKCS12_MAX_PASSWORD_CHARS, PKCS12_MIN_BASE64_CHARS, load_pkcs12_base64
+from certlm.http.auth import requires_role
 from certlm.service.host import current_host
 from certlm.system.tls import (
     TLS_PROTOCOLS,
@@ -64,6 +66,7 @@ async def _configuration(message: str | None = None) -> TlsConfiguration:
 
 
 @blueprint.get("/tls")
+@requires_role(VIEWER)
 @validate_response(TlsConfiguration)
 async def get_tls() -> TlsConfiguration:
     """The TLS certificate the API is served with, the TLS versions and ciphers offered, and any upload that
@@ -72,6 +75,7 @@ async def get_tls() -> TlsConfiguration:
 
 
 @blueprint.post("/tls")
+@requires_role(ADMIN)
 @validate_response(TlsConfiguration)
 @validate_request(TlsUpload)
 async def upload_tls(data: TlsUpload) -> TlsConfiguration:

@@ -10,8 +10,10 @@ from quart import Blueprint
 from quart_schema import validate_request, validate_response
 
 from certlm.contracts.drivers import TrustList
+from certlm.foundation.actors import OPERATOR, VIEWER
 from certlm.foundation.errors import DeviceFailure, NotFound, UnsupportedOperation
 from certlm.foundation.responses import OperationResult, StrictBody, operation_result
+from certlm.http.auth import requires_role
 from certlm.http.openapi import answers
 from certlm.inventory.entries import (
     MAX_SECRET_CHARS,
@@ -49,6 +51,7 @@ class TrustListDeleteIn(StrictBody):
 
 
 @blueprint.post("/gds/monitor/trustlist")
+@requires_role(OPERATOR)
 @validate_response(OperationResult)
 @validate_request(TrustListReadIn)
 @answers(NotFound, UnsupportedOperation, DeviceFailure)
@@ -64,6 +67,7 @@ async def read_trust_list(data: TrustListReadIn) -> dict[str, Any]:
 
 
 @blueprint.get("/gds/monitor/trustlist/<path:host_or_url>")
+@requires_role(VIEWER)
 @validate_response(TrustListOut)
 @answers(UnsupportedOperation, DeviceFailure)
 async def live_trust_list(host_or_url: str) -> TrustListOut:
@@ -78,6 +82,7 @@ async def live_trust_list(host_or_url: str) -> TrustListOut:
 
 
 @blueprint.delete("/gds/monitor/trustlist")
+@requires_role(OPERATOR)
 @validate_response(OperationResult)
 @validate_request(TrustListDeleteIn)
 async def forget_all_trust_lists(data: TrustListDeleteIn) -> dict[str, Any]:
@@ -87,6 +92,7 @@ async def forget_all_trust_lists(data: TrustListDeleteIn) -> dict[str, Any]:
 
 
 @blueprint.delete("/gds/monitor/trustlist/<path:host_or_url>")
+@requires_role(OPERATOR)
 @validate_response(OperationResult)
 @validate_request(TrustListDeleteIn)
 async def forget_trust_list(host_or_url: str, data: TrustListDeleteIn) -> dict[str, Any]:

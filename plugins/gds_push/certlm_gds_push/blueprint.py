@@ -8,7 +8,7 @@ from cryptography import x509
 from quart import Blueprint, Response
 from quart_schema import validate_querystring
 
-from certlm import DownloadQuery, HostServices, NotFound, answers, downloads, to_pem
+from certlm import VIEWER, DownloadQuery, HostServices, NotFound, answers, downloads, requires_role, to_pem
 from certlm_gds_push.identity import client_identity, stored_client_identity
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ def make_blueprint(services: HostServices) -> Blueprint:
         log.info("certlm's OPC UA client application: %s", identity.application_uri)
 
     @blueprint.get("/gds/crt")
+    @requires_role(VIEWER)
     @validate_querystring(DownloadQuery)
     @downloads(*_MIMETYPES.values(), description="certlm's OPC UA client certificate")
     @answers(NotFound)

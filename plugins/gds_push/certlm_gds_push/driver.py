@@ -33,6 +33,7 @@ from certlm import (
     PushOutcome,
     PushRequest,
     TrustList,
+    UnsupportedOperation,
 )
 from certlm_gds_push import identity
 from certlm_gds_push.connection import (
@@ -47,6 +48,7 @@ from certlm_gds_push.connection import (
     usable_endpoints,
 )
 from certlm_gds_push.push_flow import known_device_check, once_back, run_push
+from certlm_gds_push.rejected_list import get_rejected_list, release_rejected
 from certlm_gds_push.server_configuration import (
     RSA_SHA256_APPLICATION_CERTIFICATE_TYPE,
     ServerConfiguration,
@@ -250,6 +252,8 @@ class GdsPushDriver(DeviceDriver):
         """Write ``trust_list`` in ``session`` once it fits the device's limit, and take it into use; whether that
         took ApplyChanges (after which the device drops every channel)."""
         check_trust_list(trust_list, await self._trust_list_limit_in(session, configuration), TrustList.ALL)
+        # node-opcua refuses a certificate in its rejected/ folder whatever the trusted list holds: released first.
+        await release_rejected(session, configuration.node_id, trust_file.node_id, trust_list.trusted_certificates)
         applied_changes = await _take_into_use(configuration, trust_file, trust_list)
         if applied_changes:
             await self.after_apply_changes(session)
@@ -285,13 +289,24 @@ class GdsPushDriver(DeviceDriver):
             ) from error
 
     async def read_device(self, target: DeviceTarget) -> DeviceReading:
-        """Trust list, firmware and status in one signed session: what the monitor reads each scan."""
+        """Trust list, firmware, status and the rejected client certificates (where the device lists them to
+        certlm) in one signed session: what the monitor reads each scan."""
         async with self._reading(target, "reading the device", SessionSecurity.SIGNED) as session:
-            trust_list = await (await _trust_list_file(session)).read_lists(TrustList.ALL)
+            configuration = await ServerConfiguration.locate(session)
+            trust_list = await (await TrustListFile.locate(session, configuration.group_id)).read_lists(TrustList.ALL)
             build_info = await self.read_build_info(session)
             status = await self._status(session)
+            try:
+                rejected = await get_rejected_list(session, configuration.node_id)
+            except UnsupportedOperation:
+                rejected = None
         firmware = FirmwareInfo(firmware_version=build_info["software_version"], device_name=build_info["product"])
-        return DeviceReading(trust_list=trust_list, firmware=firmware, status=status)
+        return DeviceReading(trust_list=trust_list, firmware=firmware, status=status, rejected_certificates=rejected)
+
+    async def read_rejected_list(self, target: DeviceTarget) -> list[x509.Certificate]:
+        """ServerConfiguration.GetRejectedList on a SignAndEncrypt session as the entry's user (``rejected_list``)."""
+        async with self._reading(target, "reading the rejected list", SessionSecurity.ENCRYPTED) as session:
+            return await get_rejected_list(session, (await ServerConfiguration.locate(session)).node_id)
 
     async def push(self, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
         """The Part 12 push flow (``push_flow``) in one session; at first contact (``request.identify``) the

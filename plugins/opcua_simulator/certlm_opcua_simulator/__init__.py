@@ -90,9 +90,10 @@ RsaSha256ApplicationCertificateType (a null group or type NodeId means these):
   ``auto_accept`` every certificate is accepted while the trust list is empty. A URI SAN must name the
   client's ApplicationUri either way (BadCertificateUriInvalid).
 - ``fail_at="STEP"``, ``"STEP:BadSomeStatus"`` or ``"STEP:drop"`` (STEP: create_signing_request,
-  update_certificate, trust_list_write, apply_changes, get_rejected_list) makes that step answer the status
-  (BadInternalError by default) or take the device down without an answer, pending changes lost, until
-  stopped or for ``down_s`` seconds; ``fail_count`` limits it to the first N calls.
+  update_certificate, trust_list_write, apply_changes, get_rejected_list, trust_list_read: Open for reading and
+  OpenWithMasks) makes that step answer the status (BadInternalError by default) or take the device down without
+  an answer, pending changes lost, until stopped or for ``down_s`` seconds; ``fail_count`` limits it to the first N
+  calls, ``fail_after`` lets the first N calls through.
 """
 
 from .config import SimulatorConfig

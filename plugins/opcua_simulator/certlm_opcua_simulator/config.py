@@ -34,6 +34,7 @@ FAILURE_STEPS = (
     "trust_list_write",
     "apply_changes",
     "get_rejected_list",
+    "trust_list_read",
 )
 
 
@@ -118,6 +119,9 @@ class SimulatorConfig:
     """``STEP``, ``STEP:BadSomeStatus`` or ``STEP:drop`` with STEP one of ``FAILURE_STEPS``."""
     fail_count: int | None = None
     """How many calls of the failing step fail; None means every call."""
+    fail_after: int = 0
+    """How many calls of the failing step answer as usual before it fails (a device that lets its trust list be read
+    once and refuses the read back after a write: ``fail_at="trust_list_read:BadUserAccessDenied", fail_after=1``)."""
     down_s: float | None = None
     """After a ``drop``, listen again after this many seconds; None means stay down until stopped."""
     apply_delay_s: float = 0.5

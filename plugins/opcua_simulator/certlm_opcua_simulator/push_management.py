@@ -121,6 +121,7 @@ class PushManagement:
         self._label = f"{config.host}:{config.port}"
         self._failure: FailurePoint | None = config.failure
         self._failures_left = config.fail_count
+        self._calls_before_failing = config.fail_after
         self._transaction: _Transaction | None = None
         self._csr_key: rsa.RSAPrivateKey | None = None
         self._files: dict[int, _OpenFile] = {}
@@ -168,7 +169,7 @@ class PushManagement:
 
         def opens_for_writing(values: list[Any]) -> str | None:
             mode = values[0]
-            return "trust_list_write" if isinstance(mode, int) and mode & ua.OpenFileMode.Write else None
+            return "trust_list_write" if isinstance(mode, int) and mode & ua.OpenFileMode.Write else "trust_list_read"
 
         return [
             _Method(
@@ -197,7 +198,7 @@ class PushManagement:
             _Method("GetCertificates", ids.ServerConfiguration_GetCertificates, config, self.get_certificates),
             _Method("ResetToServerDefaults", ids.ServerConfiguration_ResetToServerDefaults, config, self.not_supported),
             trust_list("Open", self.open, opens_for_writing),
-            trust_list("OpenWithMasks", self.open_with_masks),
+            trust_list("OpenWithMasks", self.open_with_masks, "trust_list_read"),
             trust_list("Read", self.read),
             trust_list("Write", self.write, "trust_list_write"),
             trust_list("GetPosition", self.get_position),
@@ -246,6 +247,9 @@ class PushManagement:
     def _failure_at(self, step: str | None) -> FailurePoint | None:
         """The injected failure of this call of ``step``, if any (counting it against ``fail_count``)."""
         if self._failure is None or step != self._failure.step:
+            return None
+        if self._calls_before_failing > 0:
+            self._calls_before_failing -= 1
             return None
         if self._failures_left is not None:
             if self._failures_left <= 0:

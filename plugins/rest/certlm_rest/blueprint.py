@@ -18,6 +18,8 @@ from certlm import (
     MAX_ID,
     MAX_RENEWAL_DAYS,
     MAX_SECRET_CHARS,
+    OPERATOR,
+    VIEWER,
     APIError,
     HostServices,
     HostSpec,
@@ -33,6 +35,7 @@ from certlm import (
     answers,
     checked_server,
     last_recorded,
+    requires_role,
     sha1_fingerprint,
 )
 from certlm_rest.driver import rest_drivers
@@ -171,6 +174,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
         )
 
     @blueprint.get("/rest/inventory")
+    @requires_role(VIEWER)
     @validate_querystring(ListingPage)
     @document_response(list[InventoryEntryOut])
     async def list_rest_entries(query_args: ListingPage) -> Response:
@@ -180,6 +184,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
         return Response(listing, mimetype="application/json")
 
     @blueprint.post("/rest/inventory")
+    @requires_role(OPERATOR)
     @validate_response(RestEntryOut)
     @validate_request(RestEntryIn)
     @answers(409)
@@ -200,6 +205,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
         return await rest_entry_out(entry)
 
     @blueprint.patch("/rest/inventory")
+    @requires_role(OPERATOR)
     @validate_response(RestEntryOut)
     @validate_request(RestEntryIn)
     @answers(NotFound)
@@ -219,6 +225,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
         return await rest_entry_out(entry)
 
     @blueprint.get("/rest/inventory/<path:host_or_url>")
+    @requires_role(VIEWER)
     @validate_response(RestEntryOut)
     @answers(NotFound)
     async def get_rest_entry(host_or_url: str) -> RestEntryOut:
@@ -226,6 +233,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
         return await rest_entry_out(await inventory.find(host_or_url, (REST,)))
 
     @blueprint.delete("/rest/inventory/<path:host_or_url>")
+    @requires_role(OPERATOR)
     @validate_response(RestEntryOut)
     @answers(NotFound, UpstreamUnavailable, 409)
     async def delete_rest_entry(host_or_url: str) -> RestEntryOut:

@@ -14,6 +14,8 @@ from quart_schema import document_response, validate_querystring, validate_reque
 
 from certlm import (
     MAX_SECRET_CHARS,
+    OPERATOR,
+    VIEWER,
     HostServices,
     InventoryAccess,
     InventoryEntryOut,
@@ -23,6 +25,7 @@ from certlm import (
     UpstreamUnavailable,
     answers,
     checked_server,
+    requires_role,
 )
 from certlm_ssh.device_admin import SSH, device_view, pin_offered_host_key, ssh_entry_at, update_device_settings
 
@@ -105,6 +108,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
     blueprint = Blueprint("ssh", __name__)
 
     @blueprint.get("/ssh/inventory")
+    @requires_role(VIEWER)
     @validate_querystring(ListingPage)
     @document_response(list[InventoryEntryOut])
     async def list_ssh_entries(query_args: ListingPage) -> Response:
@@ -114,6 +118,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
         return Response(listing, mimetype="application/json")
 
     @blueprint.post("/ssh/device")
+    @requires_role(OPERATOR)
     @validate_request(SshDeviceIn)
     @validate_response(SshDeviceOut)
     @answers(NotFound)
@@ -128,6 +133,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
         return SshDeviceOut(**await device_view(inventory, services.drivers, entry))
 
     @blueprint.get("/ssh/device/<path:host_or_url>")
+    @requires_role(VIEWER)
     @validate_response(SshDeviceOut)
     @answers(NotFound)
     async def get_ssh_device(host_or_url: str) -> SshDeviceOut:
@@ -136,6 +142,7 @@ def make_blueprint(services: HostServices, inventory: InventoryAccess) -> Bluepr
         return SshDeviceOut(**await device_view(inventory, services.drivers, await inventory.find(host_or_url, (SSH,))))
 
     @blueprint.post("/ssh/hostkey")
+    @requires_role(OPERATOR)
     @validate_request(HostKeyPin)
     @validate_response(SshDeviceOut)
     @answers(NotFound, 409, UpstreamUnavailable)

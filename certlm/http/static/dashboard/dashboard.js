@@ -24,6 +24,7 @@ const state = {
   campaign: null,
   campaignShown: null,
   campaignSelection: new Set(),
+  identity: null,
   campaignTimer: null,
   campaignLoads: 0,
 };
@@ -151,6 +152,7 @@ function keyRefused(reason) {
 }
 
 function forgetData() {
+  forgetIdentity();
   state.rows = [];
   state.byUrl = new Map();
   state.trustLists = null;
@@ -158,6 +160,7 @@ function forgetData() {
   replaceChildren($("device-rows"));
   $("detail").hidden = true;
   forgetCampaigns();
+  forgetRejected(); // rejected.js
   resetLicensePanel();
   $("license-form").reset();
   $("license-result").hidden = true;
@@ -170,9 +173,7 @@ async function submitKey(event) {
   sessionStorage.setItem(KEY_STORAGE, key);
   try {
     // Needs the key but no license: a wrong key is told apart from a missing license.
-    await api("/systeminfo/lic").catch((error) => {
-      if (error.status !== 404) throw error;
-    });
+    await loadIdentity();
   } catch (error) {
     if (error.status !== 401) showError($("key-error"), error.message);
     return;
@@ -208,10 +209,49 @@ async function pages(path, key) {
   }
 }
 
+// Which key this tab holds and its role (GET /apikeys/self): the page offers only what the role may do
+// (dashboard.css hides every [data-needs-role] above it), and says so.
+async function loadIdentity() {
+  const self = await api("/apikeys/self");
+  state.identity = self;
+  document.body.dataset.role = self.role;
+  const who = self.kind === "named_key" ? `key ‘${self.name}’` : "the service’s API key";
+  const expires = self.expires ? `, expires ${localFormat.format(new Date(self.expires))}` : "";
+  $("key-identity").textContent = `${who} · ${self.role}${expires}`;
+  const note = $("role-note");
+  note.hidden = self.role === "admin";
+  note.textContent =
+    self.role === "viewer"
+      ? `Signed in with ${who}, role viewer: you can look at everything here; actions are hidden.`
+      : `Signed in with ${who}, role ${self.role}: what needs the admin role (the license) is hidden.`;
+  return self;
+}
+
+// Whether the key's role includes `role` ("viewer", "operator", "admin"): a part of the page that calls a route
+// needing more than viewer asks this first (buttons only need data-needs-role="operator" in index.html).
+function keyMay(role) {
+  return Boolean(state.identity && state.identity.roles.includes(role));
+}
+
+function forgetIdentity() {
+  state.identity = null;
+  delete document.body.dataset.role;
+  $("key-identity").textContent = "";
+  $("role-note").hidden = true;
+}
+
 async function openDashboard() {
   $("key-prompt").hidden = true;
   $("dashboard").hidden = false;
   $("session-actions").hidden = false;
+  if (!state.identity) {
+    try {
+      await loadIdentity();
+    } catch (error) {
+      if (error.status === 401) return;
+      showError($("load-error"), `Could not tell the key's role: ${error.message}`);
+    }
+  }
   await refresh();
 }
 
@@ -288,6 +328,7 @@ async function refresh() {
   }
   // On their own: the campaigns show even when another part of the page could not load.
   if (apiKey()) await loadCampaigns();
+  if (apiKey()) await loadRejected(); // rejected.js
 }
 
 // ---- certificates: the serial and names from DER, for the table and trust lists ----------------------------------
@@ -1061,6 +1102,7 @@ async function campaignCall(call) {
 }
 
 async function controlCampaign(action) {
+  if (!keyMay("operator")) return; // not offered to this key's role (certlm would answer 403)
   const campaign = state.campaign;
   if (!campaign) return;
   if (action === "cancel") {
@@ -1084,6 +1126,7 @@ function selectBlocked() {
 }
 
 async function acceptExceptions() {
+  if (!keyMay("operator")) return; // not offered to this key's role (certlm would answer 403)
   const campaign = state.campaign;
   const ids = [...state.campaignSelection].sort((a, b) => a - b);
   if (!campaign || !ids.length) return;
@@ -1147,6 +1190,7 @@ async function runAction(title, call) {
 }
 
 async function renewNow() {
+  if (!keyMay("operator")) return; // not offered to this key's role (certlm would answer 403)
   const row = state.byUrl.get(state.selectedUrl);
   if (!row) return;
   const label = row.name ? `${row.name} (${row.url})` : row.url;
@@ -1158,6 +1202,7 @@ async function renewNow() {
 }
 
 async function readNow() {
+  if (!keyMay("operator")) return; // not offered to this key's role (certlm would answer 403)
   const row = state.byUrl.get(state.selectedUrl);
   if (!row) return;
   const label = row.name ? `${row.name} (${row.url})` : row.url;
@@ -1195,6 +1240,7 @@ function openEnroll() {
 
 async function submitEnroll(event) {
   event.preventDefault();
+  if (!keyMay("operator")) return;
   const form = $("enroll-form");
   if (!form.reportValidity()) return;
   const value = (id) => $(id).value.trim();
@@ -1273,6 +1319,7 @@ async function licenseText() {
 
 async function checkLicense(event) {
   event.preventDefault();
+  if (!keyMay("admin")) return;
   resetLicensePanel();
   $("license-result").hidden = true;
   try {
@@ -1285,6 +1332,7 @@ async function checkLicense(event) {
 }
 
 async function checkRestore() {
+  if (!keyMay("admin")) return; // not offered to this key's role (certlm would answer 403)
   resetLicensePanel();
   $("license-result").hidden = true;
   try {
@@ -1318,6 +1366,7 @@ function showLicensePreview(pending) {
 }
 
 async function applyLicense() {
+  if (!keyMay("admin")) return; // not offered to this key's role (certlm would answer 403)
   const pending = pendingLicense;
   if (!pending) return;
   const { action, body, change } = pending;

@@ -1,0 +1,132 @@
+"""What the audit trail costs: requests per second of a mixed write load on two ``certlm serve`` of the same build,
+one recording the trail and one with it switched off (``CERTLM_AUDIT_TRAIL=off``, a setting for this measurement
+only), in the same run.
+
+    .venv/bin/python bench/bench_audit.py [--clients 8] [--seconds 15] [--rounds 3] [--devices 50] [--postgres]
+
+Each client loops over: rename a device (``PATCH /gds/inventory``), make a maintenance window (``POST
+/maintenance/inventory``) and delete it again (``DELETE /maintenance/inventory/{id}``). Every one of those calls
+changes state, so with the trail on each writes an audit record. The two services take turns, ``--rounds`` times
+``--seconds`` each, so that a change of the machine's load falls on both alike. It prints each side's requests per
+second, the ratio (the target: the trail costs at most 10 %, a ratio of at least 0.90), every status that is not a
+success, the records written, ``certlm audit verify``'s verdict on the recording side, and the load average before
+and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from common import ROOT, LicenseKeys, PostgresServer, RunningService, start_certlm
+
+
+async def prepare(service: RunningService, devices: int) -> None:
+    async with service.client() as api:
+        for n in range(devices):
+            answer = await api.post("/gds/inventory", json={"server": f"127.0.{n // 250}.{n % 250 + 1}", "port": 1})
+            assert answer.status_code == 200, answer.text
+
+
+async def write_load(service: RunningService, clients: int, seconds: float, devices: int) -> tuple[int, Counter]:
+    """Requests done by ``clients`` looping over the mix for ``seconds``, and the statuses that were not a success."""
+    done, failures = 0, Counter()
+    deadline = time.monotonic() + seconds
+    names = itertools.count()
+
+    async def client(number: int) -> None:
+        nonlocal done
+        async with service.client() as api:
+            while time.monotonic() < deadline:
+                n = next(names)
+                device = {"server": f"127.0.{n % devices // 250}.{n % devices % 250 + 1}", "port": 1}
+                calls = [("PATCH", "/gds/inventory", {**device, "name": f"device {n}"})]
+                window = {"name": f"window {n}", "status": "active", "window_type": "one_time", "timezone": "UTC"}
+                answer = await api.post("/maintenance/inventory", json=window)
+                done += 1
+                if answer.status_code not in (200, 201):
+                    failures[f"POST /maintenance/inventory {answer.status_code}"] += 1
+                    continue
+                calls.append(("DELETE", f"/maintenance/inventory/{answer.json()['id']}", None))
+                for method, path, body in calls:
+                    answer = await api.request(method, path, json=body)
+                    done += 1
+                    if answer.status_code != 200:
+                        failures[f"{method} {path.rsplit('/', 1)[0]} {answer.status_code}"] += 1
+
+    await asyncio.gather(*(client(n) for n in range(clients)))
+    return done, failures
+
+
+def load_average() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def verify(service: RunningService) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CERTLM_")}
+    args = ["--database-url", service.database_url] if service.database_url else ["--data-dir", str(service.data_dir)]
+    result = subprocess.run(
+        [sys.executable, "-m", "certlm", "audit", "verify", *args], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    return (result.stdout or result.stderr).strip()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=15.0, help="per round and side")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--devices", type=int, default=50)
+    parser.add_argument("--postgres", action="store_true", help="both services on a throw-away PostgreSQL each")
+    args = parser.parse_args()
+    print(f"load average before: {load_average()} ({os.cpu_count()} cores)")
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        keys = LicenseKeys.create(root / "keys")
+        postgres = PostgresServer() if args.postgres else None
+        if postgres is not None:
+            postgres.start()
+        services: dict[str, RunningService] = {}
+        try:
+            for side, switch in (("trail on", "on"), ("trail off", "off")):
+                url = postgres.create_database() if postgres is not None else None
+                services[side] = await start_certlm(
+                    root / side.replace(" ", "-"), keys, database_url=url, env={"CERTLM_AUDIT_TRAIL": switch}
+                )
+                await prepare(services[side], args.devices)
+            totals = {side: [0, 0.0, Counter()] for side in services}
+            for round_number in range(args.rounds):
+                for side, service in services.items() if round_number % 2 == 0 else reversed(services.items()):
+                    started = time.monotonic()
+                    done, failures = await write_load(service, args.clients, args.seconds, args.devices)
+                    totals[side][0] += done
+                    totals[side][1] += time.monotonic() - started
+                    totals[side][2].update(failures)
+            rates = {side: done / elapsed for side, (done, elapsed, _) in totals.items()}
+            engine = "PostgreSQL" if postgres is not None else "SQLite"
+            print(f"{engine}, {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s per side")
+            for side, (done, elapsed, failures) in totals.items():
+                print(f"  {side:9}: {rates[side]:7.1f} requests/s ({done} in {elapsed:.1f} s), not a success: "
+                      f"{dict(failures) or 'none'}")  # fmt: skip
+            ratio = rates["trail on"] / rates["trail off"]
+            print(f"  ratio on/off: {ratio:.3f} (the trail costs {100 * (1 - ratio):.1f} %; target at most 10 %)")
+            print(f"  trail on: {verify(services['trail on'])}")
+            print(f"  trail off: {verify(services['trail off'])}")
+        finally:
+            for service in services.values():
+                await service.stop()
+            if postgres is not None:
+                postgres.stop()
+    print(f"load average after: {load_average()}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,677 @@
+"""The audit trail: who did what to which device or entry, when, with what outcome and which fields it changed.
+
+What is recorded (``AuditRecord``, one row each):
+
+- Every request that may change state (POST, PUT, PATCH, DELETE on a route), whatever its answer, and every request
+  refused with 401, 403 or 429 whatever its method: the actor (``certlm.foundation.actors.current_actor()``, which the
+  HTTP layer sets: the key's name, or anonymous) and the client's address, the method and URL rule (never the path,
+  which may hold a TOTP code, nor the query), the target (the device entry the request touched, else the route's path
+  parameters), the status and, for a failure, the error's sentence. The fields the request changed come from the
+  models it saved and deleted (``Journal``): before and after, only the fields that changed, secrets (by field name)
+  shown as ``[redacted]``, binary and long values as their SHA-256. Request bodies are never stored.
+- Automated work (``record_automated``): a scheduler's push, a monitor finding that changes a device's state (its
+  certificate or identity changed behind certlm's back), a campaign's device steps and phases, the trail's own
+  retention. The actor is whoever ``acting_as`` named where that work starts (``renewal``, ``monitor``,
+  ``campaign``).
+
+The chain: each record holds the SHA-256 of the one before (``prev_hash``; 64 zeros for the first) and its own
+``hash``, a SHA-256 over the canonical JSON of its fields and ``prev_hash`` (``record_hash``). A record's id is the
+head's plus one, given under the chain's lock (on PostgreSQL an advisory lock held by the appending transaction,
+which reads the head under it; SQLite has one writer), so several instances on one database append to one chain and
+ids have no gaps. ``verify_chain`` finds a changed, removed or reordered record and names the first; the head is
+logged at INFO every ``audit_anchor_interval_min`` and at shutdown (``log_anchor``) for an external collector, and
+``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention (``drop_expired``) drops only a
+whole prefix and keeps the last dropped record's id and hash (``AuditChainStart``) as where the chain starts.
+
+The record is written after the request's change is committed and before its answer is sent: a client that got its
+answer knows it was recorded; a process killed between the two loses that one record (the change stays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import json
+import logging
+import re
+import weakref
+from collections.abc import AsyncIterator, Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from tortoise import Tortoise, connections
+from tortoise.expressions import Q
+from tortoise.models import Model
+from tortoise.signals import Signals
+from tortoise.transactions import in_transaction
+
+from certlm.foundation.actors import ADMIN, Actor, current_actor
+from certlm.foundation.hostspec import address_url
+from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
+
+log = logging.getLogger(__name__)
+# The anchors go to their own logger, so that a collector can pick them out.
+anchor_log = logging.getLogger("certlm.audit.anchor")
+
+GENESIS_HASH = "0" * 64
+# Held by the appending transaction on PostgreSQL: one appender at a time, whichever instance.
+CHAIN_LOCK = "SELECT pg_advisory_xact_lock(hashtext('certlm_audit_chain'))"
+STATE_CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+REFUSED_STATUSES = frozenset({401, 403, 429})
+OK, FAILED, REFUSED = "ok", "failed", "refused"
+REDACTED = "[redacted]"
+# Fields (and path parameters) whose values are secrets, by name: passwords, tokens, keys and their hashes, PKCS#12
+# files, TOTP codes and counters, license blobs, SecretBox tokens (``*_enc``).
+SECRET_NAME = re.compile(
+    r"password|passphrase|secret|token|private|pkcs12|p12|totp|license|credential|_enc$|(^|_)key($|_|s)|apikey",
+    re.IGNORECASE,
+)
+# Bookkeeping every save touches: not a change anyone made.
+UNRECORDED_FIELDS = frozenset({"updated_at", "created_at", "server_key"})
+# A value longer than this (text, or JSON as text) is recorded as its SHA-256 and length: certificates, trust lists
+# and operation records would otherwise fill the trail.
+LONG_VALUE_CHARS = 200
+MAX_CHANGES = 50
+MAX_DETAIL_CHARS = 500
+EXPORT_BATCH = 500
+# At most this many records in one group commit.
+APPEND_BATCH = 200
+VERIFY_BATCH = 1000
+# Where an automated operation runs as (``acting_as``).
+RETENTION_ACTOR = Actor("automated", "retention", ADMIN)
+_SNAPSHOT = "_certlm_audit_loaded"
+
+
+@dataclass
+class TrailSettings:
+    """The trail's settings in this process (``configure``): whether it records (``audit_trail``), how many days it
+    keeps (``audit_retention_days``), how often it logs its head."""
+
+    enabled: bool = True
+    retention_days: int | None = None
+    anchor_interval_min: int = 60
+
+
+_settings = TrailSettings()
+
+
+def configure(enabled: bool, retention_days: int | None, anchor_interval_min: int) -> None:
+    _settings.enabled, _settings.retention_days = enabled, retention_days
+    _settings.anchor_interval_min = anchor_interval_min
+
+
+def recording() -> bool:
+    return _settings.enabled
+
+
+# --- the fields a request changed ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Journal:
+    """What one request changed through the models: a list of ``{table, id, op, before, after}``, and the device
+    entries it touched (id -> ``server:port``). Closed once recorded: work the request left running adds nothing."""
+
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    entries: dict[int, str | None] = field(default_factory=dict)
+    closed: bool = False
+
+    def touched_entry(self, entry_id: Any, device: str | None = None) -> None:
+        if isinstance(entry_id, int) and (device or entry_id not in self.entries):
+            self.entries[entry_id] = device or self.entries.get(entry_id)
+
+    def add(self, change: dict[str, Any]) -> None:
+        if len(self.changes) < MAX_CHANGES:
+            self.changes.append(change)
+        elif len(self.changes) == MAX_CHANGES:
+            self.changes.append({"more": "further changes not listed"})
+
+
+_journal: ContextVar[Journal | None] = ContextVar("certlm_audit_journal", default=None)
+
+
+def open_journal() -> Journal:
+    """Start recording what the current request changes (its task's context, and tasks it starts, see it)."""
+    journal = Journal()
+    _journal.set(journal)
+    return journal
+
+
+def current_journal() -> Journal | None:
+    return _journal.get()
+
+
+def shown(name: str, value: Any) -> Any:
+    """A field's value as the trail keeps it: secrets by name redacted, binary and long values as their digest."""
+    if value is None:
+        return None
+    if SECRET_NAME.search(name):
+        return REDACTED
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bool | int | float):
+        return value
+    text = value if isinstance(value, str) else canonical_json(value)
+    if len(text) > LONG_VALUE_CHARS:
+        return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "chars": len(text)}
+    return value if isinstance(value, str) else json.loads(text)
+
+
+def _recorded_fields(model: type[Model]) -> list[str]:
+    return [name for name in model._meta.fields_db_projection if name not in UNRECORDED_FIELDS]
+
+
+def _values(instance: Model, names: Iterable[str]) -> dict[str, Any]:
+    return {name: getattr(instance, name, None) for name in names}
+
+
+def _snapshot(instance: Model) -> None:
+    values = _values(instance, _recorded_fields(type(instance)))
+    # JSON fields may be changed in place; the snapshot keeps the value as loaded.
+    instance.__dict__[_SNAPSHOT] = {k: copy.copy(v) if isinstance(v, dict | list) else v for k, v in values.items()}
+
+
+def _note_entry(journal: Journal, instance: Model) -> None:
+    if isinstance(instance, InventoryEntry):
+        journal.touched_entry(instance.id, device_key(instance.server, instance.port))
+    elif isinstance(getattr(instance, "entry_id", None), int):
+        journal.touched_entry(instance.entry_id)
+
+
+async def _saved(sender: type[Model], instance: Model, created: bool, using_db: Any, update_fields: Any) -> None:
+    journal = _journal.get()
+    if journal is None or journal.closed:
+        return
+    names = _recorded_fields(sender)
+    if update_fields:
+        given = set(update_fields)
+        # A foreign key is saved by its relation's name (``pki``) or its column's (``pki_id``).
+        names = [name for name in names if name in given or name.removesuffix("_id") in given]
+    loaded = instance.__dict__.get(_SNAPSHOT)
+    now = _values(instance, names)
+    change: dict[str, Any] = {"table": sender._meta.db_table, "id": instance.pk}
+    if created:
+        change.update(op="create", before=None, after={k: shown(k, v) for k, v in now.items() if v is not None})
+    elif loaded is None:
+        # Saved without having been loaded in this request: what it was is not known, only what it is now.
+        change.update(op="update", before=None, after={k: shown(k, v) for k, v in now.items()})
+    else:
+        changed = [name for name in names if loaded.get(name) != now[name]]
+        before = {name: shown(name, loaded.get(name)) for name in changed}
+        after = {name: shown(name, now[name]) for name in changed}
+        change.update(op="update", before=before, after=after)
+    instance.__dict__[_SNAPSHOT] = {**(loaded or {}), **now}
+    _note_entry(journal, instance)
+    if change["after"] or created:
+        journal.add(change)
+
+
+async def _deleted(sender: type[Model], instance: Model, using_db: Any) -> None:
+    journal = _journal.get()
+    if journal is None or journal.closed:
+        return
+    names = _recorded_fields(sender)
+    loaded = instance.__dict__.get(_SNAPSHOT) or _values(instance, names)
+    before = {name: shown(name, loaded.get(name)) for name in names if loaded.get(name) is not None}
+    _note_entry(journal, instance)
+    journal.add({"table": sender._meta.db_table, "id": instance.pk, "op": "delete", "before": before, "after": None})
+
+
+_load_hook_installed = False
+
+
+def watch_models() -> None:
+    """Record the saves and deletes of every model but the trail's own (call once the models are loaded).
+
+    Tortoise keeps no values as loaded, so the one place rows become instances (``Model._init_from_db``) is wrapped
+    to keep a copy of each instance's fields while a request is being journaled (a context variable's look-up
+    otherwise): the "before" of a change then costs no read of the database."""
+    global _load_hook_installed
+    for model in Tortoise.apps.get_models_iterable():
+        if model in (AuditRecord, AuditChainStart):
+            continue
+        model.register_listener(Signals.post_save, _saved)
+        model.register_listener(Signals.post_delete, _deleted)
+    if _load_hook_installed:
+        return
+    original = Model._init_from_db.__func__  # type: ignore[attr-defined]
+
+    def _init_from_db(cls: type[Model], **kwargs: Any) -> Model:
+        instance = original(cls, **kwargs)
+        journal = _journal.get()
+        if journal is not None and not journal.closed and not instance._partial:
+            _snapshot(instance)
+        return instance
+
+    Model._init_from_db = classmethod(_init_from_db)  # type: ignore[method-assign,assignment]
+    _load_hook_installed = True
+
+
+# --- the chain -------------------------------------------------------------------------------------------------------
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _moment(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="seconds")
+
+
+HASHED_FIELDS = (
+    "id", "at", "actor", "actor_kind", "role", "source", "action", "target", "entry_id", "device", "status",
+    "outcome", "detail", "changes", "prev_hash",
+)  # fmt: skip
+
+
+def record_hash(record: AuditRecord) -> str:
+    """SHA-256 (hex) of the canonical JSON of the record's fields, ``prev_hash`` among them."""
+    values = {name: getattr(record, name) for name in HASHED_FIELDS}
+    values["at"] = _moment(record.at)
+    return hashlib.sha256(canonical_json(values).encode()).hexdigest()
+
+
+def device_key(server: str, port: int | None) -> str:
+    """How the trail names a device address: ``server:port`` in lower case (IPv6 in brackets)."""
+    return address_url(None, server.lower(), port or 4840)
+
+
+def _clean(text: str | None, limit: int) -> str | None:
+    # PostgreSQL text cannot hold NUL.
+    return None if text is None else text.replace("\x00", "\ufffd")[:limit]
+
+
+def _is_postgres() -> bool:
+    return connections.get("default").capabilities.dialect != "sqlite"
+
+
+async def _head(connection: Any) -> tuple[int, str]:
+    """The id and hash the next record follows (under the chain's lock)."""
+    head = await AuditRecord.all().using_db(connection).order_by("-id").only("id", "hash").first()
+    if head is not None:
+        return head.id, head.hash
+    start = await AuditChainStart.filter(id=1).using_db(connection).first()
+    return (start.last_dropped_id, start.last_dropped_hash) if start is not None else (0, GENESIS_HASH)
+
+
+async def _append_locked(connection: Any, values: dict[str, Any]) -> AuditRecord:
+    head_id, head_hash = await _head(connection)
+    record = AuditRecord(id=head_id + 1, prev_hash=head_hash, **values)
+    record.hash = record_hash(record)
+    await record.save(using_db=connection, force_create=True)
+    return record
+
+
+async def append(
+    *,
+    actor: Actor,
+    action: str,
+    outcome: str,
+    status: int | None = None,
+    target: str | None = None,
+    entry_id: int | None = None,
+    device: str | None = None,
+    detail: str | None = None,
+    changes: list[dict[str, Any]] | None = None,
+    at: datetime | None = None,
+) -> AuditRecord:
+    """Append one record at the chain's head, in a short transaction (lock, head, insert) it may share with the
+    records other tasks of this process append at the same moment (``GroupAppender``)."""
+    values = {
+        "at": (at or datetime.now(UTC)).replace(microsecond=0),
+        "actor": _clean(actor.name, 255),
+        "actor_kind": actor.kind[:16],
+        "role": actor.role,
+        "source": _clean(actor.source, 64),
+        "action": _clean(action, 255),
+        "target": _clean(target, 1000),
+        "entry_id": entry_id,
+        "device": _clean(device, 300),
+        "status": status,
+        "outcome": outcome,
+        "detail": _clean(detail, MAX_DETAIL_CHARS),
+        "changes": canonical_json(changes or []),
+    }
+    return await _appender().append(values)
+
+
+class GroupAppender:
+    """Appends records in group commits: the records that arrive while a transaction runs go in the next one, in the
+    order they came, each caller waiting for its own. A lone record costs one transaction; under load many share
+    one commit (the trail's cost is mostly the commit, on SQLite an fsync)."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[AuditRecord]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def append(self, values: dict[str, Any]) -> AuditRecord:
+        future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
+        self._pending.append((values, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._write(), name="certlm-audit-append")
+        # Shielded: a request cancelled while it waits still has its record written.
+        return await asyncio.shield(future)
+
+    async def _write(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:APPEND_BATCH], self._pending[APPEND_BATCH:]
+            try:
+                async with in_transaction("default") as connection:
+                    if _is_postgres():
+                        await connection.execute_query(CHAIN_LOCK)
+                    head_id, head_hash = await _head(connection)
+                    records = []
+                    for values, _ in batch:
+                        head_id += 1
+                        record = AuditRecord(id=head_id, prev_hash=head_hash, **values)
+                        record.hash = head_hash = record_hash(record)
+                        records.append(record)
+                    await AuditRecord.bulk_create(records, using_db=connection)
+            except Exception as error:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for (_, future), record in zip(batch, records, strict=True):
+                if not future.done():
+                    future.set_result(record)
+
+
+_appenders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupAppender] = weakref.WeakKeyDictionary()
+
+
+def _appender() -> GroupAppender:
+    """This event loop's appender (tests run several loops in one process)."""
+    loop = asyncio.get_running_loop()
+    appender = _appenders.get(loop)
+    if appender is None:
+        appender = _appenders[loop] = GroupAppender()
+    return appender
+
+
+async def record_automated(
+    action: str,
+    *,
+    entry: InventoryEntry | None = None,
+    target: str | None = None,
+    success: bool = True,
+    detail: str | None = None,
+) -> None:
+    """Record an automated operation as the actor its work runs as (``acting_as``). Inside a request (any other
+    actor) nothing: the request's own record covers it. A failure to record is logged, never raised into the
+    operation."""
+    actor = current_actor()
+    if not _settings.enabled or actor.kind != "automated":
+        return
+    try:
+        await append(
+            actor=actor,
+            action=action,
+            outcome=OK if success else FAILED,
+            target=target or (f"inventory entry {entry.id}" if entry is not None else None),
+            entry_id=entry.id if entry is not None else None,
+            device=device_key(entry.server, entry.port) if entry is not None else None,
+            detail=detail,
+        )
+    except Exception:
+        log.exception("the audit trail could not record %s by %s", action, actor.name)
+
+
+# --- reading ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    since: datetime | None = None
+    until: datetime | None = None
+    actor: str | None = None
+    action: str | None = None
+    # Records about any of these entry ids or device addresses.
+    entry_ids: tuple[int, ...] = ()
+    devices: tuple[str, ...] = ()
+    device_given: bool = False
+
+    def query(self) -> Q:
+        q = Q()
+        if self.since is not None:
+            q &= Q(at__gte=self.since)
+        if self.until is not None:
+            q &= Q(at__lte=self.until)
+        if self.actor is not None:
+            q &= Q(actor=self.actor)
+        if self.action is not None:
+            q &= Q(action__startswith=self.action)
+        if self.device_given:
+            about = Q(id__lt=0)  # nothing, unless an id or address matches
+            if self.entry_ids:
+                about |= Q(entry_id__in=list(self.entry_ids))
+            if self.devices:
+                about |= Q(device__in=list(self.devices))
+            q &= about
+        return q
+
+
+def record_view(record: AuditRecord) -> dict[str, Any]:
+    """A record as ``GET /audit`` answers it (and the export writes it)."""
+    return {
+        "id": record.id,
+        "at": _moment(record.at),
+        "actor": record.actor,
+        "actor_kind": record.actor_kind,
+        "role": record.role,
+        "source": record.source,
+        "action": record.action,
+        "target": record.target,
+        "entry_id": record.entry_id,
+        "device": record.device,
+        "status": record.status,
+        "outcome": record.outcome,
+        "detail": record.detail,
+        "changes": json.loads(record.changes),
+        "prev_hash": record.prev_hash,
+        "hash": record.hash,
+    }
+
+
+async def records_page(found: AuditFilter, after_id: int, limit: int) -> tuple[list[AuditRecord], int | None]:
+    """Up to ``limit`` matching records after ``after_id`` in id order, and the ``after_id`` of the next page (None
+    after the last)."""
+    rows = await AuditRecord.filter(found.query(), id__gt=after_id).order_by("id").limit(limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].id if more and rows else None)
+
+
+async def export_lines(found: AuditFilter, after_id: int) -> AsyncIterator[bytes]:
+    """Every matching record after ``after_id`` as JSON lines, read in batches so that memory stays flat."""
+    while True:
+        rows, _ = await records_page(found, after_id, EXPORT_BATCH)
+        for row in rows:
+            yield (json.dumps(record_view(row), ensure_ascii=False) + "\n").encode()
+        if len(rows) < EXPORT_BATCH:
+            return
+        after_id = rows[-1].id
+
+
+# --- verification ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    intact: bool
+    records: int
+    head_id: int | None
+    head_hash: str | None
+    problem: str | None = None
+    bad_id: int | None = None
+
+    def message(self) -> str:
+        if not self.intact:
+            return f"audit trail broken at record {self.bad_id}: {self.problem}"
+        if self.head_id is None:
+            return "audit trail intact: no records"
+        return f"audit trail intact: {self.records} records, head {self.head_id}:{self.head_hash}"
+
+
+def parse_anchor(text: str) -> tuple[int, str]:
+    """``ID:HASH`` as ``log_anchor`` writes it; ValueError naming what is wrong."""
+    identifier, _, digest = text.strip().partition(":")
+    if not identifier.isascii() or not identifier.isdigit() or not re.fullmatch(r"[0-9a-f]{64}", digest or ""):
+        raise ValueError(f"anchor must be ID:HASH (a record id and its 64 hex digit SHA-256), got {text!r}")
+    return int(identifier), digest
+
+
+async def verify_chain(anchor: tuple[int, str] | None = None) -> Verdict:
+    """Walk the chain in id order and check every link and every hash; the first record that does not hold up is
+    named with what is wrong. ``anchor`` (an id and hash an external collector kept) must still be in the chain."""
+    start = await AuditChainStart.get_or_none(id=1)
+    expected_id, expected_prev = (start.last_dropped_id + 1, start.last_dropped_hash) if start else (1, GENESIS_HASH)
+    previous_what = f"the retention anchor (record {start.last_dropped_id})" if start else "the start of the chain"
+    count, head, anchor_seen = 0, None, False
+    after = 0
+    while True:
+        rows = await AuditRecord.filter(id__gt=after).order_by("id").limit(VERIFY_BATCH)
+        for record in rows:
+            problem = _check_link(record, expected_id, expected_prev, previous_what)
+            if problem is not None:
+                bad_id, what = problem
+                return Verdict(False, count, head.id if head else None, head.hash if head else None, what, bad_id)
+            if anchor is not None and record.id == anchor[0]:
+                if record.hash != anchor[1]:
+                    return Verdict(False, count, None, None, f"its hash is {record.hash}, the anchor says {anchor[1]}",
+                                   record.id)  # fmt: skip
+                anchor_seen = True
+            count += 1
+            head = record
+            expected_id, expected_prev, previous_what = record.id + 1, record.hash, f"record {record.id}"
+        if len(rows) < VERIFY_BATCH:
+            break
+        after = rows[-1].id
+    if anchor is not None and not anchor_seen:
+        anchor_id = anchor[0]
+        if start is not None and anchor_id == start.last_dropped_id and anchor[1] == start.last_dropped_hash:
+            anchor_seen = True
+        else:
+            why = (
+                f"the chain was cut by retention after record {start.last_dropped_id}, so it cannot be checked"
+                if start is not None and anchor_id < start.last_dropped_id
+                else "the chain holds no such record (records at its end were removed)"
+                if head is None or anchor_id > head.id
+                else f"the retention anchor holds record {start.last_dropped_id if start else 0}, not this hash"
+            )
+            return Verdict(False, count, head.id if head else None, head.hash if head else None, why, anchor_id)
+    return Verdict(True, count, head.id if head else None, head.hash if head else None)
+
+
+def _check_link(
+    record: AuditRecord, expected_id: int, expected_prev: str, previous_what: str
+) -> tuple[int, str] | None:
+    """What is wrong with ``record`` where the chain expects record ``expected_id`` after ``expected_prev``."""
+    if record.id < expected_id:
+        return record.id, f"it comes before {previous_what} (the chain starts after it)"
+    if record.id > expected_id:
+        missing = str(expected_id) if record.id == expected_id + 1 else f"{expected_id} to {record.id - 1}"
+        return expected_id, f"missing: record {missing} was removed (record {record.id} follows {previous_what})"
+    if record.prev_hash != expected_prev:
+        return record.id, (
+            f"it does not follow {previous_what}: its previous hash is {record.prev_hash}, {previous_what} has "
+            f"{expected_prev} (records were reordered, or the one before was changed)"
+        )
+    if record_hash(record) != record.hash:
+        return record.id, "it was changed: its fields do not match its hash"
+    return None
+
+
+# --- retention and anchors -------------------------------------------------------------------------------------------
+
+
+async def drop_expired(retention_days: int, now: datetime | None = None) -> int:
+    """Drop the records older than ``retention_days``, as one prefix of the chain: every record before the first that
+    is not older (the head is always kept). The last dropped record's id and hash are kept as where the chain now
+    starts, and the drop is itself recorded. How many records were dropped."""
+    cutoff = (now or datetime.now(UTC)) - timedelta(days=retention_days)
+    async with in_transaction("default") as connection:
+        if _is_postgres():
+            await connection.execute_query(CHAIN_LOCK)
+        head = await AuditRecord.all().using_db(connection).order_by("-id").only("id").first()
+        if head is None:
+            return 0
+        first_kept = await AuditRecord.filter(at__gte=cutoff).using_db(connection).order_by("id").only("id").first()
+        last_dropped_id = min(first_kept.id if first_kept else head.id, head.id) - 1
+        last_dropped = await AuditRecord.filter(id=last_dropped_id).using_db(connection).only("id", "hash").first()
+        if last_dropped is None:
+            return 0
+        dropped = await AuditRecord.filter(id__lte=last_dropped_id).using_db(connection).delete()
+        moment = datetime.now(UTC)
+        start = await AuditChainStart.filter(id=1).using_db(connection).first()
+        if start is None:
+            start = AuditChainStart(id=1)
+        start.last_dropped_id, start.last_dropped_hash, start.dropped_at = last_dropped.id, last_dropped.hash, moment
+        await start.save(using_db=connection)
+        actor = RETENTION_ACTOR
+        await _append_locked(
+            connection,
+            {
+                "at": moment.replace(microsecond=0),
+                "actor": actor.name,
+                "actor_kind": actor.kind,
+                "role": actor.role,
+                "source": None,
+                "action": "audit retention",
+                "target": None,
+                "entry_id": None,
+                "device": None,
+                "status": None,
+                "outcome": OK,
+                "detail": f"dropped {dropped} records older than {retention_days} days, up to record "
+                f"{last_dropped.id} (hash {last_dropped.hash}), where the chain now starts",
+                "changes": "[]",
+            },
+        )
+    log.info("audit trail: dropped %d records up to record %d (hash %s)", dropped, last_dropped.id, last_dropped.hash)
+    return dropped
+
+
+async def log_anchor() -> None:
+    """Log the chain's head at INFO (``certlm.audit.anchor``): ``certlm audit verify --anchor ID:HASH`` checks it."""
+    head = await AuditRecord.all().order_by("-id").only("id", "hash").first()
+    if head is not None:
+        anchor_log.info("audit trail head %d:%s", head.id, head.hash)
+
+
+class AnchorKeeper:
+    """Every ``audit_anchor_interval_min``: drop what retention no longer keeps, then log the head."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None and _settings.enabled:
+            self._task = asyncio.create_task(self._run(), name="certlm-audit-anchor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if _settings.enabled:
+            with contextlib.suppress(Exception):
+                await log_anchor()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                if _settings.retention_days is not None:
+                    await drop_expired(_settings.retention_days)
+                await log_anchor()
+            except Exception:
+                log.exception("audit trail: retention or anchor failed; trying again at the next interval")
+            await asyncio.sleep(_settings.anchor_interval_min * 60)
