@@ -36,6 +36,7 @@ ERROR_SCHEMA = {
     "required": ["error"],
     "description": "Every error the API answers; some carry more fields next to `error`.",
 }
+ROLE_REFUSED = "The key's role does not include the role the operation needs (the sentence names both)"
 ERROR_DESCRIPTIONS = {
     400: "Invalid request: body, query or path parameter refused",
     401: "Missing or invalid API key",
@@ -207,6 +208,9 @@ def complete_operation(method: str, rule: Rule, view: Callable[..., Any], operat
         declared.add(403)
     for status in sorted(error_statuses(method, rule, operation, declared)):
         responses.setdefault(status, error_response(status))
+    if rule.rule in LICENSE_EXEMPT_RULES and 403 in responses:
+        # Reachable without a license: its 403 is the role's only.
+        responses[403] = {**responses[403], "description": ROLE_REFUSED}
     operation = {**operation, "responses": responses}
     if "requestBody" in operation and (other_bodies := body_media_types(view)):
         content = {media_type: {"schema": {"type": "string", "description": description}}

@@ -4,6 +4,8 @@ that record every state-changing or refused request (``certlm.system.audit`` kee
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -183,7 +185,8 @@ async def record_request(response: Response) -> Response:
     rule = request.url_rule.rule if request.url_rule is not None else request.path[:200]
     try:
         target, entry_id, device = await _request_target(journal, body_read=not refused and status != 413)
-        await audit.append(
+        record = partial(
+            audit.append,
             actor=actor,
             action=f"{request.method} {rule}",
             outcome=audit.REFUSED if refused else audit.OK if status < 400 else audit.FAILED,
@@ -194,9 +197,22 @@ async def record_request(response: Response) -> Response:
             detail=await _error_of(response) if status >= 400 else None,
             changes=journal.changes if journal is not None else None,
         )
+        if status == 413:
+            # An answer to a body never read must start before the client has sent it all, or the connection is not
+            # marked closing (``certlm.http.server.CloseAfterUnreadBody``): recorded right after, not before.
+            current_app.add_background_task(_record_later, record, rule)
+        else:
+            await record()
     except Exception:
         current_app.logger.exception("the audit trail could not record %s %s", request.method, rule)
     return response
+
+
+async def _record_later(record: Callable[[], Awaitable[Any]], rule: str) -> None:
+    try:
+        await record()
+    except Exception:
+        current_app.logger.exception("the audit trail could not record a 413 of %s", rule)
 
 
 async def _request_target(
