@@ -2,6 +2,7 @@
 script doing what any ordering of a rollover must do to each device, in the same run.
 
     .venv/bin/python bench/campaign_rollover.py [--devices 1000] [--concurrency 8] [--simulators 4] [--poll-s 1]
+                                                [--profile certlm.prof]
 
 certlm: a real ``certlm serve`` (SQLite) with the plant set up through the REST API as ``tests/test_campaigns.py`` does
 (an internal CA first; the plant CA; every device registered with ``pki`` the plant CA and onboarded with
@@ -23,7 +24,12 @@ script's, the campaign's wall time at most 1.2x the script's; MISSED when not) a
 Beside them, measured in the same run, the floors a device's rollover cannot go below, and where the CPU target lies
 against them: the cryptography (``rollover_baseline.CryptoFloor``: three secure sessions' RSA 2048 operations of the
 client and the CA's RSA 3072 signature), and three of the script's secure sessions through asyncua, opened and closed
-with nothing in them. The exit code is 0 either way.
+with nothing in them. certlm's CPU per device is also given as a multiple of those sessions (the floor any rollover
+through asyncua has) and as certlm's own share, (certlm - script) / script. The exit code is 0 either way.
+
+``--profile FILE`` runs ``certlm serve`` with cProfile (a ``sitecustomize`` on its ``PYTHONPATH``), on from the
+campaign's POST to the poll that shows it finished, and writes the profile to FILE; certlm's CPU figures are then the
+profiler's too.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -51,6 +58,32 @@ SESSION_COST_SAMPLES = 20
 # devices on a loaded machine now and then drops a channel.
 SETUP_ATTEMPTS = 3
 _T, _R = TypeVar("_T"), TypeVar("_R")
+
+
+# Profiles only between SIGUSR1 (the campaign is posted) and SIGUSR2 (it finished): the set-up is not measured.
+PROFILER = """\
+import cProfile, os, signal, time
+
+_profile = cProfile.Profile(time.thread_time)  # CPU of the event loop's thread, not wall time
+
+
+def _stop(*_):
+    _profile.disable()
+    _profile.dump_stats(os.environ["BENCH_PROFILE_OUT"])
+
+
+signal.signal(signal.SIGUSR1, lambda *_: _profile.enable())
+signal.signal(signal.SIGUSR2, _stop)
+"""
+
+
+def profiled_env(profile: Path | None, workdir: Path) -> dict[str, str]:
+    """The environment that starts ``certlm serve`` with the profiler above, writing to ``profile``."""
+    if profile is None:
+        return {}
+    (workdir / "profiler").mkdir()
+    (workdir / "profiler" / "sitecustomize.py").write_text(PROFILER)
+    return {"PYTHONPATH": str(workdir / "profiler"), "BENCH_PROFILE_OUT": str(profile.resolve())}
 
 
 def load_average() -> str:
@@ -144,7 +177,7 @@ async def set_up_plant(api: httpx.AsyncClient, urls: list[str], concurrency: int
 
 
 async def run_campaign(
-    service: RunningService, simulators: Simulators, concurrency: int, poll_s: float
+    service: RunningService, simulators: Simulators, concurrency: int, poll_s: float, profile: bool
 ) -> tuple[Run, PhaseTimes, float]:
     """The campaign over every device; its ``Run`` (certlm's CPU less the polls'), the phases' times, and the CPU one
     poll cost certlm."""
@@ -153,6 +186,8 @@ async def run_campaign(
         plant_ca, successor = await set_up_plant(api, simulators.urls, concurrency)
         pid = service.process.pid
         certlm_before, devices_before = cpu_seconds(pid), simulators_cpu(simulators)
+        if profile:
+            os.kill(pid, signal.SIGUSR1)
         started = time.monotonic()
         created = await api.post("/campaigns", json={
             "kind": "ca-rollover", "from_pki_id": plant_ca, "to_pki_id": successor, "concurrency": concurrency,
@@ -169,6 +204,8 @@ async def run_campaign(
             if campaign["state"] != "running":
                 break
         times.finished = time.monotonic() - started
+        if profile:
+            os.kill(pid, signal.SIGUSR2)
         certlm_cpu, devices_cpu = cpu_seconds(pid) - certlm_before, simulators_cpu(simulators) - devices_before
         assert campaign["state"] == "finished", f"the campaign stopped {campaign['state']}: {campaign['blocked']}"
         before_polls = cpu_seconds(pid)
@@ -240,6 +277,10 @@ def report(
     for name, run in (("certlm", certlm), ("script", script)):
         print(f"    {name}: {run.cpu_per_device_ms / crypto_ms:.1f}x the cryptography, "
               f"{run.cpu_per_device_ms / sessions_ms:.1f}x the sessions")  # fmt: skip
+    own = (certlm.cpu_per_device_ms - script.cpu_per_device_ms) / script.cpu_per_device_ms
+    print(f"  certlm CPU per device: {certlm.cpu_per_device_ms / sessions_ms:.2f}x the {SESSIONS_PER_ROLLOVER} "
+          f"sessions' floor ({sessions_ms:.1f} ms); certlm's own share (certlm - script) / script: {own:+.0%} "
+          f"({certlm.cpu_per_device_ms - script.cpu_per_device_ms:+.1f} ms per device)")  # fmt: skip
     for name, floor_ms in (("the cryptography", crypto_ms), ("the sessions through asyncua", sessions_ms)):
         side = "below" if target_ms < floor_ms else "above"
         print(f"    the CPU target ({CPU_TARGET}x the script = {target_ms:.1f} ms per device) is {side} {name} "
@@ -252,6 +293,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--simulators", type=int, help="certlm-simulate processes (default: one per 250 devices)")
     parser.add_argument("--poll-s", type=float, default=1.0, help="seconds between GET /campaigns/{id}")
+    parser.add_argument("--profile", type=Path, help="run certlm under cProfile and write its profile here")
     args = parser.parse_args()
     processes = args.simulators or -(-args.devices // 250)
     # asyncua warns on every session that the device grants less than the session time-out it asked for.
@@ -260,11 +302,14 @@ async def main() -> None:
     floor = CryptoFloor.measure()
     with tempfile.TemporaryDirectory(prefix="certlm-bench-") as tmp:
         workdir = Path(tmp)
-        service = await start_certlm(workdir / "data", LicenseKeys.create(workdir / "license"))
+        env = profiled_env(args.profile, workdir)
+        service = await start_certlm(workdir / "data", LicenseKeys.create(workdir / "license"), env=env)
         simulators = Simulators(args.devices, processes, workdir / "devices")
         try:
             await simulators.start()
-            certlm, times, poll_cpu = await run_campaign(service, simulators, args.concurrency, args.poll_s)
+            certlm, times, poll_cpu = await run_campaign(
+                service, simulators, args.concurrency, args.poll_s, args.profile is not None
+            )
         finally:
             simulators.stop()
             await service.stop()

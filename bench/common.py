@@ -28,7 +28,10 @@ from tests.support import LicenseKeys, PostgresServer, RunningService, stop_proc
 SIMULATE = str(Path(sys.executable).with_name("certlm-simulate"))
 ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
 
-__all__ = ["ADMIN", "LicenseKeys", "PostgresServer", "ProcessMeter", "RunningService", "Simulators", "start_certlm"]
+__all__ = [
+    "ADMIN", "LicenseKeys", "PostgresServer", "ProcessMeter", "RunningService", "Simulators", "load_average",
+    "start_certlm",
+]  # fmt: skip
 
 
 def free_port_range(count: int) -> int:
@@ -192,3 +195,8 @@ async def _ready_lines(process: subprocess.Popen, lines: int, timeout: float) ->
         if line.startswith("READY "):
             ready.append(line.split()[1])
     return ready
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as a benchmark prints them beside a figure measured on a shared machine."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())

@@ -99,6 +99,12 @@ from certlm.inventory.entries import MAX_SECRET_CHARS, InventoryEntryOut, Listin
 from certlm.inventory.identity import identity_repinned
 from certlm.lifecycle.operations import last_recorded
 from certlm.pki import client as pki_client
+from certlm.pki.root_key_update import (
+    RootKeyUpdateRefused,
+    describe_certificate,
+    new_issuing_ca,
+    verify_root_key_update,
+)
 from certlm.storage import MAX_ID
 from certlm.storage.migrations import PluginMigration, SchemaEditor
 from certlm.storage.models import DeviceCredential, InventoryEntry, PkiEntry
@@ -157,6 +163,7 @@ __all__ = [
     "PushFailed",
     "PushOutcome",
     "PushRequest",
+    "RootKeyUpdateRefused",
     "SchemaEditor",
     "SecretBox",
     "ServerValidation",
@@ -176,6 +183,7 @@ __all__ = [
     "api_timestamp",
     "checked_server",
     "crl_signed_by",
+    "describe_certificate",
     "downloads",
     "extension_value",
     "hookimpl",
@@ -189,6 +197,7 @@ __all__ = [
     "load_certificate",
     "load_certificates_pem",
     "load_crl",
+    "new_issuing_ca",
     "pki_client",
     "plain_status",
     "requires_role",
@@ -197,5 +206,6 @@ __all__ = [
     "spki_der",
     "to_der",
     "to_pem",
+    "verify_root_key_update",
     "with_host_names",
 ]

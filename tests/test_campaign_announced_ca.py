@@ -7,11 +7,15 @@ the new root, trust first. The trust lists and presented certificates are sample
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncua import ua
+from certlm_opcua_simulator.pki import verify_own_certificate_chain
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -20,6 +24,7 @@ from certlm.storage.models import InventoryEntry
 from certlm.testing.pushes import assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
 from tests.conftest import StartDevice
+from tests.crypto_factory import make_ca
 from tests.plugins.pki_cmp.cmp_server import (
     HttpRelay,
     IssuingCmpServer,
@@ -34,9 +39,54 @@ from tests.support import InProcessApp
 from tests.test_campaigns import PLANT_SIZE, der, finished, invariant_breaks, sampling
 
 
+def strict_refusals(devices: list, old_cas: list[x509.Certificate]) -> list[str]:
+    """The pairs where a device with strict revocation checking (a CRL of every CA on the path, as UA-.NETStandard
+    with RejectUnknownRevocationStatus and node-opcua check) would refuse a peer that still presents a certificate of
+    the old issuer, as sentences; the simulator's own check of such a path decides."""
+    return [
+        f"{a.config.port} refuses {b.config.port}'s old certificate: {ua.StatusCode(status).name}"
+        for a in devices
+        for b in devices
+        if a is not b
+        and any(issued_by(b.certificate, ca) for ca in old_cas)
+        and (status := verify_own_certificate_chain(b.certificate, [], a.trust_list)) is not None
+    ]
+
+
+@asynccontextmanager
+async def strict_sampling(devices: list, old_cas: list[x509.Certificate]) -> AsyncIterator[list[list[str]]]:
+    """``strict_refusals`` every 20 ms until the block ends; yields the samples."""
+    samples: list[list[str]] = []
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            samples.append(strict_refusals(devices, old_cas))
+            with suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.02)
+
+    task = asyncio.create_task(sample())
+    try:
+        yield samples
+    finally:
+        stop.set()
+        await task
+
+
 @pytest.fixture
 async def est_server(tmp_path: Path) -> AsyncIterator[EstTestServer]:
     server = EstTestServer(tmp_path / "est")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def est_server_with_issuing_ca(tmp_path: Path) -> AsyncIterator[EstTestServer]:
+    """An EST server whose root issues through an intermediate, the issuing CA."""
+    server = EstTestServer(tmp_path / "est", intermediate=True)
     await server.start()
     try:
         yield server
@@ -64,7 +114,7 @@ async def est_plant(in_process: InProcessApp, simulated_device: StartDevice, ser
             in_process, "POST", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port, "pki": pki_id}
         )
         assert status == 200, body
-        await assert_pushed(await push(in_process, device, issuer=True), device, issuer=server.ca_certificate)
+        await assert_pushed(await push(in_process, device, issuer=True), device, issuer=server.ca_certificates[0])
         devices.append(device)
     return pki_id, devices
 
@@ -144,7 +194,7 @@ async def test_a_rollover_to_a_forged_announcement_is_refused_saying_what_does_n
     pki_id, devices = await est_plant(in_process, simulated_device, est_server)
     est_server.announce_new_root("EST Test Root CA G2", broken_link=True)
     status, answer = await request(in_process, "POST", "/campaigns", {"kind": "ca-rollover", "from_pki_id": pki_id})
-    assert status == 502 and "do not verify with the key of the root CA certlm holds" in answer["error"], answer
+    assert status == 502 and "does not verify with the key of the root CA certlm holds" in answer["error"], answer
     assert await request(in_process, "GET", "/campaigns") == (200, [])
     for device in devices:
         assert der(est_server.rollover.new.certificate) not in device.trust_list.trusted_certificates
@@ -184,6 +234,81 @@ async def test_a_reissue_while_the_pki_still_issues_from_the_old_root_fails_sayi
         # Whatever the device got, the retire phase has not begun: the old root is still trusted everywhere.
         assert der(old_root) in device.trust_list.trusted_certificates
     assert invariant_breaks(devices) == []
+
+
+async def test_a_rollover_to_a_new_issuing_ca_under_the_same_root_keeps_the_root_both_chains_share(
+    in_process: InProcessApp, simulated_device: StartDevice, est_server_with_issuing_ca: EstTestServer
+) -> None:
+    """The EST server announces a new issuing CA under its root: the campaign adds it, moves every device to it and
+    retires only the old issuing CA (and its CRLs); the root, which both chains need, stays in every trust list."""
+    server = est_server_with_issuing_ca
+    pki_id, devices = await est_plant(in_process, simulated_device, server)
+    old_issuing, root = server.ca_certificates
+    new_issuing = server.announce_new_issuing_ca().certificate
+    assert invariant_breaks(devices) == [] and strict_refusals(devices, [old_issuing]) == []
+
+    async with sampling(devices) as samples, strict_sampling(devices, [old_issuing]) as strict_samples:
+        status, created = await request(in_process, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, created
+        server.issue_from_new_issuing_ca()
+        assert created["from_pki_id"] == created["to_pki_id"] == pki_id, created
+        assert "issued under the root CA certlm holds" in (created["successor"] or ""), created["successor"]
+        campaign = await finishes(in_process, created["id"], 120)
+
+    broken = [breaks for breaks in samples if breaks]
+    assert len(samples) > 20 and not broken, broken[:3]
+    # The old issuing CA's own CRL comes only from the certificates it issued (the campaign's old issuer has the
+    # root's, through the issuing CA's distribution point): the reissue pushes keep the one each device holds, so a
+    # strict device accepts its peers' old certificates until the retire.
+    refused = [refusals for refusals in strict_samples if refusals]
+    assert len(strict_samples) > 20 and not refused, refused[:3]
+    assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+    for device in devices:
+        assert issued_by(device.certificate, new_issuing)
+        trusted = device.trust_list.trusted_certificates
+        assert der(new_issuing) in trusted and der(root) in trusted
+        assert der(old_issuing) not in trusted
+        assert not [crl for crl in device.trust_list.crls() if crl.issuer == old_issuing.subject], "its CRLs went too"
+    status, chain = await request(in_process, "GET", f"/pki/ca/{pki_id}")
+    assert status == 200 and x509.load_pem_x509_certificates(chain.encode()) == [new_issuing, root], chain
+    await assert_pushed(await push(in_process, devices[0], onboarding=False), devices[0], issuer=new_issuing)
+    assert der(old_issuing) not in devices[0].trust_list.trusted_certificates
+    assert der(root) in devices[0].trust_list.trusted_certificates
+
+
+async def test_a_rollover_to_a_new_root_and_its_issuing_ca_keeps_every_device_trusting_every_other(
+    in_process: InProcessApp, simulated_device: StartDevice, est_server_with_issuing_ca: EstTestServer
+) -> None:
+    """A root CA key update of a server that issues through an intermediate: the new root comes with a new issuing
+    CA under it, and the devices move to that chain; the old root and the old issuing CA are retired."""
+    server = est_server_with_issuing_ca
+    pki_id, devices = await est_plant(in_process, simulated_device, server)
+    old_chain = server.ca_certificates
+    update = server.announce_new_root("EST Test Root CA G2")
+    assert update.new_issuing is not None
+    new_chain = [update.new_issuing.certificate, update.new.certificate]
+
+    async with sampling(devices) as samples:
+        status, created = await request(in_process, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, created
+        server.issue_from_new_root()
+        assert "newwithold" in (created["successor"] or "").lower(), created["successor"]
+        campaign = await finishes(in_process, created["id"], 120)
+
+    broken = [breaks for breaks in samples if breaks]
+    assert len(samples) > 20 and not broken, broken[:3]
+    assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+    for device in devices:
+        assert issued_by(device.certificate, new_chain[0])
+        trusted = device.trust_list.trusted_certificates
+        assert all(der(ca) in trusted for ca in new_chain)
+        assert not any(der(ca) in trusted for ca in old_chain)
+    status, chain = await request(in_process, "GET", f"/pki/ca/{pki_id}")
+    assert status == 200 and x509.load_pem_x509_certificates(chain.encode()) == new_chain, chain
 
 
 # --- CMP ---------------------------------------------------------------------------------------------------------
@@ -258,6 +383,83 @@ async def test_a_rollover_to_the_root_a_cmp_ca_announced_keeps_every_device_trus
         issuing.stop()
         await old_cdp.stop()
         await new_cdp.stop()
+
+
+async def test_a_rollover_to_a_new_issuing_ca_a_cmp_ca_hands_out_keeps_the_shared_root_and_strict_peers(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    """A CMP CA whose root issues through an issuing CA hands out a new issuing CA under the same root (genp
+    id-it-caCerts). Its certificates name no distribution point of the issuing CA's own CRL (only the root's), so
+    the PKI entry's CRL (``crl()``) is the root's: the issuing CA's CRL, which strict devices need for every peer that
+    still presents an old certificate, is only in the trust lists the devices hold. The campaign keeps it there until
+    the retire, keeps the root, and moves every device to the new issuing CA."""
+    root_cdp, first_cdp, second_cdp = CrlDistributionPoint(), CrlDistributionPoint(), CrlDistributionPoint()
+    for cdp in (root_cdp, first_cdp, second_cdp):
+        await cdp.start()
+    root = make_ca("Plant CMP Root CA", days=90, crl_url=root_cdp.url)
+    first = make_ca("Plant CMP Issuing CA", issuer=root, days=30, crl_url=root_cdp.url)
+    second = make_ca("Plant CMP Issuing CA 2", issuer=root, days=60, crl_url=root_cdp.url)
+    root_cdp.crl, first_cdp.crl, second_cdp.crl = root.crl(days=7), first.crl(days=7), second.crl(days=7)
+    pki = TestPki.create(tmp_path / "cmp", crl_url=first_cdp.url)
+    issuing = IssuingCmpServer(
+        pki, "-srv_ref", CMP_REFERENCE, "-srv_secret", f"pass:{CMP_SECRET}", chain_option="-rsp_extracerts"
+    )
+    issuing.issue_from(first, root.certificate)
+    answer = RootCaKeyUpdateAnswer(
+        refusing(issuing.handle, {"kur"}, http_error()), CMP_SECRET, first.certificate.subject
+    )
+    relay = await HttpRelay(answer).start()
+    try:
+        await create_internal_ca(in_process, "certlm client CA")
+        status, created = await request(in_process, "POST", "/pki/inventory", {
+            "pki_type": 3, "name": "plant CMP", "pki_connection": relay.address, "username": CMP_REFERENCE,
+            "password": CMP_SECRET,
+        })  # fmt: skip
+        assert status == 200, created
+        pki_id = created["pki_id"]
+        devices = []
+        for _ in range(PLANT_SIZE):
+            device = await simulated_device()
+            status, body = await request(
+                in_process, "POST", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port,
+                                                       "pki": pki_id},
+            )  # fmt: skip
+            assert status == 200, body
+            await assert_pushed(await push(in_process, device, issuer=True), device, issuer=first.certificate)
+            devices.append(device)
+        assert strict_refusals(devices, [first.certificate]) == []
+        answer.ca_certs = [first.certificate, second.certificate, root.certificate]
+
+        async with sampling(devices) as samples, strict_sampling(devices, [first.certificate]) as strict_samples:
+            status, created = await request(in_process, "POST", "/campaigns", {
+                "kind": "ca-rollover", "from_pki_id": pki_id, "concurrency": 2,
+            })  # fmt: skip
+            assert status == 201, created
+            pki.crl_url = second_cdp.url
+            issuing.issue_from(second, root.certificate)
+            assert created["from_pki_id"] == created["to_pki_id"] == pki_id, created
+            assert "id-it-caCerts" in (created["successor"] or ""), created["successor"]
+            campaign = await finishes(in_process, created["id"], 120)
+
+        broken = [breaks for breaks in samples if breaks]
+        assert len(samples) > 20 and not broken, broken[:3]
+        refused = [refusals for refusals in strict_samples if refusals]
+        assert len(strict_samples) > 20 and not refused, refused[:3]
+        assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+        for device in devices:
+            assert issued_by(device.certificate, second.certificate)
+            trusted = device.trust_list.trusted_certificates
+            assert der(second.certificate) in trusted and der(root.certificate) in trusted
+            assert der(first.certificate) not in trusted
+            assert not [crl for crl in device.trust_list.crls() if crl.issuer == first.certificate.subject]
+        status, chain = await request(in_process, "GET", f"/pki/ca/{pki_id}")
+        assert status == 200, chain
+        assert x509.load_pem_x509_certificates(chain.encode()) == [second.certificate, root.certificate], chain
+    finally:
+        await relay.stop()
+        issuing.stop()
+        for cdp in (root_cdp, first_cdp, second_cdp):
+            await cdp.stop()
 
 
 class CrlDistributionPoint:

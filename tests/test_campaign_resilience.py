@@ -428,6 +428,20 @@ async def test_a_device_unreachable_in_the_trust_phase_holds_every_reissue_until
         assert campaign["counts"]["trust"] == {"done": 2, "failed": 1}
         assert campaign["counts"]["reissue"] == {"pending": 3}
         assert installations(devices) == [1, 1, 1], "a device was reissued that its unreachable peer would not trust"
+        # Each device's row as the answer renders it (from plain values, not loaded entries): by entry id, its URL,
+        # the failed step with its reason and when it is tried again.
+        rows = campaign["devices"]
+        assert [row["entry_id"] for row in rows] == sorted(row["entry_id"] for row in rows)
+        assert sorted(row["url"] for row in rows) == sorted(device.url for device in devices), rows
+        (lost,) = [row for row in rows if row["entry_id"] == entry_id]
+        assert (
+            lost["url"] == down.url
+            and (lost["trust"], lost["reissue"], lost["retire"]) == ("failed",) + ("pending",) * 2
+        ), lost
+        assert lost["last_step"]["phase"] == "trust" and lost["last_step"]["success"] is False, lost
+        assert "Connect call failed" in lost["last_step"]["error"], lost
+        assert datetime.fromisoformat(lost["next_try_at"]) > datetime.fromisoformat(lost["last_step"]["at"]), lost
+        assert all(row["next_try_at"] is None for row in rows if row["entry_id"] != entry_id), rows
 
         if outcome == "excepted":
             status, excepted = await request(

@@ -384,9 +384,7 @@ async def test_an_instance_the_change_does_not_wake_sees_it_at_its_next_poll_and
     # scheduler is off, and nothing asks /systeminfo after switching the monitor on.
     await plant.host.schedulers.by_name["monitor"].stop()
     now = datetime.now(UTC)
-    window_id, _ = await plant.maintenance_window(
-        "Line 3 shutdown", now - timedelta(hours=1), now + timedelta(hours=1)
-    )
+    window_id, _ = await plant.maintenance_window("Line 3 shutdown", now - timedelta(hours=1), now + timedelta(hours=1))
     await plant.switch_on("monitor", 1)
     walks.clear()
     # Another instance's monitor on the same database: the API's writes wake this instance's schedulers only.
@@ -434,7 +432,10 @@ async def test_the_monitor_records_what_devices_present_and_which_cannot_be_reac
 
     async def both_seen() -> tuple[dict, dict] | None:
         seen, missed = (await plant.entry(online))["schedule"], (await plant.entry(offline))["schedule"]
-        return (seen, missed) if seen and missed and seen["last_seen"] and missed["unreachable_since"] else None
+        # A visit stores last_seen before it reads the trust list: wait for the whole visit.
+        trust_lists = {tl["url"]: tl for tl in (await plant.call("GET", "/gds/inventory/trustlist"))[1]}
+        whole = seen and seen["last_seen"] and trust_lists[online.url]["trustlist_trusted_ca"]
+        return (seen, missed) if whole and missed and missed["unreachable_since"] else None
 
     seen, missed = await eventually(both_seen, "a monitor scan over both devices")
     assert seen["unreachable_since"] is None and seen["certificate_changed_at"] is None
@@ -638,7 +639,8 @@ async def test_a_failing_renewal_backs_off_doubling_and_a_success_resets_it(
     await flaky.start()
     try:
         await plant.set_renewal_days(flaky, 400)
-        await plant.switch_on("gds_push", 1)
+        # An interval longer than the doubled back-off: a back-off never outlasts the next scan.
+        await plant.switch_on("gds_push", 5)
 
         def failures(count: int) -> Callable[[], Awaitable[dict[str, Any] | None]]:
             async def reached() -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +16,7 @@ from cryptography import x509
 from pydantic import BaseModel, Field, field_validator, model_validator
 from tortoise import connections
 from tortoise.exceptions import IntegrityError
+from tortoise.fields import DatetimeField
 from tortoise.queryset import QuerySet
 from tortoise.transactions import in_transaction
 
@@ -24,6 +25,7 @@ from certlm.contracts.registry import DeviceDriverRegistry
 from certlm.foundation.certs import (
     PKCS12_MAX_PASSWORD_CHARS,
     PKCS12_MIN_BASE64_CHARS,
+    api_timestamp,
     common_name,
     load_pkcs12_base64,
     spec_datetime,
@@ -341,12 +343,51 @@ class ListingPage(BaseModel):
 
 
 # Entries read and rendered at a time by a listing: each batch is a few milliseconds of the event loop, and a
-# listing of any size holds no more than one batch in memory.
-LISTING_BATCH = 500
+# listing of any size holds no more than one batch in memory (1,000 entries: about 0.5 MB of JSON, half the queries
+# of 500 per listing).
+LISTING_BATCH = 1000
 _LISTED_COLUMNS = (
     "id", "name", "protocol", "service", "server", "port", "device_status", "pki_id", "security_policy",
     "security_mode", "renewal_days", "certificate_der", "cert_revoked",
 )  # fmt: skip
+# What a listing reads of an entry's credential and scheduler state, in the same query (outer joins on the entries'
+# one-to-one relations): ``schedule__id`` is null when the schedulers keep nothing for the entry.
+_LISTED_USERNAME = "credential__username"
+_LISTED_SCHEDULE = {f"schedule__{name}": name for name in ScheduleOut.model_fields}
+_LISTING_SELECT = (
+    "SELECT "
+    + ", ".join(f"e.{column}" for column in _LISTED_COLUMNS)
+    + f", c.username AS {_LISTED_USERNAME}, s.id AS schedule__id, "
+    + ", ".join(f"s.{name} AS {column}" for column, name in _LISTED_SCHEDULE.items())
+    + " FROM inventory_entry e LEFT OUTER JOIN device_credential c ON c.entry_id = e.id"
+    " LEFT OUTER JOIN device_schedule s ON s.entry_id = e.id"
+)
+# The listed columns the database driver may not give as Python values (SQLite: booleans as 0 and 1, moments as
+# text), with tortoise's conversion of each, to apply to values that are not null.
+_REVOKED = InventoryEntry._meta.fields_map["cert_revoked"].to_python_value
+_SCHEDULE_MOMENTS = {
+    column: DeviceSchedule._meta.fields_map[name].to_python_value
+    for column, name in _LISTED_SCHEDULE.items()
+    if isinstance(DeviceSchedule._meta.fields_map[name], DatetimeField)
+}
+
+
+def _listing_query(protocols: Tables, active_only: bool, dialect: str) -> tuple[str, list[Any]]:
+    """The SQL of a listing's batch (its last two parameters are the previous batch's last id and the batch size,
+    the others are given) in the placeholders of ``dialect``. Written out rather than made by tortoise: turning
+    its rows into dicts and converting every column took two thirds of a listing's database time."""
+    conditions, values = ["e.id > {}"], []
+    if protocols is not EVERY_TABLE:
+        conditions.append(f"e.protocol IN ({', '.join('{}' for _ in protocols)})")
+        values += protocols
+    if active_only:
+        conditions.append("e.device_status = {}")
+        values.append(DEVICE_STATUS_ACTIVE)
+    sql = f"{_LISTING_SELECT} WHERE {' AND '.join(conditions)} ORDER BY e.id LIMIT {{}}"
+    # The batch's two parameters come first and last in the statement; the given ones between them.
+    count = len(values) + 2
+    marks = [f"${number}" for number in range(1, count + 1)] if dialect == "postgres" else ["?"] * count
+    return sql.format(*marks), values
 
 
 class Inventory:
@@ -466,22 +507,21 @@ class Inventory:
 
     async def listing_json(self, protocols: Tables, page: ListingPage) -> AsyncIterator[bytes]:
         """The listing of ``protocols`` (``listed_entries``) as a JSON array of Inventory entries in id order, made
-        and sent a batch at a time: the event loop serves other requests between batches. To run in the request's
-        context (``quart.stream_with_context``)."""
+        and sent a batch at a time, each batch one query: the event loop serves other requests between batches. To
+        run in the request's context (``quart.stream_with_context``)."""
         active_only = not (await system_settings()).show_inactive_devices
         after_id, remaining = page.after_id, page.limit
+        database = connections.get("default")
+        sql, values = _listing_query(protocols, active_only, database.capabilities.dialect)
+        render = _ListingRenderer(self)
         separator = b""
         yield b"["
         while remaining is None or remaining > 0:
             size = LISTING_BATCH if remaining is None else min(LISTING_BATCH, remaining)
-            query = _in_tables(InventoryEntry.filter(id__gt=after_id), protocols)
-            if active_only:
-                query = query.filter(device_status=DEVICE_STATUS_ACTIVE)
-            rows = await query.order_by("id").limit(size).values(*_LISTED_COLUMNS)
+            _, rows = await database.execute_query(sql, [after_id, *values, size])
             if rows:
-                rendered = await self._render_rows(rows, after_id)
                 # orjson: at 100,000 entries the standard library's encoder alone took a quarter of a second.
-                yield separator + orjson.dumps(rendered)[1:-1]
+                yield separator + orjson.dumps([render(row) for row in rows])[1:-1]
                 separator = b","
                 after_id = rows[-1]["id"]
             if len(rows) < size:
@@ -489,24 +529,6 @@ class Inventory:
             if remaining is not None:
                 remaining -= len(rows)
         yield b"]"
-
-    async def _render_rows(self, rows: list[dict[str, Any]], after_id: int) -> list[dict[str, Any]]:
-        """Inventory entries as JSON values, from their columns, with usernames and scheduler states read in one
-        query each. ``rows`` are the listed entries with ids above ``after_id``, in id order."""
-        # An id range, not an IN list of the batch's ids: building a 500-parameter query cost more than the query.
-        batch = {"entry_id__gt": after_id, "entry_id__lte": rows[-1]["id"]}
-        credentials = await DeviceCredential.filter(**batch).values("entry_id", "username")
-        usernames = {row["entry_id"]: row["username"] for row in credentials}
-        schedules = {
-            row["entry_id"]: ScheduleOut.model_validate(row).model_dump(mode="json")
-            for row in await DeviceSchedule.filter(**batch).values("entry_id", *ScheduleOut.model_fields)
-        }
-        rendered = []
-        for row in rows:
-            entry = SimpleNamespace(**row)
-            view = _render(entry, usernames.get(row["id"]), self.entry_url(entry))
-            rendered.append({**view, "schedule": schedules.get(row["id"])})
-        return rendered
 
     async def device_target(self, entry: InventoryEntry) -> DeviceTarget:
         """What a driver needs to reach ``entry``, with its stored credentials decrypted for this call."""
@@ -536,7 +558,8 @@ class Inventory:
             credential = await DeviceCredential.get_or_none(entry_id=entry.id)
             username = credential.username if credential else None
         schedule = await DeviceSchedule.filter(entry_id=entry.id).values(*ScheduleOut.model_fields)
-        view = _render(entry, username, self.entry_url(entry))
+        columns = {name: getattr(entry, name) for name in _LISTED_COLUMNS}
+        view = _render(columns, username, self.entry_url(entry))
         return {**view, "schedule": _schedule_view(schedule[0] if schedule else None)}
 
     async def entry_out(self, entry: InventoryEntry) -> InventoryEntryOut:
@@ -564,33 +587,41 @@ def entry_certificate(entry: InventoryEntry | SimpleNamespace) -> x509.Certifica
     return x509.load_der_x509_certificate(entry.certificate_der) if entry.certificate_der else None
 
 
-def _render(entry: InventoryEntry | SimpleNamespace, username: str | None, url: str) -> dict[str, Any]:
-    certificate = entry_certificate(entry)
-    now = datetime.now(UTC)
-    pki_id = entry.pki_id  # type: ignore[attr-defined]
+def _render(
+    columns: Mapping[str, Any],
+    username: str | None,
+    url: str,
+    names: Callable[[int | None, list[dict[str, Any]]], list[str]] = bit_names,
+) -> dict[str, Any]:
+    """The spec's Inventory entry without ``schedule``, from an entry's ``_LISTED_COLUMNS`` (a listing's rows as
+    the database gives them); ``names`` gives a security mask's names (``bit_names``)."""
+    der = columns["certificate_der"]
+    certificate = x509.load_der_x509_certificate(der) if der else None
+    pki_id, status = columns["pki_id"], columns["device_status"]
+    policy, mode = columns["security_policy"], columns["security_mode"]
     return {
-        "id": entry.id,
-        "name": entry.name,
+        "id": columns["id"],
+        "name": columns["name"],
         "url": url,
-        "service": entry.service,
-        "server": entry.server,
-        "port": entry.port,
-        "device_status": entry.device_status,
-        "device_status_name": DEVICE_STATUS_NAMES.get(entry.device_status),
+        "service": columns["service"],
+        "server": columns["server"],
+        "port": columns["port"],
+        "device_status": status,
+        "device_status_name": DEVICE_STATUS_NAMES.get(status),
         "pki_endpoint": str(pki_id) if pki_id is not None else None,
         "username": username,
         "cert_subjectdn": certificate.subject.rfc4514_string() if certificate else None,
         "cert_issuerdn": certificate.issuer.rfc4514_string() if certificate else None,
         "cert_validfrom": spec_datetime(certificate.not_valid_before_utc) if certificate else None,
         "cert_validto": spec_datetime(certificate.not_valid_after_utc) if certificate else None,
-        "cert_base64": base64.b64encode(entry.certificate_der).decode() if entry.certificate_der else None,
-        "cert_expdays": (certificate.not_valid_after_utc - now).days if certificate else None,
-        "cert_revoked": entry.cert_revoked,
-        "renewal_days": entry.renewal_days,
-        "security_policy": entry.security_policy,
-        "security_mode": entry.security_mode,
-        "security_policys": bit_names(entry.security_policy, SECURITY_POLICY_BITS),
-        "security_modes": bit_names(entry.security_mode, SECURITY_MODE_BITS),
+        "cert_base64": base64.b64encode(der).decode() if der else None,
+        "cert_expdays": (certificate.not_valid_after_utc - datetime.now(UTC)).days if certificate else None,
+        "cert_revoked": columns["cert_revoked"],
+        "renewal_days": columns["renewal_days"],
+        "security_policy": policy,
+        "security_mode": mode,
+        "security_policys": names(policy, SECURITY_POLICY_BITS),
+        "security_modes": names(mode, SECURITY_MODE_BITS),
         "cert_subject_cn": common_name(certificate.subject) if certificate else None,
     }
 
@@ -599,6 +630,46 @@ def _schedule_view(row: dict[str, Any] | None) -> dict[str, Any] | None:
     if row is None:
         return None
     return {name: row[name] for name in ScheduleOut.model_fields}
+
+
+class _ListingRenderer:
+    """Renders a listing's rows (``_LISTED_COLUMNS`` with the joined username and schedule) as ``_render`` renders an
+    entry, with what is the same for many rows worked out once per listing: each table and service's URL scheme, each
+    security mask's names."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self._inventory = inventory
+        self._schemes: dict[tuple[str, str], str | None] = {}
+        self._bit_names: dict[tuple[int | None, int], list[str]] = {}
+
+    def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        key = (row["protocol"], row["service"])
+        if key not in self._schemes:
+            driver = self._inventory.drivers.driver_of(*key)
+            self._schemes[key] = driver.url_scheme if driver is not None else None
+        url = address_url(self._schemes[key], row["server"], row["port"])
+        view = _render(row, row[_LISTED_USERNAME], url, self._names)
+        if view["cert_revoked"] is not None:
+            view["cert_revoked"] = _REVOKED(view["cert_revoked"])
+        view["schedule"] = None if row["schedule__id"] is None else _listed_schedule(row)
+        return view
+
+    def _names(self, mask: int | None, bits: list[dict[str, Any]]) -> list[str]:
+        key = (mask, id(bits))
+        if key not in self._bit_names:
+            self._bit_names[key] = bit_names(mask, bits)
+        return self._bit_names[key]
+
+
+def _listed_schedule(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A listed row's ``ScheduleOut`` as JSON values, each moment written as ``Timestamp`` writes it."""
+    schedule = {}
+    for column, name in _LISTED_SCHEDULE.items():
+        value = row[column]
+        if value is not None and column in _SCHEDULE_MOMENTS:
+            value = api_timestamp(_SCHEDULE_MOMENTS[column](value))
+        schedule[name] = value
+    return schedule
 
 
 def trust_list_fields(mask: int) -> list[str]:

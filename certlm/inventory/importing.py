@@ -206,10 +206,7 @@ async def _refuse_known(batch: _Batch) -> None:
     keys = {(data.server, data.port): index for index, (data, _) in batch.accepted.items()}
     servers = sorted({server for server, _ in keys})
     for start in range(0, len(servers), _BATCH):
-        found = await InventoryEntry.filter(protocol=GDS, server_key__in=servers[start : start + _BATCH]).values(
-            "id", "server_key", "port"
-        )
-        for row in found:
+        for row in await _gds_rows_at(servers[start : start + _BATCH]):
             index = keys.get((row["server_key"], row["port"]))
             if index is not None:
                 batch.refuse(index, f"gds inventory already has {row['server_key']}:{row['port']} (id {row['id']})")
@@ -218,6 +215,15 @@ async def _refuse_known(batch: _Batch) -> None:
     for index, (data, _) in list(batch.accepted.items()):
         if data.pki is not None and data.pki not in known:
             batch.refuse(index, f"pki: no PKI entry with id {data.pki}")
+
+
+async def _gds_rows_at(servers: list[str]) -> list[dict[str, Any]]:
+    """The id, server_key and port of the GDS entries on ``servers``. Filtered by table here, not in the query:
+    given ``protocol = 'gds'`` too, SQLite searched the protocol index, which holds nearly every entry, so each
+    batch read the whole inventory and an import at 100,000 entries took twice as long as into an empty one. On
+    ``server_key`` alone it searches the address index."""
+    rows = await InventoryEntry.filter(server_key__in=servers).values("id", "server_key", "port", "protocol")
+    return [row for row in rows if row["protocol"] == GDS]
 
 
 async def _license_room(inventory: Inventory) -> tuple[int, int]:
@@ -253,8 +259,7 @@ async def _record_ids(
     keys = {(data.server, data.port): index for index, (data, _) in accepted}
     servers = sorted({server for server, _ in keys})
     for start in range(0, len(servers), _BATCH):
-        stored = InventoryEntry.filter(protocol=GDS, server_key__in=servers[start : start + _BATCH])
-        for row in await stored.values("id", "server_key", "port"):
+        for row in await _gds_rows_at(servers[start : start + _BATCH]):
             index = keys.get((row["server_key"], row["port"]))
             if index is not None:
                 batch.results[index].id = row["id"]

@@ -321,9 +321,10 @@ async def _step(runtime: Runtime, campaign: Campaign, row: CampaignDevice) -> bo
         return False
     try:
         async with device_lease(row.entry_id, wait_s=0, lease_s=runtime.settings.device_lease_s) as claim:
-            await row.refresh_from_db()
-            entry = await InventoryEntry.get_or_none(id=row.entry_id)
-            if entry is None or not _due(row, campaign.phase, started):
+            # The row and its entry as they are under the lease, in one query; the step works on these.
+            row = await CampaignDevice.filter(id=row.id).select_related("entry").first()
+            entry = row.entry if row is not None else None
+            if row is None or entry is None or not _due(row, campaign.phase, started):
                 return False
             if claim.interrupted_holder is not None:
                 log.warning("campaign %d: a step on entry %d by %s was cut off; the %s step runs again", campaign.id,
@@ -356,7 +357,9 @@ async def _run_step(
     state = FAILED
     try:
         if phase == TRUST:
-            changed = await change_trust_list(runtime, entry, new_issuer(campaign).change(), trigger=TRIGGER)
+            changed = await change_trust_list(
+                runtime, entry, new_issuer(campaign).change(), trigger=TRIGGER, entry_current=True
+            )
             state = STEP_DONE if changed.verified else UNVERIFIED
             record["written"] = changed.written
             if not changed.verified:
@@ -368,7 +371,7 @@ async def _run_step(
             state = await _reissue(runtime, campaign, row, entry, record)
         elif phase == RETIRE:
             changed = await change_trust_list(
-                runtime, entry, old_issuer(campaign).change(removed=True), trigger=TRIGGER
+                runtime, entry, old_issuer(campaign).change(removed=True), trigger=TRIGGER, entry_current=True
             )
             state = STEP_DONE if changed.verified else UNVERIFIED
             record["written"] = changed.written
@@ -429,7 +432,7 @@ async def _reissue(
     order = PushOrder(trigger=TRIGGER, automated=True, pki_id=campaign.to_pki_id)
     result = await push_certificate(runtime, entry, order)
     record["certificate"] = result["result"]["certificate"]
-    await entry.refresh_from_db()
+    # ``entry`` is as the push saved it (certificate, pin, PKI entry): not read again.
     issued = x509.load_der_x509_certificate(entry.pinned_certificate_der or entry.certificate_der)
     if not new_issuer(campaign).issued(issued):
         # An EST/CMP PKI that announced a new CA may go on issuing from the old one for a while: the device works, but
@@ -598,7 +601,27 @@ async def _set_blocked(campaign: Campaign, blocked: str | None) -> None:
 # --- planning around maintenance windows -----------------------------------------------------------------------------
 
 
-async def window_ahead(settings: Settings, campaign: Campaign, now: datetime) -> str | None:
+# Each device's states as the plans read them: (entry_id, trust, reissue, retire).
+DeviceStates = list[tuple[int, str, str, str]]
+
+
+async def device_states(campaign: Campaign) -> DeviceStates:
+    """Every device's state in each phase, in one light query (no entries, no step records)."""
+    return list(await CampaignDevice.filter(campaign_id=campaign.id).values_list("entry_id", *PHASES))
+
+
+def needs_calendar(campaign: Campaign) -> bool:
+    """Whether ``window_ahead`` or ``deadline_outlook`` may look at the maintenance calendar for ``campaign``."""
+    return campaign.respect_windows and campaign.state in (RUNNING, PAUSED) and campaign.phase != DONE
+
+
+async def window_ahead(
+    settings: Settings,
+    campaign: Campaign,
+    now: datetime,
+    states: DeviceStates | None = None,
+    calendar: MaintenanceCalendar | None = None,
+) -> str | None:
     """The maintenance window that opens before the campaign's phase can be through, in a sentence; None when none
     does, or the campaign ignores windows or is over.
 
@@ -606,17 +629,19 @@ async def window_ahead(settings: Settings, campaign: Campaign, now: datetime) ->
     time-out (``device_operation_timeout_s``, 60 s by default). A step that gets through takes a few seconds, so the
     plan is long: it rather names a window the phase might still have finished before than miss one it cannot. It
     looks a week ahead at most, and may step over a window shorter than the calendar's look-ahead step (five
-    minutes), which holds a phase up only as long."""
-    if not campaign.respect_windows or campaign.state not in (RUNNING, PAUSED) or campaign.phase == DONE:
+    minutes), which holds a phase up only as long. ``states`` (``device_states``) and ``calendar`` are read here
+    when not given: a caller that plans the deadline too reads them once for both."""
+    if not needs_calendar(campaign):
         return None
     excepted = set(campaign.exceptions or [])
-    states = await CampaignDevice.filter(campaign_id=campaign.id).values_list("entry_id", campaign.phase)
-    remaining = sum(1 for entry_id, state in states if state not in FINAL_STATES and entry_id not in excepted)
+    column = 1 + PHASES.index(campaign.phase)
+    states = await device_states(campaign) if states is None else states
+    remaining = sum(1 for row in states if row[column] not in FINAL_STATES and row[0] not in excepted)
     if not remaining:
         return None
     step_s = settings.device_operation_timeout_s
     needs = timedelta(seconds=math.ceil(remaining / campaign.concurrency) * step_s)
-    calendar = await MaintenanceCalendar.load()
+    calendar = await MaintenanceCalendar.load() if calendar is None else calendar
     window = await asyncio.to_thread(calendar.next_suppression, now, min(needs, OUTLOOK))
     if window is None:
         return None
@@ -633,17 +658,23 @@ def is_overdue(campaign: Campaign, now: datetime) -> bool:
     return campaign.deadline is not None and now >= campaign.deadline and campaign.state in (RUNNING, PAUSED)
 
 
-async def deadline_outlook(settings: Settings, campaign: Campaign, now: datetime) -> str | None:
+async def deadline_outlook(
+    settings: Settings,
+    campaign: Campaign,
+    now: datetime,
+    states: DeviceStates | None = None,
+    calendar: MaintenanceCalendar | None = None,
+) -> str | None:
     """Whether the campaign's deadline holds, in a sentence: past it with steps to go (overdue), or a plan that ends
     after it; None without a deadline, when the plan ends before it, or when the campaign is over.
 
     The plan counts every device step still to go in this phase and the ones after it, at the pace of the steps done
     so far in this campaign (before any is done: one device operation's time-out per step, ``concurrency`` at a time,
     which is long on purpose), and, when the campaign respects them, lets the maintenance windows on the way hold it
-    up for as long as they suppress."""
+    up for as long as they suppress. ``states`` and ``calendar`` as for ``window_ahead``."""
     if campaign.deadline is None or campaign.state not in (RUNNING, PAUSED) or campaign.phase == DONE:
         return None
-    to_go, done = await _steps_to_go(campaign)
+    to_go, done = _steps_to_go(campaign, await device_states(campaign) if states is None else states)
     if now >= campaign.deadline:
         return (f"overdue: the deadline {api_timestamp(campaign.deadline)} passed with {to_go} device step(s) to go "
                 f"({campaign.phase} phase)")  # fmt: skip
@@ -659,7 +690,7 @@ async def deadline_outlook(settings: Settings, campaign: Campaign, now: datetime
         pace = f"at up to {step_s:g} s a step, {campaign.concurrency} at a time (no step done yet)"
     windows: list[Suppression] = []
     if campaign.respect_windows:
-        calendar = await MaintenanceCalendar.load()
+        calendar = await MaintenanceCalendar.load() if calendar is None else calendar
         ends, windows = await asyncio.to_thread(_end_with_windows, calendar, now, needs, campaign.deadline)
     else:
         ends = now + needs
@@ -675,13 +706,13 @@ async def deadline_outlook(settings: Settings, campaign: Campaign, now: datetime
             f"campaign would end about {api_timestamp(ends)}, after its deadline {deadline}")  # fmt: skip
 
 
-async def _steps_to_go(campaign: Campaign) -> tuple[int, int]:
+def _steps_to_go(campaign: Campaign, states: DeviceStates) -> tuple[int, int]:
     """The device steps still to go in this phase and the phases after it, and the steps done so far."""
     excepted = set(campaign.exceptions or [])
     later = PHASES[PHASES.index(campaign.phase) :]
     to_go = done = 0
-    for entry_id, *states in await CampaignDevice.filter(campaign_id=campaign.id).values_list("entry_id", *PHASES):
-        for phase, state in zip(PHASES, states, strict=True):
+    for entry_id, *row in states:
+        for phase, state in zip(PHASES, row, strict=True):
             done += state == STEP_DONE
             if phase in later and state not in FINAL_STATES and entry_id not in excepted:
                 to_go += 1

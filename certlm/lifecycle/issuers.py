@@ -5,6 +5,8 @@ push, which the engine uses, needs the last of these."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
@@ -13,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 
 from certlm.contracts.drivers import TrustList
 from certlm.foundation.certs import issued_by
-from certlm.storage.models import Campaign, CampaignDevice
+from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry
 
 TRUST_LIST_PARTS = tuple(part.name for part in fields(TrustList))
 CA_ROLLOVER, PKI_MIGRATION, REKEY = "ca-rollover", "pki-migration", "rekey"
@@ -118,6 +120,28 @@ class Issuer:
     def issued(self, certificate: x509.Certificate) -> bool:
         return any(issued_by(certificate, ca) for ca in self.chain)
 
+    def with_crls_from(self, crls_der: Iterable[bytes]) -> Issuer:
+        """This issuer with the CRLs of ``crls_der`` that a CA of its chain signed (what does not parse is left out)."""
+        chain_der = [ca.public_bytes(serialization.Encoding.DER) for ca in self.chain]
+        known = {crl.public_bytes(serialization.Encoding.DER) for crl in self.crls}
+        added = []
+        for der in dict.fromkeys(crls_der):
+            if der not in known and _signed_by_any(der, chain_der):
+                added.append(x509.load_der_x509_crl(der))
+        return Issuer(self.chain, (*self.crls, *added)) if added else self
+
+    def without(self, shared: Iterable[x509.Certificate]) -> Issuer:
+        """This issuer without the CAs of ``shared`` and the CRLs they signed."""
+        shared_der = {ca.public_bytes(serialization.Encoding.DER) for ca in shared}
+        if not shared_der:
+            return self
+        kept = tuple(ca for ca in self.chain if ca.public_bytes(serialization.Encoding.DER) not in shared_der)
+        dropped = [ca.public_bytes(serialization.Encoding.DER) for ca in self.chain if ca not in kept]
+        crls = tuple(
+            crl for crl in self.crls if not _signed_by_any(crl.public_bytes(serialization.Encoding.DER), dropped)
+        )
+        return Issuer(kept, crls)
+
     def change(self, *, removed: bool = False) -> TrustChange:
         return TrustChange.of_issuer(self.chain, self.crls, removed=removed)
 
@@ -130,7 +154,11 @@ def _load_pem_crls(text: str) -> Iterable[x509.CertificateRevocationList]:
 
 
 def old_issuer(campaign: Campaign) -> Issuer:
-    return Issuer.from_pem(campaign.old_issuer_pem, campaign.old_crls_pem)
+    """What the campaign retires: the old chain and its CRLs without the CAs the new chain shares. A new issuing CA
+    under the same root (an EST server's new intermediate) shares the root: retiring it would take from every device
+    the root both chains need, and with it the root's CRLs."""
+    old = Issuer.from_pem(campaign.old_issuer_pem, campaign.old_crls_pem)
+    return old.without(new_issuer(campaign).chain)
 
 
 def new_issuer(campaign: Campaign) -> Issuer:
@@ -142,17 +170,37 @@ def new_issuer(campaign: Campaign) -> Issuer:
 
 async def trust_kept_by_campaigns(entry_id: int) -> TrustList:
     """What a push to the device must keep trusted beside its PKI's chain: both issuers of every campaign that has
-    the device and has not retired the old issuer on it (``PushRequest.also_trusted``)."""
+    the device and has not retired the old issuer on it (``PushRequest.also_trusted``).
+
+    The old issuer's CRLs are those the campaign was given (its PKI's ``crl()``) and those of its CAs the device's
+    trust list holds as certlm last read or wrote it (``InventoryEntry.trustlist``). The backend gives at most one
+    CRL, and none for a CA whose certificates name no distribution point (CMP); an issuing CA's own CRL comes only
+    from the certificates it issued. Without them a reissue push would drop the old CA's CRL, and a device that demands
+    a CRL of every CA on a path would refuse the peers that still present old certificates until the retire."""
     rows = await CampaignDevice.filter(
         entry_id=entry_id, campaign__state__in=KEEPING_STATES, retire__not=STEP_DONE
     ).prefetch_related("campaign")
+    rows = [row for row in rows if row.campaign.kind != REKEY]
+    if not rows:
+        return TrustList()
+    held_crls = await _stored_crls(entry_id)
     kept = TrustList()
     for row in rows:
-        if row.campaign.kind == REKEY:
-            continue
-        for issuer in (old_issuer(row.campaign), new_issuer(row.campaign)):
+        for issuer in (old_issuer(row.campaign).with_crls_from(held_crls), new_issuer(row.campaign)):
             kept = issuer.change().applied_to(kept)
     return kept
+
+
+async def _stored_crls(entry_id: int) -> list[bytes]:
+    """The CRLs (DER) of the device's trust list as certlm last stored it, trusted and issuer lists."""
+    stored = await InventoryEntry.filter(id=entry_id).values_list("trustlist", flat=True)
+    record = stored[0] if stored and isinstance(stored[0], dict) else {}
+    crls = []
+    for key in ("trustlist_trusted_crl", "trustlist_issuer_crl"):
+        for item in record.get(key) or ():
+            with contextlib.suppress(ValueError, TypeError):
+                crls.append(base64.b64decode(item, validate=True))
+    return crls
 
 
 def _unique(items: Iterable[bytes]) -> list[bytes]:

@@ -25,8 +25,9 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from tortoise.exceptions import IntegrityError
 from tortoise.expressions import Q
@@ -67,6 +68,14 @@ class Claim:
     entry_id: int
     interrupted_holder: str | None
     """The holder whose lease expired without being released: an operation that was cut off (a crash)."""
+    release_columns: dict[str, Any] = field(default_factory=dict)
+    """Other columns of the device's ``device_schedule`` row to set as the lease is released, in the same UPDATE
+    (``set_on_release``)."""
+
+    def set_on_release(self, **columns: Any) -> None:
+        """Set these columns of the device's schedule row when the block that holds the lease ends: one query less
+        per operation than an UPDATE of its own."""
+        self.release_columns.update(columns)
 
 
 def _now() -> datetime:
@@ -94,12 +103,25 @@ async def ensure_rows(entry_ids: list[int]) -> None:
 
 async def try_claim(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> Claim | None:
     """Claim the device's lease if it is free or expired; None when another holder's lease is in force.
-    ``EntryDeleted`` (404) when the entry is gone."""
-    row = await DeviceSchedule.get_or_none(entry_id=entry_id)
-    if row is None:  # the entry's first operation: its row is made now
-        await ensure_rows([entry_id])
-        row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+    ``EntryDeleted`` (404) when the entry is gone.
+
+    A free lease (the common case: released by its last holder) is claimed with one conditional UPDATE; only when
+    that claims nothing is the row read, to make it (the entry's first operation: made holding the lease) or to take
+    over an expired lease, learning whose it was."""
     now = _now()
+    until = now + timedelta(seconds=lease_s)
+    if await DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=True).update(
+        lease_holder=holder, lease_until=until
+    ):
+        return Claim(entry_id, None)
+    row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+    if row is None:  # the entry's first operation: its row is made now, holding the lease
+        try:
+            await DeviceSchedule.create(entry_id=entry_id, lease_holder=holder, lease_until=until)
+            return Claim(entry_id, None)
+        except IntegrityError:
+            # Another claimant made the row first (it is read below), or the entry is gone (no row to read).
+            row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:
         raise EntryDeleted(entry_id)
     if row.lease_holder is not None and row.lease_until is not None and row.lease_until > now:
@@ -107,9 +129,7 @@ async def try_claim(entry_id: int, holder: str = INSTANCE, lease_s: float = LEAS
     # The condition is evaluated by the database on the row as it is when the UPDATE runs: a lease another
     # claimant took, or its holder extended, since the read above is left alone.
     free = Q(lease_holder__isnull=True) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    claimed = await DeviceSchedule.filter(Q(entry_id=entry_id) & free).update(
-        lease_holder=holder, lease_until=now + timedelta(seconds=lease_s)
-    )
+    claimed = await DeviceSchedule.filter(Q(entry_id=entry_id) & free).update(lease_holder=holder, lease_until=until)
     if claimed != 1:
         return None
     interrupted = row.lease_holder if row.lease_holder not in (None, holder) else None
@@ -124,8 +144,11 @@ async def extend(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S
     return updated == 1
 
 
-async def release(entry_id: int, holder: str = INSTANCE) -> None:
-    await DeviceSchedule.filter(entry_id=entry_id, lease_holder=holder).update(lease_holder=None, lease_until=None)
+async def release(entry_id: int, holder: str = INSTANCE, **columns: Any) -> None:
+    """Release the lease, setting ``columns`` of the row in the same UPDATE."""
+    await DeviceSchedule.filter(entry_id=entry_id, lease_holder=holder).update(
+        **columns, lease_holder=None, lease_until=None
+    )
 
 
 async def _heartbeat(entry_id: int, lease_s: float) -> None:
@@ -159,7 +182,12 @@ async def device_lease(
     when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
     ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task."""
     if entry_id in _held.get():
-        yield Claim(entry_id, None)
+        claim = Claim(entry_id, None)
+        try:
+            yield claim
+        finally:
+            if claim.release_columns:  # the outer block releases the lease; these are this block's
+                await DeviceSchedule.filter(entry_id=entry_id).update(**claim.release_columns)
         return
     async with _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
@@ -182,4 +210,4 @@ async def device_lease(
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             _held.reset(token)
-            await release(entry_id)
+            await release(entry_id, **claim.release_columns)

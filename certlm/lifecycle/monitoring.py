@@ -81,19 +81,21 @@ async def device_at(
 
 @contextlib.asynccontextmanager
 async def reading(
-    settings: Settings, entry: InventoryEntry | None, *, wait_s: float | None = None
+    settings: Settings, entry: InventoryEntry | None, *, wait_s: float | None = None, refresh: bool = True
 ) -> AsyncIterator[None]:
     """Hold the device's lease while reading it and storing what was read, with ``entry`` as the database has it once
     the lease is held. A push to the device (a REST call or the renewal scheduler, on any instance) holds the same
     lease: a read that overlapped it would store what the device presented before the push, over what the push
     stored. Waits up to ``wait_s`` (default: a device operation's time-out) for another instance's operation
-    (``DeviceBusy``, 409, after that); re-entrant, so a push may read within its own lease."""
+    (``DeviceBusy``, 409, after that); re-entrant, so a push may read within its own lease. ``refresh`` False: the
+    caller holds the lease already and read ``entry`` under it, so it is not read again."""
     if entry is None:
         yield
         return
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
     async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s):
-        await entry.refresh_from_db()
+        if refresh:
+            await entry.refresh_from_db()
         try:
             yield
         except DeviceIdentityChanged as changed:

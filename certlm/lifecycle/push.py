@@ -55,7 +55,7 @@ from certlm.lifecycle.operations import (
 from certlm.lifecycle.runtime import Runtime
 from certlm.pki.material import enrollment_pki, pki_material, revoke_on_decommission
 from certlm.pki.revocation import RevocationCheck, store_revocation
-from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+from certlm.storage.models import InventoryEntry, PkiEntry
 from certlm.system.audit import record_automated
 
 log = logging.getLogger(__name__)
@@ -117,12 +117,16 @@ async def adopt_description(
     drivers: DeviceDriverRegistry, entry: InventoryEntry, description: DeviceDescription
 ) -> None:
     """Store what the device said about itself and the driver it selects."""
-    service = drivers.select_service(entry.protocol, description.identity) or entry.service
+    take_description(drivers, entry, description)
+    await entry.save(update_fields=["device_description", "service", "firmware_version", "device_name", "updated_at"])
+
+
+def take_description(drivers: DeviceDriverRegistry, entry: InventoryEntry, description: DeviceDescription) -> None:
+    """``adopt_description`` without saving: for a caller that saves the entry anyway."""
+    entry.service = drivers.select_service(entry.protocol, description.identity) or entry.service
     entry.device_description = description_record(description)
-    entry.service = service
     entry.firmware_version = description.identity.firmware or entry.firmware_version
     entry.device_name = description.identity.product or entry.device_name
-    await entry.save(update_fields=["device_description", "service", "firmware_version", "device_name", "updated_at"])
 
 
 def stored_identity(entry: InventoryEntry) -> DeviceIdentity | None:
@@ -171,7 +175,8 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
     # One push at a time per device, whichever instance runs it: two concurrent sessions would each make the device
     # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
     settings = runtime.settings
-    async with device_lease(entry.id, wait_s=settings.device_operation_timeout_s, lease_s=settings.device_lease_s):
+    lease = device_lease(entry.id, wait_s=settings.device_operation_timeout_s, lease_s=settings.device_lease_s)
+    async with lease as claim:
         started = api_now()
         try:
             result = await _push_locked(runtime, entry, order)
@@ -188,18 +193,23 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
             raise
         if not order.automated:
             # The operator has dealt with the device: a certificate changed behind certlm's back is now certlm's
-            # own again, and automated renewals start afresh.
-            await DeviceSchedule.filter(entry_id=entry.id).update(
-                certificate_changed_at=None, renewal_failures=0, renewal_retry_at=None
-            )
-        return await _record_push(entry, order, started, result)
+            # own again, and automated renewals start afresh (set as the lease is released: no query of its own).
+            claim.set_on_release(certificate_changed_at=None, renewal_failures=0, renewal_retry_at=None)
+        # The success's changes to the entry (``_record_success``) are saved with the record, in one UPDATE.
+        return await _record_push(entry, order, started, result, save_entry=True)
 
 
 async def _record_push(
-    entry: InventoryEntry, order: PushOrder, started: str, result: dict[str, Any], error: str = ""
+    entry: InventoryEntry,
+    order: PushOrder,
+    started: str,
+    result: dict[str, Any],
+    error: str = "",
+    *,
+    save_entry: bool = False,
 ) -> dict[str, Any]:
     """The push as an operation result, filed as the entry's last push or onboarding with when it ran and what
-    triggered it."""
+    triggered it. Only the record is saved, unless ``save_entry`` (a success): the whole entry with it."""
     what = "onboarding" if order.onboarding else "certificate push"
     outcome = {
         "success": not error,
@@ -208,7 +218,7 @@ async def _record_push(
         "result": {**result, "at": started, "trigger": order.trigger},
     }
     record_operation(entry, order.operation, outcome)
-    await entry.save(update_fields=["last_result", "updated_at"])
+    await (entry.save() if save_entry else entry.save(update_fields=["last_result", "updated_at"]))
     steps = result.get("steps") or []
     failed = [step for step in steps if not step.get("ok")]
     last_step = (failed or steps or [{"step": "start"}])[-1]["step"]
@@ -278,7 +288,8 @@ async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder
             result["warnings"] = warnings
         raise PushError(failure.message, status, details={"result": result}) from failure
     if first_contact:
-        contact_note = await pin_first_contact(entry, outcome.presented_certificate)
+        # Saved with the success's other changes (``push_certificate``).
+        contact_note = pin_presented(entry, outcome.presented_certificate)
         # An operator's onboarding pins what the device presents on every channel: a changed identity is explained.
         await identity_repinned(entry.id)
     await _store_tried_credentials(runtime.inventory, entry, order)
@@ -307,6 +318,14 @@ async def _select_driver(
 async def pin_first_contact(entry: InventoryEntry, presented: x509.Certificate | None) -> str | None:
     """Pin the certificate a device presented at an operator's first contact (or re-onboarding); what was accepted,
     for the operator to compare with the device's display. None when the device was not reached."""
+    note = pin_presented(entry, presented)
+    if note is not None:
+        await entry.save(update_fields=["pinned_certificate_der", "certificate_der", "updated_at"])
+    return note
+
+
+def pin_presented(entry: InventoryEntry, presented: x509.Certificate | None) -> str | None:
+    """``pin_first_contact`` without saving: for a caller that saves the entry anyway."""
     if presented is None:
         return None
     der = to_der(presented)
@@ -317,11 +336,8 @@ async def pin_first_contact(entry: InventoryEntry, presented: x509.Certificate |
         pinned_before = x509.load_der_x509_certificate(previous)
         note += f", replacing the pinned SHA-1 {sha1_fingerprint(pinned_before)}"
     entry.pinned_certificate_der = der
-    update_fields = ["pinned_certificate_der", "updated_at"]
     if entry.certificate_der is None:
         entry.certificate_der = der
-        update_fields.append("certificate_der")
-    await entry.save(update_fields=update_fields)
     log.info("%s:%s %s; pinned on the operator's request", entry.server, entry.port, note)
     return f"{note}; pinned"
 
@@ -340,21 +356,22 @@ async def _record_success(
     debug: bool,
     contact_note: str | None,
 ) -> dict[str, Any]:
+    """The entry as the push left the device (saved by the caller, with the record) and the result."""
     if outcome.description is not None:
-        await adopt_description(drivers, entry, outcome.description)
+        take_description(drivers, entry, outcome.description)
     entry.certificate_der = to_der(outcome.certificate)
     # The device presents the certificate certlm just installed: from now on that is the one it must present.
     entry.pinned_certificate_der = entry.certificate_der
     # A certificate just issued is on no CRL; the monitor checks it from now on.
     store_revocation(entry, RevocationCheck(crl_status.NOT_REVOKED, "issued by this push"))
     entry.last_changed_certificate_date = datetime.now(UTC)
-    entry.trustlist = trust_list_record(outcome.trust_list)
+    entry.trustlist = trust_list_record(outcome.trust_list)  # base64 of every item: encoded once
     result = {
         "url": target.url,
         "service": entry.service,
         "pki_endpoint": str(pki.id),
         "certificate": certificate_summary(outcome.certificate),
-        "trustlist": {key: len(items) for key, items in trust_list_record(outcome.trust_list).items()},
+        "trustlist": {key: len(items) for key, items in entry.trustlist.items()},
         "security_policy": outcome.security_policy,
         "security_mode": outcome.security_mode,
         "steps": steps_view(outcome.steps, debug),
@@ -363,7 +380,6 @@ async def _record_success(
         result["first_contact"] = contact_note
     if warnings := warnings_of(outcome.steps):
         result["warnings"] = warnings
-    await entry.save()
     return result
 
 

@@ -14,9 +14,11 @@ Renewals go through the same enrollment as ``POST /gds/push/change`` (``certlm.l
 ``automated=True``: they never trust a device on first contact. Each device is renewed under its lease
 (``certlm.lifecycle.leases``), so instances sharing a database renew each device once; the due check is repeated once
 the lease is held, because another instance may just have renewed it. A failure backs the device off (doubling from
-``scheduler_retry_base_s`` up to ``scheduler_retry_max_s``, reset by a success). A renewal whose new certificate is
-itself due at once (``renewal_days`` beyond what the PKI issues) is a configuration error: reported once, and the device
-is not renewed again until ``renewal_days`` or its PKI changes.
+``scheduler_retry_base_s`` up to ``scheduler_retry_max_s``, reset by a success), but never past the next scan: with
+an interval shorter than the back-off the device is tried again in the next scan (the entry's
+``schedule.renewal_retry_at`` says when); a driver has retried a dropped session within the push already. A renewal
+whose new certificate is itself due at once (``renewal_days`` beyond what the PKI issues) is a configuration error:
+reported once, and the device is not renewed again until ``renewal_days`` or its PKI changes.
 """
 
 from __future__ import annotations
@@ -202,7 +204,9 @@ class RenewalWave:
             schedule.renewal_failures += 1
             wait = backoff(schedule.renewal_failures, self.settings.scheduler_retry_base_s,
                            self.settings.scheduler_retry_max_s)  # fmt: skip
-            schedule.renewal_retry_at = now + wait
+            # Never later than the next scan: a wave whose interval is shorter than the back-off tries the device
+            # again in its next scan, not after the back-off (a failed push was already tried in fresh sessions).
+            schedule.renewal_retry_at = min(now + wait, self.context.started + self.context.interval)
             await schedule.save(update_fields=["renewal_failures", "renewal_retry_at", "updated_at"])
             log.warning("renewal of %s:%s failed (%d in a row, next try after %s): %s", entry.server, entry.port,
                         schedule.renewal_failures, api_timestamp(schedule.renewal_retry_at), error.message)  # fmt: skip

@@ -43,13 +43,15 @@ class TrustListChanged:
 
 
 async def change_trust_list(
-    runtime: Runtime, entry: InventoryEntry, change: TrustChange, *, trigger: str
+    runtime: Runtime, entry: InventoryEntry, change: TrustChange, *, trigger: str, entry_current: bool = False
 ) -> TrustListChanged:
     """Apply ``change`` to the device's trust list under its lease (see the module's docstring); the list read back
     is stored in the entry as the monitor stores it and the outcome recorded as its last ``trust_list`` operation.
+    ``entry_current``: the caller holds the device's lease and read ``entry`` under it (a campaign's step), so the
+    entry is not read again.
     Raises what the driver raises (``DeviceFailure`` 502, ``UnsupportedOperation`` 501 when it cannot read or
     write trust lists, ``DeviceIdentityChanged``), and ``DeviceFailure`` when the list read back lacks the change."""
-    async with reading(runtime.settings, entry):
+    async with reading(runtime.settings, entry, refresh=not entry_current):
         if pending_since := changes_left_pending(entry):
             raise ChangesPending(
                 f"{runtime.inventory.entry_url(entry)}: the push of {pending_since} failed and the device kept its "

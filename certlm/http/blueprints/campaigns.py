@@ -4,6 +4,7 @@ phase go on without devices that cannot be reached. The engine is ``certlm.lifec
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
@@ -23,12 +24,15 @@ from certlm.lifecycle.campaigns import (
     control,
     create_campaign,
     deadline_outlook,
+    device_states,
     is_overdue,
+    needs_calendar,
     window_ahead,
 )
+from certlm.lifecycle.suppression import MaintenanceCalendar
 from certlm.service.host import current_host
 from certlm.storage import MAX_ID, row_with_id
-from certlm.storage.models import Campaign, CampaignDevice
+from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry
 
 blueprint = Blueprint("campaigns", __name__)
 
@@ -124,18 +128,22 @@ class CampaignOut(BaseModel):
 
 
 async def _view(campaign: Campaign, with_devices: bool) -> CampaignOut:
-    rows = await CampaignDevice.filter(campaign_id=campaign.id).prefetch_related("entry").order_by("entry_id")
-    counts = {phase: {} for phase in PHASES}
-    for row in rows:
-        for phase in PHASES:
-            state = getattr(row, phase)
+    # Polled while a campaign runs, over thousands of devices: its rows are read as plain values, the entries only for
+    # their addresses, and the plans share one read of the states and of the maintenance calendar.
+    states = await device_states(campaign)
+    counts: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}
+    for _, *row in states:
+        for phase, state in zip(PHASES, row, strict=True):
             counts[phase][state] = counts[phase].get(state, 0) + 1
     runtime = current_host().runtime
-    devices = [_device_view(runtime.inventory, row) for row in rows] if with_devices else None
+    devices = await _devices(runtime.inventory, campaign) if with_devices else None
     # The plan walks the maintenance calendar: for one campaign at a time, not for every one of a listing.
     now = datetime.now(UTC)
-    ahead = await window_ahead(runtime.settings, campaign, now) if with_devices else None
-    outlook = await deadline_outlook(runtime.settings, campaign, now) if with_devices else None
+    ahead = outlook = None
+    if with_devices:
+        calendar = await MaintenanceCalendar.load() if needs_calendar(campaign) else None
+        ahead = await window_ahead(runtime.settings, campaign, now, states, calendar)
+        outlook = await deadline_outlook(runtime.settings, campaign, now, states, calendar)
     return CampaignOut(
         id=campaign.id, kind=campaign.kind, state=campaign.state, phase=campaign.phase,
         from_pki_id=campaign.from_pki_id, to_pki_id=campaign.to_pki_id, scope=campaign.scope,
@@ -146,11 +154,17 @@ async def _view(campaign: Campaign, with_devices: bool) -> CampaignOut:
     )  # fmt: skip
 
 
-def _device_view(inventory: Any, row: CampaignDevice) -> CampaignDeviceOut:
-    return CampaignDeviceOut(
-        entry_id=row.entry_id, url=inventory.entry_url(row.entry), trust=row.trust, reissue=row.reissue,
-        retire=row.retire, last_step=row.last_step, next_try_at=row.next_try_at,
-    )  # fmt: skip
+async def _devices(inventory: Any, campaign: Campaign) -> list[CampaignDeviceOut]:
+    rows = await (
+        CampaignDevice.filter(campaign_id=campaign.id)
+        .order_by("entry_id")
+        .values("entry_id", *PHASES, "last_step", "next_try_at")
+    )
+    addresses = await InventoryEntry.filter(id__in=[row["entry_id"] for row in rows]).values(
+        "id", "protocol", "service", "server", "port"
+    )
+    urls = {address["id"]: inventory.entry_url(SimpleNamespace(**address)) for address in addresses}
+    return [CampaignDeviceOut(url=urls.get(row["entry_id"], ""), **row) for row in rows]
 
 
 async def _campaign(campaign_id: str) -> Campaign:

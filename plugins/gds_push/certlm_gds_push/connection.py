@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -159,9 +160,10 @@ class Endpoint:
         policy = self.policy.__name__.removeprefix("SecurityPolicy")
         return f"{policy}/{self.description.SecurityMode.name.rstrip('_')}"
 
-    @property
+    @functools.cached_property
     def certificate(self) -> x509.Certificate | None:
-        """The device's application certificate as announced (the leaf when the device sends its chain)."""
+        """The device's application certificate as announced (the leaf when the device sends its chain); parsed once,
+        though a session's set-up asks for it twice (the pin's check, the security policy)."""
         return uacrypto.x509_from_der(self.description.ServerCertificate)
 
     def strength(self) -> tuple[int, int]:
@@ -249,9 +251,10 @@ class DeviceSession:
         self.endpoint = endpoint
         self.timeouts = timeouts
 
-    @property
+    @functools.cached_property
     def server_certificate(self) -> x509.Certificate:
-        """The certificate the device presented for this session."""
+        """The certificate the device presented for this session (parsed once: it stays what it was for the
+        session's life)."""
         presented = self.client.security_policy.peer_certificate or self.endpoint.description.ServerCertificate
         return uacrypto.x509_from_der(presented)
 
@@ -439,3 +442,35 @@ def _set_user(client: Client, target: DeviceTarget) -> None:
         if key is None or certificate is None:
             raise DeviceError("the entry's user PKCS#12 holds no certificate and key", "BadIdentityTokenInvalid")
         client.user_certificate, client.user_private_key, client.user_certificate_chain = certificate, key, chain
+
+
+# What a device answers when the connection or session under a request went away, or a request got no answer in
+# time: a fresh session may well go through. A refusal (BadUserAccessDenied, BadCertificateInvalid, ...) would not.
+TRANSIENT_STATUSES = frozenset(
+    {
+        "BadCommunicationError",
+        "BadConnectionClosed",
+        "BadNoCommunication",
+        "BadSecureChannelClosed",
+        "BadSecureChannelIdInvalid",
+        "BadSessionClosed",
+        "BadSessionIdInvalid",
+        "BadSessionNotActivated",
+        "BadServerNotConnected",
+        "BadTcpInternalError",
+        "BadRequestTimeout",
+        "BadTimeout",
+    }
+)
+
+
+def is_transient(error: BaseException | None) -> bool:
+    """Whether ``error`` is the connection to the device failing rather than the device or certlm refusing: a
+    dropped channel or session (asyncua's ``ConnectionError``, a reset, EOF, ``TRANSIENT_STATUSES``) or one request
+    without an answer in time. certlm's own verdicts (``DeviceFailure``), a PKI's errors, and a device that refuses
+    connections or a name that does not resolve (it is down, not dropping) are not."""
+    if error is None or isinstance(error, APIError | ConnectionRefusedError | socket.gaierror):
+        return False
+    if isinstance(error, ua.UaStatusCodeError):
+        return status_name(error) in TRANSIENT_STATUSES
+    return isinstance(error, TimeoutError | ConnectionError | EOFError | asyncio.IncompleteReadError)

@@ -11,6 +11,7 @@ identity in memory and reads it again every few seconds (``REFRESH_S``), so a re
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import socket
@@ -53,8 +54,9 @@ class ClientIdentity:
     private_key: rsa.RSAPrivateKey
     chain: tuple[x509.Certificate, ...] = ()
 
-    @property
+    @functools.cached_property
     def certificate_der(self) -> bytes:
+        """Encoded once: every push's trust list asks for it."""
         return self.certificate.public_bytes(serialization.Encoding.DER)
 
     @property

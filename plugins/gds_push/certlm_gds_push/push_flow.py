@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
 from asyncua import ua
@@ -58,6 +58,7 @@ from certlm_gds_push.connection import (
     SessionSecurity,
     certificate_name,
     explain,
+    is_transient,
     server_endpoints,
     status_name,
     usable_endpoints,
@@ -78,6 +79,9 @@ VERIFY_RETRY_FIRST_S, VERIFY_RETRY_MAX_S = 0.05, 0.5
 # time-out: a connection the device accepted just as it closed its endpoints is never answered, and must not hold
 # the step up for a whole connect time-out.
 RECONNECT_ATTEMPT_FIRST_S = 1.0
+# A session that drops in the middle of a push (a slow plant network, an overloaded gateway) is the normal case: the
+# push is tried this many times in all, each in a fresh session, within the operation time-out from the first drop.
+TRANSIENT_TRIES = 3
 _T = TypeVar("_T")
 
 
@@ -145,35 +149,114 @@ class PushDriver(Protocol):
     async def after_apply_changes(self, session: DeviceSession) -> None: ...
 
 
+@dataclass
+class Progress:
+    """What a push got done across its sessions with the device: what a try after a dropped session need not do
+    again, and whether the device may have taken the update in (``update_sent``), after which it is never sent
+    again."""
+
+    driver: PushDriver
+    description: DeviceDescription | None = None
+    enrollment: Enrollment | None = None
+    private_key: rsa.RSAPrivateKey | None = None
+    key_format: str = ""
+    trust_list: TrustList | None = None
+    trust_list_written: bool = False
+    update_sent: bool = False
+    changed_before_update: bool = False
+    identified: bool = False
+    handed_over: bool = False
+    tries: int = 0
+    retry_until: float | None = None
+
+
 async def run_push(driver: PushDriver, target: DeviceTarget, request: PushRequest, pki: PkiMaterial) -> PushOutcome:
     """Enroll a new application certificate for the device's DefaultApplicationGroup; see the module docstring.
 
     With ``request.identify`` (an operator's first contact) the description read in this session selects the
-    driver: the push goes on with it in the same session when it is a ``PushDriver``, else it is handed over."""
+    driver: the push goes on with it in the same session when it is a ``PushDriver``, else it is handed over.
+
+    A session that drops once the push is under way (``is_transient``) is replaced by a fresh one, up to
+    ``TRANSIENT_TRIES`` tries in all and within the operation time-out from the first drop, from the last step that
+    is safe to repeat: a CSR (a new one replaces the pending one: a key the device may have dropped with the session is
+    never used), a key certlm made and its certificate (kept), the trust list (whole or nothing), an update the
+    device did not take in. Once UpdateCertificate or ApplyChanges was sent, the device is asked what it holds
+    (``check_applied``) and the update is never sent again when it took it in."""
     run = StepLog(status_of=status_name, explain=explain)
+    progress = Progress(driver)
+    while True:
+        progress.tries += 1
+        try:
+            return await push_once(run, progress, target, request, pki)
+        except PushFailed as failure:
+            if not try_again(run, progress, target, failure):
+                raise
+
+
+def try_again(run: StepLog, progress: Progress, target: DeviceTarget, failure: PushFailed) -> bool:
+    """Whether a failed try is tried again in a fresh session; if so, says so in the log (INFO) and in the steps."""
+    cause = failure.__cause__
+    step = failure.steps[-1].step if failure.steps else "connect"
+    connected = any(outcome.step == "connect" and outcome.ok for outcome in run.steps)
+    if progress.handed_over or not connected or cause is None or not is_transient(cause):
+        return False
+    now = time.monotonic()
+    if progress.retry_until is None:
+        progress.retry_until = now + progress.driver.timeouts.operation_s
+    if progress.tries >= TRANSIENT_TRIES or now >= progress.retry_until:
+        return False
+    resume = "checking what the device holds" if progress.update_sent else "from " + resume_step(progress)
+    message = (
+        f"{step} failed ({explain(cause)}): try {progress.tries + 1} of {TRANSIENT_TRIES} in a fresh session, {resume}"
+    )
+    log.info("push to %s: %s", target.url, message)
+    run.steps.append(StepOutcome("retry", True, 0.0, status_name(cause), message, warning=True))
+    return True
+
+
+def resume_step(progress: Progress) -> str:
+    """Where the next try starts over (after ``connect`` and ``describe``)."""
+    if progress.enrollment is not None and progress.private_key is not None:
+        return "write_trust_list, with the key certlm made and its certificate"
+    return "create_signing_request" if progress.driver.device_makes_csr else "generate_key"
+
+
+async def push_once(
+    run: StepLog, progress: Progress, target: DeviceTarget, request: PushRequest, pki: PkiMaterial
+) -> PushOutcome:
+    """One try of the push, in one session (and the verification's): see ``run_push``."""
+    driver = progress.driver
+    issued = progress.enrollment.certificate if progress.enrollment is not None else None
+    if run.presented_certificate is not None and request.trust_on_first_use:
+        # A try after a drop meets the device the first try met (or presenting what this push installed).
+        request = replace(request, trust_on_first_use=False, pinned_certificate=to_der(run.presented_certificate))
     async with AsyncExitStack() as connection:
         async with run.step("connect") as note:
             session = await connection.enter_async_context(
-                driver.session(target, SessionSecurity.ENCRYPTED, known_device_check(request))
+                driver.session(target, SessionSecurity.ENCRYPTED, known_device_check(request, issued))
             )
-            run.presented_certificate = session.server_certificate
+            if run.presented_certificate is None:
+                run.presented_certificate = session.server_certificate
             note.message = (
                 f"{session.endpoint.name}, the device presents {certificate_name(session.server_certificate)}"
             )
-        description: DeviceDescription | None = None
-        if request.identify is not None:
+        description = progress.description
+        if request.identify is not None and not progress.identified:
             selected, description = await identified(run, driver, session, request.identify)
+            progress.identified = True
             if not isinstance(selected, PushDriver):
                 await connection.aclose()
+                progress.handed_over = True
                 return await hand_over(run, selected, target, request, pki, description)
             if not describes_alike(selected, driver):
                 description = None  # the selected driver reads the device its own way
-            driver = selected
+            driver = progress.driver = selected
         configuration = ServerConfiguration(session)  # the well-known NodeIds, should describe fail
         try:
             async with run.step("describe") as note:
                 if description is None:
                     description = await driver.read_description(session)
+                progress.description = description
                 configuration = await ServerConfiguration.locate(session)
                 if not configuration.present:
                     raise DeviceError(
@@ -184,29 +267,23 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
                 device = description.identity
                 note.message = f"{device.manufacturer} {device.product} {device.firmware}"
 
-            # What certlm can refuse on its own it refuses before the device is asked for anything.
-            identity = await driver.client_identity()
-            trust_list = planned_trust_list(request, pki, identity)
-            try:
-                check_trust_list(trust_list, driver.trust_list_limit(description), written_lists(trust_list))
-            except DeviceError as error:
-                run.fail("write_trust_list", error)
-
-            enrollment, private_key, key_format = await obtain_certificate(
-                run, driver, session, configuration, certificate_type, description, target, request, pki
-            )
-            trust_list = await trust_list_for_chain(run, driver, description, request, pki, identity, enrollment)
-            trust_list, trust_list_written = await install(
-                run, driver, session, configuration, certificate_type, trust_list, enrollment, private_key, key_format
-            )
+            applied = False
+            if progress.update_sent:
+                applied = await check_applied(run, progress, configuration, session)
+            if not applied:
+                await obtain_and_install(
+                    run, progress, driver, session, configuration, certificate_type, description, target, request, pki
+                )
         except PushFailed as failure:
             if not run.changed_device and not await configuration.cancel_changes():
                 failure.changes_pending = asked_for_changes(failure.steps)
             raise
 
+    enrollment, trust_list = progress.enrollment, progress.trust_list
+    assert enrollment is not None and trust_list is not None
     async with run.step("verify") as note:
         await asyncio.sleep(driver.apply_settle_s)
-        if trust_list_written:
+        if progress.trust_list_written:
             async with session_presenting(driver, target, enrollment.certificate) as session:
                 endpoint = session.endpoint
                 trust_list_read_back = await confirm_trust_list(session, configuration.group_id, trust_list)
@@ -226,6 +303,85 @@ async def run_push(driver: PushDriver, target: DeviceTarget, request: PushReques
         security_policy=endpoint.policy_bit,
         security_mode=endpoint.mode_bit,
     )
+
+
+async def obtain_and_install(
+    run: StepLog,
+    progress: Progress,
+    driver: PushDriver,
+    session: DeviceSession,
+    configuration: ServerConfiguration,
+    certificate_type: ua.NodeId,
+    description: DeviceDescription,
+    target: DeviceTarget,
+    request: PushRequest,
+    pki: PkiMaterial,
+) -> None:
+    """The steps from the certificate to ApplyChanges, what ``progress`` holds kept: a key certlm made and its
+    certificate are used again on a later try, a CSR's never (the device may have dropped its key)."""
+    # What certlm can refuse on its own it refuses before the device is asked for anything.
+    identity = await driver.client_identity()
+    if progress.enrollment is None or progress.private_key is None:
+        trust_list = planned_trust_list(request, pki, identity)
+        try:
+            check_trust_list(trust_list, driver.trust_list_limit(description), written_lists(trust_list))
+        except DeviceError as error:
+            run.fail("write_trust_list", error)
+        progress.enrollment, progress.private_key, progress.key_format = await obtain_certificate(
+            run, driver, session, configuration, certificate_type, description, target, request, pki
+        )
+        progress.trust_list = await trust_list_for_chain(
+            run, driver, description, request, pki, identity, progress.enrollment
+        )
+    assert progress.trust_list is not None
+    await install(run, progress, driver, session, configuration, certificate_type)
+
+
+async def check_applied(
+    run: StepLog, progress: Progress, configuration: ServerConfiguration, session: DeviceSession
+) -> bool:
+    """After a session dropped once UpdateCertificate or ApplyChanges was sent: whether the device took the issued
+    certificate in (it presents it, or GetCertificates lists it), so the push goes on to verify it and sends no
+    update again. Not taken in: the update went with the dropped session, and the push starts over from its CSR (or
+    its certificate, for a key certlm made). A device that neither presents it nor has GetCertificates cannot tell,
+    and the push fails rather than risk a second update."""
+    assert progress.enrollment is not None
+    issued = progress.enrollment.certificate
+    async with run.step("check_applied") as note:
+        if to_der(session.server_certificate) == to_der(issued):
+            note.message = "the device presents the issued certificate: it took the update in before the drop"
+            run.changed_device = True
+            return True
+        try:
+            held = await application_certificates(configuration)
+        except ua.UaStatusCodeError as error:
+            raise DeviceError(
+                f"the connection dropped after the update was sent; the device still presents "
+                f"{certificate_name(session.server_certificate)} and cannot say what it holds (GetCertificates: "
+                f"{status_name(error)}), so certlm does not send the update again. Read the device "
+                "(GET /gds/monitor/...) or push again",
+                "BadInvalidState",
+            ) from error
+        if to_der(issued) in held:
+            note.message = "the device holds the issued certificate (GetCertificates): it took the update in"
+            run.changed_device = True
+            return True
+        note.message = "the device does not hold the issued certificate (GetCertificates): the update was lost"
+        progress.update_sent = False
+        run.changed_device = progress.changed_before_update
+        if progress.private_key is None:
+            progress.enrollment = None  # the key of its CSR may be gone
+        return False
+
+
+async def application_certificates(configuration: ServerConfiguration) -> list[bytes]:
+    """The certificates (DER) of the DefaultApplicationGroup as the device holds them now: GetCertificates (Part 12
+    1.05), at its well-known NodeId; a device without it answers BadMethodInvalid or BadNodeIdUnknown."""
+    method = ua.NodeId(ua.ObjectIds.ServerConfiguration_GetCertificates)
+    _, certificates = await configuration.session.call(
+        configuration.node_id, method, ua.Variant(configuration.group_id, ua.VariantType.NodeId)
+    )
+    return list(certificates or [])
 
 
 # The steps after which a device holds changes until ApplyChanges or CancelChanges: a new key of CreateSigningRequest
@@ -389,17 +545,16 @@ async def trust_list_for_chain(
 
 async def install(
     run: StepLog,
+    progress: Progress,
     driver: PushDriver,
     session: DeviceSession,
     configuration: ServerConfiguration,
     certificate_type: ua.NodeId,
-    trust_list: TrustList,
-    enrollment: Enrollment,
-    private_key: rsa.RSAPrivateKey | None,
-    key_format: str,
-) -> tuple[TrustList, bool]:
+) -> None:
     """Write the trust list unless the device holds it already, then the certificate, then ApplyChanges when either
-    asked for it; the trust list as written (or held), and whether it was written."""
+    asked for it; ``progress`` gets the trust list as written (or held), and whether it was written."""
+    enrollment, trust_list = progress.enrollment, progress.trust_list
+    assert enrollment is not None and trust_list is not None
     async with run.step("write_trust_list") as note:
         trust_file = await TrustListFile.locate(session, configuration.group_id)
         lists = written_lists(trust_list)
@@ -424,10 +579,17 @@ async def install(
             # A device that applies CloseAndUpdate at once is changed from here on (and still trusts certlm).
             run.changed_device |= not apply_required
             note.message = f"{counts}{issuers}, {_pending_or_applied(apply_required)}"
+        # A try after a drop that finds the list held (applied at once by an earlier try) still reads it back.
+        progress.trust_list, progress.trust_list_written = trust_list, written or progress.trust_list_written
 
     async with run.step("update_certificate") as note:
-        key_blob = private_key_blob(private_key, key_format, enrollment) if private_key else b""
-        certificate_pending = await configuration.update_certificate(certificate_type, enrollment, key_format, key_blob)
+        key_blob = (
+            private_key_blob(progress.private_key, progress.key_format, enrollment) if progress.private_key else b""
+        )
+        progress.changed_before_update, progress.update_sent = run.changed_device, True
+        certificate_pending = await configuration.update_certificate(
+            certificate_type, enrollment, progress.key_format, key_blob
+        )
         run.changed_device |= not certificate_pending
         apply_required |= certificate_pending
         note.message = _pending_or_applied(certificate_pending)
@@ -438,7 +600,6 @@ async def install(
             await driver.after_apply_changes(session)
         else:
             note.message = "not needed: the device applied the changes at once"
-    return trust_list, written
 
 
 def written_lists(trust_list: TrustList) -> int:
@@ -487,14 +648,17 @@ def _pending_or_applied(pending: bool) -> str:
     return "pending until ApplyChanges" if pending else "applied by the device at once"
 
 
-def known_device_check(request: PushRequest) -> ServerCheck | None:
+def known_device_check(request: PushRequest, issued: x509.Certificate | None = None) -> ServerCheck | None:
     """Unless the request trusts the device on first contact, it must present the pinned certificate or one issued
-    by the PKI's CAs; a device that presents anything else gets nothing, not even the user's password."""
+    by the PKI's CAs (or ``issued``, the certificate this push installed before its session dropped); a device that
+    presents anything else gets nothing, not even the user's password."""
     if request.trust_on_first_use:
         return None
 
     def check(certificate: x509.Certificate) -> None:
         if request.pinned_certificate is not None and to_der(certificate) == request.pinned_certificate:
+            return
+        if issued is not None and to_der(certificate) == to_der(issued):
             return
         if any(issued_by(certificate, ca) for ca in request.trusted_cas):
             return

@@ -94,6 +94,11 @@ RsaSha256ApplicationCertificateType (a null group or type NodeId means these):
   OpenWithMasks) makes that step answer the status (BadInternalError by default) or take the device down without
   an answer, pending changes lost, until stopped or for ``down_s`` seconds; ``fail_count`` limits it to the first N
   calls, ``fail_after`` lets the first N calls through.
+- ``drop_at="STEP"`` or ``"STEP:N"`` (STEP: open, write, close_and_update of a trust list being written,
+  create_signing_request, update_certificate, apply_changes, or applied: after ApplyChanges took the changes in)
+  closes the calling client's TCP connection without an answer at that step, on its first N calls (every call without
+  N): a dropped session, the device staying up. The session's pending changes are discarded at once, as when it
+  closes; ``installed_certificates`` counts what the device took in.
 """
 
 from .config import SimulatorConfig

@@ -13,7 +13,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .config import DEFAULT_SECURITY_POLICIES, DEFAULT_USERS, FAILURE_STEPS, USER_ROLES, FailurePoint, SimulatorConfig
+from .config import (
+    DEFAULT_SECURITY_POLICIES,
+    DEFAULT_USERS,
+    DROP_STEPS,
+    FAILURE_STEPS,
+    USER_ROLES,
+    DropPoint,
+    FailurePoint,
+    SimulatorConfig,
+)
 from .device import run_devices
 from .store import StateFolder
 
@@ -29,6 +38,14 @@ def _user(text: str) -> tuple[str, tuple[str, str]]:
 def _failure(text: str) -> str:
     try:
         FailurePoint.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return text
+
+
+def _drop(text: str) -> str:
+    try:
+        DropPoint.parse(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
     return text
@@ -132,6 +149,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fail-count", type=int, metavar="N", help="only the first N calls of the step fail (default: every call)"
     )
+    parser.add_argument(
+        "--drop-at",
+        type=_drop,
+        metavar="STEP[:N]",
+        help="close the calling client's connection (no answer) at a push step, on its first N calls (default: "
+        f"every call); the device stays up. STEP is one of {', '.join(DROP_STEPS)} (open, write and "
+        "close_and_update of the trust list written; applied: after ApplyChanges took the changes in, before its "
+        "answer)",
+    )
     parser.add_argument("--down-s", type=float, metavar="S", help="after a drop, listen again after S seconds")
     parser.add_argument(
         "--apply-delay",
@@ -189,6 +215,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> tuple[SimulatorConfig,
             trust_list_readable=not args.trust_list_unreadable,
             fail_at=args.fail_at,
             fail_count=args.fail_count,
+            drop_at=args.drop_at,
             down_s=args.down_s,
             apply_delay_s=args.apply_delay,
             operating_mode=args.operating_mode,

@@ -38,6 +38,41 @@ FAILURE_STEPS = (
 )
 
 
+DROP_STEPS = (
+    "open",
+    "write",
+    "close_and_update",
+    "create_signing_request",
+    "update_certificate",
+    "apply_changes",
+    "applied",
+)
+"""Where ``drop_at`` cuts the caller's connection: the trust list's Open for writing, Write and CloseAndUpdate, the
+ServerConfiguration methods before they run, and ``applied``: right after ApplyChanges took the changes in, before
+its answer leaves."""
+
+
+@dataclass(frozen=True)
+class DropPoint:
+    """A step at which the device closes the calling client's TCP connection (a dropped session on a slow plant
+    network), on the first ``count`` calls of it (None: every call). The device stays up."""
+
+    step: str
+    count: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> DropPoint:
+        """``STEP`` or ``STEP:N``, e.g. ``update_certificate:2``."""
+        step, colon, count = text.partition(":")
+        if step not in DROP_STEPS:
+            raise ValueError(f"unknown drop step {step!r}, expected one of {', '.join(DROP_STEPS)}")
+        if not colon:
+            return cls(step)
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"drop count {count!r} must be a whole number of at least 1")
+        return cls(step, int(count))
+
+
 @dataclass(frozen=True)
 class FailurePoint:
     """A push step that fails: with ``status``, or by the device going down (``drop``)."""
@@ -122,6 +157,10 @@ class SimulatorConfig:
     fail_after: int = 0
     """How many calls of the failing step answer as usual before it fails (a device that lets its trust list be read
     once and refuses the read back after a write: ``fail_at="trust_list_read:BadUserAccessDenied", fail_after=1``)."""
+    drop_at: str | None = None
+    """``STEP`` or ``STEP:N`` with STEP one of ``DROP_STEPS``: close the calling client's connection (no answer) at
+    that step, on its first N calls (every call without N). Unlike ``fail_at``'s ``drop`` the device stays up, and
+    what the session had pending is discarded as when any session closes."""
     down_s: float | None = None
     """After a ``drop``, listen again after this many seconds; None means stay down until stopped."""
     apply_delay_s: float = 0.5
@@ -145,12 +184,18 @@ class SimulatorConfig:
             raise ValueError("operating_mode must be 'run' or 'stop'")
         if self.fail_at is not None:
             FailurePoint.parse(self.fail_at)
+        if self.drop_at is not None:
+            DropPoint.parse(self.drop_at)
         if self.max_rejected < 1:
             raise ValueError("max_rejected must be at least 1")
 
     @property
     def failure(self) -> FailurePoint | None:
         return FailurePoint.parse(self.fail_at) if self.fail_at else None
+
+    @property
+    def drop(self) -> DropPoint | None:
+        return DropPoint.parse(self.drop_at) if self.drop_at else None
 
     @property
     def product_slug(self) -> str:

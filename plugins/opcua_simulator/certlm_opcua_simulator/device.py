@@ -224,7 +224,15 @@ class SimulatedDevice:
             server.product_uri, config.manufacturer, config.product, config.firmware, config.firmware, _BUILD_DATE
         )
         self._server = server
-        push = PushManagement(server, state, store, config, on_applied=self._present_new_state, on_drop=self._go_down)
+        push = PushManagement(
+            server,
+            state,
+            store,
+            config,
+            on_applied=self._present_new_state,
+            on_drop=self._go_down,
+            on_disconnect=self._disconnect,
+        )
         self._push = push
         iserver.session_closed = push.session_closed
         server.set_certificate_validator(push.validate_client_certificate)
@@ -313,6 +321,15 @@ class SimulatedDevice:
             _logger.info("%s presents certificate %s", self.url, thumbprint(der_of(self.certificate)))
 
         self._replace_endpoint_task(reopen())
+
+    def _disconnect(self, user: Any) -> None:
+        """Injected failure (``drop_at``): close the TCP connections of ``user``'s session, as a network that drops
+        them would; the device stays up and the client may connect again at once."""
+        bserver = self._server.bserver if self._server is not None else None
+        for protocol in list(bserver.clients if bserver is not None else ()):
+            session = protocol.processor.session if protocol.processor is not None else None
+            if session is not None and session.user is user and protocol.transport is not None:
+                protocol.transport.abort()
 
     def _go_down(self) -> None:
         """Injected failure: the device dies mid-call (no answer), and comes back after ``down_s`` if given."""

@@ -21,7 +21,7 @@ from asyncua.ua import uaerrors
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from .config import FailurePoint, SimulatorConfig
+from .config import DropPoint, FailurePoint, SimulatorConfig
 from .pki import (
     TrustList,
     application_uris,
@@ -111,6 +111,7 @@ class PushManagement:
         *,
         on_applied: Callable[[], None],
         on_drop: Callable[[], None],
+        on_disconnect: Callable[[Any], None] = lambda user: None,
     ) -> None:
         self._server = server
         self._state = state
@@ -118,6 +119,9 @@ class PushManagement:
         self._config = config
         self._on_applied = on_applied
         self._on_drop = on_drop
+        self._on_disconnect = on_disconnect
+        self._drop: DropPoint | None = config.drop
+        self._drops_left = self._drop.count if self._drop else None
         self._label = f"{config.host}:{config.port}"
         self._failure: FailurePoint | None = config.failure
         self._failures_left = config.fail_count
@@ -222,6 +226,8 @@ class PushManagement:
             values = [variant.Value for variant in inputs]
             try:
                 _authorize(caller)
+                if self._drops_at(_drop_step(method.name, values), caller):
+                    return ua.StatusCode(ua.StatusCodes.BadCommunicationError)  # never sent: the connection is gone
                 failure = self._failure_at(method.step(values) if callable(method.step) else method.step)
                 if failure is not None and failure.drop:
                     _logger.info("%s %s by %s: the device goes down", self._label, method.name, user or "anonymous")
@@ -233,6 +239,8 @@ class PushManagement:
             except uaerrors.UaStatusCodeError as error:
                 return self._result(method.name, user, error.code)
             self._log(method.name, user, ua.StatusCodes.Good)
+            if method.name == "ApplyChanges" and self._drops_at("applied", caller):
+                return ua.StatusCode(ua.StatusCodes.BadCommunicationError)  # the changes are in; the answer is lost
             return outputs
 
         return call
@@ -243,6 +251,20 @@ class PushManagement:
 
     def _log(self, method: str, user: str | None, status: int) -> None:
         _logger.info("%s %s by %s: %s", self._label, method, user or "anonymous", ua.StatusCode(status).name)
+
+    def _drops_at(self, step: str | None, caller: Caller | None) -> bool:
+        """Whether this call of ``step`` cuts the caller's connection (``drop_at``, counting it); if so the caller's
+        session is closed as the device sees it, its pending changes discarded, before the next request arrives."""
+        if self._drop is None or caller is None or step != self._drop.step:
+            return False
+        if self._drops_left is not None:
+            if self._drops_left <= 0:
+                return False
+            self._drops_left -= 1
+        _logger.info("%s %s by %s: the connection is dropped", self._label, step, getattr(caller.user, "name", None))
+        self.session_closed(caller.user)
+        self._on_disconnect(caller.user)
+        return True
 
     def _failure_at(self, step: str | None) -> FailurePoint | None:
         """The injected failure of this call of ``step``, if any (counting it against ``fail_count``)."""
@@ -693,6 +715,22 @@ class PushManagement:
             await inputs.read_value(),
             await outputs.read_value(),
         )
+
+
+_DROP_STEPS_BY_METHOD = {
+    "CreateSigningRequest": "create_signing_request",
+    "UpdateCertificate": "update_certificate",
+    "ApplyChanges": "apply_changes",
+    "Write": "write",
+    "CloseAndUpdate": "close_and_update",
+}
+
+
+def _drop_step(method: str, values: list[Any]) -> str | None:
+    """The ``DROP_STEPS`` entry a call is, before it runs (``applied`` comes after ApplyChanges ran)."""
+    if method == "Open":
+        return "open" if isinstance(values[0], int) and values[0] & ua.OpenFileMode.Write else None
+    return _DROP_STEPS_BY_METHOD.get(method)
 
 
 def _authorize(caller: Caller | None) -> None:

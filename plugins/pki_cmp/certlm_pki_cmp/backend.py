@@ -84,11 +84,13 @@ from certlm import (
     NotFound,
     PkiBackend,
     PkiEntry,
+    RootKeyUpdateRefused,
     SuccessorIssuer,
     UpstreamUnavailable,
     is_self_signed,
     issued_by,
     issuer_chain,
+    new_issuing_ca,
     pki_client,
     serial_hex,
     spki_der,
@@ -660,14 +662,20 @@ class CmpPki(PkiBackend):
         """The new root CA key the CMP server announces for the root certlm holds (RFC 9483 §4.3.2: genm with
         id-it-rootCaCert, answered with id-it-rootCaKeyUpdate), verified (``rollover``), with its CRL where its
         distribution points deliver one. The entry stays as it is: the campaign's old issuer is the chain it holds,
-        and the first enrollment from the new root makes that the entry's chain (``_chain``). 409 when the server
-        announces nothing new or certlm holds no CA yet; 502 when it cannot be reached, refuses the genm, or
+        and the first enrollment from the new root makes that the entry's chain (``_chain``). Without a new root, a
+        new issuing CA under the held root that a genm id-it-caCerts hands out (``_new_issuing_ca``). 409 when the
+        server announces nothing new or certlm holds no CA yet; 502 when it cannot be reached, refuses the genm, or
         announces a root that does not verify."""
         credentials = self._credentials(entry)
         learned = LearnedCapabilities.of(entry)
         negotiation = self._negotiation(entry, learned)
         try:
-            new_root = await self._announced_root(entry, credentials, negotiation)
+            try:
+                new_root = await self._announced_root(entry, credentials, negotiation)
+            except APIError as nothing:
+                if nothing.status != 409 or not pki_client.stored_ca_certificates(entry):
+                    raise
+                return await self._new_issuing_ca(entry, credentials, negotiation, learned, nothing)
         finally:
             self._learn_mac(credentials, negotiation, learned)
             await learned.save(entry)
@@ -686,6 +694,37 @@ class CmpPki(PkiBackend):
         )
         log.info("PKI entry %s: %s", entry.id, how)
         return SuccessorIssuer(pki_id=entry.id, chain=(new_root,), crls=crls, how=how)
+
+    async def _new_issuing_ca(
+        self,
+        entry: PkiEntry,
+        credentials: Credentials,
+        negotiation: MacNegotiation,
+        learned: LearnedCapabilities,
+        nothing: APIError,
+    ) -> SuccessorIssuer:
+        """A new issuing CA under the root the entry holds, among the CA certificates a genm id-it-caCerts returns
+        (RFC 9483 §4.3.1), verified by certlm's ``new_issuing_ca``; ``nothing`` (409) when there is none."""
+        held = pki_client.stored_ca_certificates(entry)
+        where = f"the CMP server of PKI entry {entry.id}"
+        try:
+            chain = new_issuing_ca(held, await self._genm(entry, credentials, negotiation, learned), where=where)
+        except RootKeyUpdateRefused as refused:
+            raise UpstreamUnavailable(str(refused)) from None
+        if chain is None:
+            raise APIError(f"{nothing.message}, and no new issuing CA under it in answer to genm id-it-caCerts", 409)
+        crls: tuple[x509.CertificateRevocationList, ...] = ()
+        try:
+            crls = (await pki_client.fetch_crl(pki_client.cdp_urls(chain[0]), list(chain[1:]), self.services),)
+        except APIError as error:
+            log.info("PKI entry %s: no CRL for the announced issuing CA yet: %s", entry.id, error.message)
+        how = (
+            f"{where} hands out the new issuing CA {rollover.describe(chain[0])} (genm id-it-caCerts, RFC 9483 "
+            f"§4.3.1), issued under the root CA certlm holds, {rollover.describe(held[-1])}, which both chains share "
+            f"and the campaign keeps; PKI entry {entry.id} issues from it once the CA does"
+        )
+        log.info("PKI entry %s: %s", entry.id, how)
+        return SuccessorIssuer(pki_id=entry.id, chain=chain, crls=crls, how=how)
 
     async def _announced_root(
         self, entry: PkiEntry, credentials: Credentials, negotiation: MacNegotiation

@@ -2,9 +2,9 @@
 (HTTPS unless it says ``http://``) with its ``additional_path_segment``, HTTP basic and/or TLS client
 authentication, and at the origins in its ``redirect_origins`` where the server redirects there, without them.
 
-A new root CA the server announces in ``/cacerts`` (RFC 7030 §4.1.3) is the successor a ``ca-rollover`` campaign
-moves the devices to (``successor_issuer``, verified in ``rollover``); the entry takes it as its chain with the first
-certificate the server issues from it."""
+A new root CA the server announces in ``/cacerts`` (RFC 7030 §4.1.3), or a new issuing CA under the root the entry
+holds, is the successor a ``ca-rollover`` campaign moves the devices to (``successor_issuer``, verified in
+``rollover``); the entry takes it as its chain with the first certificate the server issues from it."""
 
 from __future__ import annotations
 
@@ -179,11 +179,11 @@ class EstPki(PkiBackend):
 
     async def successor_issuer(self, entry: PkiEntry) -> SuccessorIssuer:
         """The new root CA the EST server announces in ``/cacerts`` (RFC 7030 §4.1.3, the root CA key update
-        certificates of §4.4), verified against the root certlm holds (``rollover``), with its chain and, where its
-        distribution points deliver one, its CRL. The entry stays as it is: the campaign's old issuer is the chain it
-        holds, and the first enrollment the server answers from the new CA makes the new chain the entry's
-        (``_adopt_successor``). 409 when nothing new is announced or certlm holds no CA yet; 502 when the server
-        cannot be reached or announces a CA that does not verify."""
+        certificates of §4.4), or else a new issuing CA it serves under the root the entry holds, verified against
+        that root (``rollover``), with its chain and, where its distribution points deliver one, its CRL. The entry
+        stays as it is: the campaign's old issuer is the chain it holds, and the first enrollment the server answers
+        from the new CA makes the new chain the entry's (``_adopt_successor``). 409 when nothing new is announced or
+        certlm holds no CA yet; 502 when the server cannot be reached or announces a CA that does not verify."""
         announcement = await self._announcement(entry)
         crls: tuple[x509.CertificateRevocationList, ...] = ()
         urls = [url for certificate in announcement.chain for url in pki_client.cdp_urls(certificate)]
@@ -192,13 +192,19 @@ class EstPki(PkiBackend):
         except APIError as error:
             # A CA that has issued nothing yet may publish no CRL; the reissue phase fetches the CRLs of each chain.
             log.info("PKI entry %s: no CRL of the announced CA yet: %s", entry.id, error.message)
-        new_root = announcement.new_with_new
-        how = (
-            f"EST server {self._endpoint(entry).where} announced the new root CA {rollover.describe(new_root)} in "
-            f"/cacerts, linked to the root CA certlm holds, {rollover.describe(announcement.held_root)}, by a "
-            "NewWithOld certificate its key signed (RFC 7030 §4.4); PKI entry "
-            f"{entry.id} issues from it once the EST server does"
-        )
+        where, held_root = self._endpoint(entry).where, rollover.describe(announcement.held_root)
+        if announcement.new_with_new is not None:
+            how = (
+                f"EST server {where} announced the new root CA {rollover.describe(announcement.new_with_new)} in "
+                f"/cacerts, linked to the root CA certlm holds, {held_root}, by a NewWithOld certificate its key "
+                f"signed (RFC 7030 §4.4); PKI entry {entry.id} issues from it once the EST server does"
+            )
+        else:
+            how = (
+                f"EST server {where} announced the new issuing CA {rollover.describe(announcement.chain[0])} in "
+                f"/cacerts, issued under the root CA certlm holds, {held_root}, which both chains share and the "
+                f"campaign keeps; PKI entry {entry.id} issues from it once the EST server does"
+            )
         log.info("PKI entry %s: %s", entry.id, how)
         return SuccessorIssuer(pki_id=entry.id, chain=announcement.chain, crls=crls, how=how)
 
@@ -229,12 +235,13 @@ class EstPki(PkiBackend):
         """Make the announced CA's chain the entry's once the server issues from it. Without this every later push
         would put the old CA back into the device's trust list (a push trusts the entry's chain) after a campaign
         retired it. Only a chain the server also announces, verified as ``successor_issuer`` verifies it, is taken:
-        an enrollment's answer alone does not make a new trust anchor. A certificate whose path passes through a CA
-        certlm holds, or one the announced CA did not issue, leaves the entry as it is. Returns the enrollment, with
-        the announced chain when the server sent none."""
+        an enrollment's answer alone does not make a new trust anchor. A certificate a CA certlm holds issued, or one
+        the announced CA did not issue, leaves the entry as it is. Returns the enrollment, with the announced chain
+        when the server sent none."""
         held = pki_client.stored_ca_certificates(entry)
-        path = (enrollment.certificate, *enrollment.chain)
-        if not held or any(issued_by(certificate, ca) for certificate in path for ca in held):
+        # Issued by a CA certlm holds: nothing new. Its path may pass through a held root (a new issuing CA under the
+        # same root), which the announcement then vouches for as it does for a new root.
+        if not held or any(issued_by(enrollment.certificate, ca) for ca in held):
             return enrollment
         try:
             announcement = await self._announcement(entry)
@@ -250,7 +257,7 @@ class EstPki(PkiBackend):
         await pki_client.store_ca_certificates(entry, announcement.chain)
         log.info(
             "PKI entry %s: the EST server issues from the new CA %s it announced; it is now the entry's CA chain",
-            entry.id, rollover.describe(announcement.new_with_new),
+            entry.id, rollover.describe(announcement.chain[0]),
         )  # fmt: skip
         return enrollment if enrollment.chain else dataclasses.replace(enrollment, chain=announcement.chain)
 
@@ -456,5 +463,13 @@ def ca_chain_order(
     bottoms = [c for c in unique if not any(o is not c and issued_by(o, c) and o.issuer != o.subject for o in unique)]
     if not bottoms:
         return unique
-    chain = [bottoms[0], *issuer_chain(bottoms[0], unique)]
-    return chain + [c for c in unique if c not in chain]
+    # Two issuing CAs under one root (a new issuing CA announced beside the current one): the one certlm holds, else
+    # the one that expires first, as for roots. The other is ``successor_issuer``'s and is left out.
+    held_keys = {spki_der(c.public_key()) for c in held or ()}
+    bottom = next(
+        (c for c in bottoms if spki_der(c.public_key()) in held_keys),
+        min(bottoms, key=lambda c: c.not_valid_after_utc),
+    )
+    chain = [bottom, *issuer_chain(bottom, unique)]
+    beside = [c for c in bottoms if c is not bottom and (issuer_chain(c, unique) or [c])[-1] == chain[-1]]
+    return chain + [c for c in unique if c not in chain and c not in beside]

@@ -410,11 +410,12 @@ class IssuingCmpServer:
             mock = self._standing
         return await forward_to(mock)(request)
 
-    def issue_from(self, authority: Credential) -> None:
-        """Certify with ``authority`` from now on (the new root of a key update), its certificate handed out as the
-        chain by the mocks started from now on."""
+    def issue_from(self, authority: Credential, *above: x509.Certificate) -> None:
+        """Certify with ``authority`` from now on (the new root of a key update, or an issuing CA under a root:
+        ``above`` are its issuers up to the root), its certificate and ``above`` handed out as the chain by the mocks
+        started from now on."""
         self.pki.ca_key, self.pki.ca_certificate = authority.key, authority.certificate  # type: ignore[assignment]
-        self.pki.write("issuing-ca.pem", authority.certificate)
+        self.pki.write("issuing-ca.pem", authority.certificate, *above)
         self.pki.write("ca.pem", authority.certificate)
 
     def stop(self) -> None:
@@ -463,17 +464,34 @@ class RootCaKeyUpdateAnswer:
         self.update = update
         self.without: set[str] = set()
         self.asked: list[x509.Certificate | None] = []
+        # The CA certificates a genm id-it-caCerts (RFC 9483 §4.3.1) is answered with, when set; else that genm goes
+        # to ``handle`` (OpenSSL 3.0's mock echoes it: no certificates).
+        self.ca_certs: list[x509.Certificate] | None = None
 
     async def __call__(self, request: bytes) -> Answer:
         message, _ = decoder.decode(request, asn1Spec=rfc9480.PKIMessage())
         items = list(message["body"]["genm"]) if message["body"].getName() == "genm" else []
+        if self.ca_certs is not None and any(item["infoType"] == rfc9480.id_it_caCerts for item in items):
+            return self._genp(message, self._ca_certs_item()), CMP_CONTENT_TYPE
         if not any(item["infoType"] == rfc9480.id_it_rootCaCert for item in items):
             return await self.handle(request)
         value = items[0]["infoValue"]
         self.asked.append(x509.load_der_x509_certificate(bytes(value)) if value.isValue else None)
-        return self._genp(message), CMP_CONTENT_TYPE
+        return self._genp(message, self._root_ca_key_update_item()), CMP_CONTENT_TYPE
 
-    def _genp(self, request: rfc9480.PKIMessage) -> bytes:
+    def _ca_certs_item(self) -> rfc9480.InfoTypeAndValue:
+        item = rfc9480.InfoTypeAndValue()
+        item["infoType"] = rfc9480.id_it_caCerts
+        value = rfc9480.CaCertsValue()
+        for certificate in self.ca_certs or ():
+            decoded, _ = decoder.decode(
+                certificate.public_bytes(serialization.Encoding.DER), asn1Spec=rfc9480.CMPCertificate()
+            )
+            value.append(decoded)
+        item["infoValue"] = encoder.encode(value)
+        return item
+
+    def _genp(self, request: rfc9480.PKIMessage, item: rfc9480.InfoTypeAndValue) -> bytes:
         answer = rfc9480.PKIMessage()
         header = answer["header"]
         header["pvno"] = 2
@@ -485,6 +503,16 @@ class RootCaKeyUpdateAnswer:
         header["transactionID"] = bytes(request["header"]["transactionID"])
         header["senderNonce"] = secrets.token_bytes(16)
         header["recipNonce"] = bytes(request["header"]["senderNonce"])
+        answer["body"]["genp"].append(item)
+        part = rfc9480.ProtectedPart()
+        part["header"] = answer["header"]
+        part["body"] = answer["body"]
+        protection = password_based_mac_value(self.secret, password_based_mac(request), encoder.encode(part))
+        schema = answer.componentType.getTypeByPosition(answer.componentType.getPositionByName("protection"))
+        answer["protection"] = schema.clone(hexValue=protection.hex())
+        return encoder.encode(answer)
+
+    def _root_ca_key_update_item(self) -> rfc9480.InfoTypeAndValue:
         item = rfc9480.InfoTypeAndValue()
         item["infoType"] = rfc9480.id_it_rootCaKeyUpdate
         if self.update is not None:
@@ -503,14 +531,7 @@ class RootCaKeyUpdateAnswer:
                 for part in ("tbsCertificate", "signatureAlgorithm", "signature"):
                     field[part] = decoded[part]
             item["infoValue"] = encoder.encode(value)
-        answer["body"]["genp"].append(item)
-        part = rfc9480.ProtectedPart()
-        part["header"] = answer["header"]
-        part["body"] = answer["body"]
-        protection = password_based_mac_value(self.secret, password_based_mac(request), encoder.encode(part))
-        schema = answer.componentType.getTypeByPosition(answer.componentType.getPositionByName("protection"))
-        answer["protection"] = schema.clone(hexValue=protection.hex())
-        return encoder.encode(answer)
+        return item
 
 
 # RFC 4210 §5.1.3.1's one-way functions and MACs, by OID, as the test servers compute them.

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from certlm import SERVER_PROFILE, APIError, PkiEntry, UpstreamUnavailable, issued_by, pki_client
-from tests.crypto_factory import device_csr, ec_key
+from tests.crypto_factory import Credential, device_csr, ec_key, make_ca
 from tests.plugins.pki_cmp.cmp_server import (
     IssuingCmpServer,
     RootCaKeyUpdateAnswer,
@@ -135,7 +136,8 @@ async def test_openssl_30s_echo_is_no_update(cmp_app, test_pki, start_mock) -> N
     await pki_client.store_ca_certificates(entry, [test_pki.ca_certificate])
     error = await successor_error(cmp_app, entry)
     assert error.status == 409 and "announces no new root CA key" in error.message, error.message
-    assert received(server) == ["GENM"]
+    # The root key update genm, then the caCerts genm looking for a new issuing CA under the held root.
+    assert received(server) == ["GENM", "GENM"]
     assert "successfully validated PBM-based CMP message protection" in server.log()
 
 
@@ -143,8 +145,8 @@ async def test_openssl_30s_echo_is_no_update(cmp_app, test_pki, start_mock) -> N
     ("broken", "said"),
     [
         ("forged", "does not verify with the key of the root CA certlm holds"),
-        ("without newWithOld", "without newWithOld: nothing links it to the root CA certlm holds"),
-        ("another key", "its newWithOld certifies another key or name"),
+        ("without newWithOld", "without NewWithOld: nothing links it to the root CA certlm holds"),
+        ("another key", "its NewWithOld certifies another key or name"),
     ],
 )
 async def test_an_update_that_does_not_verify_is_502_naming_why(cmp_app, rolling_ca, broken: str, said: str) -> None:
@@ -188,3 +190,102 @@ async def test_an_unreachable_server_is_502(cmp_app, test_pki) -> None:
     await pki_client.store_ca_certificates(entry, [test_pki.ca_certificate])
     error = await successor_error(cmp_app, entry)
     assert isinstance(error, UpstreamUnavailable) and error.status == 502, error.message
+
+
+# --- a new issuing CA under the same root (genm id-it-caCerts, RFC 9483 §4.3.1) --------------------------------------
+
+
+@dataclass
+class TwoTierCa:
+    """A CMP CA whose root issues through an issuing CA (``first``); ``second`` is a new issuing CA under the same
+    root, longer-lived, which ``answer`` hands out in a genp id-it-caCerts once its ``ca_certs`` are set."""
+
+    root: Credential
+    first: Credential
+    second: Credential
+    issuing: IssuingCmpServer
+    answer: RootCaKeyUpdateAnswer
+    relay: object
+
+
+@pytest.fixture
+async def two_tier_ca(tmp_path: Path, start_relay) -> AsyncIterator[Callable[[], Awaitable[TwoTierCa]]]:
+    started: list[IssuingCmpServer] = []
+
+    async def start() -> TwoTierCa:
+        root = make_ca("Plant CMP Root CA", days=90)
+        first = make_ca("Plant CMP Issuing CA", issuer=root, days=30)
+        second = make_ca("Plant CMP Issuing CA 2", issuer=root, days=60)
+        issuing = IssuingCmpServer(TestPki.create(tmp_path / "two-tier"), *MAC_SERVER, chain_option="-rsp_extracerts")
+        started.append(issuing)
+        issuing.issue_from(first, root.certificate)
+        answer = RootCaKeyUpdateAnswer(issuing.handle, SECRET, first.certificate.subject)
+        return TwoTierCa(root, first, second, issuing, answer, await start_relay(answer))
+
+    yield start
+    for issuing in started:
+        issuing.stop()
+
+
+async def test_a_new_issuing_ca_under_the_same_root_is_the_successor_and_the_entry_follows_it(
+    cmp_app, two_tier_ca
+) -> None:
+    ca = await two_tier_ca()
+    entry = await mac_entry(cmp_app, ca.relay)
+    await cmp_app.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+    entry = await PkiEntry.get(id=entry.id)
+    assert pki_client.stored_ca_certificates(entry) == [ca.first.certificate, ca.root.certificate]
+    # No root key update, and the CA (OpenSSL's mock) hands out no other CA: nothing announced.
+    error = await successor_error(cmp_app, entry)
+    assert error.status == 409 and "no new issuing CA under it" in error.message, error.message
+
+    ca.answer.ca_certs = [ca.first.certificate, ca.second.certificate, ca.root.certificate]
+    successor = await cmp_app.backend.successor_issuer(entry)
+
+    assert successor.pki_id == entry.id
+    assert successor.chain == (ca.second.certificate, ca.root.certificate)
+    assert "id-it-caCerts" in successor.how and "which both chains share" in successor.how, successor.how
+    assert pki_client.stored_ca_certificates(await PkiEntry.get(id=entry.id)) == [
+        ca.first.certificate,
+        ca.root.certificate,
+    ]
+
+    ca.issuing.issue_from(ca.second, ca.root.certificate)
+    renewed = await cmp_app.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+    assert issued_by(renewed.certificate, ca.second.certificate)
+    entry = await PkiEntry.get(id=entry.id)
+    assert pki_client.stored_ca_certificates(entry) == [ca.second.certificate, ca.root.certificate]
+    # The CA still hands out the previous issuing CA: it expires first, so it is no successor.
+    error = await successor_error(cmp_app, entry)
+    assert error.status == 409 and "no new issuing CA under it" in error.message, error.message
+
+
+async def test_an_issuing_ca_under_a_stranger_root_of_the_same_name_is_no_successor(cmp_app, two_tier_ca) -> None:
+    ca = await two_tier_ca()
+    entry = await mac_entry(cmp_app, ca.relay)
+    await cmp_app.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+    entry = await PkiEntry.get(id=entry.id)
+    stranger = make_ca(ca.root.certificate.subject, days=90)
+    forged = make_ca("Plant CMP Issuing CA 2", issuer=stranger, days=60)
+    ca.answer.ca_certs = [forged.certificate, stranger.certificate]
+    error = await successor_error(cmp_app, entry)
+    assert error.status == 409 and "no new issuing CA under it" in error.message, error.message
+    assert pki_client.stored_ca_certificates(entry) == [ca.first.certificate, ca.root.certificate]
+
+
+async def test_an_expired_issuing_ca_is_no_successor(cmp_app, two_tier_ca) -> None:
+    ca = await two_tier_ca()
+    entry = await mac_entry(cmp_app, ca.relay)
+    await cmp_app.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+    entry = await PkiEntry.get(id=entry.id)
+    now = datetime.now(UTC)
+    expired = make_ca(
+        "Plant CMP Issuing CA 2",
+        issuer=ca.root,
+        not_before=now - timedelta(days=400),
+        not_after=now - timedelta(days=1),
+    )
+    ca.answer.ca_certs = [expired.certificate, ca.root.certificate]
+    error = await successor_error(cmp_app, entry)
+    # It expired before the held one: a predecessor at most, not announced.
+    assert error.status == 409 and "no new issuing CA under it" in error.message, error.message

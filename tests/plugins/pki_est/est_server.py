@@ -75,10 +75,13 @@ class RootKeyUpdate:
     new: _Authority
     new_with_old: x509.Certificate
     old_with_new: x509.Certificate
+    # The new issuing CA under the new root, for a server started with an intermediate.
+    new_issuing: _Authority | None = None
 
     @property
     def certificates(self) -> list[x509.Certificate]:
-        return [self.old.certificate, self.old_with_new, self.new_with_old, self.new.certificate]
+        issuing = [self.new_issuing.certificate] if self.new_issuing else []
+        return [self.old.certificate, self.old_with_new, self.new_with_old, self.new.certificate, *issuing]
 
 
 def _name(common_name: str) -> x509.Name:
@@ -147,7 +150,10 @@ class EstTestServer:
     ``enroll_includes_chain``. ``requests`` lists what came in.
 
     Root CA key update: ``announce_new_root`` adds the RFC 7030 §4.1.3 rollover certificates to ``/cacerts`` (a
-    forged NewWithOld with ``broken_link``), ``issue_from_new_root`` switches issuance to the new root.
+    forged NewWithOld with ``broken_link``), with a new issuing CA under the new root for a server started with an
+    intermediate; ``issue_from_new_root`` switches issuance to the new root (or that issuing CA). A new issuing CA
+    under the same root: ``announce_new_issuing_ca`` adds it to ``/cacerts``, ``issue_from_new_issuing_ca`` switches
+    issuance to it; ``/cacerts`` goes on serving the previous one, as a server does while its certificates live.
 
     Redirects: ``trailing_slash=True`` publishes the EST paths with a trailing slash and answers the path without it
     with ``slash_redirect_status`` (301, or 308) and a relative Location, as some EST servers do. ``mirror=True``
@@ -201,6 +207,11 @@ class EstTestServer:
         self.tls_certificate_revoked = False
         # A root CA key update (RFC 7030 §4.1.3): ``announce_new_root``, then ``issue_from_new_root``.
         self.rollover: RootKeyUpdate | None = None
+        # A new issuing CA under the same root: ``announce_new_issuing_ca``, then ``issue_from_new_issuing_ca``.
+        self.new_issuing_ca: _Authority | None = None
+        self.previous_issuing_ca: _Authority | None = None
+        # Every EST CA by the name of its CRL at the distribution point, the old ones kept after a rollover.
+        self._authorities: dict[str, _Authority] = {}
         self.requests: list[SeenRequest] = []
         self.issued: list[x509.Certificate] = []
         self._crls: dict[tuple[bytes, tuple[int, ...]], x509.CertificateRevocationList] = {}
@@ -318,9 +329,9 @@ class EstTestServer:
         """Give the root CA a new key and announce it in ``/cacerts`` with the root CA key update certificates; the
         server goes on issuing from the old root until ``issue_from_new_root``. The new root keeps the old name
         unless ``common_name`` says otherwise (RFC 4210 §4.4 keeps it; a new name is as valid). ``broken_link``
-        signs NewWithOld with a stranger's key under the old root's name, as a forger would have to."""
-        if self.intermediate:
-            raise NotImplementedError("a root key update of a server with an issuing CA is not modelled")
+        signs NewWithOld with a stranger's key under the old root's name, as a forger would have to. A server started
+        with an intermediate gets a new issuing CA under the new root too ("EST Test Issuing CA G2"), announced with
+        the rollover certificates; its CRL is at ``crl_url("issuing2")``."""
         old = self.root
         key = ec_key()
         new = _Authority(
@@ -334,19 +345,52 @@ class EstTestServer:
             stranger_key = ec_key()
             stranger = _certificate(old.certificate.subject, stranger_key, None, is_ca=True)
             signer = _Authority(stranger, stranger_key, "stranger")
+        new_issuing = None
+        if self.intermediate:
+            issuing_key = ec_key()
+            new_issuing = _Authority(
+                _certificate(_name("EST Test Issuing CA G2"), issuing_key, new, is_ca=True, cdp=self.crl_url("root2"),
+                             days=50),
+                issuing_key,
+                "issuing2",
+            )  # fmt: skip
+            self._authorities["issuing2"] = new_issuing
+        self._authorities["root2"] = new
         self.rollover = RootKeyUpdate(
             old=old,
             new=new,
             new_with_old=_certificate(new.certificate.subject, key, signer, is_ca=True, cdp=self.crl_url("root")),
             old_with_new=_certificate(old.certificate.subject, old.key, new, is_ca=True, cdp=self.crl_url("root2")),  # type: ignore[arg-type]
+            new_issuing=new_issuing,
         )
         return self.rollover
 
     def issue_from_new_root(self) -> None:
-        """Issue from the announced root from now on (``ca_certificates`` is then its chain); ``/cacerts`` still
-        serves the key update certificates, as RFC 7030 §4.1.3 asks while peers may hold the old root."""
+        """Issue from the announced root (or the issuing CA under it) from now on (``ca_certificates`` is then its
+        chain); ``/cacerts`` still serves the key update certificates, as RFC 7030 §4.1.3 asks while peers may hold
+        the old root."""
         assert self.rollover is not None, "announce_new_root first"
-        self.root = self.issuing = self.rollover.new
+        self.root = self.rollover.new
+        self.issuing = self.rollover.new_issuing or self.rollover.new
+
+    def announce_new_issuing_ca(self, common_name: str = "EST Test Issuing CA 2") -> _Authority:
+        """A new issuing CA under the current root, which outlives the current issuing CA, served in ``/cacerts``
+        beside the current chain; the server goes on issuing from the current one until
+        ``issue_from_new_issuing_ca``. Its CRL is at ``crl_url("issuing-next")``."""
+        key = ec_key()
+        self.new_issuing_ca = _Authority(
+            _certificate(_name(common_name), key, self.root, is_ca=True, cdp=self.crl_url("root"), days=50),
+            key,
+            "issuing-next",
+        )
+        self._authorities["issuing-next"] = self.new_issuing_ca
+        return self.new_issuing_ca
+
+    def issue_from_new_issuing_ca(self) -> None:
+        """Issue from the announced issuing CA from now on; ``/cacerts`` keeps serving the previous one."""
+        assert self.new_issuing_ca is not None, "announce_new_issuing_ca first"
+        self.previous_issuing_ca, self.issuing = self.issuing, self.new_issuing_ca
+        self.intermediate = True
 
     def _make_pki(self) -> None:
         root_key = ec_key()
@@ -360,6 +404,7 @@ class EstTestServer:
                 _name("EST Test Issuing CA"), key, self.root, is_ca=True, cdp=self.crl_url("root")
             )
             self.issuing = _Authority(certificate, key, "issuing")
+        self._authorities = {"root": self.root, "issuing": self.issuing}
         tls_ca_key = ec_key()
         self.tls_ca = _Authority(
             _certificate(_name("EST Test TLS CA"), tls_ca_key, None, is_ca=True), tls_ca_key, "tls"
@@ -474,10 +519,7 @@ class EstTestServer:
     def _cdp_app(self) -> web.Application:
         async def crl(request: web.Request) -> web.Response:
             # The EST CAs revoke nothing; the TLS CA revokes the server's certificate when a test says so.
-            authorities = {"root": self.root, "issuing": self.issuing, "tls": self.tls_ca}
-            if self.rollover is not None:
-                authorities |= {"root": self.rollover.old, "root2": self.rollover.new}
-            authority = authorities.get(request.match_info["name"])
+            authority = {**self._authorities, "tls": self.tls_ca}.get(request.match_info["name"])
             if authority is None:
                 raise web.HTTPNotFound()
             built = self._crl(authority, self._tls_revocations() if authority is self.tls_ca else [])
@@ -591,6 +633,9 @@ class EstTestServer:
 
     async def _cacerts(self, request: web.Request, peer: x509.Certificate | None) -> web.Response:
         certificates = self.ca_certificates
+        for announced in (self.new_issuing_ca, self.previous_issuing_ca):
+            if announced is not None and announced.certificate not in certificates:
+                certificates = [announced.certificate, *certificates]
         if self.rollover is not None:
             certificates = list(
                 {c.fingerprint(hashes.SHA256()): c for c in certificates + self.rollover.certificates}.values()

@@ -115,7 +115,7 @@ async def test_a_forged_new_with_old_is_refused_naming_what_does_not_verify(cert
     est_server.announce_new_root(broken_link=True)
     error = await successor_error(certlm, entry)
     assert isinstance(error, UpstreamUnavailable) and error.status == 502
-    assert "do not verify with the key of the root CA certlm holds" in error.message, error.message
+    assert "does not verify with the key of the root CA certlm holds" in error.message, error.message
     assert "not used" in error.message
     assert pki_client.stored_ca_certificates(entry) == [est_server.ca_certificate]
 
@@ -172,7 +172,7 @@ def test_a_new_issuing_ca_under_the_new_root_heads_the_chain() -> None:
 
 def test_a_new_root_without_new_with_old_is_refused() -> None:
     parts = _rollover()
-    with pytest.raises(rollover.AnnouncementRefused, match="sends no NewWithOld certificate"):
+    with pytest.raises(rollover.AnnouncementRefused, match="without NewWithOld: nothing links it"):
         rollover.announced_successor([parts["old"]], [parts["old"], parts["new"]], datetime.now(UTC), "e")
 
 
@@ -206,3 +206,123 @@ def test_a_new_key_without_a_ca_certificate_is_no_announcement() -> None:
     leaf = certificate(name("not a CA"), leaf_key.public_key(), leaf_key, days=30)
     with pytest.raises(rollover.NothingAnnounced):
         rollover.announced_successor([parts["old"]], [parts["old"], leaf], datetime.now(UTC), "e")
+
+
+# --- a new issuing CA: under the same root, or under a new root ------------------------------------------------------
+
+
+async def test_a_new_issuing_ca_under_the_same_root_is_the_successor(certlm, make_est_server) -> None:
+    server = await make_est_server(intermediate=True)
+    entry = await certlm.validate(await certlm.create_entry(server))
+    old_chain = server.ca_certificates
+    assert pki_client.stored_ca_certificates(entry) == old_chain
+    new_issuing = server.announce_new_issuing_ca()
+
+    successor = await certlm.backend.successor_issuer(entry)
+
+    assert successor.pki_id == entry.id
+    # The shared root ends the chain: the campaign adds it (held already) and, sharing it, never retires it.
+    assert successor.chain == (new_issuing.certificate, server.ca_certificate)
+    assert "issued under the root CA certlm holds" in successor.how, successor.how
+    assert new_issuing.certificate.subject.rfc4514_string() in successor.how
+    assert pki_client.stored_ca_certificates(entry) == old_chain, "asking changes nothing"
+    # A validate while both issuing CAs are served keeps the one the entry holds.
+    entry = await certlm.validate(entry)
+    assert pki_client.stored_ca_certificates(entry) == old_chain
+
+
+async def test_the_entry_follows_the_server_to_its_new_issuing_ca_and_the_old_one_is_no_successor(
+    certlm, make_est_server
+) -> None:
+    server = await make_est_server(intermediate=True)
+    entry = await certlm.validate(await certlm.create_entry(server))
+    old_issuing, root = server.ca_certificates
+    new_issuing = server.announce_new_issuing_ca().certificate
+
+    still_old = await certlm.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+    assert issued_by(still_old.certificate, old_issuing)
+    assert pki_client.stored_ca_certificates(entry) == [old_issuing, root]
+
+    server.issue_from_new_issuing_ca()
+    renewed = await certlm.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+    assert issued_by(renewed.certificate, new_issuing)
+    assert pki_client.stored_ca_certificates(entry) == [new_issuing, root]
+    # The server still serves the previous issuing CA: it expires first, so it is no successor.
+    error = await successor_error(certlm, entry)
+    assert error.status == 409 and "announces no new CA" in error.message, error.message
+    entry = await certlm.validate(entry)
+    assert pki_client.stored_ca_certificates(entry) == [new_issuing, root]
+
+
+async def test_a_new_root_with_a_new_issuing_ca_is_the_successor_and_the_entry_follows_it(
+    certlm, make_est_server
+) -> None:
+    server = await make_est_server(intermediate=True)
+    entry = await certlm.validate(await certlm.create_entry(server))
+    old_chain = server.ca_certificates
+    update = server.announce_new_root("EST Test Root CA G2")
+    assert update.new_issuing is not None
+    new_chain = [update.new_issuing.certificate, update.new.certificate]
+
+    successor = await certlm.backend.successor_issuer(entry)
+
+    assert list(successor.chain) == new_chain
+    assert "NewWithOld" in successor.how
+    # The new issuing CA's CRL comes from its distribution point (the new root's CRL), signed by the new root.
+    assert len(successor.crls) == 1 and crl_signed_by(successor.crls[0], [update.new.certificate])
+    assert pki_client.stored_ca_certificates(entry) == old_chain
+
+    server.issue_from_new_root()
+    assert server.ca_certificates == new_chain
+    renewed = await certlm.backend.enroll(entry, device_csr(ec_key()), SERVER_PROFILE)
+    assert issued_by(renewed.certificate, update.new_issuing.certificate)
+    assert pki_client.stored_ca_certificates(entry) == new_chain
+
+
+async def test_a_new_root_with_a_forged_link_and_an_issuing_ca_is_refused(certlm, make_est_server) -> None:
+    server = await make_est_server(intermediate=True)
+    entry = await certlm.validate(await certlm.create_entry(server))
+    server.announce_new_root("EST Test Root CA G2", broken_link=True)
+    error = await successor_error(certlm, entry)
+    assert isinstance(error, UpstreamUnavailable) and error.status == 502
+    assert "does not verify with the key of the root CA certlm holds" in error.message, error.message
+
+
+def _issuing(root: x509.Certificate, root_key, common_name: str, days: int) -> x509.Certificate:
+    key = ec_key()
+    return certificate(name(common_name), key.public_key(), root_key, issuer=root.subject, ca=True, days=days)
+
+
+def test_an_issuing_ca_under_the_held_root_heads_a_chain_ending_at_it() -> None:
+    root, root_key = _root("Root", days=90)
+    held = _issuing(root, root_key, "Issuing 1", days=30)
+    new = _issuing(root, root_key, "Issuing 2", days=60)
+    announcement = rollover.announced_successor([held, root], [held, new, root], datetime.now(UTC), "e")
+    assert announcement.chain == (new, root)
+    assert announcement.new_with_new is None and announcement.new_with_old is None
+    assert announcement.root == root == announcement.held_root
+
+
+def test_an_issuing_ca_under_a_stranger_root_of_the_same_name_is_refused() -> None:
+    root, root_key = _root("Root", days=90)
+    stranger, stranger_key = _root("Root", days=90)
+    held = _issuing(root, root_key, "Issuing 1", days=30)
+    forged = _issuing(stranger, stranger_key, "Issuing 2", days=60)
+    with pytest.raises(rollover.AnnouncementRefused, match="nor a CA issued under the root CA certlm holds"):
+        rollover.announced_successor([held, root], [held, forged, root], datetime.now(UTC), "e")
+
+
+def test_an_issuing_ca_that_expires_before_the_held_one_is_no_announcement() -> None:
+    root, root_key = _root("Root", days=90)
+    held = _issuing(root, root_key, "Issuing 2", days=60)
+    older = _issuing(root, root_key, "Issuing 1", days=30)
+    with pytest.raises(rollover.NothingAnnounced):
+        rollover.announced_successor([held, root], [older, held, root], datetime.now(UTC), "e")
+
+
+def test_an_expired_new_issuing_ca_is_refused() -> None:
+    root, root_key = _root("Root", days=90)
+    held = _issuing(root, root_key, "Issuing 1", days=30)
+    new = _issuing(root, root_key, "Issuing 2", days=60)
+    with pytest.raises(rollover.AnnouncementRefused, match="expired"):
+        rollover.announced_successor([held, root], [held, new, root], datetime.now(UTC) + timedelta(days=61), "e")

@@ -1,0 +1,117 @@
+"""Where certlm's CPU of a push goes: N onboardings and N renewals through the REST API of certlm's app in this process
+(Quart's test client, SQLite, an internal CA), under cProfile, with the simulated devices in a process of their own;
+and how many database queries each push makes.
+
+    .venv/bin/python bench/profile_push.py [--devices 20] [--concurrency 4] [--top 40] [--sort tottime]
+
+Prints, for the onboardings and then the renewals: CPU seconds per push (this process's: certlm's, with the calls'
+client side, which is Quart's test client), database queries per push (every statement
+tortoise sends, counted from its ``tortoise.db_client`` log records) with the statements seen most, and the profile's
+top functions. A tool for finding waste, not a benchmark: cProfile slows Python code several times, so its figures
+are only compared with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import cProfile
+import logging
+import pstats
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from common import ADMIN, LicenseKeys, Simulators
+
+from certlm.testing import in_process_settings, licensed_app
+
+
+class QueryCounter(logging.Handler):
+    """Counts the statements tortoise logs (each query it sends, at DEBUG on ``tortoise.db_client``), by their shape."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.shapes: collections.Counter[str] = collections.Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        statement = str(record.args[0] if record.args else record.msg)
+        self.shapes[re.sub(r"\s+", " ", statement)[:110]] += 1
+
+    def total(self) -> int:
+        return sum(self.shapes.values())
+
+
+async def wave(app, path: str, body: dict, ports: list[int], concurrency: int) -> list[str]:
+    gate = asyncio.Semaphore(concurrency)
+    failures: list[str] = []
+
+    async def call(port: int) -> None:
+        async with gate:
+            status, answer = await app.call("POST", path, {"server": "127.0.0.1", "port": port, **body})
+        if status != 200:
+            failures.append(f"{port}: {status} {answer.get('error')}")
+
+    await asyncio.gather(*(call(port) for port in ports))
+    return failures
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=20)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--sort", default="tottime")
+    parser.add_argument("--dump", help="also write each profile to DUMP-onboarding.prof and DUMP-renewal.prof")
+    parser.add_argument("--no-profile", action="store_true", help="only the CPU and the queries, without cProfile")
+    args = parser.parse_args()
+    logging.getLogger("asyncua").setLevel(logging.ERROR)
+    counter = QueryCounter()
+    db_log = logging.getLogger("tortoise.db_client")
+    db_log.addHandler(counter)
+    db_log.propagate = False
+    with tempfile.TemporaryDirectory(prefix="certlm-profile-") as tmp:
+        workdir = Path(tmp)
+        keys = LicenseKeys.create(workdir / "license")
+        simulators = Simulators(args.devices, 1, workdir / "devices", "--apply-delay", "0.2")
+        try:
+            await simulators.start()
+            settings = in_process_settings(workdir / "data", keys)
+            async with licensed_app(settings, keys) as app:
+                await app.create_internal_ca()
+                for what, path, body in (
+                    ("onboarding", "/gds/push/onboarding", ADMIN),
+                    ("renewal", "/gds/push/change", {}),
+                ):
+                    db_log.setLevel(logging.DEBUG)
+                    counter.shapes.clear()
+                    profile = cProfile.Profile()
+                    started = time.process_time()
+                    if not args.no_profile:
+                        profile.enable()
+                    failures = await wave(app, path, body, simulators.ports, args.concurrency)
+                    profile.disable()
+                    cpu = time.process_time() - started
+                    db_log.setLevel(logging.WARNING)
+                    done = args.devices - len(failures)
+                    print(f"\n=== {what}: {done}/{args.devices} in {cpu:.2f} s CPU = "
+                          f"{1000 * cpu / max(done, 1):.1f} ms per push; {counter.total() / max(done, 1):.1f} "
+                          "database queries per push")  # fmt: skip
+                    for failure in failures[:5]:
+                        print("  failed:", failure)
+                    for shape, count in counter.shapes.most_common(25):
+                        print(f"  {count / max(done, 1):6.2f}  {shape}")
+                    if args.no_profile:
+                        continue
+                    if args.dump:
+                        profile.dump_stats(f"{args.dump}-{what}.prof")
+                    stats = pstats.Stats(profile)
+                    stats.sort_stats(args.sort).print_stats(args.top)
+        finally:
+            simulators.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

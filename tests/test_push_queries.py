@@ -1,0 +1,94 @@
+"""What a push costs certlm's database (``certlm.lifecycle.push``, ``certlm.lifecycle.leases``): the device's lease is
+claimed with one conditional UPDATE (made holding the lease on the entry's first operation) and released with the
+operator's reset of the renewal state in one UPDATE, and the entry is written once, with the record of the push.
+Counted from the statements tortoise logs (``tortoise.db_client``) in the push's own task, so the schedulers' queries
+running meanwhile do not count."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from certlm.storage.models import DeviceSchedule, InventoryEntry
+from certlm.testing import InProcessApp, InternalCa, push
+
+# The statements of the code running in the context where this is set (the request's task inherits it).
+_statements: ContextVar[list[str] | None] = ContextVar("push_statements", default=None)
+
+
+class _StatementLog(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        statements = _statements.get()
+        if statements is not None:
+            statements.append(str(record.args[0] if record.args else record.msg))
+
+
+@contextmanager
+def statements_sent() -> Iterator[list[str]]:
+    """The SQL statements sent by the code in this block (and the tasks it starts)."""
+    logger, handler = logging.getLogger("tortoise.db_client"), _StatementLog(logging.DEBUG)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    sent: list[str] = []
+    token = _statements.set(sent)
+    try:
+        yield sent
+    finally:
+        _statements.reset(token)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def on_table(statements: list[str], verb: str, table: str) -> list[str]:
+    return [statement for statement in statements if statement.startswith(f'{verb} "{table}"')]
+
+
+async def test_a_renewal_claims_and_releases_the_lease_once_and_writes_the_entry_once(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
+) -> None:
+    device = await certlm_simulated_device()
+    await push(certlm_in_process, device)
+    async with certlm_in_process.context():
+        entry = await InventoryEntry.get(port=device.config.port)
+        await DeviceSchedule.filter(entry_id=entry.id).update(renewal_failures=3)
+
+    with statements_sent() as statements:
+        renewed = await push(certlm_in_process, device, onboarding=False)
+
+    assert renewed["success"], renewed
+    schedule = [statement for statement in statements if '"device_schedule"' in statement]
+    assert len(schedule) == 2, schedule  # the claim, and the release with the operator's reset
+    assert len(on_table(statements, "UPDATE", "inventory_entry")) == 1, statements
+    assert len(on_table(statements, "SELECT", "inventory_entry")) <= 1, statements
+    assert len(statements) <= 16, "\n".join(statements)
+    async with certlm_in_process.context():
+        row = await DeviceSchedule.get(entry_id=entry.id)
+        stored = await InventoryEntry.get(id=entry.id)
+    assert row.renewal_failures == 0 and row.lease_holder is None and row.lease_until is None
+    assert stored.last_result["push"]["success"] and stored.certificate_der == stored.pinned_certificate_der
+    assert stored.trustlist["trustlist_trusted_ca"], "the trust list written is stored with the record"
+
+
+async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
+) -> None:
+    device = await certlm_simulated_device()
+
+    with statements_sent() as statements:
+        onboarded = await push(certlm_in_process, device)
+
+    assert onboarded["success"], onboarded
+    assert len(on_table(statements, "INSERT INTO", "device_schedule")) == 1
+    # The free-lease UPDATE that found no row, the read that found none, the identity's re-pin, the release.
+    assert len([s for s in statements if '"device_schedule"' in s]) <= 5, statements
+    # The identification's description, and the entry with the pin and the record.
+    assert len(on_table(statements, "UPDATE", "inventory_entry")) <= 2, statements
+    async with certlm_in_process.context():
+        entry = await InventoryEntry.get(port=device.config.port)
+        row = await DeviceSchedule.get(entry_id=entry.id)
+    assert row.lease_holder is None and row.lease_until is None
+    assert entry.pinned_certificate_der == entry.certificate_der and entry.service
