@@ -56,7 +56,7 @@ from certlm.lifecycle.runtime import Runtime
 from certlm.pki.material import enrollment_pki, pki_material, revoke_on_decommission
 from certlm.pki.revocation import RevocationCheck, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
-from certlm.system.audit import record_automated
+from certlm.system.audit import journaled_update, record_automated
 
 log = logging.getLogger(__name__)
 # The error of a push that certlm stopped (cancelled) before it finished.
@@ -189,8 +189,11 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
         if not order.automated:
             # The operator has dealt with the device: a certificate changed behind certlm's back is now certlm's
             # own again, and automated renewals start afresh.
-            await DeviceSchedule.filter(entry_id=entry.id).update(
-                certificate_changed_at=None, renewal_failures=0, renewal_retry_at=None
+            await journaled_update(
+                DeviceSchedule.filter(entry_id=entry.id),
+                certificate_changed_at=None,
+                renewal_failures=0,
+                renewal_retry_at=None,
             )
         return await _record_push(entry, order, started, result)
 
