@@ -306,6 +306,16 @@ async def test_a_renewal_by_the_scheduler_is_recorded_as_the_scheduler(
         assert renewal["action"] == "push" and renewal["outcome"] == "ok" and renewal["status"] is None
         assert renewal["device"] == f"127.0.0.1:{config.port}" and "(scheduler)" in renewal["detail"]
         assert len(device.installed_certificates) >= 2
+        # The fields the renewal changed, before and after: the device's certificate moved from the onboarding's.
+        (swap,) = [
+            change
+            for change in renewal["changes"]
+            if change["table"] == "inventory_entry" and "certificate_der" in (change["after"] or {})
+        ]
+        assert swap["op"] == "update" and swap["id"] == entry["id"]
+        assert swap["before"]["certificate_der"]["sha256"] == pinned[-1]["sha256"]
+        assert swap["after"]["certificate_der"]["sha256"] != pinned[-1]["sha256"]
+        assert any(c["table"] == "pki_internal_issued_certificate" and c["op"] == "create" for c in renewal["changes"])
     finally:
         await app.call("POST", "/systeminfo", {"gds_push_scheduler_active": False})
         await device.stop()
@@ -331,6 +341,16 @@ async def test_a_campaign_s_device_steps_and_phases_are_recorded_as_the_campaign
     # The reissue's pushes are the campaign's too.
     assert len([r for r in by_campaign if r["action"] == "push"]) == PLANT_SIZE
     assert len(devices) == PLANT_SIZE
+
+    def changed_fields(record: dict[str, Any]) -> set[str]:
+        return {name for c in record["changes"] if c["table"] == "inventory_entry" for name in c["after"] or {}}
+
+    # Each step lists the fields it changed: the trust list it wrote, the certificate and PKI entry a reissue moved.
+    for phase in ("trust", "retire"):
+        steps = [r for r in by_campaign if r["action"] == f"campaign {phase} step"]
+        assert all("trustlist" in changed_fields(r) for r in steps), steps
+    reissues = [r for r in by_campaign if r["action"] == "push"]
+    assert all({"certificate_der", "pki_id"} <= changed_fields(r) for r in reissues), reissues
 
 
 async def register(app: InProcessApp, port: int, **fields: Any) -> int:

@@ -73,7 +73,7 @@ from certlm.lifecycle.suppression import OUTLOOK, MaintenanceCalendar, Suppressi
 from certlm.lifecycle.trust import change_trust_list
 from certlm.pki.material import pki_ca_certificates
 from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry, PkiEntry
-from certlm.system.audit import journal_created, journaled_update, record_automated
+from certlm.system.audit import journal_created, journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +309,7 @@ def _due(row: CampaignDevice, phase: str, now: datetime) -> bool:
     return state in DUE_STATES and (row.next_try_at is None or row.next_try_at <= now)
 
 
+@journals_automated_work
 async def _step(runtime: Runtime, campaign: Campaign, row: CampaignDevice) -> bool:
     """The device's step of the phase, if it may start and is still due once this instance holds the device's lease;
     whether it ran.

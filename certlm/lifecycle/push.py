@@ -56,7 +56,7 @@ from certlm.lifecycle.runtime import Runtime
 from certlm.pki.material import enrollment_pki, pki_material, revoke_on_decommission
 from certlm.pki.revocation import RevocationCheck, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
-from certlm.system.audit import journaled_update, record_automated
+from certlm.system.audit import journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
 # The error of a push that certlm stopped (cancelled) before it finished.
@@ -160,6 +160,7 @@ def _device_accepted_connection(error: APIError) -> bool:
     return any(step.get("step") == "connect" and step.get("ok") for step in steps)
 
 
+@journals_automated_work
 async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
     """Enroll a new certificate for ``entry``, store the outcome and record it as the entry's last push (or
     onboarding); the operation result.

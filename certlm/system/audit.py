@@ -14,7 +14,8 @@ What is recorded (``AuditRecord``, one row each):
 - Automated work (``record_automated``): a scheduler's push, a monitor finding that changes a device's state (its
   certificate or identity changed behind certlm's back), a campaign's device steps and phases, the trail's own
   retention. The actor is whoever ``acting_as`` named where that work starts (``renewal``, ``monitor``,
-  ``campaign``).
+  ``campaign``); the fields a device's operation changed are journalled as a request's are
+  (``journals_automated_work`` on the operation, one journal per device).
 
 The chain: each record holds the SHA-256 of the one before (``prev_hash``; 64 zeros for the first) and its own
 ``hash``, a SHA-256 over the canonical JSON of its fields and ``prev_hash`` (``record_hash``). A record's id is the
@@ -49,7 +50,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from tortoise import Tortoise, connections, fields
 from tortoise.expressions import Q
@@ -142,6 +143,8 @@ class Journal:
 
 
 _journal: ContextVar[Journal | None] = ContextVar("certlm_audit_journal", default=None)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def open_journal() -> Journal:
@@ -153,6 +156,28 @@ def open_journal() -> Journal:
 
 def current_journal() -> Journal | None:
     return _journal.get()
+
+
+def journals_automated_work(operation: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Journal what one automated operation on one device changes (a scheduler's push, a monitor visit, a campaign's
+    device step), for the ``record_automated`` it ends with. Each call has a journal of its own, so devices worked on
+    at the same time do not mix; the models passed in are snapshotted as they are, their "before". Called inside a
+    request (any actor but an automated one) it only runs the operation: the request's journal goes on."""
+
+    @functools.wraps(operation)
+    async def journaled(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not _settings.enabled or current_actor().kind != "automated":
+            return await operation(*args, **kwargs)
+        token = _journal.set(Journal())
+        try:
+            for given in (*args, *kwargs.values()):
+                if isinstance(given, Model) and _SNAPSHOT not in given.__dict__ and not given._partial:
+                    _snapshot(given)
+            return await operation(*args, **kwargs)
+        finally:
+            _journal.reset(token)
+
+    return journaled
 
 
 def concerns_entry(entry_id: int, device: str | None = None) -> None:
@@ -676,6 +701,11 @@ async def record_automated(
     actor = current_actor()
     if not _settings.enabled or actor.kind != "automated":
         return
+    # What the operation changed so far (``journals_automated_work``), taken: a later record of it lists only its own.
+    journal = _journal.get()
+    changes: list[dict[str, Any]] = []
+    if journal is not None and not journal.closed:
+        changes, journal.changes = journal.changes, []
     try:
         await append(
             actor=actor,
@@ -685,6 +715,7 @@ async def record_automated(
             entry_id=entry.id if entry is not None else None,
             device=device_key(entry.server, entry.port) if entry is not None else None,
             detail=detail,
+            changes=changes,
         )
     except Exception:
         log.exception("the audit trail could not record %s by %s", action, actor.name)
