@@ -8,9 +8,10 @@ Each client loops over: rename a device (``PATCH /gds/inventory``), make a maint
 /maintenance/inventory``) and delete it again (``DELETE /maintenance/inventory/{id}``). Every one of those calls
 changes state, so with the trail on each writes an audit record. The two services take turns, ``--rounds`` times
 ``--seconds`` each, so that a change of the machine's load falls on both alike. It prints each side's requests per
-second, the ratio (the target: the trail costs at most 10 %, a ratio of at least 0.90), every status that is not a
-success, the records written, ``certlm audit verify``'s verdict on the recording side, and the load average before
-and after.
+second, the ratio (the target: the trail costs at most 10 %, a ratio of at least 0.90; MISSED when it does not),
+every status that is not a success, the CPU seconds per request of each side's certlm process (steadier than the
+rate on a shared machine), the records written, ``certlm audit verify``'s verdict on the recording side, and the load
+average before and after.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from common import ROOT, LicenseKeys, PostgresServer, RunningService, start_certlm
+from common import ROOT, LicenseKeys, PostgresServer, RunningService, cpu_seconds, start_certlm
+
+# The trail costs at most 10 % of the requests per second.
+TARGET_RATIO = 0.90
 
 
 async def prepare(service: RunningService, devices: int) -> None:
@@ -103,13 +107,15 @@ async def main() -> None:
                 )
                 await prepare(services[side], args.devices)
             totals = {side: [0, 0.0, Counter()] for side in services}
+            cpu = dict.fromkeys(services, 0.0)
             for round_number in range(args.rounds):
                 for side, service in services.items() if round_number % 2 == 0 else reversed(services.items()):
-                    started = time.monotonic()
+                    started, cpu_before = time.monotonic(), cpu_seconds(service.process.pid)
                     done, failures = await write_load(service, args.clients, args.seconds, args.devices)
                     totals[side][0] += done
                     totals[side][1] += time.monotonic() - started
                     totals[side][2].update(failures)
+                    cpu[side] += cpu_seconds(service.process.pid) - cpu_before
             rates = {side: done / elapsed for side, (done, elapsed, _) in totals.items()}
             engine = "PostgreSQL" if postgres is not None else "SQLite"
             print(f"{engine}, {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s per side")
@@ -117,7 +123,15 @@ async def main() -> None:
                 print(f"  {side:9}: {rates[side]:7.1f} requests/s ({done} in {elapsed:.1f} s), not a success: "
                       f"{dict(failures) or 'none'}")  # fmt: skip
             ratio = rates["trail on"] / rates["trail off"]
-            print(f"  ratio on/off: {ratio:.3f} (the trail costs {100 * (1 - ratio):.1f} %; target at most 10 %)")
+            verdict = "met" if ratio >= TARGET_RATIO else "MISSED"
+            print(f"  ratio on/off: {ratio:.3f} (the trail costs {100 * (1 - ratio):.1f} %; target at most 10 %, "
+                  f"a ratio of at least {TARGET_RATIO:.2f}): {verdict}")  # fmt: skip
+            # Less at the mercy of the other processes on the machine than the rate: what each request cost certlm's
+            # process (its event loop and SQLite's thread; PostgreSQL's server is not in it).
+            per_request = {side: 1000 * cpu[side] / max(totals[side][0], 1) for side in services}
+            on_ms, off_ms = per_request["trail on"], per_request["trail off"]
+            print(f"  certlm CPU per request: on {on_ms:.2f} ms, off {off_ms:.2f} ms (ratio off/on "
+                  f"{off_ms / on_ms:.3f})")  # fmt: skip
             print(f"  trail on: {verify(services['trail on'])}")
             print(f"  trail off: {verify(services['trail off'])}")
         finally:

@@ -14,8 +14,10 @@ import pyotp
 import pytest
 from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 
-from certlm.system.audit import verify_chain
+from certlm.storage.models import CampaignDevice, DeviceCredential, DeviceSchedule, InventoryEntry
+from certlm.system.audit import MAX_CHANGES, verify_chain
 from certlm.testing.in_process import in_process_settings, licensed_app
+from certlm.testing.pushes import create_internal_ca
 from tests.support import InProcessApp, LicenseKeys, eventually, free_port
 
 DEVICE_PASSWORD = "pw-that-must-never-be-recorded-7d1f"
@@ -110,9 +112,16 @@ async def test_each_kind_of_state_changing_request_is_recorded_with_actor_target
     assert status == 200, body
     removed = last(await trail(app), "DELETE /gds/inventory/<path:host_or_url>")
     assert removed["entry_id"] == entry_id and removed["outcome"] == "ok"
-    # The database deletes the credentials with the entry (a cascade no model sees): the entry's row is the record.
-    assert [(c["table"], c["op"]) for c in removed["changes"]] == [("inventory_entry", "delete")]
+    # The database deletes the credentials and the schedule row with the entry (a cascade no model signal sees):
+    # read before the delete, they follow the entry's row, each naming it as the cause; the password redacted.
+    assert removed["changes"][0]["table"] == "inventory_entry" and removed["changes"][0]["op"] == "delete"
     assert removed["changes"][0]["before"]["name"] == "press 2"
+    cascaded = {c["table"]: c for c in removed["changes"][1:]}
+    assert {c["op"] for c in cascaded.values()} == {"delete"}
+    assert {c["cascade"] for c in cascaded.values()} == {f"inventory_entry {entry_id}"}
+    assert cascaded["device_credential"]["before"]["password_enc"] == "[redacted]"
+    assert cascaded["device_credential"]["before"]["username"] == "op"
+    assert cascaded["device_credential"]["before"]["entry_id"] == entry_id
 
     async with app.context():
         verdict = await verify_chain()
@@ -297,6 +306,16 @@ async def test_a_renewal_by_the_scheduler_is_recorded_as_the_scheduler(
         assert renewal["action"] == "push" and renewal["outcome"] == "ok" and renewal["status"] is None
         assert renewal["device"] == f"127.0.0.1:{config.port}" and "(scheduler)" in renewal["detail"]
         assert len(device.installed_certificates) >= 2
+        # The fields the renewal changed, before and after: the device's certificate moved from the onboarding's.
+        (swap,) = [
+            change
+            for change in renewal["changes"]
+            if change["table"] == "inventory_entry" and "certificate_der" in (change["after"] or {})
+        ]
+        assert swap["op"] == "update" and swap["id"] == entry["id"]
+        assert swap["before"]["certificate_der"]["sha256"] == pinned[-1]["sha256"]
+        assert swap["after"]["certificate_der"]["sha256"] != pinned[-1]["sha256"]
+        assert any(c["table"] == "pki_internal_issued_certificate" and c["op"] == "create" for c in renewal["changes"])
     finally:
         await app.call("POST", "/systeminfo", {"gds_push_scheduler_active": False})
         await device.stop()
@@ -322,3 +341,194 @@ async def test_a_campaign_s_device_steps_and_phases_are_recorded_as_the_campaign
     # The reissue's pushes are the campaign's too.
     assert len([r for r in by_campaign if r["action"] == "push"]) == PLANT_SIZE
     assert len(devices) == PLANT_SIZE
+
+    def changed_fields(record: dict[str, Any]) -> set[str]:
+        return {name for c in record["changes"] if c["table"] == "inventory_entry" for name in c["after"] or {}}
+
+    # Each step lists the fields it changed: the trust list it wrote, the certificate and PKI entry a reissue moved.
+    for phase in ("trust", "retire"):
+        steps = [r for r in by_campaign if r["action"] == f"campaign {phase} step"]
+        assert all("trustlist" in changed_fields(r) for r in steps), steps
+    reissues = [r for r in by_campaign if r["action"] == "push"]
+    assert all({"certificate_der", "pki_id"} <= changed_fields(r) for r in reissues), reissues
+
+
+async def register(app: InProcessApp, port: int, **fields: Any) -> int:
+    status, body = await app.call("POST", "/gds/inventory", {"server": "127.0.0.1", "port": port, **fields})
+    assert status == 200, body
+    return body["id"]
+
+
+async def test_a_deleted_entry_s_cascade_and_a_campaign_s_bulk_changes_are_recorded_with_their_fields(
+    in_process: InProcessApp,
+) -> None:
+    """What the database deletes with an entry (its credentials, its schedule row, its campaign steps) and what a
+    campaign's controls change in bulk (``QuerySet.update``, ``bulk_create``) is in the request's record."""
+    app = in_process
+    plant, successor = await app.create_internal_ca(), await app.create_internal_ca()
+    # Closed ports: the campaign's trust step cannot reach them, so it waits for the operator.
+    entry_ids = [await register(app, free_port(), pki=plant, name=f"press {n}") for n in range(3)]
+    credentials = {"server": "127.0.0.1", "userinfo_name": "op", "userinfo_password": DEVICE_PASSWORD}
+    async with app.context():
+        port = (await InventoryEntry.get(id=entry_ids[0])).port
+    status, body = await app.call("POST", "/gds/inventory/user", {**credentials, "port": port})
+    assert status == 200, body
+
+    status, campaign = await app.call(
+        "POST", "/campaigns", {"kind": "pki-migration", "from_pki_id": plant, "to_pki_id": successor}
+    )
+    assert status == 201, campaign
+    made = last(await trail(app), "POST /campaigns")
+    steps = [c for c in made["changes"] if c["table"] == "campaign_device"]
+    assert sorted(c["after"]["entry_id"] for c in steps) == entry_ids
+    assert {c["op"] for c in steps} == {"create"} and all(c["after"]["campaign_id"] == campaign["id"] for c in steps)
+
+    # Pause and exceptions: one conditional UPDATE each, recorded row by row with before and after.
+    status, body = await app.call("POST", f"/campaigns/{campaign['id']}/pause")
+    assert status == 200, body
+    paused = last(await trail(app), "POST /campaigns/<campaign_id>/pause")
+    assert paused["changes"] == [
+        {"table": "campaign", "id": campaign["id"], "op": "update", "before": {"state": "running"},
+         "after": {"state": "paused"}}
+    ]  # fmt: skip
+    status, body = await app.call("POST", f"/campaigns/{campaign['id']}/exceptions", {"entry_ids": entry_ids[:2]})
+    assert status == 200, body
+    excepted = last(await trail(app), "POST /campaigns/<campaign_id>/exceptions")
+    rows = [c for c in excepted["changes"] if c["table"] == "campaign_device"]
+    assert len(rows) == 2 and all(c["op"] == "update" for c in rows), excepted["changes"]
+    for change in rows:
+        assert change["after"] == {"trust": "excepted", "reissue": "excepted", "retire": "excepted"}, change
+        assert set(change["before"]) == {"trust", "reissue", "retire"} and "excepted" not in change["before"].values()
+
+    # Deleting the first entry: the entry, then its credentials, schedule row and campaign step, each naming it.
+    status, body = await app.call("DELETE", f"/gds/inventory/127.0.0.1:{port}")
+    assert status == 200, body
+    removed = last(await trail(app), "DELETE /gds/inventory/<path:host_or_url>")
+    assert (removed["changes"][0]["table"], removed["changes"][0]["id"]) == ("inventory_entry", entry_ids[0])
+    cascaded = {c["table"]: c for c in removed["changes"][1:]}
+    assert set(cascaded) == {"device_credential", "device_schedule", "campaign_device"}, removed["changes"]
+    assert all(c["op"] == "delete" and c["cascade"] == f"inventory_entry {entry_ids[0]}" for c in cascaded.values())
+    assert cascaded["device_credential"]["before"]["password_enc"] == "[redacted]"
+    assert cascaded["campaign_device"]["before"]["trust"] == "excepted"
+    assert cascaded["campaign_device"]["before"]["campaign_id"] == campaign["id"]
+    assert DEVICE_PASSWORD not in json.dumps(await trail(app))
+    async with app.context():  # what the record lists as removed is gone
+        for change in removed["changes"]:
+            model = {m._meta.db_table: m for m in (InventoryEntry, DeviceCredential, DeviceSchedule, CampaignDevice)}
+            assert not await model[change["table"]].exists(id=change["id"]), change
+
+    # Deleting a PKI entry: its CA (the key redacted) goes with it, and the devices it served lose it (SET NULL).
+    spare = (await create_internal_ca(app, "Spare CA")).pki_id  # its CA made (GET /pki/ca)
+    served = await register(app, free_port(), pki=spare)
+    status, body = await app.call("DELETE", f"/pki/inventory/{spare}")
+    assert status == 200, body
+    gone = last(await trail(app), "DELETE /pki/inventory/<pki_id>")
+    assert gone["changes"][0]["table"] == "pki_entry" and gone["changes"][0]["op"] == "delete"
+    by_table = {c["table"]: c for c in gone["changes"][1:]}
+    assert by_table["pki_internal_ca"]["op"] == "delete"
+    assert by_table["pki_internal_ca"]["before"]["private_key_enc"] == "[redacted]"
+    assert by_table["inventory_entry"] == {
+        "table": "inventory_entry", "id": served, "op": "update", "before": {"pki_id": spare},
+        "after": {"pki_id": None}, "cascade": f"pki_entry {spare}",
+    }  # fmt: skip
+    async with app.context():
+        verdict = await verify_chain()
+    assert verdict.intact, verdict.message()
+
+
+async def test_an_import_s_record_lists_the_entries_it_made_and_a_large_one_at_most_max_changes(
+    in_process: InProcessApp,
+) -> None:
+    app = in_process
+    csv = "server,port,name\n" + "".join(f"127.0.0.{n},4840,press {n}\n" for n in range(1, 4))
+    response = await app.client.post(
+        "/gds/inventory/import", data=csv.encode(), headers={**app.headers, "Content-Type": "text/csv"}
+    )
+    assert response.status_code == 200, await response.get_data(as_text=True)
+    made = {row["id"] for row in (await response.get_json())["rows"]}
+    imported = last(await trail(app), "POST /gds/inventory/import")
+    assert {c["id"] for c in imported["changes"]} == made and len(made) == 3
+    assert all(c["table"] == "inventory_entry" and c["op"] == "create" for c in imported["changes"])
+    assert sorted(c["after"]["name"] for c in imported["changes"]) == ["press 1", "press 2", "press 3"]
+
+    rows = [{"server": f"10.1.{n // 250}.{n % 250 + 1}", "port": 4840} for n in range(MAX_CHANGES + 10)]
+    status, body = await app.call("POST", "/gds/inventory/import", rows)
+    assert status == 200 and body["imported"] == MAX_CHANGES + 10, body
+    large = last(await trail(app), "POST /gds/inventory/import")
+    assert len(large["changes"]) == MAX_CHANGES + 1
+    assert large["changes"][-1] == {"more": "further changes not listed"}
+    assert all(c["op"] == "create" for c in large["changes"][:-1])
+
+
+async def test_a_deleted_key_and_the_wipe_are_recorded_with_what_they_removed(in_process: InProcessApp) -> None:
+    app = in_process
+    status, made = await app.call("POST", "/apikeys", {"name": "historian", "role": "viewer"})
+    assert status == 201, made
+    status, body = await app.call("DELETE", f"/apikeys/{made['id']}")
+    assert status == 200, body
+    (removed,) = last(await trail(app), "DELETE /apikeys/<key_id>")["changes"]
+    assert removed["table"] == "named_api_key" and removed["op"] == "delete" and removed["id"] == made["id"]
+    assert removed["before"]["name"] == "historian" and removed["before"]["key_sha256"] == "[redacted]"
+
+    entry_ids = [await register(app, free_port()) for _ in range(2)]
+    wiped = await app.client.delete(f"/sql/{totp(app.host.api_key).now()}", headers=app.headers)
+    assert wiped.status_code == 200, await wiped.get_data(as_text=True)
+    counted = await wiped.get_json()
+    wipe = last(await trail_of(app), "DELETE /sql/<totp_code>")
+    emptied = {change["table"]: change["rows"] for change in wipe["changes"]}
+    # Each emptied table with the count the wipe answered (as the database counts: SQLite adds cascaded rows).
+    assert emptied == {table: rows for table, rows in counted["result"]["deleted"].items() if rows}
+    assert emptied["inventory_entry"] >= len(entry_ids)
+    assert all(change["op"] == "delete" and change["before"] is None for change in wipe["changes"])
+
+
+async def test_on_postgresql_a_deleted_entry_s_cascade_and_a_bulk_update_are_recorded(make_service, postgres) -> None:
+    service = await make_service(database_url=postgres.create_database())
+    async with service.client() as api:
+        port = free_port()
+        created = await api.post("/gds/inventory", json={"server": "127.0.0.1", "port": port, "name": "press"})
+        assert created.status_code == 200, created.text
+        entry_id = created.json()["id"]
+        login = {"server": "127.0.0.1", "port": port, "userinfo_name": "op", "userinfo_password": DEVICE_PASSWORD}
+        assert (await api.post("/gds/inventory/user", json=login)).status_code == 200
+        plant = (await api.post("/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0"})).json()
+        other = (await api.post("/pki/inventory", json={"pki_type": 1, "pki_connection": "localhost:0"})).json()
+        assert (
+            await api.patch("/gds/inventory", json={"server": "127.0.0.1", "port": port, "pki": plant["pki_id"]})
+        ).is_success
+        campaign = await api.post(
+            "/campaigns", json={"kind": "pki-migration", "from_pki_id": plant["pki_id"], "to_pki_id": other["pki_id"]}
+        )
+        assert campaign.status_code == 201, campaign.text
+        cancelled = await api.post(f"/campaigns/{campaign.json()['id']}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        deleted = await api.delete(f"/gds/inventory/127.0.0.1:{port}")
+        assert deleted.status_code == 200, deleted.text
+        records = (await api.get("/audit", params={"limit": 1000})).json()["records"]
+    cancel = last(records, "POST /campaigns/<campaign_id>/cancel")
+    assert cancel["changes"][0]["before"] == {"state": "running"}
+    assert cancel["changes"][0]["after"] == {"state": "cancelled"}
+    removed = last(records, "DELETE /gds/inventory/<path:host_or_url>")
+    cascaded = {c["table"]: c for c in removed["changes"][1:]}
+    assert {"device_credential", "campaign_device"} <= set(cascaded), removed["changes"]
+    assert all(c["cascade"] == f"inventory_entry {entry_id}" for c in cascaded.values())
+    assert cascaded["device_credential"]["before"]["password_enc"] == "[redacted]"
+    assert DEVICE_PASSWORD not in json.dumps(records)
+
+
+async def test_a_tls_upload_replacing_a_waiting_one_lists_it_with_its_key_redacted(in_process: InProcessApp) -> None:
+    from tests.blueprints.test_tls import make_upload
+
+    app = in_process
+    first, second = make_upload(), make_upload()
+    for upload in (first, second):
+        status, body = await app.call("POST", "/tls", upload.body)
+        assert status == 200, body
+    uploads = [record for record in await trail(app) if record["action"] == "POST /tls"]
+    assert [c["op"] for c in uploads[0]["changes"]] == ["create"]
+    replaced, made = uploads[1]["changes"]
+    assert replaced["table"] == "tls_server_certificate" and replaced["op"] == "delete"
+    assert replaced["id"] == uploads[0]["changes"][0]["id"] and replaced["before"]["pending"] is True
+    assert replaced["before"]["private_key_enc"] == "[redacted]"
+    assert made["op"] == "create" and made["after"]["private_key_enc"] == "[redacted]"
+    assert first.password not in json.dumps(uploads)

@@ -596,6 +596,14 @@ async def test_a_certificate_changed_behind_certlms_back_is_shown_and_not_overwr
         return schedule if schedule and schedule["certificate_changed_at"] else None
 
     await eventually(noticed, "the monitor noticing the foreign certificate")
+    status, trail = await plant.call("GET", "/audit?actor=monitor&action=monitor certificate_changed")
+    assert status == 200, trail
+    # The trail names the monitor and what its finding changed: the certificate the device presents, the mark.
+    (finding,) = trail["records"]
+    changed = {(c["table"], name): c for c in finding["changes"] for name in c["after"] or {}}
+    swap = changed["inventory_entry", "certificate_der"]
+    assert swap["before"]["certificate_der"]["sha256"] != swap["after"]["certificate_der"]["sha256"]
+    assert changed["device_schedule", "certificate_changed_at"]["before"]["certificate_changed_at"] is None
     await plant.switch_on("gds_push", 1)
     # Two whole renewal scans: the first, and the next, both finished once a third has started.
     scan = await scan_after(plant, "gds_push", None)

@@ -272,10 +272,17 @@ def presented_key() -> str | None:
     return None
 
 
-def holds_api_key(api_key: str) -> bool:
-    """Whether this request presents the API key: an open route shows a caller without it less."""
+async def presented_role() -> str | None:
+    """The role of the key this request presents, for an open route that shows a key holder more than anyone
+    (``GET /systeminfo``): ``admin`` for the spec's key, a named key's role; None without a key or with a wrong,
+    deleted or expired one (an open route answers those as anyone, so nothing here is refused or counted)."""
     key = presented_key()
-    return key is not None and hmac.compare_digest(key.encode(), api_key.encode())
+    if key is None:
+        return None
+    if hmac.compare_digest(key.encode(), current_host().api_key.encode()):
+        return ADMIN
+    found = await find_key(key)
+    return found.key.role if found.key is not None and not found.expired else None
 
 
 def is_open(method: str, rule: str) -> bool:

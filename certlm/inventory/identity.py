@@ -12,6 +12,7 @@ import logging
 from datetime import datetime
 
 from certlm.storage.models import DeviceSchedule
+from certlm.system.audit import journaled_update
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,10 @@ async def mark_identity_changed(entry_id: int, reason: str, now: datetime) -> bo
 async def identity_repinned(entry_id: int) -> None:
     """Clear the mark: an operator pinned the identity the device presents now (an onboarding, ``POST /ssh/hostkey``
     with ``replace``, a REST device's re-onboarding). A driver's plugin calls it wherever its operator re-pins."""
-    cleared = await DeviceSchedule.filter(entry_id=entry_id, identity_changed_at__isnull=False).update(
-        identity_changed_at=None, identity_changed_reason=None
+    cleared = await journaled_update(
+        DeviceSchedule.filter(entry_id=entry_id, identity_changed_at__isnull=False),
+        identity_changed_at=None,
+        identity_changed_reason=None,
     )
     if cleared:
         log.info("inventory entry %s: the changed identity was re-pinned by an operator", entry_id)

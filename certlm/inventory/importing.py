@@ -23,6 +23,7 @@ from certlm.inventory.entries import (
     licensed_endpoints_in_use,
 )
 from certlm.storage.models import InventoryEntry, PkiEntry
+from certlm.system.audit import journal_created
 
 # The most rows one import takes; a larger export is imported in several files.
 MAX_IMPORT_ROWS = 10_000
@@ -248,6 +249,8 @@ async def _store(inventory: Inventory, batch: _Batch) -> None:
             )  # fmt: skip
             await inventory.ensure_endpoint_capacity(0)
             await _record_ids(inventory, batch, accepted)
+            # bulk_create fires no model signal: the audit record lists the entries the import made.
+            await journal_created(InventoryEntry, [batch.results[index].id for index, _ in accepted])
     except IntegrityError:
         raise APIError("the inventory changed during the import (another registration of one of its addresses): "
                        "nothing imported, import again", 409) from None  # fmt: skip

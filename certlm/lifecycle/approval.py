@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from certlm.contracts.drivers import TrustList
 from certlm.foundation.certs import crl_signed_by, is_self_signed, issued_by, issuer_chain
 from certlm.lifecycle.issuers import TrustChange
+from certlm.lifecycle.monitoring import reading
 from certlm.lifecycle.rejected import APPROVED, DecisionConflict, decide, decided_already, fingerprint
 from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.trust import change_trust_list
@@ -35,20 +36,29 @@ async def approve(runtime: Runtime, record: RejectedClient, trust: str) -> Rejec
             f"the device {record.device} (inventory entry {record.entry_id}) that rejected this certificate was "
             "deleted since: nothing was changed"
         )
-    certificate = x509.load_der_x509_certificate(record.certificate_der)
-    if trust == TRUST_CERTIFICATE:
-        change, trusted = TrustChange(add=TrustList(trusted_certificates=[record.certificate_der])), certificate
-    else:
-        change, trusted = await _issuer_change(runtime, record, certificate)
-    changed = await change_trust_list(runtime, entry, change, trigger="approve_rejected")
-    trusted_now = {
-        "trust": trust,
-        "certificate": {"subject": trusted.subject.rfc4514_string(), "fingerprint": fingerprint(trusted)},
-        "written": changed.written,
-        "verified": changed.verified,
-    }
-    # Another operator approving the same certificate at once finds the device trusting it, and then this 409.
-    return await decide(record, APPROVED, unless=(APPROVED,), trusted=trusted_now)
+    # The write and the decision under one hold of the device's lease (re-entrant: change_trust_list takes it too),
+    # the record read again once it is held: of two operators approving the same certificate at once, on any
+    # instances, the one that waited for the lease finds it approved and gets 409 without touching the device, and
+    # the record names the one whose write it was.
+    async with reading(runtime.settings, entry):
+        await record.refresh_from_db()
+        if record.state == APPROVED:
+            raise decided_already(record)
+        certificate = x509.load_der_x509_certificate(record.certificate_der)
+        if trust == TRUST_CERTIFICATE:
+            change, trusted = TrustChange(add=TrustList(trusted_certificates=[record.certificate_der])), certificate
+        else:
+            change, trusted = await _issuer_change(runtime, record, certificate)
+        changed = await change_trust_list(runtime, entry, change, trigger="approve_rejected")
+        trusted_now = {
+            "trust": trust,
+            "certificate": {"subject": trusted.subject.rfc4514_string(), "fingerprint": fingerprint(trusted)},
+            "written": changed.written,
+            "verified": changed.verified,
+        }
+        # Still the conditional decision (a row lock on PostgreSQL): a lease taken over from a stalled holder must
+        # not let two approvals both win.
+        return await decide(record, APPROVED, unless=(APPROVED,), trusted=trusted_now)
 
 
 async def _issuer_change(

@@ -73,7 +73,7 @@ from certlm.lifecycle.suppression import OUTLOOK, MaintenanceCalendar, Suppressi
 from certlm.lifecycle.trust import change_trust_list
 from certlm.pki.material import pki_ca_certificates
 from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry, PkiEntry
-from certlm.system.audit import record_automated
+from certlm.system.audit import journal_created, journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,10 @@ async def create_campaign(runtime: Runtime, plan: CampaignPlan) -> Campaign:
     skipped = {"trust": SKIPPED, "retire": SKIPPED} if plan.kind == REKEY else {}
     await CampaignDevice.bulk_create(
         [CampaignDevice(campaign_id=campaign.id, entry_id=entry.id, **skipped) for entry in entries]
+    )
+    # bulk_create fires no model signal: the audit record of the request lists the rows it made.
+    await journal_created(
+        CampaignDevice, await CampaignDevice.filter(campaign_id=campaign.id).values_list("id", flat=True)
     )
     log.info("campaign %d (%s) made: %d device(s), PKI entry %d to %d", campaign.id, plan.kind, len(entries),
              plan.from_pki_id, to_pki_id)  # fmt: skip
@@ -305,6 +309,7 @@ def _due(row: CampaignDevice, phase: str, now: datetime) -> bool:
     return state in DUE_STATES and (row.next_try_at is None or row.next_try_at <= now)
 
 
+@journals_automated_work
 async def _step(runtime: Runtime, campaign: Campaign, row: CampaignDevice) -> bool:
     """The device's step of the phase, if it may start and is still due once this instance holds the device's lease;
     whether it ran.
@@ -751,7 +756,7 @@ async def control(campaign: Campaign, action: str) -> Campaign:
     if campaign.state not in allowed:
         raise CampaignConflict(f"campaign {campaign.id} is {campaign.state}: it cannot {action} (only when "
                                f"{' or '.join(allowed)})")  # fmt: skip
-    changed = await Campaign.filter(id=campaign.id, state=campaign.state).update(state=to)
+    changed = await journaled_update(Campaign.filter(id=campaign.id, state=campaign.state), state=to)
     if not changed:
         raise CampaignConflict(f"campaign {campaign.id} changed meanwhile: read it again")
     await campaign.refresh_from_db()
@@ -769,8 +774,11 @@ async def accept_exceptions(campaign: Campaign, entry_ids: list[int]) -> Campaig
         raise APIError(f"entry_ids: not devices of campaign {campaign.id}: {strangers}")
     campaign.exceptions = sorted(set(campaign.exceptions or []) | set(entry_ids))
     await campaign.save(update_fields=["exceptions", "updated_at"])
-    await CampaignDevice.filter(campaign_id=campaign.id, entry_id__in=entry_ids, trust__not=STEP_DONE).update(
-        trust=EXCEPTED, reissue=EXCEPTED, retire=EXCEPTED
+    await journaled_update(
+        CampaignDevice.filter(campaign_id=campaign.id, entry_id__in=entry_ids, trust__not=STEP_DONE),
+        trust=EXCEPTED,
+        reissue=EXCEPTED,
+        retire=EXCEPTED,
     )
     return campaign
 

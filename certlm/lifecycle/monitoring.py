@@ -37,7 +37,7 @@ from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import ScanContext, ScanReport
 from certlm.pki.revocation import REVOCATION_FIELDS, revocation_of, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
-from certlm.system.audit import record_automated
+from certlm.system.audit import journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +211,7 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
     return report
 
 
+@journals_automated_work
 async def monitor_device(runtime: Runtime, entry: InventoryEntry, now: datetime, trigger: str = "scheduler") -> str:
     """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``,
     ``identity_changed`` (its SSH host key or TLS certificate is not the pinned one: ``certlm.inventory.identity``),

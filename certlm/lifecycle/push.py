@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from cryptography import x509
+from tortoise.expressions import Q
 
 from certlm.contracts.drivers import (
     DeviceDescription,
@@ -55,8 +56,8 @@ from certlm.lifecycle.operations import (
 from certlm.lifecycle.runtime import Runtime
 from certlm.pki.material import enrollment_pki, pki_material, revoke_on_decommission
 from certlm.pki.revocation import RevocationCheck, store_revocation
-from certlm.storage.models import InventoryEntry, PkiEntry
-from certlm.system.audit import record_automated
+from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+from certlm.system.audit import journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
 # The error of a push that certlm stopped (cancelled) before it finished.
@@ -164,6 +165,7 @@ def _device_accepted_connection(error: APIError) -> bool:
     return any(step.get("step") == "connect" and step.get("ok") for step in steps)
 
 
+@journals_automated_work
 async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
     """Enroll a new certificate for ``entry``, store the outcome and record it as the entry's last push (or
     onboarding); the operation result.
@@ -176,7 +178,7 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
     # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
     settings = runtime.settings
     lease = device_lease(entry.id, wait_s=settings.device_operation_timeout_s, lease_s=settings.device_lease_s)
-    async with lease as claim:
+    async with lease:
         started = api_now()
         try:
             result = await _push_locked(runtime, entry, order)
@@ -193,8 +195,17 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
             raise
         if not order.automated:
             # The operator has dealt with the device: a certificate changed behind certlm's back is now certlm's
-            # own again, and automated renewals start afresh (set as the lease is released: no query of its own).
-            claim.set_on_release(certificate_changed_at=None, renewal_failures=0, renewal_retry_at=None)
+            # own again, and automated renewals start afresh. Only a row with a mark to clear is written, and recorded
+            # in the audit trail with what was cleared: the usual push costs one read here.
+            marked = (
+                Q(certificate_changed_at__isnull=False) | Q(renewal_failures__gt=0) | Q(renewal_retry_at__isnull=False)
+            )
+            await journaled_update(
+                DeviceSchedule.filter(marked, entry_id=entry.id),
+                certificate_changed_at=None,
+                renewal_failures=0,
+                renewal_retry_at=None,
+            )
         # The success's changes to the entry (``_record_success``) are saved with the record, in one UPDATE.
         return await _record_push(entry, order, started, result, save_entry=True)
 

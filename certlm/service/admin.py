@@ -30,6 +30,7 @@ from certlm.storage.models import (
     SystemSettings,
     TlsServerCertificate,
 )
+from certlm.system.audit import journal_emptied
 from certlm.system.settings import system_settings
 
 INVALID_TOTP = "Invalid TOTP code"
@@ -206,4 +207,6 @@ async def wipe_with_totp(totp_code: str, api_key: str) -> dict[str, int]:
             raise TotpRefused("TOTP code used already")
         for model in _deletion_order(models):
             deleted[model._meta.db_table] = await model.all().using_db(connection).delete()
+            # The wipe's audit record: how many rows of each table (a bulk delete no model signal sees).
+            journal_emptied(model._meta.db_table, deleted[model._meta.db_table])
     return deleted

@@ -18,6 +18,7 @@ from tortoise.exceptions import IntegrityError
 
 from certlm.foundation.errors import APIError
 from certlm.storage.models import NamedApiKey
+from certlm.system.audit import journaled_delete
 
 KEY_PREFIX = "certlm_"
 MAX_NAME_CHARS = 64
@@ -77,5 +78,5 @@ async def delete_key(key_id: int) -> NamedApiKey | None:
     """Delete (and so revoke) key ``key_id``: the row it was, None when there was none."""
     stored = await NamedApiKey.get_or_none(id=key_id)
     if stored is not None:
-        await NamedApiKey.filter(id=key_id).delete()
+        await journaled_delete(NamedApiKey.filter(id=key_id))
     return stored

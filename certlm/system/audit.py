@@ -8,11 +8,14 @@ What is recorded (``AuditRecord``, one row each):
   which may hold a TOTP code, nor the query), the target (the device entry the request touched, else the route's path
   parameters), the status and, for a failure, the error's sentence. The fields the request changed come from the
   models it saved and deleted (``Journal``): before and after, only the fields that changed, secrets (by field name)
-  shown as ``[redacted]``, binary and long values as their SHA-256. Request bodies are never stored.
+  shown as ``[redacted]``, binary and long values as their SHA-256. Request bodies are never stored. Rows a database
+  cascade deletes or clears with them, and bulk writes someone made, are listed too (see "what the model signals do
+  not see" below; bookkeeping is not).
 - Automated work (``record_automated``): a scheduler's push, a monitor finding that changes a device's state (its
   certificate or identity changed behind certlm's back), a campaign's device steps and phases, the trail's own
   retention. The actor is whoever ``acting_as`` named where that work starts (``renewal``, ``monitor``,
-  ``campaign``).
+  ``campaign``); the fields a device's operation changed are journalled as a request's are
+  (``journals_automated_work`` on the operation, one journal per device).
 
 The chain: each record holds the SHA-256 of the one before (``prev_hash``; 64 zeros for the first) and its own
 ``hash``, a SHA-256 over the canonical JSON of its fields and ``prev_hash`` (``record_hash``). A record's id is the
@@ -23,8 +26,13 @@ logged at INFO every ``audit_anchor_interval_min`` and at shutdown (``log_anchor
 ``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention (``drop_expired``) drops only a
 whole prefix and keeps the last dropped record's id and hash (``AuditChainStart``) as where the chain starts.
 
-The record is written after the request's change is committed and before its answer is sent: a client that got its
-answer knows it was recorded; a process killed between the two loses that one record (the change stays).
+The record is written before the request's answer is sent. A route that changes only the database takes
+``commits_with_record``: its changes and its record are made in one transaction and committed once (the trail's cost
+was mostly that second commit: on SQLite a second fsync, on PostgreSQL BEGIN, lock, head, insert, COMMIT), so a client
+that got its answer knows both are durable, and a record that cannot be written rolls the change back with it
+(``ChangeRolledBack``: the answer is 500 and the failure is recorded on its own). Other routes (those that wait on a
+device or a PKI, which must not hold a transaction meanwhile) have their record written after their change is
+committed, through the ``GroupAppender``; a process killed between the two loses that one record (the change stays).
 """
 
 from __future__ import annotations
@@ -32,20 +40,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from tortoise import Tortoise, connections
+from tortoise import Tortoise, connections, fields
 from tortoise.expressions import Q
 from tortoise.models import Model
+from tortoise.queryset import QuerySet
 from tortoise.signals import Signals
 from tortoise.transactions import in_transaction
 
@@ -60,6 +70,7 @@ anchor_log = logging.getLogger("certlm.audit.anchor")
 GENESIS_HASH = "0" * 64
 # Held by the appending transaction on PostgreSQL: one appender at a time, whichever instance.
 CHAIN_LOCK = "SELECT pg_advisory_xact_lock(hashtext('certlm_audit_chain'))"
+HEAD_SQL = f"SELECT id, hash FROM {AuditRecord._meta.db_table} ORDER BY id DESC LIMIT 1"
 STATE_CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 REFUSED_STATUSES = frozenset({401, 403, 429})
 OK, FAILED, REFUSED = "ok", "failed", "refused"
@@ -132,6 +143,8 @@ class Journal:
 
 
 _journal: ContextVar[Journal | None] = ContextVar("certlm_audit_journal", default=None)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def open_journal() -> Journal:
@@ -143,6 +156,36 @@ def open_journal() -> Journal:
 
 def current_journal() -> Journal | None:
     return _journal.get()
+
+
+def journals_automated_work(operation: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Journal what one automated operation on one device changes (a scheduler's push, a monitor visit, a campaign's
+    device step), for the ``record_automated`` it ends with. Each call has a journal of its own, so devices worked on
+    at the same time do not mix; the models passed in are snapshotted as they are, their "before". Called inside a
+    request (any actor but an automated one) it only runs the operation: the request's journal goes on."""
+
+    @functools.wraps(operation)
+    async def journaled(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not _settings.enabled or current_actor().kind != "automated":
+            return await operation(*args, **kwargs)
+        token = _journal.set(Journal())
+        try:
+            for given in (*args, *kwargs.values()):
+                if isinstance(given, Model) and _SNAPSHOT not in given.__dict__ and not given._partial:
+                    _snapshot(given)
+            return await operation(*args, **kwargs)
+        finally:
+            _journal.reset(token)
+
+    return journaled
+
+
+def concerns_entry(entry_id: int, device: str | None = None) -> None:
+    """Name the device entry the current request is about in its record, whatever it changes: a request refused
+    before it touched the entry (a 409) is then found by its device too."""
+    journal = _journal.get()
+    if journal is not None and not journal.closed:
+        journal.touched_entry(entry_id, device)
 
 
 def shown(name: str, value: Any) -> Any:
@@ -217,11 +260,148 @@ async def _deleted(sender: type[Model], instance: Model, using_db: Any) -> None:
     journal = _journal.get()
     if journal is None or journal.closed:
         return
-    names = _recorded_fields(sender)
+    _note_entry(journal, instance)
+    journal.add(_deletion(instance))
+    # What the database removed or cleared with it (``_deleting`` read it before the delete).
+    for change in instance.__dict__.pop(_CASCADED, ()):
+        journal.add(change)
+
+
+def _deletion(instance: Model) -> dict[str, Any]:
+    names = _recorded_fields(type(instance))
     loaded = instance.__dict__.get(_SNAPSHOT) or _values(instance, names)
     before = {name: shown(name, loaded.get(name)) for name in names if loaded.get(name) is not None}
-    _note_entry(journal, instance)
-    journal.add({"table": sender._meta.db_table, "id": instance.pk, "op": "delete", "before": before, "after": None})
+    return {"table": instance._meta.db_table, "id": instance.pk, "op": "delete", "before": before, "after": None}
+
+
+# --- what the model signals do not see: cascades and bulk writes -----------------------------------------------------
+#
+# A row the database deletes through a foreign key's ON DELETE CASCADE (or clears through SET NULL), and a write
+# through ``QuerySet.update``, ``bulk_create`` or ``QuerySet.delete``, fires no model signal. A cascade is read before
+# the delete (``_deleting``, a pre_delete listener walking the models' reverse relations, recursively) and recorded
+# after it, with the row whose delete caused it (``cascade``). A bulk write someone made goes through
+# ``journaled_update`` or ``journal_created`` (before/after of the affected rows). Either way at most ``MAX_CHANGES``
+# changes per record, then one "further changes not listed".
+#
+# Bookkeeping bulk writes go around them on purpose and are not recorded: a device lease's claim, heartbeat and
+# release and the schedule rows behind them (``certlm.lifecycle.leases``), the monitor's and the schedulers' claims
+# of a device, the monitor's sightings of rejected certificates (``last_seen``, ``listed``), the TOTP replay counter
+# of ``DELETE /sql``, a PKI's cached CRL, the campaign runner's claims of a step and its phase moves (its steps and
+# phases are recorded as automated operations, ``record_automated``), the backup records kept.
+
+_CASCADED = "_certlm_audit_cascade"
+_FORWARD_RELATIONS = (fields.relational.ForeignKeyFieldInstance, fields.relational.OneToOneFieldInstance)
+
+
+def _room(journal: Journal) -> int:
+    return max(MAX_CHANGES - len(journal.changes), 0)
+
+
+def _referencing(model: type[Model]) -> list[tuple[type[Model], str, Any]]:
+    """Each model with a foreign key to ``model``: (that model, the key's column, its on_delete)."""
+    found = []
+    for name in (*model._meta.backward_fk_fields, *model._meta.backward_o2o_fields):
+        relation = model._meta.fields_map[name]
+        dependent = relation.related_model
+        for forward in dependent._meta.fields_map.values():
+            if isinstance(forward, _FORWARD_RELATIONS) and forward.source_field == relation.relation_field:
+                found.append((dependent, relation.relation_field, forward.on_delete))
+    return found
+
+
+async def _cascade_of(instance: Model, using_db: Any, room: int) -> list[dict[str, Any]]:
+    """The rows the database deletes (CASCADE, and their own cascades) or clears (SET NULL) when ``instance`` goes,
+    as the trail records them: at most ``room`` of them, plus one more when there are more."""
+    cause = f"{instance._meta.db_table} {instance.pk}"
+    changes: list[dict[str, Any]] = []
+    for dependent, column, on_delete in _referencing(type(instance)):
+        if len(changes) > room or on_delete not in (fields.CASCADE, fields.SET_NULL):
+            continue
+        rows = await dependent.filter(**{column: instance.pk}).using_db(using_db).limit(room + 1 - len(changes))
+        for row in rows:
+            if on_delete == fields.SET_NULL:
+                before = {column: shown(column, instance.pk)}
+                change = {"table": row._meta.db_table, "id": row.pk, "op": "update", "before": before}
+                changes.append({**change, "after": {column: None}, "cascade": cause})
+                continue
+            changes.append({**_deletion(row), "cascade": cause})
+            changes.extend(await _cascade_of(row, using_db, room - len(changes)))
+    return changes
+
+
+async def _deleting(sender: type[Model], instance: Model, using_db: Any) -> None:
+    journal = _journal.get()
+    if journal is None or journal.closed or not _referencing(sender):
+        return
+    instance.__dict__[_CASCADED] = await _cascade_of(instance, using_db, _room(journal))
+
+
+async def journaled_update(query: QuerySet, **values: Any) -> int:
+    """``query.update(**values)`` with the change of each affected row in the current request's record (before and
+    after of the fields that change; the first ``MAX_CHANGES`` rows, read just before the update): for bulk updates
+    someone made, not bookkeeping (see above). The number of rows updated."""
+    journal = _journal.get()
+    if journal is None or journal.closed:
+        return await query.update(**values)
+    model = query.model
+    pk = model._meta.pk_attr
+    rows = await query.limit(_room(journal) + 1).values(pk, *values)
+    if not rows:  # nothing matches: no UPDATE to send
+        return 0
+    updated = await query.update(**values)
+    for row in rows:
+        changed = [name for name, value in values.items() if row[name] != value]
+        if not changed:
+            continue
+        entry_id = row[pk] if model is InventoryEntry else row.get("entry_id")
+        journal.touched_entry(entry_id)
+        journal.add({
+            "table": model._meta.db_table, "id": row[pk], "op": "update",
+            "before": {name: shown(name, row[name]) for name in changed},
+            "after": {name: shown(name, values[name]) for name in changed},
+        })  # fmt: skip
+    return updated
+
+
+async def journaled_delete(query: QuerySet) -> int:
+    """``query.delete()`` with each row it deletes, and what the database deletes with it, in the current request's
+    record (as a model's delete is; the first ``MAX_CHANGES``, read just before). The number of rows deleted."""
+    journal = _journal.get()
+    if journal is None or journal.closed:
+        return await query.delete()
+    changes: list[dict[str, Any]] = []
+    for row in await query.limit(_room(journal) + 1):
+        if len(changes) <= _room(journal):
+            changes.append(_deletion(row))
+            changes.extend(await _cascade_of(row, None, _room(journal) - len(changes)))
+            _note_entry(journal, row)
+    deleted = await query.delete()
+    for change in changes:
+        journal.add(change)
+    return deleted
+
+
+def journal_emptied(table: str, rows: int) -> None:
+    """Record that every row of ``table`` went (``rows`` of them), as a count: ``DELETE /sql``'s wipe, where the
+    rows themselves would say less than which tables it emptied."""
+    journal = _journal.get()
+    if journal is not None and not journal.closed and rows:
+        journal.add({"table": table, "op": "delete", "rows": rows, "before": None, "after": None})
+
+
+async def journal_created(model: type[Model], ids: Iterable[int], using_db: Any = None) -> None:
+    """Record the rows a bulk insert made (``bulk_create``, which fires no signal and may not give their ids back),
+    read back by ``ids``: each as a create with its fields, the first ``MAX_CHANGES``."""
+    journal = _journal.get()
+    if journal is None or journal.closed:
+        return
+    wanted = sorted(set(ids))[: _room(journal) + 1]
+    rows = await model.filter(pk__in=wanted).using_db(using_db).order_by(model._meta.pk_attr)
+    for row in rows:
+        values = _values(row, _recorded_fields(model))
+        _note_entry(journal, row)
+        after = {name: shown(name, value) for name, value in values.items() if value is not None}
+        journal.add({"table": model._meta.db_table, "id": row.pk, "op": "create", "before": None, "after": after})
 
 
 _load_hook_installed = False
@@ -238,6 +418,7 @@ def watch_models() -> None:
         if model in (AuditRecord, AuditChainStart):
             continue
         model.register_listener(Signals.post_save, _saved)
+        model.register_listener(Signals.pre_delete, _deleting)
         model.register_listener(Signals.post_delete, _deleted)
     if _load_hook_installed:
         return
@@ -294,9 +475,10 @@ def _is_postgres() -> bool:
 
 async def _head(connection: Any) -> tuple[int, str]:
     """The id and hash the next record follows (under the chain's lock)."""
-    head = await AuditRecord.all().using_db(connection).order_by("-id").only("id", "hash").first()
-    if head is not None:
-        return head.id, head.hash
+    # Plain SQL: every record reads it, and building the query through the ORM costs more than running it.
+    rows = await connection.execute_query_dict(HEAD_SQL)
+    if rows:
+        return rows[0]["id"], rows[0]["hash"]
     start = await AuditChainStart.filter(id=1).using_db(connection).first()
     return (start.last_dropped_id, start.last_dropped_hash) if start is not None else (0, GENESIS_HASH)
 
@@ -305,7 +487,8 @@ async def _append_locked(connection: Any, values: dict[str, Any]) -> AuditRecord
     head_id, head_hash = await _head(connection)
     record = AuditRecord(id=head_id + 1, prev_hash=head_hash, **values)
     record.hash = record_hash(record)
-    await record.save(using_db=connection, force_create=True)
+    # Not ``save``: it would read the inserted row's id back, a round trip for an id already given.
+    await AuditRecord.bulk_create([record], using_db=connection)
     return record
 
 
@@ -322,8 +505,9 @@ async def append(
     changes: list[dict[str, Any]] | None = None,
     at: datetime | None = None,
 ) -> AuditRecord:
-    """Append one record at the chain's head, in a short transaction (lock, head, insert) it may share with the
-    records other tasks of this process append at the same moment (``GroupAppender``)."""
+    """Append one record at the chain's head: in the request's own transaction when its route shares its commit with
+    its record (``commits_with_record``), committing both; else in a short transaction (lock, head, insert) it may
+    share with the records other tasks of this process append at the same moment (``GroupAppender``)."""
     values = {
         "at": (at or datetime.now(UTC)).replace(microsecond=0),
         "actor": _clean(actor.name, 255),
@@ -339,6 +523,9 @@ async def append(
         "detail": _clean(detail, MAX_DETAIL_CHARS),
         "changes": canonical_json(changes or []),
     }
+    pending = _request_transaction.get()
+    if pending is not None and pending.owner is asyncio.current_task() and not pending.finished:
+        return await pending.commit_with(values)
     return await _appender().append(values)
 
 
@@ -384,6 +571,112 @@ class GroupAppender:
                     future.set_result(record)
 
 
+# --- a route's change and its record in one commit -----------------------------------------------------------------
+
+
+class ChangeRolledBack(Exception):
+    """The request's change was rolled back: its record could not be written (or committed) with it."""
+
+
+@dataclass
+class RequestTransaction:
+    """The transaction a ``commits_with_record`` route's changes are made in, left open until its record is
+    appended in it (``append``); owned by the request's task, so that a task it started does not append into it."""
+
+    context: Any  # tortoise's transaction context, entered by ``commits_with_record``
+    connection: Any
+    owner: asyncio.Task[Any] | None
+    finished: bool = False
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
+
+    async def commit_with(self, values: dict[str, Any]) -> AuditRecord:
+        self.finished = True
+        try:
+            if _is_postgres():
+                await self.connection.execute_query(CHAIN_LOCK)
+            record = await _append_locked(self.connection, values)
+        except BaseException as error:
+            await self._close(error)
+            if not isinstance(error, Exception):
+                raise
+            raise ChangeRolledBack(
+                f"the change was rolled back: its audit record could not be written ({error})"
+            ) from error
+        try:
+            await self.context.__aexit__(None, None, None)
+        except Exception as error:
+            await self._roll_back_after_failed_commit()
+            raise ChangeRolledBack(f"the change was rolled back: its commit failed ({error})") from error
+        for callback in self.after_commit:
+            callback()
+        return record
+
+    async def roll_back(self, why: BaseException) -> None:
+        """End a transaction its request left open (cancelled, or never recorded): nothing of it stays."""
+        if not self.finished:
+            self.finished = True
+            await self._close(why)
+
+    async def _close(self, error: BaseException) -> None:
+        with contextlib.suppress(Exception):
+            await self.context.__aexit__(type(error), error, error.__traceback__)
+
+    async def _roll_back_after_failed_commit(self) -> None:
+        # SQLite keeps a transaction whose COMMIT failed (busy, I/O error) open on its one connection; the next
+        # BEGIN would otherwise commit what is left of it.
+        raw = getattr(self.connection, "_connection", None)
+        if raw is not None and getattr(raw, "in_transaction", False):
+            with contextlib.suppress(Exception):
+                await raw.rollback()
+
+
+_request_transaction: ContextVar[RequestTransaction | None] = ContextVar("certlm_audit_request_tx", default=None)
+
+
+def commits_with_record(view: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A route's changes and its audit record in one transaction, committed once after the answer is known, not a
+    commit for the change and another for the record (on SQLite the second fsync; on PostgreSQL the second BEGIN
+    and COMMIT). A client that got its answer knows both are durable; a request that fails or is cancelled before
+    its record is written leaves neither.
+
+    Only for routes that change nothing but the database and wait on nothing else: the transaction is held from the
+    view's start (after its body is read and validated) to the record, and on SQLite it holds the only connection,
+    so a route that waited on a device or a PKI there would stall every other request. Nor may such a route start
+    tasks that use the database (they would inherit its transaction). Put it under the route's other decorators."""
+
+    @functools.wraps(view)
+    async def in_one_commit(*args: Any, **kwargs: Any) -> Any:
+        journal = _journal.get()
+        if journal is not None and not journal.closed and _request_transaction.get() is None:
+            context = in_transaction("default")
+            connection = await context.__aenter__()
+            _request_transaction.set(RequestTransaction(context, connection, asyncio.current_task()))
+        return await view(*args, **kwargs)
+
+    return in_one_commit
+
+
+def when_committed(callback: Callable[[], None]) -> None:
+    """Call ``callback`` once the request's change is committed: now, unless a ``commits_with_record`` route's
+    transaction is still open (a scheduler woken before the commit would read the old state)."""
+    pending = _request_transaction.get()
+    if pending is not None and not pending.finished and pending.owner is asyncio.current_task():
+        pending.after_commit.append(callback)
+    else:
+        callback()
+
+
+async def abandon_request_transaction() -> bool:
+    """Roll back a ``commits_with_record`` transaction still open (its record was never appended: the request was
+    cancelled, or the trail failed before it); whether there was one."""
+    pending = _request_transaction.get()
+    if pending is None or pending.owner is not asyncio.current_task() or pending.finished:
+        return False
+    await pending.roll_back(asyncio.CancelledError("the request ended before its audit record was written"))
+    _request_transaction.set(None)
+    return True
+
+
 _appenders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupAppender] = weakref.WeakKeyDictionary()
 
 
@@ -410,6 +703,11 @@ async def record_automated(
     actor = current_actor()
     if not _settings.enabled or actor.kind != "automated":
         return
+    # What the operation changed so far (``journals_automated_work``), taken: a later record of it lists only its own.
+    journal = _journal.get()
+    changes: list[dict[str, Any]] = []
+    if journal is not None and not journal.closed:
+        changes, journal.changes = journal.changes, []
     try:
         await append(
             actor=actor,
@@ -419,6 +717,7 @@ async def record_automated(
             entry_id=entry.id if entry is not None else None,
             device=device_key(entry.server, entry.port) if entry is not None else None,
             detail=detail,
+            changes=changes,
         )
     except Exception:
         log.exception("the audit trail could not record %s by %s", action, actor.name)

@@ -28,6 +28,7 @@ from certlm.foundation.certs import (
 from certlm.foundation.errors import APIError
 from certlm.foundation.secretbox import SecretBox, private_directory, write_private_file
 from certlm.storage.models import TlsServerCertificate
+from certlm.system.audit import journaled_delete
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,8 @@ async def store_pending_certificate(content: Pkcs12Content, secret_box: SecretBo
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     async with in_transaction() as connection:
-        await TlsServerCertificate.filter(pending=True).using_db(connection).delete()
+        # An upload still waiting is replaced: the audit record lists it (its key redacted).
+        await journaled_delete(TlsServerCertificate.filter(pending=True).using_db(connection))
         return await TlsServerCertificate.create(
             certificate_pem=to_pem(content.certificate),
             chain_pem="".join(to_pem(certificate) for certificate in content.chain),

@@ -203,9 +203,26 @@ async def record_request(response: Response) -> Response:
             current_app.add_background_task(_record_later, record, rule)
         else:
             await record()
+    except audit.ChangeRolledBack as error:
+        # A route whose change shares its record's commit (``audit.commits_with_record``): neither was kept, and the
+        # answer must not say the change was made. The failure is recorded on its own.
+        current_app.logger.error("%s %s: %s", request.method, rule, error)
+        try:
+            await record(outcome=audit.FAILED, status=500, detail=str(error), changes=None)
+        except Exception:
+            current_app.logger.exception("the audit trail could not record %s %s", request.method, rule)
+        return Response(json.dumps({"error": str(error)}), status=500, mimetype="application/json")
     except Exception:
         current_app.logger.exception("the audit trail could not record %s %s", request.method, rule)
+        if await audit.abandon_request_transaction():
+            error = "the change was rolled back: its audit record could not be written"
+            return Response(json.dumps({"error": error}), status=500, mimetype="application/json")
     return response
+
+
+@blueprint.teardown_app_request
+async def end_request_transaction(_error: BaseException | None) -> None:
+    await audit.abandon_request_transaction()
 
 
 async def _record_later(record: Callable[[], Awaitable[Any]], rule: str) -> None:

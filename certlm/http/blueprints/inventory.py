@@ -54,6 +54,7 @@ from certlm.pki.entries import PkiCreate, PkiFields, apply_fields
 from certlm.service.host import current_host
 from certlm.storage import MAX_ID
 from certlm.storage.models import CaCertificate, InventoryEntry, PkiEntry
+from certlm.system.audit import commits_with_record
 from certlm.system.settings import MAX_RENEWAL_DAYS
 
 blueprint = Blueprint("inventory", __name__)
@@ -175,6 +176,7 @@ async def import_gds_inventory(query_args: ImportQuery) -> ImportResult:
 @validate_response(InventoryEntryOut)
 @validate_request(GdsEntryIn)
 @answers(NotFound, 409)
+@commits_with_record
 async def update_gds_entry(data: GdsEntryIn) -> InventoryEntryOut:
     """Change the fields given of the GDS entry at ``server`` and ``port``; 404 if there is none."""
     entry = await _store_gds_entry(data, await gds_entry_at(data.server, data.port))

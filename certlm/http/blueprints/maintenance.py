@@ -34,6 +34,7 @@ from certlm.lifecycle.maintenance import (
 from certlm.service.host import current_host
 from certlm.storage import MAX_ID, row_with_id
 from certlm.storage.models import MaintenanceRule, MaintenanceWindow
+from certlm.system.audit import commits_with_record, when_committed
 
 blueprint = Blueprint("maintenance", __name__)
 
@@ -233,8 +234,9 @@ async def _rrule_checked(rule: MaintenanceRule) -> None:
 
 
 def _calendar_changed() -> None:
-    """Let this instance's schedulers see the change now; other instances see it at their next poll."""
-    current_host().schedulers.wake()
+    """Let this instance's schedulers see the change once it is committed; other instances see it at their next
+    poll."""
+    when_committed(current_host().schedulers.wake)
 
 
 def _checked(check: Callable[[Any], None], subject: Any) -> None:
@@ -266,6 +268,7 @@ async def get_window(window_id: str) -> WindowOut:
 @requires_role(OPERATOR)
 @validate_request(WindowCreate)
 @validate_response(WindowOut, 201)
+@commits_with_record
 async def create_window(data: WindowCreate) -> tuple[WindowOut, int]:
     """Create a maintenance window; it has no rules until they are added through ``/maintenance/rule``."""
     zone = zone_named(data.timezone)
@@ -280,6 +283,7 @@ async def create_window(data: WindowCreate) -> tuple[WindowOut, int]:
 @requires_role(OPERATOR)
 @validate_request(WindowUpdate)
 @validate_response(WindowOut)
+@commits_with_record
 async def update_window(window_id: str, data: WindowUpdate) -> WindowOut:
     """Change the given fields of a maintenance window. Naive ``valid_from`` and ``valid_until`` are read in
     the window's time zone, the new one if it changes too; stored moments stay the moments they were."""
@@ -297,6 +301,7 @@ async def update_window(window_id: str, data: WindowUpdate) -> WindowOut:
 @blueprint.delete("/maintenance/inventory/<window_id>")
 @requires_role(OPERATOR)
 @validate_response(WindowOut)
+@commits_with_record
 async def delete_window(window_id: str) -> WindowOut:
     """Delete a maintenance window and its rules; answers with both as they were."""
     window = await _window(parse_id(window_id, "window_id"))

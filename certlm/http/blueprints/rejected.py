@@ -28,6 +28,7 @@ from certlm.lifecycle.rejected import DISMISSED, DecisionConflict, dismiss
 from certlm.service.host import current_host
 from certlm.storage import MAX_ID, row_with_id
 from certlm.storage.models import InventoryEntry, RejectedClient
+from certlm.system.audit import concerns_entry
 
 blueprint = Blueprint("rejected", __name__)
 
@@ -118,6 +119,8 @@ async def _record(rejected_id: str) -> RejectedClient:
     record = await row_with_id(RejectedClient, parse_id(rejected_id, "rejected_id"))
     if record is None:
         raise NotFound(f"rejected certificate {rejected_id} does not exist")
+    # The decision's audit record names the device, a refused one (409) too.
+    concerns_entry(record.entry_id)
     return record
 
 

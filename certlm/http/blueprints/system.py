@@ -12,7 +12,7 @@ from certlm.foundation.actors import ADMIN, VIEWER
 from certlm.foundation.crl_status import CRL_REASONS, CRL_STATUSES
 from certlm.foundation.errors import APIError
 from certlm.foundation.responses import PartialUpdate, Timestamp
-from certlm.http.auth import holds_api_key, requires_role
+from certlm.http.auth import presented_role, requires_role
 from certlm.http.openapi import answers
 from certlm.service.host import current_host
 from certlm.service.info import system_info
@@ -48,10 +48,10 @@ class BackupStatus(BaseModel):
     taken_by: Literal["schedule", "certlm backup"] | None = Field(
         default=None, description="who took it: an instance's schedule, or the certlm backup command"
     )
-    where: list[str] = Field(description="the archive file and its SFTP copy")
+    where: list[str] = Field(description="the archive file and its SFTP copy; only for an admin key")
     size: int | None = Field(description="the archive's size in bytes")
     ok: bool | None = Field(description="whether it was written (and copied); null when none was taken")
-    error: str | None = Field(description="why it failed")
+    error: str | None = Field(description="why it failed; only for an admin key")
     stale: bool = Field(description="none, failed, or older than warn_after_h hours: the dashboard warns")
     warn_after_h: int = Field(description="CERTLM_BACKUP_WARN_AFTER_H")
 
@@ -60,8 +60,8 @@ class RolloverProposalOut(BaseModel):
     """A CA that expires soon while devices depend on it (an extension): make its successor and start a campaign."""
 
     pki_id: int
-    name: str | None = Field(description="the PKI entry's name; only for a caller with the API key")
-    ca_subject: str | None = Field(description="the expiring CA certificate's subject; only with the API key")
+    name: str | None = Field(description="the PKI entry's name; only for a caller with a key (any role)")
+    ca_subject: str | None = Field(description="the expiring CA certificate's subject; only with a key (any role)")
     expires: Timestamp
     days_left: int
     devices: int = Field(description="active devices enrolled from the entry")
@@ -72,10 +72,28 @@ def _anonymous_proposal_view(proposal: dict) -> dict:
     return {**proposal, "name": None, "ca_subject": None}
 
 
-def _anonymous_backup_view(status: dict) -> dict:
-    # Paths and the SFTP user@host tell an anonymous caller how the plant keeps its backups: for key holders only.
-    withheld = "send the API key to see why" if status.get("error") else None
-    return {**status, "where": [], "error": withheld}
+def _backup_view_without_where(status: dict, why: str) -> dict:
+    # Where the archives go (paths, the SFTP account's user@host) and why a backup failed (which names them) tell how
+    # the plant keeps its data: backups are the administrator's (CERTLM_BACKUP_*, certlm backup and restore).
+    return {**status, "where": [], "error": why if status.get("error") else None}
+
+
+def system_info_for(info: dict, role: str | None) -> dict:
+    """What ``GET /systeminfo`` shows a caller of ``role`` (None: no key, or a wrong, deleted or expired one).
+    admin (the spec's key or a named admin key): everything. operator and viewer: the rollover proposals with the PKI
+    entries' names and CA subjects (``GET /pki/inventory`` shows them those anyway), the last backup's time, size,
+    outcome and staleness but not where the archives are nor why it failed. Anyone else: the proposals without names
+    and the backup as operator and viewer see it. Nothing here is a secret (no key, password or token is part of the
+    answer); the rest is the spec's and the same for everyone."""
+    if role == ADMIN:
+        return info
+    shown = dict(info)
+    if shown.get("last_backup"):
+        why = "send the API key to see why" if role is None else "a key with the admin role sees why"
+        shown["last_backup"] = _backup_view_without_where(shown["last_backup"], why)
+    if role is None:
+        shown["ca_rollover_proposals"] = [_anonymous_proposal_view(p) for p in shown["ca_rollover_proposals"]]
+    return shown
 
 
 class SystemInfo(BaseModel):
@@ -175,16 +193,13 @@ class CrlSystemInfo(BaseModel):
 @validate_response(SystemInfo)
 @answers(500)
 async def get_system_info() -> SystemInfo:
-    """System information and scheduler settings. Open: needs no API key; without it, ``last_backup`` does not say
-    where the archives are nor why a backup failed, and ``ca_rollover_proposals`` names no PKI entry or CA."""
+    """System information and scheduler settings. Open: needs no API key. Only an admin key (the spec's or a named
+    one) sees where ``last_backup``'s archives are and why a backup failed; without a key, ``ca_rollover_proposals``
+    name no PKI entry or CA (any role's key sees them)."""
     host = current_host()
     try:
         info = await system_info(host.schedulers, host.schema_version, host.settings, host.runtime)
-        if not holds_api_key(host.api_key):
-            if info.get("last_backup"):
-                info["last_backup"] = _anonymous_backup_view(info["last_backup"])
-            info["ca_rollover_proposals"] = [_anonymous_proposal_view(p) for p in info["ca_rollover_proposals"]]
-        return SystemInfo(**info)
+        return SystemInfo(**system_info_for(info, await presented_role()))
     except APIError:
         raise
     except Exception as error:

@@ -177,6 +177,13 @@ class SimulatedDevice:
         return self._started_iserver().sessions_created
 
     @property
+    def trust_list_changes(self) -> int:
+        """Trust lists taken into use since the device started (a write's CloseAndUpdate or ApplyChanges, an
+        AddCertificate or RemoveCertificate)."""
+        assert self._push is not None, "the device has not been started"
+        return self._push.trust_list_changes
+
+    @property
     def endpoint_requests(self) -> int:
         """GetEndpoints requests answered since the device started."""
         return self._started_iserver().endpoint_requests

@@ -130,6 +130,8 @@ class PushManagement:
         self._csr_key: rsa.RSAPrivateKey | None = None
         self._files: dict[int, _OpenFile] = {}
         self._last_handle = 0
+        # How a test counts the writes that reached the device (two operators approving at once: one write).
+        self.trust_list_changes = 0
 
     async def install(self) -> None:
         """Publish the ServerConfiguration and TrustList properties and bind the methods."""
@@ -673,6 +675,7 @@ class PushManagement:
     # Address space
 
     async def _set_trust_list(self, trust_list: TrustList) -> None:
+        self.trust_list_changes += 1
         self._state.trust_list = trust_list
         self._state.trust_list_updated = datetime.now(UTC)
         self._store.save_trust_list(trust_list)

@@ -1,0 +1,166 @@
+"""What the audit trail costs, and what sharing a commit keeps: a route that commits its change with its record
+(``audit.commits_with_record``) makes one commit per request, trail and all; when its record cannot be written, the
+change is rolled back with it (neither lands, the answer is 500, the failure is recorded on its own) on SQLite and on
+PostgreSQL; other requests, and later ones, go on."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from tortoise import connections
+
+from tests.support import InProcessApp, LicenseKeys, RunningService
+
+DEVICE = {"server": "127.0.0.1", "port": 4870}
+WINDOW = {"name": "Sunday", "status": "active", "window_type": "one_time", "timezone": "UTC"}
+
+
+async def statements_of(app: InProcessApp, method: str, path: str, body: object) -> tuple[int, list[str]]:
+    """One call, and the statements SQLite ran for it (SQLite's own trace of the connection), each as its first word
+    and, for a write, its table."""
+    raw = connections.get("default")._connection  # aiosqlite's: its sqlite3 connection lives in aiosqlite's thread
+    seen: list[str] = []
+
+    def traced(statement: str) -> None:
+        words = statement.replace('"', "").split()
+        verb = words[0].upper()
+        table = {"INSERT": 2, "UPDATE": 1, "DELETE": 2}.get(verb)
+        seen.append(f"{verb} {words[table]}" if table is not None else verb)
+
+    await raw._execute(raw._conn.set_trace_callback, traced)
+    try:
+        status, _ = await app.call(method, path, body)
+    finally:
+        await raw._execute(raw._conn.set_trace_callback, None)
+    return status, seen
+
+
+def one_commit(seen: list[str]) -> list[str]:
+    """The writes of one transaction (its single BEGIN ... COMMIT), none outside it (each an autocommit: a commit of
+    its own)."""
+    assert seen.count("BEGIN") == 1 and seen.count("COMMIT") == 1, seen
+    begin, commit = seen.index("BEGIN"), seen.index("COMMIT")
+    writes = [s for s in seen if s.split()[0] in ("INSERT", "UPDATE", "DELETE")]
+    inside = [s for s in seen[begin:commit] if s.split()[0] in ("INSERT", "UPDATE", "DELETE")]
+    assert writes == inside, seen
+    return inside
+
+
+async def test_a_change_and_its_record_share_one_commit(in_process: InProcessApp) -> None:
+    app = in_process
+    status, body = await app.call(
+        "POST", "/gds/inventory/user", {**DEVICE, "userinfo_name": "u", "userinfo_password": "p"}
+    )
+    assert status == 200, body
+    async with app.context():
+        status, seen = await statements_of(app, "PATCH", "/gds/inventory", {**DEVICE, "name": "press 1"})
+        assert status == 200
+        # The entry's update and the record's insert in one transaction: one COMMIT (on SQLite one fsync).
+        writes = one_commit(seen)
+        assert "UPDATE inventory_entry" in writes and writes[-1] == "INSERT audit_record", seen
+        status, seen = await statements_of(app, "POST", "/maintenance/inventory", WINDOW)
+        assert status == 201
+        assert one_commit(seen) == ["INSERT maintenance_window", "INSERT audit_record"], seen
+        window_id = (await app.call("GET", "/maintenance/inventory"))[1][-1]["id"]
+        status, seen = await statements_of(app, "DELETE", f"/maintenance/inventory/{window_id}", None)
+        assert status == 200
+        assert one_commit(seen)[-1] == "INSERT audit_record", seen
+    status, records = await app.call("GET", "/audit?action=PATCH")
+    assert status == 200
+    assert records["records"][-1]["changes"][0]["after"] == {"name": "press 1"}
+
+
+def refuse_records_sql(engine: str, action: str) -> list[str]:
+    """A trigger that makes the database refuse the successful records of ``action`` (a real failure of the record's
+    insert, in the same transaction as the change)."""
+    if engine == "sqlite":
+        return [
+            f"CREATE TRIGGER refuse_record BEFORE INSERT ON audit_record "
+            f"WHEN NEW.action = '{action}' AND NEW.outcome = 'ok' BEGIN SELECT RAISE(ABORT, 'record refused'); END"
+        ]
+    return [
+        "CREATE FUNCTION refuse_record() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"IF NEW.action = '{action}' AND NEW.outcome = 'ok' THEN RAISE EXCEPTION 'record refused'; END IF; "
+        "RETURN NEW; END $$",
+        "CREATE TRIGGER refuse_record BEFORE INSERT ON audit_record FOR EACH ROW EXECUTE FUNCTION refuse_record()",
+    ]
+
+
+def run_sql(service: RunningService, postgres, statements: list[str]) -> None:
+    if service.database_url is None:
+        with closing(sqlite3.connect(service.data_dir / "certlm.sqlite3", timeout=10)) as db:
+            for statement in statements:
+                db.execute(statement)
+            db.commit()
+    else:
+        for statement in statements:
+            postgres.query(service.database_url, statement)
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+async def test_when_the_record_cannot_be_written_the_change_is_rolled_back_with_it(
+    engine: str, tmp_path: Path, license_keys: LicenseKeys, request: pytest.FixtureRequest
+) -> None:
+    postgres = request.getfixturevalue("postgres") if engine == "postgresql" else None
+    database_url = postgres.create_database() if postgres is not None else None
+    service = RunningService(tmp_path / "data", license_keys, database_url)
+    service.data_dir.mkdir(parents=True)
+    await service.start()
+    try:
+        await service.install_license(license_keys.issue())
+        async with service.client() as api:
+            created = await api.post("/gds/inventory", json=DEVICE)
+            assert created.status_code == 200, created.text
+            window = await api.post("/maintenance/inventory", json=WINDOW)
+            assert window.status_code == 201, window.text
+            run_sql(service, postgres, refuse_records_sql(engine, "PATCH /gds/inventory"))
+            run_sql(service, postgres, [s.replace("refuse_record", "refuse_window") for s in refuse_records_sql(
+                engine, "DELETE /maintenance/inventory/<window_id>")])  # fmt: skip
+
+            answer = await api.patch("/gds/inventory", json={**DEVICE, "name": "never kept"})
+            assert answer.status_code == 500, answer.text
+            assert "rolled back" in answer.json()["error"] and "record refused" in answer.json()["error"]
+            entry = await api.get("/gds/inventory/127.0.0.1:4870")
+            assert entry.status_code == 200 and entry.json()["name"] != "never kept", entry.text
+
+            gone = await api.delete(f"/maintenance/inventory/{window.json()['id']}")
+            assert gone.status_code == 500, gone.text
+            kept = await api.get(f"/maintenance/inventory/{window.json()['id']}")
+            assert kept.status_code == 200, kept.text  # the delete was rolled back with its record
+
+            # Each attempt is recorded as what the client saw: a failure that changed nothing.
+            trail = (await api.get("/audit")).json()["records"]
+            failed = [r for r in trail if r["outcome"] == "failed"]
+            assert [(r["action"], r["status"], r["changes"]) for r in failed] == [
+                ("PATCH /gds/inventory", 500, []),
+                ("DELETE /maintenance/inventory/<window_id>", 500, []),
+            ], failed
+            assert "rolled back" in failed[0]["detail"]
+
+            # The service goes on: other writes, and the same write once records can be written again.
+            other = await api.post("/maintenance/inventory", json={**WINDOW, "name": "Monday"})
+            assert other.status_code == 201, other.text
+            drop = ["DROP TRIGGER refuse_record" + ("" if engine == "sqlite" else " ON audit_record")]
+            run_sql(service, postgres, drop)
+            answer = await api.patch("/gds/inventory", json={**DEVICE, "name": "kept"})
+            assert answer.status_code == 200, answer.text
+            assert (await api.get("/gds/inventory/127.0.0.1:4870")).json()["name"] == "kept"
+        result = verify_audit_chain(service)
+        assert result.returncode == 0 and "intact" in result.stdout, result.stdout + result.stderr
+    finally:
+        await service.stop()
+
+
+def verify_audit_chain(service: RunningService) -> subprocess.CompletedProcess:
+    """``certlm audit verify`` on the service's database, in its own process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CERTLM_")}
+    where = ["--database-url", service.database_url] if service.database_url else ["--data-dir", str(service.data_dir)]
+    return subprocess.run(
+        [sys.executable, "-m", "certlm", "audit", "verify", *where], env=env, capture_output=True, text=True, timeout=60
+    )
