@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
+from certlm import APIError, DeviceTarget
 from certlm.contracts.enrollment import Enrollment
 from certlm.http.app import create_app
 from certlm.storage import close_storage, open_storage
@@ -413,3 +414,35 @@ async def test_each_instance_keeps_the_identity_in_memory_and_reads_it_again_soo
             return (await identity.client_identity(services)).certificate == first.certificate
 
         await eventually(back_to_the_first, "the identity read again", 10)
+
+
+async def test_a_device_refusing_the_identity_in_memory_has_it_read_again_at_the_next_session(
+    in_process: InProcessApp, simulated_device: StartDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another instance renewed certlm's client certificate and a device now trusts only the new one: this instance,
+    still presenting the old one from memory, is refused once and presents the new one at its very next session
+    (not only after the identity's refresh interval, here an hour)."""
+    services = in_process.host.services
+    monkeypatch.setattr(identity, "REFRESH_S", 3600.0)
+    async with in_process.context():
+        first = await identity.client_identity(services)
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        san = first.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        renewed = identity._self_signed(key, first.certificate.subject, san)
+        key_der = key.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        await OpcUaClientIdentity.filter(id=1).update(
+            certificate_der=der(renewed), private_key_enc=services.secrets.encrypt(key_der)
+        )
+    # The device trusts only the renewed certificate and offers only secure endpoints.
+    device = await simulated_device(auto_accept=False, trusted_client_certificates=(der(renewed),))
+    driver = in_process.host.runtime.drivers.get("gds-push-generic")
+    target = DeviceTarget(entry_id=None, server="127.0.0.1", port=device.config.port, url=device.url)
+    async with in_process.context():
+        with pytest.raises(APIError) as refused:
+            await driver.read_certificate(target, secure_session=True)
+        assert "BadSecurityChecksFailed" in str(refused.value) or "client certificate" in str(refused.value)
+        reading = await driver.read_certificate(target, secure_session=True)
+    assert reading.certificate is not None
+    assert (await identity.client_identity(services)).certificate == renewed

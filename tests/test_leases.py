@@ -64,26 +64,6 @@ async def test_a_device_another_instance_works_on_answers_409_after_the_wait(ent
     assert (await DeviceSchedule.get(entry_id=entry_id)).lease_holder is None
 
 
-async def test_columns_set_on_release_are_written_as_the_lease_ends(entry_id: int) -> None:
-    """An operator's push resets the renewal state with the release's UPDATE (``Claim.set_on_release``); a block
-    inside another one's lease (a push the scheduler started) writes them itself as it ends."""
-    first = await try_claim(entry_id, holder="instance-a")  # the entry's first claim makes its row, holding the lease
-    assert first is not None and (await DeviceSchedule.get(entry_id=entry_id)).lease_holder == "instance-a"
-    await leases.release(entry_id, holder="instance-a", renewal_failures=2)
-    assert (await DeviceSchedule.get(entry_id=entry_id)).renewal_failures == 2
-    async with device_lease(entry_id, wait_s=0.5) as claim:
-        claim.set_on_release(renewal_failures=0)
-        assert (await DeviceSchedule.get(entry_id=entry_id)).renewal_failures == 2, "not before the lease ends"
-    row = await DeviceSchedule.get(entry_id=entry_id)
-    assert row.renewal_failures == 0 and row.lease_holder is None and row.lease_until is None
-    async with device_lease(entry_id, wait_s=0.5):
-        async with device_lease(entry_id, wait_s=0) as inner:
-            inner.set_on_release(renewal_failures=5)
-        row = await DeviceSchedule.get(entry_id=entry_id)
-        assert row.renewal_failures == 5 and row.lease_holder is not None, "the outer block still holds the lease"
-    assert (await DeviceSchedule.get(entry_id=entry_id)).lease_holder is None
-
-
 async def test_callers_in_one_instance_queue_for_the_device(entry_id: int) -> None:
     order = []
 

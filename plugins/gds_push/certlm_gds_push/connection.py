@@ -318,10 +318,12 @@ async def open_session(
     timeouts: DeviceTimeouts,
     security: SessionSecurity = SessionSecurity.ANY,
     check_server: ServerCheck | None = None,
+    on_client_rejected: Callable[[], None] | None = None,
 ) -> AsyncIterator[DeviceSession]:
     """A session on the strongest endpoint the entry's masks allow, as certlm's client application and the entry's
     user. With ``SessionSecurity.ANY`` a device that rejects certlm's client certificate is read without security
-    instead, when the masks allow that."""
+    instead, when the masks allow that. ``on_client_rejected`` is called when the device rejects the client
+    certificate, whether the session then goes on without security or fails."""
     endpoints = usable_endpoints(await server_endpoints(target.url, timeouts), target, security)
     attempts = endpoints[:1]
     if security is SessionSecurity.ANY and endpoints[0].secure and not endpoints[-1].secure:
@@ -336,6 +338,8 @@ async def open_session(
         except Exception as error:
             if not _client_rejected(error):
                 raise
+            if on_client_rejected is not None:
+                on_client_rejected()
             if attempt + 1 == len(attempts):
                 raise client_not_trusted(identity, error) from error
             log.info(

@@ -134,8 +134,19 @@ class GdsPushDriver(DeviceDriver):
         security: SessionSecurity = SessionSecurity.ANY,
         check_server: ServerCheck | None = None,
     ) -> AsyncIterator[DeviceSession]:
-        """A session with the device as certlm's client application and the entry's user."""
-        async with open_session(target, await self.client_identity(), self.timeouts, security, check_server) as session:
+        """A session with the device as certlm's client application and the entry's user. A device that rejects
+        certlm's client certificate has certlm read its identity again at the next session, not only once the
+        identity's refresh interval has passed: another instance may have renewed it (a campaign moving certlm to a
+        new issuer), and the device trusts only the new one."""
+        identity_now = await self.client_identity()
+        async with open_session(
+            target,
+            identity_now,
+            self.timeouts,
+            security,
+            check_server,
+            on_client_rejected=lambda: identity.forget_client_identity(self.services),
+        ) as session:
             yield session
 
     @asynccontextmanager
