@@ -376,6 +376,23 @@ async def test_instances_on_one_postgresql_renew_certlms_client_certificate_once
     assert len({outcome["sha1"] for outcome in outcomes}) == 1, "every instance presents the one renewed certificate"
 
 
+async def renewed_by_another_instance(
+    services: Any, first: identity.ClientIdentity
+) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
+    """certlm's client certificate renewed (a new key, the same subject and names) and stored as another instance
+    would: the row changes under this one's identity in memory."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    san = first.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    renewed = identity._self_signed(key, first.certificate.subject, san)
+    key_der = key.private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    await OpcUaClientIdentity.filter(id=1).update(
+        certificate_der=der(renewed), private_key_enc=services.secrets.encrypt(key_der)
+    )
+    return renewed, key
+
+
 async def test_each_instance_keeps_the_identity_in_memory_and_reads_it_again_soon_or_after_a_refusal(
     in_process: InProcessApp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -384,15 +401,7 @@ async def test_each_instance_keeps_the_identity_in_memory_and_reads_it_again_soo
     async with in_process.context():
         first = await identity.client_identity(services)
         # Another instance renews it: the row changes under this one.
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        san = first.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        renewed = identity._self_signed(key, first.certificate.subject, san)
-        key_der = key.private_bytes(
-            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        await OpcUaClientIdentity.filter(id=1).update(
-            certificate_der=der(renewed), private_key_enc=services.secrets.encrypt(key_der)
-        )
+        renewed, key = await renewed_by_another_instance(services, first)
         assert (await identity.client_identity(services)).certificate == first.certificate, "kept in memory"
         # A device refused the one in memory: the next session reads it again.
         identity.forget_client_identity(services)
@@ -426,15 +435,7 @@ async def test_a_device_refusing_the_identity_in_memory_has_it_read_again_at_the
     monkeypatch.setattr(identity, "REFRESH_S", 3600.0)
     async with in_process.context():
         first = await identity.client_identity(services)
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        san = first.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        renewed = identity._self_signed(key, first.certificate.subject, san)
-        key_der = key.private_bytes(
-            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        await OpcUaClientIdentity.filter(id=1).update(
-            certificate_der=der(renewed), private_key_enc=services.secrets.encrypt(key_der)
-        )
+        renewed, _ = await renewed_by_another_instance(services, first)
     # The device trusts only the renewed certificate and offers only secure endpoints.
     device = await simulated_device(auto_accept=False, trusted_client_certificates=(der(renewed),))
     driver = in_process.host.runtime.drivers.get("gds-push-generic")
