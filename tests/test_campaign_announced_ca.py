@@ -107,6 +107,27 @@ async def est_plant(in_process: InProcessApp, simulated_device: StartDevice, ser
     pki_id = created["pki_id"]
     status, validated = await request(in_process, "GET", f"/pki/exec/validate/{pki_id}")
     assert status == 200, validated
+    return pki_id, await onboarded_from(in_process, simulated_device, pki_id, server.ca_certificates[0])
+
+
+async def cmp_plant(
+    in_process: InProcessApp, simulated_device: StartDevice, address: str, issuer: x509.Certificate
+) -> tuple[int, list]:
+    """A CMP PKI entry at ``address`` and a plant of devices onboarded from it (``issuer`` the CA they trust), after
+    an internal CA that issues certlm's own client certificate, as in ``est_plant``."""
+    await create_internal_ca(in_process, "certlm client CA")
+    status, created = await request(in_process, "POST", "/pki/inventory", {
+        "pki_type": 3, "name": "plant CMP", "pki_connection": address, "username": CMP_REFERENCE,
+        "password": CMP_SECRET,
+    })  # fmt: skip
+    assert status == 200, created
+    return created["pki_id"], await onboarded_from(in_process, simulated_device, created["pki_id"], issuer)
+
+
+async def onboarded_from(
+    in_process: InProcessApp, simulated_device: StartDevice, pki_id: int, issuer: x509.Certificate
+) -> list:
+    """The plant's devices, each registered with PKI entry ``pki_id`` and onboarded from it, ``issuer`` trusted."""
     devices = []
     for _ in range(PLANT_SIZE):
         device = await simulated_device()
@@ -114,9 +135,9 @@ async def est_plant(in_process: InProcessApp, simulated_device: StartDevice, ser
             in_process, "POST", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port, "pki": pki_id}
         )
         assert status == 200, body
-        await assert_pushed(await push(in_process, device, issuer=True), device, issuer=server.ca_certificates[0])
+        await assert_pushed(await push(in_process, device, issuer=True), device, issuer=issuer)
         devices.append(device)
-    return pki_id, devices
+    return devices
 
 
 async def campaign_state(in_process: InProcessApp, campaign_id: int) -> dict[str, Any]:
@@ -334,23 +355,7 @@ async def test_a_rollover_to_the_root_a_cmp_ca_announced_keeps_every_device_trus
     answer = RootCaKeyUpdateAnswer(refusing(issuing.handle, {"kur"}, http_error()), CMP_SECRET, old.certificate.subject)
     relay = await HttpRelay(answer).start()
     try:
-        await create_internal_ca(in_process, "certlm client CA")
-        status, created = await request(in_process, "POST", "/pki/inventory", {
-            "pki_type": 3, "name": "plant CMP", "pki_connection": relay.address, "username": CMP_REFERENCE,
-            "password": CMP_SECRET,
-        })  # fmt: skip
-        assert status == 200, created
-        pki_id = created["pki_id"]
-        devices = []
-        for _ in range(PLANT_SIZE):
-            device = await simulated_device()
-            status, body = await request(
-                in_process, "POST", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port,
-                                                       "pki": pki_id},
-            )  # fmt: skip
-            assert status == 200, body
-            await assert_pushed(await push(in_process, device, issuer=True), device, issuer=old.certificate)
-            devices.append(device)
+        pki_id, devices = await cmp_plant(in_process, simulated_device, relay.address, old.certificate)
         answer.update = update = RootKeyUpdate.of(old, "Plant CMP CA G2")
         new_root = update.new.certificate
 
@@ -410,23 +415,7 @@ async def test_a_rollover_to_a_new_issuing_ca_a_cmp_ca_hands_out_keeps_the_share
     )
     relay = await HttpRelay(answer).start()
     try:
-        await create_internal_ca(in_process, "certlm client CA")
-        status, created = await request(in_process, "POST", "/pki/inventory", {
-            "pki_type": 3, "name": "plant CMP", "pki_connection": relay.address, "username": CMP_REFERENCE,
-            "password": CMP_SECRET,
-        })  # fmt: skip
-        assert status == 200, created
-        pki_id = created["pki_id"]
-        devices = []
-        for _ in range(PLANT_SIZE):
-            device = await simulated_device()
-            status, body = await request(
-                in_process, "POST", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port,
-                                                       "pki": pki_id},
-            )  # fmt: skip
-            assert status == 200, body
-            await assert_pushed(await push(in_process, device, issuer=True), device, issuer=first.certificate)
-            devices.append(device)
+        pki_id, devices = await cmp_plant(in_process, simulated_device, relay.address, first.certificate)
         assert strict_refusals(devices, [first.certificate]) == []
         answer.ca_certs = [first.certificate, second.certificate, root.certificate]
 
