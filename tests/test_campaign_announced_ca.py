@@ -7,9 +7,8 @@ the new root, trust first. The trust lists and presented certificates are sample
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from tests.plugins.pki_cmp.cmp_server import (
 )
 from tests.plugins.pki_est.est_server import EstTestServer
 from tests.support import InProcessApp
-from tests.test_campaigns import PLANT_SIZE, der, finished, invariant_breaks, sampling
+from tests.test_campaigns import PLANT_SIZE, der, finished, invariant_breaks, sampled, sampling
 
 
 def strict_refusals(devices: list, old_cas: list[x509.Certificate]) -> list[str]:
@@ -53,24 +52,9 @@ def strict_refusals(devices: list, old_cas: list[x509.Certificate]) -> list[str]
     ]
 
 
-@asynccontextmanager
-async def strict_sampling(devices: list, old_cas: list[x509.Certificate]) -> AsyncIterator[list[list[str]]]:
+def strict_sampling(devices: list, old_cas: list[x509.Certificate]) -> AbstractAsyncContextManager[list[list[str]]]:
     """``strict_refusals`` every 20 ms until the block ends; yields the samples."""
-    samples: list[list[str]] = []
-    stop = asyncio.Event()
-
-    async def sample() -> None:
-        while not stop.is_set():
-            samples.append(strict_refusals(devices, old_cas))
-            with suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.02)
-
-    task = asyncio.create_task(sample())
-    try:
-        yield samples
-    finally:
-        stop.set()
-        await task
+    return sampled(lambda: strict_refusals(devices, old_cas))
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ sampled throughout the campaign, and the invariant is asserted at every sample."
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any
 
 import pytest
@@ -46,14 +47,14 @@ def invariant_breaks(devices: list[Any]) -> list[str]:
 
 
 @asynccontextmanager
-async def sampling(devices: list[Any]):
-    """Samples the invariant every 20 ms until the block ends; yields the list of samples (each a list of breaks)."""
+async def sampled(check: Callable[[], list[str]]) -> AsyncIterator[list[list[str]]]:
+    """Calls ``check`` every 20 ms until the block ends; yields the list of samples (each what ``check`` found)."""
     samples: list[list[str]] = []
     stop = asyncio.Event()
 
     async def sample() -> None:
         while not stop.is_set():
-            samples.append(invariant_breaks(devices))
+            samples.append(check())
             # The next sample in 20 ms, or none once the block ended.
             with suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.02)
@@ -64,6 +65,11 @@ async def sampling(devices: list[Any]):
     finally:
         stop.set()
         await task
+
+
+def sampling(devices: list[Any]) -> AbstractAsyncContextManager[list[list[str]]]:
+    """Samples the invariant every 20 ms until the block ends; yields the list of samples (each a list of breaks)."""
+    return sampled(lambda: invariant_breaks(devices))
 
 
 async def plant(in_process: InProcessApp, simulated_device: StartDevice) -> tuple[InternalCa, InternalCa, list]:
