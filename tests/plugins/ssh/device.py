@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import fcntl
 import functools
 import os
 import pwd
@@ -43,16 +44,29 @@ def running_as_root() -> bool:
     return os.geteuid() == 0
 
 
+# The test user's password, shared by every test process on this machine (root only, 0600): a second suite or a
+# benchmark running at the same time must not change the password under a bed of the first.
+PASSWORD_FILE = Path("/var/tmp/certlm-ssh-test-user.password")
+
+
 @functools.cache
 def test_user_password() -> str:
-    """The test user, made when missing, with a random password (``chpasswd``) set once per process, so that a bed
-    started later does not change the password of a bed still running; root only."""
+    """The test user, made when missing, with the machine's test password (made once, under a lock, kept in
+    ``PASSWORD_FILE``) set with ``chpasswd``: every process sets the same one, so none locks out another's beds."""
     if subprocess.run(["id", TEST_USER], capture_output=True).returncode != 0:
         subprocess.run(
-            ["useradd", "--no-create-home", "--home-dir", "/tmp", "--shell", "/bin/sh", TEST_USER], check=True
+            ["useradd", "--no-create-home", "--home-dir", "/tmp", "--shell", "/bin/sh", TEST_USER],
+            capture_output=True,  # a process that lost the race to make the user is told it exists
         )
-    password = secrets.token_urlsafe(16)
-    subprocess.run(["chpasswd"], input=f"{TEST_USER}:{password}\n", text=True, check=True)
+    descriptor = os.open(PASSWORD_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(descriptor, "r+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        password = file.read().strip()
+        if not password:
+            password = secrets.token_urlsafe(16)
+            file.write(password)
+            file.flush()
+        subprocess.run(["chpasswd"], input=f"{TEST_USER}:{password}\n", text=True, check=True)
     return password
 
 
