@@ -5,9 +5,11 @@ and add what only those need."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -41,6 +43,35 @@ def pytest_configure(config: pytest.Config) -> None:
         ],
         check=True,
     )
+
+
+# A test still running this long before pytest-timeout fails it has its event loop's tasks printed with their stacks
+# (in the test's captured stderr): the thread stacks pytest-timeout prints show only an idle loop when a task awaits
+# something that never comes.
+TASK_DUMP_BEFORE_TIMEOUT_S = 30
+
+
+def _print_tasks() -> None:
+    print(f"--- {len(asyncio.all_tasks())} asyncio tasks, a test about to time out ---", file=sys.stderr)
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    timeout = item.config.getini("timeout")
+    loop = asyncio.get_event_loop_policy().get_event_loop()
+    watchdog = None
+    if timeout and float(timeout) > TASK_DUMP_BEFORE_TIMEOUT_S:
+        due = float(timeout) - TASK_DUMP_BEFORE_TIMEOUT_S
+        watchdog = threading.Timer(due, lambda: loop.is_closed() or loop.call_soon_threadsafe(_print_tasks))
+        watchdog.daemon = True
+        watchdog.start()
+    try:
+        return (yield)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
 
 
 @pytest.fixture(autouse=True)
