@@ -232,9 +232,18 @@ async def push_once(
         request = replace(request, trust_on_first_use=False, pinned_certificate=to_der(run.presented_certificate))
     async with AsyncExitStack() as connection:
         async with run.step("connect") as note:
-            session = await connection.enter_async_context(
-                driver.session(target, SessionSecurity.ENCRYPTED, known_device_check(request, issued))
-            )
+
+            def open_session() -> Awaitable[DeviceSession]:
+                check = known_device_check(request, issued)
+                return connection.enter_async_context(driver.session(target, SessionSecurity.ENCRYPTED, check))
+
+            if progress.update_sent:
+                # The device may have taken the update in and be reopening its endpoints with it (ApplyChanges
+                # closes every channel a moment later): a session opened on the endpoints it announced before then
+                # fails its security checks. Reconnect until it answers, as the verification does.
+                session = await once_back(driver.timeouts, open_session)
+            else:
+                session = await open_session()
             if run.presented_certificate is None:
                 run.presented_certificate = session.server_certificate
             note.message = (
