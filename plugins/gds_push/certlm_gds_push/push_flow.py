@@ -116,6 +116,23 @@ async def once_back(timeouts: DeviceTimeouts, attempt: Callable[[], Awaitable[_T
         await asyncio.sleep(delay)
 
 
+async def past_a_reopening(timeouts: DeviceTimeouts, open_session: Callable[[], Awaitable[_T]]) -> _T:
+    """``open_session()`` for a try after the update was sent: the device may have taken it in and be reopening its
+    endpoints with the new certificate (ApplyChanges closes every channel a moment later), and a session begun on
+    the endpoints it announced before fails the device's security checks (BadSecurityChecksFailed). That failure is
+    tried again, paused as the verification's, within the operation time-out; any other ends the try as before."""
+    deadline = time.monotonic() + timeouts.operation_s
+    delays = verify_retry_delays()
+    while True:
+        try:
+            return await open_session()
+        except Exception as error:
+            delay = next(delays)
+            if status_name(error) != "BadSecurityChecksFailed" or time.monotonic() + delay > deadline:
+                raise
+        await asyncio.sleep(delay)
+
+
 @runtime_checkable
 class PushDriver(Protocol):
     """What the flow asks of the driver it runs for: ``GdsPushDriver``, whose subclasses are the device- and
@@ -237,11 +254,8 @@ async def push_once(
                 check = known_device_check(request, issued)
                 return connection.enter_async_context(driver.session(target, SessionSecurity.ENCRYPTED, check))
 
-            if progress.update_sent:
-                # The device may have taken the update in and be reopening its endpoints with it (ApplyChanges
-                # closes every channel a moment later): a session opened on the endpoints it announced before then
-                # fails its security checks. Reconnect until it answers, as the verification does.
-                session = await once_back(driver.timeouts, open_session)
+            if progress.update_sent:  # the device may be reopening its endpoints with what it took in
+                session = await past_a_reopening(driver.timeouts, open_session)
             else:
                 session = await open_session()
             if run.presented_certificate is None:
