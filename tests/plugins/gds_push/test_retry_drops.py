@@ -18,7 +18,7 @@ from certlm_opcua_simulator import SimulatorConfig
 from certlm_opcua_simulator.cli import parse_arguments
 from certlm_opcua_simulator.config import DROP_STEPS, DropPoint
 
-from certlm import PushFailed, PushRequest, UpstreamUnavailable
+from certlm import DeviceTimeouts, PushFailed, PushRequest, UpstreamUnavailable
 from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target
 
@@ -121,3 +121,36 @@ def test_the_command_line_takes_a_drop_point_and_refuses_a_bad_one(
         assert "drop" in capsys.readouterr().err
     with pytest.raises(ValueError, match="drop step"):
         SimulatorConfig(state_dir=tmp_path, drop_at="verify")
+
+
+async def test_a_try_after_the_update_opens_its_session_past_the_devices_reopening() -> None:
+    """A device that took the update in reopens its endpoints with the new certificate: a session begun on the ones it
+    announced before fails its security checks, and is opened again (within the operation time-out). Any other
+    failure ends the try at once, and so does BadSecurityChecksFailed once the time is spent."""
+    timeouts = DeviceTimeouts(connect_s=1.0, operation_s=5.0)
+    failures = [DeviceError("channel refused", "BadSecurityChecksFailed")] * 2
+
+    async def reopening() -> str:
+        if failures:
+            raise failures.pop()
+        return "session"
+
+    assert await push_flow.past_a_reopening(timeouts, reopening) == "session"
+    assert failures == []
+
+    calls = 0
+
+    async def down() -> str:
+        nonlocal calls
+        calls += 1
+        raise DeviceError("connection refused", "BadNotConnected")
+
+    with pytest.raises(DeviceError, match="connection refused"):
+        await push_flow.past_a_reopening(timeouts, down)
+    assert calls == 1
+
+    async def refusing() -> str:
+        raise DeviceError("channel refused", "BadSecurityChecksFailed")
+
+    with pytest.raises(DeviceError, match="channel refused"):
+        await asyncio.wait_for(push_flow.past_a_reopening(DeviceTimeouts(1.0, 0.5), refusing), 10)
