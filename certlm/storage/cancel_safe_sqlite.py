@@ -7,11 +7,11 @@ task cancelled after the lock is taken but before ``__aenter__`` returns (a clie
 scheduler stopped at shutdown, an ``asyncio.wait_for`` that expires) never reaches ``__aexit__``: the lock stays
 taken, and from then on every query of the process waits for ever. tortoise-orm 1.1 has no guard for it.
 
-``apply()`` (called once, when storage is imported) replaces that entry with one that, whatever ends it, rolls back
-a BEGIN that may have reached SQLite and gives the lock back; and an exit that gives the lock back even when resetting
-the connection context fails. ``tests/storage/test_cancelled_transactions.py`` cancels a transaction at each point of
-its entry and shows the next query still completes, so a tortoise-orm release that changes these internals is caught
-there rather than in a plant.
+``make_sqlite_transactions_cancel_safe()`` (called once, when storage is imported) replaces that entry with one
+that, whatever ends it, rolls back a BEGIN that may have reached SQLite and gives the lock back; and an exit that gives
+the lock back even when resetting the connection context fails. ``tests/storage/test_cancelled_transactions.py``
+cancels a transaction at each point of its entry and shows the next query still completes, so a tortoise-orm release
+that changes these internals is caught there rather than in a plant.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ async def _enter_connection(self: ConnectionWrapper) -> Any:
     return self.connection
 
 
-def apply() -> None:
+def make_sqlite_transactions_cancel_safe() -> None:
     SqliteTransactionContext.__aenter__ = _enter  # type: ignore[method-assign]
     SqliteTransactionContext.__aexit__ = _exit  # type: ignore[method-assign]
     ConnectionWrapper.__aenter__ = _enter_connection  # type: ignore[method-assign]
