@@ -101,7 +101,8 @@ function apiKey() {
 }
 
 async function api(path, { method = "GET", body } = {}) {
-  const headers = { Accept: "application/json", "X-API-Key": apiKey() || "" };
+  const key = apiKey();
+  const headers = { Accept: "application/json", "X-API-Key": key || "" };
   const options = { method, headers, credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer" };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
@@ -120,7 +121,9 @@ async function api(path, { method = "GET", body } = {}) {
     data = null;
   }
   if (response.status === 401) {
-    keyRefused(data && data.error);
+    // Only a refusal of the key still kept counts: calls started together answer one after the other, and one sent
+    // after the key was dropped (or before another was entered) must not replace the reason shown.
+    if (key && key === apiKey()) keyRefused(data && data.error);
     throw new ApiError(401, (data && data.error) || "wrong key");
   }
   if (!response.ok) {
