@@ -60,9 +60,12 @@ def _print_tasks() -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     timeout = item.config.getini("timeout")
-    loop = asyncio.get_event_loop_policy().get_event_loop()
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:  # none set in this thread (an asyncio.run before unset it): only threads to print
+        loop = None
     watchdog = None
-    if timeout and float(timeout) > TASK_DUMP_BEFORE_TIMEOUT_S:
+    if loop is not None and timeout and float(timeout) > TASK_DUMP_BEFORE_TIMEOUT_S:
         due = float(timeout) - TASK_DUMP_BEFORE_TIMEOUT_S
         watchdog = threading.Timer(due, lambda: loop.is_closed() or loop.call_soon_threadsafe(_print_tasks))
         watchdog.daemon = True
