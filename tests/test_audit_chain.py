@@ -215,3 +215,66 @@ async def test_the_head_is_logged_as_an_anchor_at_start_and_at_shutdown(
     assert anchors and anchors[-1] == f"audit trail head {head.id}:{head.hash}", anchors
     result = verify("--data-dir", str(tmp_path / "data"), "--anchor", anchors[-1].rsplit(" ", 1)[1])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_two_services_on_one_sqlite_file_taking_turns_keep_one_chain_without_gaps(
+    tmp_path: Path, license_keys: LicenseKeys
+) -> None:
+    # Each service keeps the head it last committed (no read per record); the other's records make it stale, which
+    # the database's check of the head at the insert finds: the record then follows the other's, never forks.
+    first = RunningService(tmp_path / "data", license_keys)
+    first.data_dir.mkdir(parents=True)
+    await first.start()
+    second = RunningService(tmp_path / "data", license_keys)
+    try:
+        await first.install_license(license_keys.issue())
+        await second.start()
+        turns, per_turn = 4, 3
+        for turn in range(turns):
+            for n, service in enumerate((first, second)):
+                async with service.client() as api:
+                    for k in range(per_turn):
+                        window = {"name": f"w{turn}-{n}-{k}", "status": "active", "window_type": "one_time"}
+                        answer = await api.post("/maintenance/inventory", json=window)
+                        assert answer.status_code == 201, answer.text
+        result = verify("--data-dir", str(first.data_dir))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"intact: {1 + 2 * turns * per_turn} records" in result.stdout, result.stdout
+    finally:
+        await second.stop()
+        await first.stop()
+
+
+async def test_a_change_whose_commit_fails_leaves_the_chain_without_a_gap(
+    in_process: InProcessApp, tmp_path: Path
+) -> None:
+    # The head this process keeps is the committed one: a record rolled back with its change (here its COMMIT fails)
+    # must not be followed, nor leave its id unused.
+    await make_records(in_process, 2)
+    database = tmp_path / "data" / "certlm.sqlite3"
+    # The record's INSERT succeeds, and takes a deferred foreign key with it that makes the COMMIT fail.
+    with sqlite3.connect(database, timeout=10) as db:
+        db.execute(
+            "CREATE TABLE deferred_check (entry INTEGER REFERENCES inventory_entry (id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+        db.execute(
+            "CREATE TRIGGER fail_commit AFTER INSERT ON audit_record WHEN NEW.action = 'PATCH /gds/inventory' "
+            "AND NEW.outcome = 'ok' BEGIN INSERT INTO deferred_check VALUES (999999); END"
+        )
+    async with in_process.context():
+        before = audit.known_head()
+        head = await AuditRecord.all().order_by("-id").first()
+        assert before == (head.id, head.hash)
+    status, body = await in_process.call("PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": 4900, "name": "x"})
+    assert status == 500 and "commit failed" in body["error"], body
+    async with in_process.context():
+        head = await AuditRecord.all().order_by("-id").first()
+        # The refused change's record was rolled back with it; its failure was recorded on its own, after the head.
+        assert head.id == before[0] + 1 and head.outcome == "failed" and head.prev_hash == before[1]
+        assert audit.known_head() in (None, (head.id, head.hash))
+    status, body = await in_process.call("POST", "/gds/inventory", {"server": "127.0.0.1", "port": 4999})
+    assert status == 200, body
+    async with in_process.context():
+        ids = [r.id for r in await AuditRecord.all().order_by("id")]
+        assert ids == list(range(1, len(ids) + 1))
+        assert (await audit.verify_chain()).intact

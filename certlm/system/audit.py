@@ -20,11 +20,13 @@ What is recorded (``AuditRecord``, one row each):
 The chain: each record holds the SHA-256 of the one before (``prev_hash``; 64 zeros for the first) and its own
 ``hash``, a SHA-256 over the canonical JSON of its fields and ``prev_hash`` (``record_hash``). A record's id is the
 head's plus one, given under the chain's lock (on PostgreSQL an advisory lock held by the appending transaction,
-which reads the head under it; SQLite has one writer), so several instances on one database append to one chain and
-ids have no gaps. ``verify_chain`` finds a changed, removed or reordered record and names the first; the head is
-logged at INFO every ``audit_anchor_interval_min`` and at shutdown (``log_anchor``) for an external collector, and
-``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention (``drop_expired``) drops only a
-whole prefix and keeps the last dropped record's id and hash (``AuditChainStart``) as where the chain starts.
+which reads the head under it; on SQLite, whose one connection serialises transactions, the head this process last
+committed, which the insert checks is still the head, ``_known_heads``), so several instances on one database
+append to one chain and ids have no gaps. ``verify_chain`` finds a changed, removed or reordered record and names
+the first; the head is logged at INFO every ``audit_anchor_interval_min`` and at shutdown (``log_anchor``) for an
+external collector, and ``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention
+(``drop_expired``) drops only a whole prefix and keeps the last dropped record's id and hash (``AuditChainStart``)
+as where the chain starts.
 
 The record is written before the request's answer is sent. A route that changes only the database takes
 ``commits_with_record``: its changes and its record are made in one transaction and committed once (the trail's cost
@@ -207,8 +209,10 @@ def shown(name: str, value: Any) -> Any:
     return value if isinstance(value, str) else json.loads(text)
 
 
-def _recorded_fields(model: type[Model]) -> list[str]:
-    return [name for name in model._meta.fields_db_projection if name not in UNRECORDED_FIELDS]
+@functools.cache
+def _recorded_fields(model: type[Model]) -> tuple[str, ...]:
+    # Asked at every load, save and delete of a journaled request: the models' fields do not change once loaded.
+    return tuple(name for name in model._meta.fields_db_projection if name not in UNRECORDED_FIELDS)
 
 
 def _values(instance: Model, names: Iterable[str]) -> dict[str, Any]:
@@ -297,8 +301,10 @@ def _room(journal: Journal) -> int:
     return max(MAX_CHANGES - len(journal.changes), 0)
 
 
-def _referencing(model: type[Model]) -> list[tuple[type[Model], str, Any]]:
-    """Each model with a foreign key to ``model``: (that model, the key's column, its on_delete)."""
+@functools.cache
+def _referencing(model: type[Model]) -> tuple[tuple[type[Model], str, Any], ...]:
+    """Each model with a foreign key to ``model``: (that model, the key's column, its on_delete); worked out once per
+    model (every delete asks)."""
     found = []
     for name in (*model._meta.backward_fk_fields, *model._meta.backward_o2o_fields):
         relation = model._meta.fields_map[name]
@@ -306,7 +312,7 @@ def _referencing(model: type[Model]) -> list[tuple[type[Model], str, Any]]:
         for forward in dependent._meta.fields_map.values():
             if isinstance(forward, _FORWARD_RELATIONS) and forward.source_field == relation.relation_field:
                 found.append((dependent, relation.relation_field, forward.on_delete))
-    return found
+    return tuple(found)
 
 
 async def _cascade_of(instance: Model, using_db: Any, room: int) -> list[dict[str, Any]]:
@@ -414,6 +420,9 @@ def watch_models() -> None:
     to keep a copy of each instance's fields while a request is being journaled (a context variable's look-up
     otherwise): the "before" of a change then costs no read of the database."""
     global _load_hook_installed
+    # Worked out anew for the models now loaded (which plugins' models refer to the host's may differ from before).
+    _recorded_fields.cache_clear()
+    _referencing.cache_clear()
     for model in Tortoise.apps.get_models_iterable():
         if model in (AuditRecord, AuditChainStart):
             continue
@@ -454,9 +463,12 @@ HASHED_FIELDS = (
 
 def record_hash(record: AuditRecord) -> str:
     """SHA-256 (hex) of the canonical JSON of the record's fields, ``prev_hash`` among them."""
-    values = {name: getattr(record, name) for name in HASHED_FIELDS}
-    values["at"] = _moment(record.at)
-    return hashlib.sha256(canonical_json(values).encode()).hexdigest()
+    return _hash_of({name: getattr(record, name) for name in HASHED_FIELDS})
+
+
+def _hash_of(values: dict[str, Any]) -> str:
+    """``record_hash`` of a record's values (``HASHED_FIELDS``, ``at`` a datetime), before it is a row."""
+    return hashlib.sha256(canonical_json({**values, "at": _moment(values["at"])}).encode()).hexdigest()
 
 
 def device_key(server: str, port: int | None) -> str:
@@ -473,9 +485,72 @@ def _is_postgres() -> bool:
     return connections.get("default").capabilities.dialect != "sqlite"
 
 
-async def _head(connection: Any) -> tuple[int, str]:
-    """The id and hash the next record follows (under the chain's lock)."""
-    # Plain SQL: every record reads it, and building the query through the ORM costs more than running it.
+# A record's place in the chain: its id and hash.
+Link = tuple[int, str]
+_ROW_COLUMNS = (*HASHED_FIELDS, "hash")
+
+
+@functools.cache
+def _insert_sql(dialect: str, checked: bool) -> str:
+    """The INSERT of one record, its values in ``_ROW_COLUMNS`` order: plain SQL, built once (through the ORM,
+    building it cost more than running it). ``checked`` (SQLite): only if the chain's head is still the record given
+    by the last two parameters, else it inserts nothing."""
+    columns = ", ".join(f'"{AuditRecord._meta.fields_db_projection[name]}"' for name in _ROW_COLUMNS)
+    table = AuditRecord._meta.db_table
+    if dialect != "sqlite":
+        return f"INSERT INTO {table} ({columns}) VALUES ({', '.join(f'${n}' for n in range(1, len(_ROW_COLUMNS) + 1))})"
+    if not checked:
+        return f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT {', '.join('?' * len(_ROW_COLUMNS))} "
+        f"WHERE (SELECT max(id) FROM {table}) = ? AND (SELECT hash FROM {table} WHERE id = ?) = ?"
+    )
+
+
+def _linked(values: dict[str, Any], head: Link) -> list[Any]:
+    """The row of a record that follows ``head``, in ``_ROW_COLUMNS`` order (its id and hash filled in)."""
+    record = {**values, "id": head[0] + 1, "prev_hash": head[1]}
+    record["hash"] = _hash_of(record)
+    record["at"] = _AT_FIELD.to_db_value(record["at"], AuditRecord)
+    return [record[name] for name in _ROW_COLUMNS]
+
+
+_AT_FIELD = AuditRecord._meta.fields_map["at"]
+
+# SQLite: the chain's head as this process last committed it, per database (tests open several in one process), so
+# that an append need not read it. Kept only once the record's transaction committed (a rolled-back record never
+# advances it), and checked by the database at each use: the record is inserted only if the head is still that one
+# (``_insert_sql(checked=True)``), else the head is read and the record inserted after it. So another process writing
+# the same file (nothing forbids a second certlm there) costs a read, never a gap or a fork. PostgreSQL reads the head
+# every time under the chain's advisory lock: there several instances take turns appending.
+_known_heads: weakref.WeakKeyDictionary[Any, Link] = weakref.WeakKeyDictionary()
+
+
+def _database() -> Any:
+    """What the known head is kept for: the database connection (aiosqlite's, shared by the client and each of its
+    transactions; a new one, after a reconnect or in another test, starts without a known head)."""
+    client = connections.get("default")
+    return getattr(client, "_connection", None) or client
+
+
+def known_head() -> Link | None:
+    """The head this process last committed to its SQLite database (None: read it at the next append)."""
+    return None if _is_postgres() else _known_heads.get(_database())
+
+
+def _committed(head: Link | None) -> None:
+    """After the transaction that appended up to ``head`` ended: keep it (SQLite), or forget what was kept (None:
+    the transaction failed or was rolled back, so the database's head is not known)."""
+    if _is_postgres():
+        return
+    if head is not None:
+        _known_heads[_database()] = head
+    else:
+        _known_heads.pop(_database(), None)
+
+
+async def _read_head(connection: Any) -> Link:
+    """The id and hash the next record follows, read (under the chain's lock)."""
     rows = await connection.execute_query_dict(HEAD_SQL)
     if rows:
         return rows[0]["id"], rows[0]["hash"]
@@ -483,13 +558,29 @@ async def _head(connection: Any) -> tuple[int, str]:
     return (start.last_dropped_id, start.last_dropped_hash) if start is not None else (0, GENESIS_HASH)
 
 
-async def _append_locked(connection: Any, values: dict[str, Any]) -> AuditRecord:
-    head_id, head_hash = await _head(connection)
-    record = AuditRecord(id=head_id + 1, prev_hash=head_hash, **values)
-    record.hash = record_hash(record)
-    # Not ``save``: it would read the inserted row's id back, a round trip for an id already given.
-    await AuditRecord.bulk_create([record], using_db=connection)
-    return record
+async def _append_locked(connection: Any, batch: list[dict[str, Any]]) -> list[Link]:
+    """Insert the records of ``batch`` at the chain's head, in order, in ``connection``'s transaction (which holds the
+    chain's lock); their links, the last the new head (for ``_committed`` once the transaction committed)."""
+    dialect = connection.capabilities.dialect
+    links: list[Link] = []
+    head = _known_heads.get(_database()) if dialect == "sqlite" else None
+    if head is not None:
+        row = _linked(batch[0], head)
+        inserted, _ = await connection.execute_query(_insert_sql(dialect, True), [*row, head[0], head[0], head[1]])
+        if inserted:
+            links.append((row[0], row[-1]))
+            batch = batch[1:]
+    head = links[-1] if links else await _read_head(connection)
+    rows = []
+    for values in batch:
+        rows.append(_linked(values, head))
+        head = (rows[-1][0], rows[-1][-1])
+        links.append(head)
+    if len(rows) == 1:
+        await connection.execute_query(_insert_sql(dialect, False), rows[0])
+    elif rows:
+        await connection.execute_many(_insert_sql(dialect, False), rows)
+    return links
 
 
 async def append(
@@ -504,10 +595,11 @@ async def append(
     detail: str | None = None,
     changes: list[dict[str, Any]] | None = None,
     at: datetime | None = None,
-) -> AuditRecord:
+) -> Link:
     """Append one record at the chain's head: in the request's own transaction when its route shares its commit with
     its record (``commits_with_record``), committing both; else in a short transaction (lock, head, insert) it may
-    share with the records other tasks of this process append at the same moment (``GroupAppender``)."""
+    share with the records other tasks of this process append at the same moment (``GroupAppender``). Its link (id
+    and hash)."""
     values = {
         "at": (at or datetime.now(UTC)).replace(microsecond=0),
         "actor": _clean(actor.name, 255),
@@ -535,11 +627,11 @@ class GroupAppender:
     one commit (the trail's cost is mostly the commit, on SQLite an fsync)."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[dict[str, Any], asyncio.Future[AuditRecord]]] = []
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[Link]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def append(self, values: dict[str, Any]) -> AuditRecord:
-        future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
+    async def append(self, values: dict[str, Any]) -> Link:
+        future: asyncio.Future[Link] = asyncio.get_running_loop().create_future()
         self._pending.append((values, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._write(), name="certlm-audit-append")
@@ -553,22 +645,17 @@ class GroupAppender:
                 async with in_transaction("default") as connection:
                     if _is_postgres():
                         await connection.execute_query(CHAIN_LOCK)
-                    head_id, head_hash = await _head(connection)
-                    records = []
-                    for values, _ in batch:
-                        head_id += 1
-                        record = AuditRecord(id=head_id, prev_hash=head_hash, **values)
-                        record.hash = head_hash = record_hash(record)
-                        records.append(record)
-                    await AuditRecord.bulk_create(records, using_db=connection)
+                    links = await _append_locked(connection, [values for values, _ in batch])
             except Exception as error:
+                _committed(None)
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(error)
                 continue
-            for (_, future), record in zip(batch, records, strict=True):
+            for (_, future), link in zip(batch, links, strict=True):
                 if not future.done():
-                    future.set_result(record)
+                    future.set_result(link)
+            _committed(links[-1])
 
 
 # --- a route's change and its record in one commit -----------------------------------------------------------------
@@ -589,13 +676,14 @@ class RequestTransaction:
     finished: bool = False
     after_commit: list[Callable[[], None]] = field(default_factory=list)
 
-    async def commit_with(self, values: dict[str, Any]) -> AuditRecord:
+    async def commit_with(self, values: dict[str, Any]) -> Link:
         self.finished = True
         try:
             if _is_postgres():
                 await self.connection.execute_query(CHAIN_LOCK)
-            record = await _append_locked(self.connection, values)
+            (link,) = await _append_locked(self.connection, [values])
         except BaseException as error:
+            _committed(None)
             await self._close(error)
             if not isinstance(error, Exception):
                 raise
@@ -604,12 +692,16 @@ class RequestTransaction:
             ) from error
         try:
             await self.context.__aexit__(None, None, None)
-        except Exception as error:
+        except BaseException as error:
+            _committed(None)
+            if not isinstance(error, Exception):
+                raise
             await self._roll_back_after_failed_commit()
             raise ChangeRolledBack(f"the change was rolled back: its commit failed ({error})") from error
+        _committed(link)
         for callback in self.after_commit:
             callback()
-        return record
+        return link
 
     async def roll_back(self, why: BaseException) -> None:
         """End a transaction its request left open (cancelled, or never recorded): nothing of it stays."""
@@ -896,17 +988,31 @@ async def drop_expired(retention_days: int, now: datetime | None = None) -> int:
     is not older (the head is always kept). The last dropped record's id and hash are kept as where the chain now
     starts, and the drop is itself recorded. How many records were dropped."""
     cutoff = (now or datetime.now(UTC)) - timedelta(days=retention_days)
+    try:
+        dropped, last_dropped, head = await _drop_prefix(cutoff, retention_days)
+    except BaseException:
+        _committed(None)
+        raise
+    if last_dropped is None:
+        return 0
+    _committed(head)
+    log.info("audit trail: dropped %d records up to record %d (hash %s)", dropped, last_dropped.id, last_dropped.hash)
+    return dropped
+
+
+async def _drop_prefix(cutoff: datetime, retention_days: int) -> tuple[int, AuditRecord | None, Link | None]:
+    """``drop_expired``'s transaction: how many records it dropped, the last of them, and the chain's head after."""
     async with in_transaction("default") as connection:
         if _is_postgres():
             await connection.execute_query(CHAIN_LOCK)
         head = await AuditRecord.all().using_db(connection).order_by("-id").only("id").first()
         if head is None:
-            return 0
+            return 0, None, None
         first_kept = await AuditRecord.filter(at__gte=cutoff).using_db(connection).order_by("id").only("id").first()
         last_dropped_id = min(first_kept.id if first_kept else head.id, head.id) - 1
         last_dropped = await AuditRecord.filter(id=last_dropped_id).using_db(connection).only("id", "hash").first()
         if last_dropped is None:
-            return 0
+            return 0, None, None
         dropped = await AuditRecord.filter(id__lte=last_dropped_id).using_db(connection).delete()
         moment = datetime.now(UTC)
         start = await AuditChainStart.filter(id=1).using_db(connection).first()
@@ -915,9 +1021,9 @@ async def drop_expired(retention_days: int, now: datetime | None = None) -> int:
         start.last_dropped_id, start.last_dropped_hash, start.dropped_at = last_dropped.id, last_dropped.hash, moment
         await start.save(using_db=connection)
         actor = RETENTION_ACTOR
-        await _append_locked(
+        (link,) = await _append_locked(
             connection,
-            {
+            [{
                 "at": moment.replace(microsecond=0),
                 "actor": actor.name,
                 "actor_kind": actor.kind,
@@ -932,10 +1038,9 @@ async def drop_expired(retention_days: int, now: datetime | None = None) -> int:
                 "detail": f"dropped {dropped} records older than {retention_days} days, up to record "
                 f"{last_dropped.id} (hash {last_dropped.hash}), where the chain now starts",
                 "changes": "[]",
-            },
-        )
-    log.info("audit trail: dropped %d records up to record %d (hash %s)", dropped, last_dropped.id, last_dropped.hash)
-    return dropped
+            }],
+        )  # fmt: skip
+    return dropped, last_dropped, link
 
 
 async def log_anchor() -> None:
