@@ -14,12 +14,12 @@ from tortoise import Model, Tortoise, connections
 from tortoise.backends.base.config_generator import expand_db_url
 
 from certlm.foundation.secretbox import PRIVATE_FILE_MODE, open_private_file
-from certlm.storage.cancel_safe_sqlite import make_sqlite_transactions_cancel_safe
 from certlm.storage.migrations import PluginMigration, migrate, migrate_plugins
+from certlm.storage.sqlite_transactions import make_sqlite_transactions_cancel_safe_and_lean
 
 log = logging.getLogger(__name__)
 # A task cancelled while it starts a SQLite transaction must not leave the connection locked for good.
-make_sqlite_transactions_cancel_safe()
+make_sqlite_transactions_cancel_safe_and_lean()
 
 HOST_MODEL_MODULES = ("certlm.storage.models",)
 # Ids are 32-bit columns on both engines: a larger id cannot exist, and PostgreSQL refuses to compare with one.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -262,6 +263,43 @@ async def _new_table_only(connection: BaseDBAsyncClient, dialect: str) -> None:
     return None
 
 
+# The audit trail's indexes version 18 drops: every record wrote them, and no filter needs them (see ``AuditRecord``).
+_DROPPED_AUDIT_INDEXES = re.compile(r'\("?(at|actor|action)"?\)\s*$')
+
+
+async def _lighten_audit_record(connection: BaseDBAsyncClient, dialect: str) -> None:
+    """SQLite: the table rebuilt with its id as the rowid (an ``INTEGER PRIMARY KEY``; ``BIGINT`` made SQLite keep
+    an index of the ids beside the table), its rows copied as they are (the chain's hashes do not depend on how the
+    id is stored); both engines: the indexes of ``at``, ``actor`` and ``action`` dropped. A table already made from
+    the current model is left as it is."""
+    if dialect == "sqlite":
+        rows = await connection.execute_query_dict(
+            "SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'audit_record' AND sql IS NOT NULL"
+        )
+        table = next(row["sql"] for row in rows if row["type"] == "table")
+        indexes = [row for row in rows if row["type"] == "index"]
+        if '"id" BIGINT NOT NULL PRIMARY KEY' in table:
+            rowid_table = table.replace('"id" BIGINT NOT NULL PRIMARY KEY', '"id" INTEGER NOT NULL PRIMARY KEY')
+            await connection.execute_query(rowid_table.replace('"audit_record"', '"audit_record_rowid"', 1))
+            await connection.execute_query("INSERT INTO audit_record_rowid SELECT * FROM audit_record")
+            await connection.execute_query("DROP TABLE audit_record")
+            await connection.execute_query("ALTER TABLE audit_record_rowid RENAME TO audit_record")
+            for index in indexes:
+                if not _DROPPED_AUDIT_INDEXES.search(index["sql"]):
+                    await connection.execute_query(index["sql"])
+        else:
+            for index in indexes:
+                if _DROPPED_AUDIT_INDEXES.search(index["sql"]):
+                    await connection.execute_query(f'DROP INDEX IF EXISTS "{index["name"]}"')
+        return
+    rows = await connection.execute_query_dict(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'audit_record'"
+    )
+    for row in rows:
+        if _DROPPED_AUDIT_INDEXES.search(row["indexdef"]):
+            await connection.execute_query(f'DROP INDEX IF EXISTS "{row["indexname"]}"')
+
+
 STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(2, "maintenance rules: cron expression and occurrence duration", _add_rule_cron_columns),
     MigrationStep(3, "inventory: the device description its driver was chosen by", _add_device_description_column),
@@ -307,6 +345,11 @@ STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(15, "named API keys with a role (stored as hashes)", _new_table_only),
     MigrationStep(16, "the audit trail: hash-chained records and where the chain starts", _new_table_only),
     MigrationStep(17, "the client certificates devices rejected, and what an operator decided", _new_table_only),
+    MigrationStep(
+        18,
+        "the audit trail: ids kept as SQLite's rowid, indexes only for the device filters",
+        _lighten_audit_record,
+    ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 

@@ -19,9 +19,9 @@ What is recorded (``AuditRecord``, one row each):
 
 The chain: each record holds the SHA-256 of the one before (``prev_hash``; 64 zeros for the first) and its own
 ``hash``, a SHA-256 over the canonical JSON of its fields and ``prev_hash`` (``record_hash``). A record's id is the
-head's plus one, given under the chain's lock (on PostgreSQL an advisory lock held by the appending transaction,
-which reads the head under it; on SQLite, whose one connection serialises transactions, the head this process last
-committed, which the insert checks is still the head, ``_known_heads``), so several instances on one database
+head's plus one, given under the chain's lock (on PostgreSQL an advisory lock held by the appending transaction;
+on SQLite its one connection, which serialises transactions) after the head this process last committed, which the
+insert checks is still the head (``_known_heads``; else the head is read), so several instances on one database
 append to one chain and ids have no gaps. ``verify_chain`` finds a changed, removed or reordered record and names
 the first; the head is logged at INFO every ``audit_anchor_interval_min`` and at shutdown (``log_anchor``) for an
 external collector, and ``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention
@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from tortoise import Tortoise, connections, fields
 from tortoise.expressions import Q
@@ -64,6 +64,7 @@ from tortoise.transactions import in_transaction
 from certlm.foundation.actors import ADMIN, Actor, current_actor
 from certlm.foundation.hostspec import address_url
 from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
+from certlm.storage.sqlite_transactions import CommitFailed, insert_then_commit
 
 log = logging.getLogger(__name__)
 # The anchors go to their own logger, so that a collector can pick them out.
@@ -493,17 +494,23 @@ _ROW_COLUMNS = (*HASHED_FIELDS, "hash")
 @functools.cache
 def _insert_sql(dialect: str, checked: bool) -> str:
     """The INSERT of one record, its values in ``_ROW_COLUMNS`` order: plain SQL, built once (through the ORM,
-    building it cost more than running it). ``checked`` (SQLite): only if the chain's head is still the record given
-    by the last two parameters, else it inserts nothing."""
+    building it cost more than running it). ``checked``: only if the chain's head is still the record given by the
+    last three parameters (max id, id, hash), else it inserts nothing (PostgreSQL: it returns the id it inserted)."""
     columns = ", ".join(f'"{AuditRecord._meta.fields_db_projection[name]}"' for name in _ROW_COLUMNS)
     table = AuditRecord._meta.db_table
-    if dialect != "sqlite":
-        return f"INSERT INTO {table} ({columns}) VALUES ({', '.join(f'${n}' for n in range(1, len(_ROW_COLUMNS) + 1))})"
+    count = len(_ROW_COLUMNS)
+    if dialect == "sqlite":
+        values, head_max, head_id, head_hash = ", ".join("?" * count), "?", "?", "?"
+    else:
+        values = ", ".join(f"${n}" for n in range(1, count + 1))
+        head_max, head_id, head_hash = f"${count + 1}", f"${count + 2}", f"${count + 3}"
     if not checked:
-        return f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
+        return f"INSERT INTO {table} ({columns}) VALUES ({values})"
+    returning = "" if dialect == "sqlite" else " RETURNING id"
     return (
-        f"INSERT INTO {table} ({columns}) SELECT {', '.join('?' * len(_ROW_COLUMNS))} "
-        f"WHERE (SELECT max(id) FROM {table}) = ? AND (SELECT hash FROM {table} WHERE id = ?) = ?"
+        f"INSERT INTO {table} ({columns}) SELECT {values} "
+        f"WHERE (SELECT max(id) FROM {table}) = {head_max} AND (SELECT hash FROM {table} WHERE id = {head_id}) = "
+        f"{head_hash}{returning}"
     )
 
 
@@ -517,36 +524,42 @@ def _linked(values: dict[str, Any], head: Link) -> list[Any]:
 
 _AT_FIELD = AuditRecord._meta.fields_map["at"]
 
-# SQLite: the chain's head as this process last committed it, per database (tests open several in one process), so
-# that an append need not read it. Kept only once the record's transaction committed (a rolled-back record never
-# advances it), and checked by the database at each use: the record is inserted only if the head is still that one
+# The chain's head as this process last committed it, per database (tests open several in one process), so that an
+# append need not read it. Kept only once the record's transaction committed (a rolled-back record never advances it),
+# and checked by the database at each use: the record is inserted only if the head is still that one
 # (``_insert_sql(checked=True)``), else the head is read and the record inserted after it. So another process writing
-# the same file (nothing forbids a second certlm there) costs a read, never a gap or a fork. PostgreSQL reads the head
-# every time under the chain's advisory lock: there several instances take turns appending.
+# the same database (several instances on one PostgreSQL, under the chain's advisory lock, take turns; nothing forbids
+# a second certlm on one SQLite file) costs a read, never a gap or a fork.
 _known_heads: weakref.WeakKeyDictionary[Any, Link] = weakref.WeakKeyDictionary()
 
 
-def _database() -> Any:
-    """What the known head is kept for: the database connection (aiosqlite's, shared by the client and each of its
-    transactions; a new one, after a reconnect or in another test, starts without a known head)."""
-    client = connections.get("default")
-    return getattr(client, "_connection", None) or client
+def _is_sqlite(connection: Any) -> bool:
+    return connection.capabilities.dialect == "sqlite"
 
 
-def known_head() -> Link | None:
-    """The head this process last committed to its SQLite database (None: read it at the next append)."""
-    return None if _is_postgres() else _known_heads.get(_database())
+def _database(connection: Any = None) -> Any:
+    """What the known head is kept for: on SQLite the database connection (aiosqlite's, shared by the client and
+    each of its transactions), on PostgreSQL the client of the pool (a transaction's parent); a new one, after a
+    reconnect or in another test, starts without a known head. ``connection``: the client or transaction at hand,
+    else the default client (looking that up costs more than the rest of this)."""
+    client = connection if connection is not None else connections.get("default")
+    if _is_sqlite(client):
+        return getattr(client, "_connection", None) or client
+    return getattr(client, "_parent", None) or client
 
 
-def _committed(head: Link | None) -> None:
-    """After the transaction that appended up to ``head`` ended: keep it (SQLite), or forget what was kept (None:
-    the transaction failed or was rolled back, so the database's head is not known)."""
-    if _is_postgres():
-        return
+def known_head(connection: Any = None) -> Link | None:
+    """The head this process last committed (None: read it at the next append)."""
+    return _known_heads.get(_database(connection))
+
+
+def _committed(head: Link | None, connection: Any = None) -> None:
+    """After the transaction that appended up to ``head`` ended: keep it, or forget what was kept (None: the
+    transaction failed or was rolled back, so the database's head is not known)."""
     if head is not None:
-        _known_heads[_database()] = head
+        _known_heads[_database(connection)] = head
     else:
-        _known_heads.pop(_database(), None)
+        _known_heads.pop(_database(connection), None)
 
 
 async def _read_head(connection: Any) -> Link:
@@ -563,7 +576,7 @@ async def _append_locked(connection: Any, batch: list[dict[str, Any]]) -> list[L
     chain's lock); their links, the last the new head (for ``_committed`` once the transaction committed)."""
     dialect = connection.capabilities.dialect
     links: list[Link] = []
-    head = _known_heads.get(_database()) if dialect == "sqlite" else None
+    head = _known_heads.get(_database(connection))
     if head is not None:
         row = _linked(batch[0], head)
         inserted, _ = await connection.execute_query(_insert_sql(dialect, True), [*row, head[0], head[0], head[1]])
@@ -679,11 +692,45 @@ class RequestTransaction:
     async def commit_with(self, values: dict[str, Any]) -> Link:
         self.finished = True
         try:
-            if _is_postgres():
+            link = await self._insert_and_commit(values)
+        except CommitFailed as error:
+            await self._commit_failed(error)
+        except BaseException as error:
+            _committed(None, self.connection)
+            await self._close(error)
+            if not isinstance(error, Exception):
+                raise
+            raise ChangeRolledBack(
+                f"the change was rolled back: its audit record could not be written ({error})"
+            ) from error
+        if link is None:
+            link = await self._append_then_commit(values)
+        _committed(link, self.connection)
+        for callback in self.after_commit:
+            callback()
+        return link
+
+    async def _insert_and_commit(self, values: dict[str, Any]) -> Link | None:
+        """SQLite, with the head this process committed last: the record inserted after it if it is still the head,
+        and the transaction committed, in one trip to SQLite's thread; its link, or None when the head was not known
+        or not the head any more (nothing inserted, the transaction still open)."""
+        head = known_head(self.connection) if _is_sqlite(self.connection) else None
+        if head is None:
+            return None
+        row = _linked(values, head)
+        sql = _insert_sql("sqlite", True)
+        if not await insert_then_commit(self.connection, sql, [*row, head[0], head[0], head[1]]):
+            return None
+        await self.context.__aexit__(None, None, None)  # committed: only gives the connection back
+        return row[0], row[-1]
+
+    async def _append_then_commit(self, values: dict[str, Any]) -> Link:
+        try:
+            if not _is_sqlite(self.connection):
                 await self.connection.execute_query(CHAIN_LOCK)
             (link,) = await _append_locked(self.connection, [values])
         except BaseException as error:
-            _committed(None)
+            _committed(None, self.connection)
             await self._close(error)
             if not isinstance(error, Exception):
                 raise
@@ -693,15 +740,18 @@ class RequestTransaction:
         try:
             await self.context.__aexit__(None, None, None)
         except BaseException as error:
-            _committed(None)
-            if not isinstance(error, Exception):
-                raise
-            await self._roll_back_after_failed_commit()
-            raise ChangeRolledBack(f"the change was rolled back: its commit failed ({error})") from error
-        _committed(link)
-        for callback in self.after_commit:
-            callback()
+            await self._commit_failed(error)
         return link
+
+    async def _commit_failed(self, error: BaseException) -> NoReturn:
+        _committed(None, self.connection)
+        if isinstance(error, CommitFailed):
+            await self._close(error)  # the COMMIT was sent in ``insert_then_commit``: the context still owns the lock
+        else:
+            await self._roll_back_after_failed_commit()
+        if not isinstance(error, Exception):
+            raise error
+        raise ChangeRolledBack(f"the change was rolled back: its commit failed ({error})") from error
 
     async def roll_back(self, why: BaseException) -> None:
         """End a transaction its request left open (cancelled, or never recorded): nothing of it stays."""

@@ -1,5 +1,5 @@
 """A task cancelled while it starts, runs or ends a SQLite transaction leaves the database usable: the next query
-answers and the next transaction commits (``certlm.storage.cancel_safe_sqlite``). Without it, a cancellation between
+answers and the next transaction commits (``certlm.storage.sqlite_transactions``). Without it, a cancellation between
 tortoise-orm taking its connection lock and BEGIN left the lock taken, and every later query of the process waited for
 ever (a client hanging up during a write froze the service)."""
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 
 from certlm.storage.migrations import CURRENT_VERSION
 
@@ -358,3 +361,91 @@ async def test_a_version_9_postgres_database_gets_the_cmp_mac_and_key_permission
     await service.start()
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
     await _assert_version_10_pki_fields(service)
+
+
+# --- version 18: the audit trail's ids as SQLite's rowid, fewer indexes ---------------------------------------------
+
+VERSION_17_AUDIT_INDEXES = ("at", "actor", "action", "entry_id", "device")
+# SQLite's own index of a primary key that is not the rowid.
+AUDIT_IDS_INDEX = "SELECT count(*) FROM sqlite_master WHERE tbl_name = 'audit_record' AND type = 'index' AND sql ISNULL"
+
+
+async def _record_some_requests(service, count: int, first_port: int = 4900) -> None:
+    async with service.client() as client:
+        for n in range(count):
+            answer = await client.post("/gds/inventory", json={"server": "127.0.0.1", "port": first_port + n})
+            assert answer.status_code == 200, answer.text
+
+
+def _verify_trail(*args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CERTLM_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "certlm", "audit", "verify", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.strip()
+
+
+async def test_a_version_17_sqlite_audit_trail_keeps_its_records_with_ids_as_rowids_and_two_indexes(
+    make_service,
+) -> None:
+    service = await make_service()
+    await _record_some_requests(service, 4)
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    with sqlite3.connect(database) as db:
+        records = db.execute("SELECT * FROM audit_record ORDER BY id").fetchall()
+        # The table as version 17 made it: a BIGINT id (an index of its own beside the table) and five indexes.
+        table = db.execute("SELECT sql FROM sqlite_master WHERE name = 'audit_record'").fetchone()[0]
+        db.execute(table.replace('"audit_record"', '"audit_v17"', 1).replace('"id" INTEGER', '"id" BIGINT'))
+        db.execute("INSERT INTO audit_v17 SELECT * FROM audit_record")
+        db.execute("DROP TABLE audit_record")
+        db.execute("ALTER TABLE audit_v17 RENAME TO audit_record")
+        for column in VERSION_17_AUDIT_INDEXES:
+            db.execute(f'CREATE INDEX "idx_audit_recor_{column}" ON "audit_record" ("{column}")')
+        db.execute("UPDATE certlm_schema SET version = 17")
+        ids_index = AUDIT_IDS_INDEX
+        assert db.execute(ids_index).fetchone() == (1,)
+    assert len(records) >= 5  # the license and the four entries
+
+    await service.start()
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+        assert db.execute("SELECT * FROM audit_record ORDER BY id").fetchall() == records
+        table = db.execute("SELECT sql FROM sqlite_master WHERE name = 'audit_record'").fetchone()[0]
+        assert '"id" INTEGER NOT NULL PRIMARY KEY' in table
+        indexed = {row[2] for index in db.execute("PRAGMA index_list(audit_record)") for row in
+                   db.execute(f"PRAGMA index_info('{index[1]}')")}  # fmt: skip
+        assert indexed == {"entry_id", "device"}
+        # The id is the rowid: no index of the ids beside the table.
+        assert db.execute(ids_index).fetchone() == (0,)
+    # The chain goes on where it was: the next record follows the last one kept, and the whole chain verifies.
+    await _record_some_requests(service, 1, first_port=5000)
+    await service.stop()
+    assert _verify_trail("--data-dir", str(service.data_dir)).startswith(f"audit trail intact: {len(records) + 1} ")
+    await service.start()
+    await service.stop()
+    with sqlite3.connect(database) as db:  # a restart changes nothing
+        assert db.execute("SELECT count(*) FROM audit_record").fetchone() == (len(records) + 1,)
+
+
+async def test_a_version_17_postgres_audit_trail_loses_the_three_indexes_no_filter_needs(
+    make_service, postgres
+) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await _record_some_requests(service, 2)
+    await service.stop()
+    postgres.query(
+        url,
+        "".join(f'CREATE INDEX "idx_audit_recor_{column}" ON audit_record ({column});' for column in ("at", "actor"))
+        + 'CREATE INDEX "idx_audit_recor_action" ON audit_record (action); UPDATE certlm_schema SET version = 17;',
+    )
+    records = postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id")
+    await service.start()
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    indexes = postgres.query(url, "SELECT indexdef FROM pg_indexes WHERE tablename = 'audit_record'")
+    assert re.findall(r"\((\w+)\)", indexes) and set(re.findall(r"\((\w+)\)", indexes)) == {"id", "entry_id", "device"}
+    assert postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id") == records
+    await _record_some_requests(service, 1, first_port=5000)
+    assert _verify_trail("--database-url", url).startswith("audit trail intact: ")

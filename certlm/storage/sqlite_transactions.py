@@ -1,0 +1,177 @@
+"""tortoise-orm's SQLite transactions made safe to cancel, and cheaper: fewer trips to aiosqlite's thread.
+
+Safe to cancel. tortoise-orm serialises everything on its one SQLite connection with an ``asyncio.Lock``: a
+transaction takes it on entry (``SqliteTransactionContext.__aenter__``: lock, connect if needed, ``begin``) and gives
+it back on exit; every statement outside a transaction takes it too. A task cancelled after the lock is taken but
+before ``__aenter__`` returns (a client that hangs up during a write, a scheduler stopped at shutdown, an
+``asyncio.wait_for`` that expires) never reaches ``__aexit__``: the lock stays taken, and from then on every query of
+the process waits for ever. tortoise-orm 1.1 has no guard for it. The entry here, whatever ends it, rolls back a BEGIN
+that may have reached SQLite and gives the lock back; the exit gives the lock back even when resetting the connection
+context fails. ``tests/storage/test_cancelled_transactions.py`` cancels a transaction at each point of its entry.
+
+Cheaper. Each statement is a trip to aiosqlite's thread and back (a queue, a thread wake-up, the event loop's
+self-pipe): about as much CPU as a simple statement itself. tortoise's ``begin`` sent a COMMIT and then a BEGIN, and
+each nested transaction a SAVEPOINT and a RELEASE, each on a trip of its own. Here BEGIN, SAVEPOINT and RELEASE, which
+answer nothing, are deferred: they run on the thread right before the next statement of the same connection, in its
+trip (the transaction's lock keeps every other task off the connection meanwhile, and every transaction ends with a
+COMMIT or ROLLBACK, which runs what is deferred first). No COMMIT precedes the BEGIN: a transaction a failed COMMIT
+left open is rolled back instead (tortoise's COMMIT committed what it had half done), and only when there is one.
+``insert_then_commit`` puts an INSERT and the COMMIT after it on one trip (the audit trail's record and its request's
+change). ``tests/storage/test_sqlite_trips.py`` counts the trips and shows the deferred statements take effect where
+they did before (a savepoint rolled back to, a failing BEGIN).
+
+``make_sqlite_transactions_cancel_safe_and_lean()`` installs both, once, when storage is imported; a tortoise-orm or
+aiosqlite release that changes these internals fails those tests rather than a plant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from typing import Any
+
+import aiosqlite
+from tortoise.backends.base.client import ConnectionWrapper
+from tortoise.backends.sqlite.client import SqliteTransactionContext, SqliteTransactionWrapper, _gen_savepoint_name
+from tortoise.connection import get_connections
+from tortoise.exceptions import TransactionManagementError
+
+# On aiosqlite's connection: the statements waiting for its next trip, in order.
+_DEFERRED = "_certlm_deferred_statements"
+_queue_call = aiosqlite.Connection._execute
+
+
+def _defer(raw: aiosqlite.Connection, statement: str) -> None:
+    raw.__dict__.setdefault(_DEFERRED, []).append(statement)
+
+
+def deferred_statements(raw: aiosqlite.Connection) -> list[str]:
+    """What waits for ``raw``'s next trip (for tests)."""
+    return list(raw.__dict__.get(_DEFERRED, ()))
+
+
+async def _execute_after_deferred(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    deferred = self.__dict__.pop(_DEFERRED, None)
+    if not deferred:
+        return await _queue_call(self, fn, *args, **kwargs)
+
+    def deferred_then_fn() -> Any:
+        connection = self._conn
+        for statement in deferred:
+            connection.execute(statement).close()
+        return fn(*args, **kwargs)
+
+    return await _queue_call(self, deferred_then_fn)
+
+
+async def _begin(connection: Any) -> None:
+    raw = connection._connection
+    if raw.in_transaction:
+        try:
+            await raw.rollback()
+        except sqlite3.OperationalError as error:
+            raise TransactionManagementError(error) from error
+    _defer(raw, "BEGIN")
+
+
+async def _savepoint(self: SqliteTransactionWrapper) -> None:
+    self._savepoint = _gen_savepoint_name()
+    _defer(self._connection, f"SAVEPOINT {self._savepoint}")
+
+
+async def _release_savepoint(self: SqliteTransactionWrapper) -> None:
+    if self._finalized:
+        raise TransactionManagementError("Transaction already finalised")
+    if self._savepoint is None:
+        raise TransactionManagementError("No savepoint to rollback to")
+    _defer(self._connection, f"RELEASE {self._savepoint}")
+
+
+async def _enter(self: SqliteTransactionContext) -> Any:
+    await self._trxlock.acquire()
+    token = None
+    try:
+        await self.ensure_connection()
+        token = get_connections().set(self.connection_name, self.connection)
+        await _begin(self.connection)
+    except BaseException:
+        try:
+            raw = self.connection._connection
+            if raw is not None:
+                # Runs the BEGIN if it is still deferred, then rolls it back; shielded, so that a second cancellation
+                # cannot stop it before it is queued. Rolling back with no transaction open does nothing.
+                await asyncio.shield(raw.rollback())
+        except BaseException:  # the first failure is the one raised
+            pass
+        finally:
+            if token is not None:
+                with contextlib.suppress(ValueError):
+                    get_connections().reset(token)
+            self._trxlock.release()
+        raise
+    self.token = token
+    return self.connection
+
+
+async def _exit(self: SqliteTransactionContext, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+    try:
+        if not self.connection._finalized:
+            if exc_type:
+                # Can't roll back a transaction that already failed.
+                if exc_type is not TransactionManagementError:
+                    await self.connection.rollback()
+            else:
+                await self.connection.commit()
+    finally:
+        try:
+            get_connections().reset(self.token)
+        finally:
+            self._trxlock.release()
+
+
+async def _enter_connection(self: ConnectionWrapper) -> Any:
+    await self._lock.acquire()
+    try:
+        await self.ensure_connection()
+    except BaseException:
+        self._lock.release()
+        raise
+    return self.connection
+
+
+class CommitFailed(Exception):
+    """The COMMIT of ``insert_then_commit`` failed (its INSERT went through): the transaction is still open."""
+
+
+async def insert_then_commit(transaction: Any, sql: str, parameters: list[Any]) -> bool:
+    """Run ``sql``, an INSERT that may insert nothing, in tortoise's SQLite ``transaction`` and, when it inserted a
+    row, COMMIT, in one trip to aiosqlite's thread rather than two; whether it inserted (then the transaction is
+    finished, and leaving its context commits nothing more). Raises ``CommitFailed`` when the COMMIT failed, and the
+    INSERT's own error when the INSERT did."""
+    raw = transaction._connection  # aiosqlite's connection; its ``_conn`` is sqlite3's, used only on its thread
+
+    def insert_and_commit() -> bool:
+        cursor = raw._conn.execute(sql, parameters)
+        inserted = cursor.rowcount > 0
+        cursor.close()
+        if inserted:
+            try:
+                raw._conn.commit()
+            except sqlite3.Error as error:
+                raise CommitFailed(str(error)) from error
+        return inserted
+
+    inserted = await raw._execute(insert_and_commit)
+    if inserted:
+        transaction._finalized = True
+    return inserted
+
+
+def make_sqlite_transactions_cancel_safe_and_lean() -> None:
+    SqliteTransactionContext.__aenter__ = _enter  # type: ignore[method-assign]
+    SqliteTransactionContext.__aexit__ = _exit  # type: ignore[method-assign]
+    ConnectionWrapper.__aenter__ = _enter_connection  # type: ignore[method-assign]
+    SqliteTransactionWrapper.savepoint = _savepoint  # type: ignore[method-assign]
+    SqliteTransactionWrapper.release_savepoint = _release_savepoint  # type: ignore[method-assign]
+    aiosqlite.Connection._execute = _execute_after_deferred  # type: ignore[method-assign]
