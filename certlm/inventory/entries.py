@@ -3,10 +3,12 @@ credentials, views, and the trust lists stored with them."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import ipaddress
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -390,6 +392,21 @@ def _listing_query(protocols: Tables, active_only: bool, dialect: str) -> tuple[
     return sql.format(*marks), values
 
 
+async def _read_ahead(chunks: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """``chunks``, the next one made in a task of its own while the caller handles the last: an exception of
+    ``chunks`` is raised here; when the caller stops early, the task is cancelled and ``chunks`` closed."""
+    upcoming = asyncio.ensure_future(anext(chunks, None))
+    try:
+        while (chunk := await upcoming) is not None:
+            upcoming = asyncio.ensure_future(anext(chunks, None))
+            yield chunk
+    finally:
+        if upcoming.cancel():
+            with contextlib.suppress(asyncio.CancelledError):
+                await upcoming
+        await chunks.aclose()
+
+
 class Inventory:
     """The inventory as the running host keeps it: what needs the installed drivers (services, default ports, the
     URLs entries are shown with), the license (the endpoint limit) or the encryption of secrets (credentials). The app
@@ -508,14 +525,26 @@ class Inventory:
     async def listing_json(self, protocols: Tables, page: ListingPage) -> AsyncIterator[bytes]:
         """The listing of ``protocols`` (``listed_entries``) as a JSON array of Inventory entries in id order, made
         and sent a batch at a time, each batch one query: the event loop serves other requests between batches. To
-        run in the request's context (``quart.stream_with_context``)."""
+        run in the request's context (``quart.stream_with_context``).
+
+        The next batch is read and rendered while the last one is being sent: the server waits for the client to
+        take most of a batch before it asks for the next, and a listing made only then took twice as long."""
         active_only = not (await system_settings()).show_inactive_devices
+        yield b"["
+        async with contextlib.aclosing(_read_ahead(self._listing_batches(protocols, page, active_only))) as chunks:
+            async for chunk in chunks:
+                yield chunk
+        yield b"]"
+
+    async def _listing_batches(
+        self, protocols: Tables, page: ListingPage, active_only: bool
+    ) -> AsyncGenerator[bytes, None]:
+        """``listing_json``'s entries, a batch at a time, comma-separated."""
         after_id, remaining = page.after_id, page.limit
         database = connections.get("default")
         sql, values = _listing_query(protocols, active_only, database.capabilities.dialect)
         render = _ListingRenderer(self)
         separator = b""
-        yield b"["
         while remaining is None or remaining > 0:
             size = LISTING_BATCH if remaining is None else min(LISTING_BATCH, remaining)
             _, rows = await database.execute_query(sql, [after_id, *values, size])
@@ -523,12 +552,11 @@ class Inventory:
                 # orjson: at 100,000 entries the standard library's encoder alone took a quarter of a second.
                 yield separator + orjson.dumps([render(row) for row in rows])[1:-1]
                 separator = b","
-                after_id = rows[-1]["id"]
+                after_id = rows[-1][0]
             if len(rows) < size:
                 break
             if remaining is not None:
                 remaining -= len(rows)
-        yield b"]"
 
     async def device_target(self, entry: InventoryEntry) -> DeviceTarget:
         """What a driver needs to reach ``entry``, with its stored credentials decrypted for this call."""
@@ -553,14 +581,14 @@ class Inventory:
         return target
 
     async def render_entry(self, entry: InventoryEntry, username: str | None = None) -> dict[str, Any]:
-        """The spec's Inventory entry; secrets are never part of it. ``username`` saves a lookup."""
+        """The spec's Inventory entry, as a listing shows it; secrets are never part of it. ``username`` saves a
+        lookup."""
         if username is None:
             credential = await DeviceCredential.get_or_none(entry_id=entry.id)
             username = credential.username if credential else None
-        schedule = await DeviceSchedule.filter(entry_id=entry.id).values(*ScheduleOut.model_fields)
-        columns = {name: getattr(entry, name) for name in _LISTED_COLUMNS}
-        view = _render(columns, username, self.entry_url(entry))
-        return {**view, "schedule": _schedule_view(schedule[0] if schedule else None)}
+        schedule = await DeviceSchedule.filter(entry_id=entry.id).values_list("id", *_LISTED_SCHEDULE.values())
+        scheduled = schedule[0] if schedule else (None,) * (len(_LISTED_SCHEDULE) + 1)
+        return _ListingRenderer(self)([*(getattr(entry, name) for name in _LISTED_COLUMNS), username, *scheduled])
 
     async def entry_out(self, entry: InventoryEntry) -> InventoryEntryOut:
         return InventoryEntryOut(**await self.render_entry(entry))
@@ -587,85 +615,100 @@ def entry_certificate(entry: InventoryEntry | SimpleNamespace) -> x509.Certifica
     return x509.load_der_x509_certificate(entry.certificate_der) if entry.certificate_der else None
 
 
-def _render(
-    columns: Mapping[str, Any],
-    username: str | None,
-    url: str,
-    names: Callable[[int | None, list[dict[str, Any]]], list[str]] = bit_names,
-) -> dict[str, Any]:
-    """The spec's Inventory entry without ``schedule``, from an entry's ``_LISTED_COLUMNS`` (a listing's rows as
-    the database gives them); ``names`` gives a security mask's names (``bit_names``)."""
-    der = columns["certificate_der"]
-    certificate = x509.load_der_x509_certificate(der) if der else None
-    pki_id, status = columns["pki_id"], columns["device_status"]
-    policy, mode = columns["security_policy"], columns["security_mode"]
-    return {
-        "id": columns["id"],
-        "name": columns["name"],
-        "url": url,
-        "service": columns["service"],
-        "server": columns["server"],
-        "port": columns["port"],
-        "device_status": status,
-        "device_status_name": DEVICE_STATUS_NAMES.get(status),
-        "pki_endpoint": str(pki_id) if pki_id is not None else None,
-        "username": username,
-        "cert_subjectdn": certificate.subject.rfc4514_string() if certificate else None,
-        "cert_issuerdn": certificate.issuer.rfc4514_string() if certificate else None,
-        "cert_validfrom": spec_datetime(certificate.not_valid_before_utc) if certificate else None,
-        "cert_validto": spec_datetime(certificate.not_valid_after_utc) if certificate else None,
-        "cert_base64": base64.b64encode(der).decode() if der else None,
-        "cert_expdays": (certificate.not_valid_after_utc - datetime.now(UTC)).days if certificate else None,
-        "cert_revoked": columns["cert_revoked"],
-        "renewal_days": columns["renewal_days"],
-        "security_policy": policy,
-        "security_mode": mode,
-        "security_policys": names(policy, SECURITY_POLICY_BITS),
-        "security_modes": names(mode, SECURITY_MODE_BITS),
-        "cert_subject_cn": common_name(certificate.subject) if certificate else None,
-    }
+def _certificate_fields(der: bytes) -> tuple[Any, ...]:
+    """An entry's ``cert_*`` fields from its certificate (DER), in the Inventory entry's order: subject DN, issuer
+    DN, valid from, valid to, base64, days to expiry and subject CN."""
+    certificate = x509.load_der_x509_certificate(der)
+    return (
+        certificate.subject.rfc4514_string(),
+        certificate.issuer.rfc4514_string(),
+        spec_datetime(certificate.not_valid_before_utc),
+        spec_datetime(certificate.not_valid_after_utc),
+        base64.b64encode(der).decode(),
+        (certificate.not_valid_after_utc - datetime.now(UTC)).days,
+        common_name(certificate.subject),
+    )
 
 
-def _schedule_view(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    if row is None:
-        return None
-    return {name: row[name] for name in ScheduleOut.model_fields}
+_NO_CERTIFICATE = (None,) * 7
+
+
+# Where a listing's row (``_LISTING_SELECT``) has the schedule's columns: after the entry's, the username and the
+# schedule's id.
+_SCHEDULE_AT = len(_LISTED_COLUMNS) + 2
 
 
 class _ListingRenderer:
-    """Renders a listing's rows (``_LISTED_COLUMNS`` with the joined username and schedule) as ``_render`` renders an
-    entry, with what is the same for many rows worked out once per listing: each table and service's URL scheme, each
-    security mask's names."""
+    """Renders entries as the spec's Inventory entry (with the extensions of ``InventoryEntryOut``) from the columns
+    a listing's query gives (``_LISTING_SELECT``), with what is the same for many rows worked out once per renderer:
+    each table and service's URL scheme, each pair of security masks' names. The single entry's view
+    (``Inventory.render_entry``) is made here too, so that an entry is listed as it is shown alone."""
 
     def __init__(self, inventory: Inventory) -> None:
         self._inventory = inventory
         self._schemes: dict[tuple[str, str], str | None] = {}
-        self._bit_names: dict[tuple[int | None, int], list[str]] = {}
+        self._security_names: dict[tuple[int | None, int | None], tuple[list[str], list[str]]] = {}
 
-    def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        key = (row["protocol"], row["service"])
+    def __call__(self, row: Sequence[Any]) -> dict[str, Any]:
+        # Unpacked by position, in one dict display: a database row looked up by column name, once per field, took
+        # most of a listing's rendering time.
+        (id_, name, protocol, service, server, port, status, pki_id, policy, mode, renewal_days, der, revoked,
+         username, schedule_id) = row[:_SCHEDULE_AT]  # fmt: skip
+        subject_dn, issuer_dn, valid_from, valid_to, cert_base64, expdays, subject_cn = (
+            _certificate_fields(der) if der else _NO_CERTIFICATE
+        )
+        policy_names, mode_names = self._names(policy, mode)
+        return {
+            "id": id_,
+            "name": name,
+            "url": address_url(self._scheme(protocol, service), server, port),
+            "service": service,
+            "server": server,
+            "port": port,
+            "device_status": status,
+            "device_status_name": DEVICE_STATUS_NAMES.get(status),
+            "pki_endpoint": str(pki_id) if pki_id is not None else None,
+            "username": username,
+            "cert_subjectdn": subject_dn,
+            "cert_issuerdn": issuer_dn,
+            "cert_validfrom": valid_from,
+            "cert_validto": valid_to,
+            "cert_base64": cert_base64,
+            "cert_expdays": expdays,
+            # SQLite gives 0 and 1: tortoise's conversion of the column.
+            "cert_revoked": _REVOKED(revoked) if revoked is not None else None,
+            "renewal_days": renewal_days,
+            "security_policy": policy,
+            "security_mode": mode,
+            "security_policys": policy_names,
+            "security_modes": mode_names,
+            "cert_subject_cn": subject_cn,
+            "schedule": None if schedule_id is None else _listed_schedule(row[_SCHEDULE_AT:]),
+        }
+
+    def _scheme(self, protocol: str, service: str) -> str | None:
+        key = (protocol, service)
         if key not in self._schemes:
-            driver = self._inventory.drivers.driver_of(*key)
+            driver = self._inventory.drivers.driver_of(protocol, service)
             self._schemes[key] = driver.url_scheme if driver is not None else None
-        url = address_url(self._schemes[key], row["server"], row["port"])
-        view = _render(row, row[_LISTED_USERNAME], url, self._names)
-        if view["cert_revoked"] is not None:
-            view["cert_revoked"] = _REVOKED(view["cert_revoked"])
-        view["schedule"] = None if row["schedule__id"] is None else _listed_schedule(row)
-        return view
+        return self._schemes[key]
 
-    def _names(self, mask: int | None, bits: list[dict[str, Any]]) -> list[str]:
-        key = (mask, id(bits))
-        if key not in self._bit_names:
-            self._bit_names[key] = bit_names(mask, bits)
-        return self._bit_names[key]
+    def _names(self, policy: int | None, mode: int | None) -> tuple[list[str], list[str]]:
+        key = (policy, mode)
+        names = self._security_names.get(key)
+        if names is None:
+            names = self._security_names[key] = (
+                bit_names(policy, SECURITY_POLICY_BITS),
+                bit_names(mode, SECURITY_MODE_BITS),
+            )
+        return names
 
 
-def _listed_schedule(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A listed row's ``ScheduleOut`` as JSON values, each moment written as ``Timestamp`` writes it."""
+def _listed_schedule(values: Sequence[Any]) -> dict[str, Any]:
+    """A listed row's ``ScheduleOut`` (its columns in ``_LISTED_SCHEDULE``'s order) as JSON values, each moment
+    written as ``Timestamp`` writes it."""
     schedule = {}
-    for column, name in _LISTED_SCHEDULE.items():
-        value = row[column]
+    for (column, name), value in zip(_LISTED_SCHEDULE.items(), values, strict=True):
         if value is not None and column in _SCHEDULE_MOMENTS:
             value = api_timestamp(_SCHEDULE_MOMENTS[column](value))
         schedule[name] = value
