@@ -25,8 +25,9 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from tortoise.exceptions import IntegrityError
@@ -45,9 +46,9 @@ POLL_S = 0.2
 INSTANCE = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 _local_locks: dict[int, asyncio.Lock] = {}
-# The devices the current task holds a lease on: a push started by the scheduler, which already holds the lease,
-# does not claim it again.
-_held: ContextVar[frozenset[int]] = ContextVar("certlm_held_leases", default=frozenset())
+# The devices the current task holds a lease on, with their claims: a push started by the scheduler, which already
+# holds the lease, does not claim it again.
+_held: ContextVar[MappingProxyType[int, Claim]] = ContextVar("certlm_held_leases", default=MappingProxyType({}))
 
 
 class DeviceBusy(APIError):
@@ -63,11 +64,15 @@ class EntryDeleted(NotFound):
         super().__init__(f"inventory entry {entry_id} was deleted while this operation waited for its device")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Claim:
     entry_id: int
     interrupted_holder: str | None
     """The holder whose lease expired without being released: an operation that was cut off (a crash)."""
+    on_release: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Columns of the ``device_schedule`` row the release sets, in its one UPDATE (the monitor's ``last_seen``)."""
+    released: bool = field(default=False, compare=False)
+    """Released by its holder already (``release_now``): the lease's block releases nothing more."""
 
 
 def _now() -> datetime:
@@ -147,6 +152,19 @@ async def release(entry_id: int, holder: str = INSTANCE, **columns: Any) -> None
     )
 
 
+def holds(entry_id: int) -> bool:
+    """Whether the current task holds the device's lease already (a ``device_lease`` in it would be re-entrant)."""
+    return entry_id in _held.get()
+
+
+async def release_now(claim: Claim, holder: str = INSTANCE) -> None:
+    """Release the lease of ``claim`` now, with its ``on_release`` columns: within the holder's last transaction, so
+    that its last writes and the release are committed at once. Only for the holder that claimed it (not a re-entrant
+    ``device_lease``, whose outer holder goes on). The block goes on without the lease: it writes nothing more."""
+    await release(claim.entry_id, holder, **claim.on_release)
+    claim.released = True
+
+
 async def _heartbeat(entry_id: int, lease_s: float) -> None:
     while True:
         await asyncio.sleep(lease_s / 4)
@@ -177,8 +195,9 @@ async def device_lease(
     """Hold the device's lease for the block: queue behind this instance's other callers (at most ``queue_wait_s``
     when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
     ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task."""
-    if entry_id in _held.get():
-        yield Claim(entry_id, None)
+    held = _held.get()
+    if entry_id in held:
+        yield held[entry_id]  # the holder's claim: what is set on its release is released with it
         return
     async with _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
@@ -192,7 +211,7 @@ async def device_lease(
                     f"{api_timestamp(row.lease_until) if row.lease_until else 'it finishes'}; try again later"
                 )
             await asyncio.sleep(POLL_S)
-        token = _held.set(_held.get() | {entry_id})
+        token = _held.set(MappingProxyType({**held, entry_id: claim}))
         heartbeat = asyncio.create_task(_heartbeat(entry_id, lease_s))
         try:
             yield claim
@@ -201,4 +220,5 @@ async def device_lease(
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             _held.reset(token)
-            await release(entry_id)
+            if not claim.released:
+                await release(entry_id, **claim.on_release)

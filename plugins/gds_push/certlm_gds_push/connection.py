@@ -319,12 +319,16 @@ async def open_session(
     security: SessionSecurity = SessionSecurity.ANY,
     check_server: ServerCheck | None = None,
     on_client_rejected: Callable[[], None] | None = None,
+    announced: Sequence[ua.EndpointDescription] | None = None,
 ) -> AsyncIterator[DeviceSession]:
     """A session on the strongest endpoint the entry's masks allow, as certlm's client application and the entry's
     user. With ``SessionSecurity.ANY`` a device that rejects certlm's client certificate is read without security
     instead, when the masks allow that. ``on_client_rejected`` is called when the device rejects the client
-    certificate, whether the session then goes on without security or fails."""
-    endpoints = usable_endpoints(await server_endpoints(target.url, timeouts), target, security)
+    certificate, whether the session then goes on without security or fails. ``announced``: the endpoints the device
+    announced moments ago in the same operation (GetEndpoints is then not asked again); the secure channel verifies
+    the certificate the device presents whatever was announced."""
+    descriptions = announced if announced is not None else await server_endpoints(target.url, timeouts)
+    endpoints = usable_endpoints(descriptions, target, security)
     attempts = endpoints[:1]
     if security is SessionSecurity.ANY and endpoints[0].secure and not endpoints[-1].secure:
         attempts.append(endpoints[-1])
