@@ -75,6 +75,20 @@ class Claim:
     """Released by its holder already (``release_now``): the lease's block releases nothing more."""
 
 
+@dataclass(frozen=True)
+class ClaimCondition:
+    """What else the claim of a lease needs of the device's ``device_schedule`` row (``where``), with the columns it
+    then sets (``sets``): one conditional UPDATE claims both, as the monitor scan claims its turn at a device (not
+    read by another instance within half an interval) with the device's lease."""
+
+    where: Q
+    sets: dict[str, Any]
+
+
+class ConditionUnmet(Exception):
+    """The row does not meet the claim's ``ClaimCondition``: nothing was claimed or set."""
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -98,19 +112,26 @@ async def ensure_rows(entry_ids: list[int]) -> None:
             entry_ids = [entry_id for entry_id in entry_ids if entry_id in existing or entry_id in present]
 
 
-async def try_claim(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> Claim | None:
+async def try_claim(
+    entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S, condition: ClaimCondition | None = None
+) -> Claim | None:
     """Claim the device's lease if it is free or expired; None when another holder's lease is in force.
-    ``EntryDeleted`` (404) when the entry is gone.
+    ``EntryDeleted`` (404) when the entry is gone. With a ``condition``: ``ConditionUnmet`` when the row does not meet
+    it, else its columns are set whether the lease is claimed or not.
 
-    A free lease (the common case: released by its last holder) is claimed with one conditional UPDATE; only when
-    that claims nothing is the row read, to make it (the entry's first operation: made holding the lease) or to take
-    over an expired lease, learning whose it was."""
+    A free lease (the common case: released by its last holder) is claimed with one conditional UPDATE, the
+    condition's with it; only when that claims nothing is the condition applied alone and the row read, to make it
+    (the entry's first operation: made holding the lease) or to take over an expired lease, learning whose it was."""
     now = _now()
     until = now + timedelta(seconds=lease_s)
-    if await DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=True).update(
-        lease_holder=holder, lease_until=until
+    free = DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=True)
+    sets = condition.sets if condition is not None else {}
+    if await (free if condition is None else free.filter(condition.where)).update(
+        **sets, lease_holder=holder, lease_until=until
     ):
         return Claim(entry_id, None)
+    if condition is not None:
+        await _meet(entry_id, condition)
     row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:  # the entry's first operation: its row is made now, holding the lease
         try:
@@ -135,6 +156,12 @@ async def try_claim(entry_id: int, holder: str = INSTANCE, lease_s: float = LEAS
         return None
     interrupted = row.lease_holder if row.lease_holder not in (None, holder) else None
     return Claim(entry_id, interrupted)
+
+
+async def _meet(entry_id: int, condition: ClaimCondition) -> None:
+    """Set the condition's columns where the row meets it; ``ConditionUnmet`` where it does not (or is gone)."""
+    if not await DeviceSchedule.filter(Q(entry_id=entry_id) & condition.where).update(**condition.sets):
+        raise ConditionUnmet(entry_id)
 
 
 async def extend(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> bool:
@@ -190,18 +217,28 @@ async def _queued(entry_id: int, queue_wait_s: float | None) -> AsyncIterator[No
 
 @contextlib.asynccontextmanager
 async def device_lease(
-    entry_id: int, *, wait_s: float, lease_s: float = LEASE_S, queue_wait_s: float | None = None
+    entry_id: int,
+    *,
+    wait_s: float,
+    lease_s: float = LEASE_S,
+    queue_wait_s: float | None = None,
+    condition: ClaimCondition | None = None,
 ) -> AsyncIterator[Claim]:
     """Hold the device's lease for the block: queue behind this instance's other callers (at most ``queue_wait_s``
     when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
-    ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task."""
+    ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task. A ``condition`` is
+    claimed first, in the lease's claim where the lease is free (``try_claim``); ``ConditionUnmet`` when the row does
+    not meet it."""
     held = _held.get()
     if entry_id in held:
+        if condition is not None:
+            await _meet(entry_id, condition)
         yield held[entry_id]  # the holder's claim: what is set on its release is released with it
         return
     async with _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
-        while (claim := await try_claim(entry_id, lease_s=lease_s)) is None:
+        while (claim := await try_claim(entry_id, lease_s=lease_s, condition=condition)) is None:
+            condition = None  # met (its columns set) by the claim that found the lease held
             if asyncio.get_running_loop().time() >= deadline:
                 row = await DeviceSchedule.get_or_none(entry_id=entry_id)
                 if row is None:

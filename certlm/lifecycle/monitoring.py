@@ -38,7 +38,17 @@ from certlm.inventory.entries import (
     trust_list_fields,
 )
 from certlm.inventory.identity import mark_identity_changed
-from certlm.lifecycle.leases import Claim, DeviceBusy, EntryDeleted, device_lease, ensure_rows, holds, release_now
+from certlm.lifecycle.leases import (
+    Claim,
+    ClaimCondition,
+    ConditionUnmet,
+    DeviceBusy,
+    EntryDeleted,
+    device_lease,
+    ensure_rows,
+    holds,
+    release_now,
+)
 from certlm.lifecycle.push import record_operation, trust_list_record
 from certlm.lifecycle.rejected import record_rejected
 from certlm.lifecycle.runtime import Runtime
@@ -89,20 +99,25 @@ async def device_at(
 
 @contextlib.asynccontextmanager
 async def reading(
-    settings: Settings, entry: InventoryEntry | None, *, wait_s: float | None = None, refresh: bool = True
+    settings: Settings,
+    entry: InventoryEntry | None,
+    *,
+    wait_s: float | None = None,
+    refresh: bool = True,
+    condition: ClaimCondition | None = None,
 ) -> AsyncIterator[Claim | None]:
     """Hold the device's lease while reading it and storing what was read, with ``entry`` as the database has it once
     the lease is held. A push to the device (a REST call or the renewal scheduler, on any instance) holds the same
     lease: a read that overlapped it would store what the device presented before the push, over what the push
     stored. Waits up to ``wait_s`` (default: a device operation's time-out) for another instance's operation
     (``DeviceBusy``, 409, after that); re-entrant, so a push may read within its own lease. ``refresh`` False: the
-    caller holds the lease already and read ``entry`` under it, so it is not read again. Yields the lease's claim
-    (None without an entry)."""
+    caller holds the lease already and read ``entry`` under it, so it is not read again. ``condition`` is claimed with
+    the lease (``device_lease``). Yields the lease's claim (None without an entry)."""
     if entry is None:
         yield None
         return
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
-    async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s) as claim:
+    async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s, condition=condition) as claim:
         if refresh:
             await entry.refresh_from_db()
         try:
@@ -134,16 +149,20 @@ async def read_certificate_and_store(
 
 
 async def _certificate_read(
-    runtime: Runtime, entry: InventoryEntry, reading: CertificateReading, check_revocation: bool
+    runtime: Runtime,
+    entry: InventoryEntry,
+    reading: CertificateReading,
+    check_revocation: bool,
+    pkis: dict[int, PkiEntry | None] | None = None,
 ) -> list[str]:
     """Set what the certificate read tells on ``entry`` (the certificate, its revocation status and the outcome,
-    ``monitor_certificate``); the fields the caller saves."""
+    ``monitor_certificate``); the fields the caller saves. ``pkis``: the PKI rows read already (``revocation_of``)."""
     der = to_der(reading.certificate)
     if der != entry.certificate_der:
         entry.certificate_der = der
         entry.last_changed_certificate_date = datetime.now(UTC)
     revocation = (
-        await revocation_of(entry, reading.certificate, runtime.pki_backends, runtime.crl_cache)
+        await revocation_of(entry, reading.certificate, runtime.pki_backends, runtime.crl_cache, pkis=pkis)
         if check_revocation
         else None
     )
@@ -201,8 +220,13 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
     limit = asyncio.Semaphore(runtime.settings.scheduler_concurrency)
 
     # Instances sharing the database share the scan: each device goes to the instance that claims it first, and is
-    # not claimed again within half an interval.
+    # not claimed again within half an interval. The scan's turn at a device is claimed with the device's lease.
     claimable_before = context.started - context.interval / 2
+    free = Q(monitored_at__isnull=True) | Q(monitored_at__lt=claimable_before)
+    # The PKI rows the revocation checks need, read once per scan (the entries share a few PKIs), before the visits
+    # start: visits running at once would each miss a row still being read.
+    pki_ids = {entry.pki_id for entry in entries if entry.pki_id is not None}  # type: ignore[attr-defined]
+    pkis: dict[int, PkiEntry | None] = {pki.id: pki for pki in await PkiEntry.filter(id__in=pki_ids)} if pki_ids else {}
 
     async def watch(entry: InventoryEntry) -> None:
         async with limit:
@@ -212,32 +236,41 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
             if context.suppressed_now():
                 report.count("suppressed")
                 return
-            free = Q(monitored_at__isnull=True) | Q(monitored_at__lt=claimable_before)
-            if not await DeviceSchedule.filter(Q(entry_id=entry.id) & free).update(monitored_at=context.clock()):
-                report.count("read_elsewhere")
-                return
-            report.count(await monitor_device(runtime, entry, context.clock()))
+            now = context.clock()
+            turn = ClaimCondition(free, {"monitored_at": now})
+            report.count(await monitor_device(runtime, entry, now, scan_turn=turn, pkis=pkis))
 
     await asyncio.gather(*(watch(entry) for entry in entries))
     return report
 
 
 @journals_automated_work
-async def monitor_device(runtime: Runtime, entry: InventoryEntry, now: datetime, trigger: str = "scheduler") -> str:
+async def monitor_device(
+    runtime: Runtime,
+    entry: InventoryEntry,
+    now: datetime,
+    trigger: str = "scheduler",
+    *,
+    scan_turn: ClaimCondition | None = None,
+    pkis: dict[int, PkiEntry | None] | None = None,
+) -> str:
     """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``,
     ``identity_changed`` (its SSH host key or TLS certificate is not the pinned one: ``certlm.inventory.identity``),
     ``deleted``
     when the entry was deleted since the scan listed it, or
     ``leased_elsewhere`` when another instance is operating on the device (its push verifies what the device
-    presents), ``inactive`` when the entry was deactivated since the scan listed it."""
+    presents), ``inactive`` when the entry was deactivated since the scan listed it, ``read_elsewhere`` when the
+    scan's ``scan_turn`` (claimed with the lease) was taken by another instance. ``pkis``: the scan's PKI rows."""
     # Within another operation's lease (a renewal reconciling its device) the lease is that operation's to release.
     owns_lease = not holds(entry.id)
     try:
-        async with reading(runtime.settings, entry, wait_s=0) as claim:
+        async with reading(runtime.settings, entry, wait_s=0, condition=scan_turn) as claim:
             assert claim is not None
             if entry.device_status != DEVICE_STATUS_ACTIVE:
                 return "inactive"
-            return await _Visit(runtime, entry, claim, owns_lease, now, trigger).run()
+            return await _Visit(runtime, entry, claim, owns_lease, now, trigger, pkis).run()
+    except ConditionUnmet:
+        return "read_elsewhere"
     except DeviceBusy:
         return "leased_elsewhere"
     except EntryDeleted:
@@ -260,8 +293,10 @@ class _Visit:
         owns_lease: bool,
         now: datetime,
         trigger: str,
+        pkis: dict[int, PkiEntry | None] | None = None,
     ) -> None:
         self.runtime, self.entry, self.claim, self.now, self.trigger = runtime, entry, claim, now, trigger
+        self.pkis = pkis
         self.owns_lease = owns_lease  # False within another operation's lease, which that operation releases
         self.driver = runtime.drivers.get(entry.service)
 
@@ -286,7 +321,7 @@ class _Visit:
         rest = await self._read_rest(target) if presents_pin else None
         if isinstance(reading, APIError):
             return await self._unreachable(reading)
-        fields = await _certificate_read(self.runtime, entry, reading, check_revocation=True)
+        fields = await _certificate_read(self.runtime, entry, reading, check_revocation=True, pkis=self.pkis)
         unexpected = await unexpected_certificate(self.runtime, entry, reading.certificate)
         if unexpected is not None:
             return await self._certificate_changed(fields, unexpected)

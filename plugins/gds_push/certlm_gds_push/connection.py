@@ -286,7 +286,8 @@ class DeviceSession:
         all in one TranslateBrowsePathsToNodeIds request; ``None`` where the device has no such node."""
         if not paths:
             return []
-        results = await self.request(self.client.translate_browsepaths(start, ["/" + "/".join(path) for path in paths]))
+        relative_paths = [_relative_path(tuple(path)) for path in paths]
+        results = await self.request(self.client.translate_browsepaths(start, relative_paths))
         return [
             result.Targets[0].TargetId if result.StatusCode.is_good() and result.Targets else None for result in results
         ]
@@ -309,6 +310,13 @@ class DeviceSession:
             log.debug("closing the session with %s: %s", self.client.server_url.geturl(), status_name(error))
         finally:
             self.client.disconnect_socket()
+
+
+@functools.lru_cache(maxsize=256)
+def _relative_path(path: tuple[str, ...]) -> ua.RelativePath:
+    """A browse path as the request encodes it, parsed once: asyncua parses a path string each time it is asked (tens
+    of microseconds a path, and a visit asks for a score of paths). Shared, so never changed."""
+    return ua.RelativePath.from_string("/" + "/".join(path))
 
 
 @asynccontextmanager

@@ -242,8 +242,7 @@ class GdsPushDriver(DeviceDriver):
         refuse_lockout(trust_list, client)
         refuse_malformed(trust_list)
         async with self._reading(target, "writing the trust list", SessionSecurity.ENCRYPTED) as session:
-            configuration = await ServerConfiguration.locate(session)
-            trust_file = await TrustListFile.locate(session, configuration.group_id)
+            configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
             applied_changes = await self._write_in(session, configuration, trust_file, trust_list)
         if applied_changes:
             await asyncio.sleep(self.apply_settle_s)
@@ -258,8 +257,7 @@ class GdsPushDriver(DeviceDriver):
         later, so it is read back in new sessions once it listens again (``_read_back``)."""
         client = await self.client_identity()
         async with self._reading(target, "changing the trust list", SessionSecurity.ENCRYPTED) as session:
-            configuration = await ServerConfiguration.locate(session)
-            trust_file = await TrustListFile.locate(session, configuration.group_id)
+            configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
             current = await trust_file.read_lists(TrustList.ALL)
             trust_list = compose(current)
             if trust_list is None:
@@ -325,8 +323,8 @@ class GdsPushDriver(DeviceDriver):
         _announced.set(None)
         endpoints = announced[1] if announced is not None and announced[0] == url else None
         async with self._reading(target, "reading the device", SessionSecurity.SIGNED, endpoints) as session:
-            configuration = await ServerConfiguration.locate(session)
-            trust_list = await (await TrustListFile.locate(session, configuration.group_id)).read_lists(TrustList.ALL)
+            configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
+            trust_list = await trust_file.read_lists(TrustList.ALL)
             build_info, state = await self._build_info_and_state(session)
             status = await self._status(session, state)
             try:
@@ -494,8 +492,7 @@ def refuse_malformed(trust_list: TrustList) -> None:
 
 async def _trust_list_file(session: DeviceSession) -> TrustListFile:
     """DefaultApplicationGroup's TrustList, where the device's ServerConfiguration has it."""
-    configuration = await ServerConfiguration.locate(session)
-    return await TrustListFile.locate(session, configuration.group_id)
+    return (await ServerConfiguration.locate_with_trust_list(session))[1]
 
 
 async def _take_into_use(configuration: ServerConfiguration, trust_file: TrustListFile, trust_list: TrustList) -> bool:
