@@ -25,8 +25,9 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from tortoise.exceptions import IntegrityError
@@ -45,9 +46,9 @@ POLL_S = 0.2
 INSTANCE = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 _local_locks: dict[int, asyncio.Lock] = {}
-# The devices the current task holds a lease on: a push started by the scheduler, which already holds the lease,
-# does not claim it again.
-_held: ContextVar[frozenset[int]] = ContextVar("certlm_held_leases", default=frozenset())
+# The devices the current task holds a lease on, with their claims: a push started by the scheduler, which already
+# holds the lease, does not claim it again.
+_held: ContextVar[MappingProxyType[int, Claim]] = ContextVar("certlm_held_leases", default=MappingProxyType({}))
 
 
 class DeviceBusy(APIError):
@@ -63,11 +64,29 @@ class EntryDeleted(NotFound):
         super().__init__(f"inventory entry {entry_id} was deleted while this operation waited for its device")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Claim:
     entry_id: int
     interrupted_holder: str | None
     """The holder whose lease expired without being released: an operation that was cut off (a crash)."""
+    on_release: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Columns of the ``device_schedule`` row the release sets, in its one UPDATE (the monitor's ``last_seen``)."""
+    released: bool = field(default=False, compare=False)
+    """Released by its holder already (``release_now``): the lease's block releases nothing more."""
+
+
+@dataclass(frozen=True)
+class ClaimCondition:
+    """What else the claim of a lease needs of the device's ``device_schedule`` row (``where``), with the columns it
+    then sets (``sets``): one conditional UPDATE claims both, as the monitor scan claims its turn at a device (not
+    read by another instance within half an interval) with the device's lease."""
+
+    where: Q
+    sets: dict[str, Any]
+
+
+class ConditionUnmet(Exception):
+    """The row does not meet the claim's ``ClaimCondition``: nothing was claimed or set."""
 
 
 def _now() -> datetime:
@@ -93,19 +112,26 @@ async def ensure_rows(entry_ids: list[int]) -> None:
             entry_ids = [entry_id for entry_id in entry_ids if entry_id in existing or entry_id in present]
 
 
-async def try_claim(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> Claim | None:
+async def try_claim(
+    entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S, condition: ClaimCondition | None = None
+) -> Claim | None:
     """Claim the device's lease if it is free or expired; None when another holder's lease is in force.
-    ``EntryDeleted`` (404) when the entry is gone.
+    ``EntryDeleted`` (404) when the entry is gone. With a ``condition``: ``ConditionUnmet`` when the row does not meet
+    it, else its columns are set whether the lease is claimed or not.
 
-    A free lease (the common case: released by its last holder) is claimed with one conditional UPDATE; only when
-    that claims nothing is the row read, to make it (the entry's first operation: made holding the lease) or to take
-    over an expired lease, learning whose it was."""
+    A free lease (the common case: released by its last holder) is claimed with one conditional UPDATE, the
+    condition's with it; only when that claims nothing is the condition applied alone and the row read, to make it
+    (the entry's first operation: made holding the lease) or to take over an expired lease, learning whose it was."""
     now = _now()
     until = now + timedelta(seconds=lease_s)
-    if await DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=True).update(
-        lease_holder=holder, lease_until=until
+    free = DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=True)
+    sets = condition.sets if condition is not None else {}
+    if await (free if condition is None else free.filter(condition.where)).update(
+        **sets, lease_holder=holder, lease_until=until
     ):
         return Claim(entry_id, None)
+    if condition is not None:
+        await _meet(entry_id, condition)
     row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:  # the entry's first operation: its row is made now, holding the lease
         try:
@@ -132,6 +158,12 @@ async def try_claim(entry_id: int, holder: str = INSTANCE, lease_s: float = LEAS
     return Claim(entry_id, interrupted)
 
 
+async def _meet(entry_id: int, condition: ClaimCondition) -> None:
+    """Set the condition's columns where the row meets it; ``ConditionUnmet`` where it does not (or is gone)."""
+    if not await DeviceSchedule.filter(Q(entry_id=entry_id) & condition.where).update(**condition.sets):
+        raise ConditionUnmet(entry_id)
+
+
 async def extend(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> bool:
     """Push the lease's expiry out; False when the lease is no longer this holder's."""
     updated = await DeviceSchedule.filter(entry_id=entry_id, lease_holder=holder).update(
@@ -145,6 +177,19 @@ async def release(entry_id: int, holder: str = INSTANCE, **columns: Any) -> None
     await DeviceSchedule.filter(entry_id=entry_id, lease_holder=holder).update(
         **columns, lease_holder=None, lease_until=None
     )
+
+
+def holds(entry_id: int) -> bool:
+    """Whether the current task holds the device's lease already (a ``device_lease`` in it would be re-entrant)."""
+    return entry_id in _held.get()
+
+
+async def release_now(claim: Claim, holder: str = INSTANCE) -> None:
+    """Release the lease of ``claim`` now, with its ``on_release`` columns: within the holder's last transaction, so
+    that its last writes and the release are committed at once. Only for the holder that claimed it (not a re-entrant
+    ``device_lease``, whose outer holder goes on). The block goes on without the lease: it writes nothing more."""
+    await release(claim.entry_id, holder, **claim.on_release)
+    claim.released = True
 
 
 async def _heartbeat(entry_id: int, lease_s: float) -> None:
@@ -172,17 +217,28 @@ async def _queued(entry_id: int, queue_wait_s: float | None) -> AsyncIterator[No
 
 @contextlib.asynccontextmanager
 async def device_lease(
-    entry_id: int, *, wait_s: float, lease_s: float = LEASE_S, queue_wait_s: float | None = None
+    entry_id: int,
+    *,
+    wait_s: float,
+    lease_s: float = LEASE_S,
+    queue_wait_s: float | None = None,
+    condition: ClaimCondition | None = None,
 ) -> AsyncIterator[Claim]:
     """Hold the device's lease for the block: queue behind this instance's other callers (at most ``queue_wait_s``
     when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
-    ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task."""
-    if entry_id in _held.get():
-        yield Claim(entry_id, None)
+    ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task. A ``condition`` is
+    claimed first, in the lease's claim where the lease is free (``try_claim``); ``ConditionUnmet`` when the row does
+    not meet it."""
+    held = _held.get()
+    if entry_id in held:
+        if condition is not None:
+            await _meet(entry_id, condition)
+        yield held[entry_id]  # the holder's claim: what is set on its release is released with it
         return
     async with _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
-        while (claim := await try_claim(entry_id, lease_s=lease_s)) is None:
+        while (claim := await try_claim(entry_id, lease_s=lease_s, condition=condition)) is None:
+            condition = None  # met (its columns set) by the claim that found the lease held
             if asyncio.get_running_loop().time() >= deadline:
                 row = await DeviceSchedule.get_or_none(entry_id=entry_id)
                 if row is None:
@@ -192,7 +248,7 @@ async def device_lease(
                     f"{api_timestamp(row.lease_until) if row.lease_until else 'it finishes'}; try again later"
                 )
             await asyncio.sleep(POLL_S)
-        token = _held.set(_held.get() | {entry_id})
+        token = _held.set(MappingProxyType({**held, entry_id: claim}))
         heartbeat = asyncio.create_task(_heartbeat(entry_id, lease_s))
         try:
             yield claim
@@ -201,4 +257,5 @@ async def device_lease(
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             _held.reset(token)
-            await release(entry_id)
+            if not claim.released:
+                await release(entry_id, **claim.on_release)

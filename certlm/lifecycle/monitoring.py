@@ -7,14 +7,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
 from tortoise.expressions import Q
+from tortoise.transactions import in_transaction
 
-from certlm.contracts.drivers import CertificateReading, DeviceDriver, DeviceIdentityChanged, DeviceTarget, FirmwareInfo
+from certlm.contracts.drivers import (
+    CertificateReading,
+    DeviceDriver,
+    DeviceIdentityChanged,
+    DeviceReading,
+    DeviceTarget,
+    FirmwareInfo,
+)
 from certlm.foundation.certs import api_now, api_timestamp, issued_by, serial_hex, to_der
 from certlm.foundation.config import Settings
 from certlm.foundation.crl_status import crl_check_status
@@ -30,7 +38,17 @@ from certlm.inventory.entries import (
     trust_list_fields,
 )
 from certlm.inventory.identity import mark_identity_changed
-from certlm.lifecycle.leases import DeviceBusy, EntryDeleted, device_lease, ensure_rows
+from certlm.lifecycle.leases import (
+    Claim,
+    ClaimCondition,
+    ConditionUnmet,
+    DeviceBusy,
+    EntryDeleted,
+    device_lease,
+    ensure_rows,
+    holds,
+    release_now,
+)
 from certlm.lifecycle.push import record_operation, trust_list_record
 from certlm.lifecycle.rejected import record_rejected
 from certlm.lifecycle.runtime import Runtime
@@ -81,23 +99,29 @@ async def device_at(
 
 @contextlib.asynccontextmanager
 async def reading(
-    settings: Settings, entry: InventoryEntry | None, *, wait_s: float | None = None, refresh: bool = True
-) -> AsyncIterator[None]:
+    settings: Settings,
+    entry: InventoryEntry | None,
+    *,
+    wait_s: float | None = None,
+    refresh: bool = True,
+    condition: ClaimCondition | None = None,
+) -> AsyncIterator[Claim | None]:
     """Hold the device's lease while reading it and storing what was read, with ``entry`` as the database has it once
     the lease is held. A push to the device (a REST call or the renewal scheduler, on any instance) holds the same
     lease: a read that overlapped it would store what the device presented before the push, over what the push
     stored. Waits up to ``wait_s`` (default: a device operation's time-out) for another instance's operation
     (``DeviceBusy``, 409, after that); re-entrant, so a push may read within its own lease. ``refresh`` False: the
-    caller holds the lease already and read ``entry`` under it, so it is not read again."""
+    caller holds the lease already and read ``entry`` under it, so it is not read again. ``condition`` is claimed with
+    the lease (``device_lease``). Yields the lease's claim (None without an entry)."""
     if entry is None:
-        yield
+        yield None
         return
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
-    async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s):
+    async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s, condition=condition) as claim:
         if refresh:
             await entry.refresh_from_db()
         try:
-            yield
+            yield claim
         except DeviceIdentityChanged as changed:
             # Whoever read the device, an operator or the monitor: the entry is marked until an operator re-pins.
             await mark_identity_changed(entry.id, changed.message, datetime.now(UTC))
@@ -119,19 +143,26 @@ async def read_certificate_and_store(
     async with reading(runtime.settings, entry):
         read = await driver.read_certificate(target, secure_session=secure_session)
         if entry is not None:
-            await _store_certificate(runtime, entry, read, check_revocation)
+            fields = await _certificate_read(runtime, entry, read, check_revocation)
+            await entry.save(update_fields=[*fields, "updated_at"])
     return read
 
 
-async def _store_certificate(
-    runtime: Runtime, entry: InventoryEntry, reading: CertificateReading, check_revocation: bool
-) -> None:
+async def _certificate_read(
+    runtime: Runtime,
+    entry: InventoryEntry,
+    reading: CertificateReading,
+    check_revocation: bool,
+    pkis: dict[int, PkiEntry | None] | None = None,
+) -> list[str]:
+    """Set what the certificate read tells on ``entry`` (the certificate, its revocation status and the outcome,
+    ``monitor_certificate``); the fields the caller saves. ``pkis``: the PKI rows read already (``revocation_of``)."""
     der = to_der(reading.certificate)
     if der != entry.certificate_der:
         entry.certificate_der = der
         entry.last_changed_certificate_date = datetime.now(UTC)
     revocation = (
-        await revocation_of(entry, reading.certificate, runtime.pki_backends, runtime.crl_cache)
+        await revocation_of(entry, reading.certificate, runtime.pki_backends, runtime.crl_cache, pkis=pkis)
         if check_revocation
         else None
     )
@@ -146,8 +177,7 @@ async def _store_certificate(
         status = crl_check_status(revocation.status_id).name
         record["revocation"] = {"status": status, "detail": revocation.detail}
     record_operation(entry, "monitor_certificate", record)
-    await entry.save(update_fields=[*REVOCATION_FIELDS, "certificate_der", "last_changed_certificate_date",
-                                    "last_result", "updated_at"])  # fmt: skip
+    return [*REVOCATION_FIELDS, "certificate_der", "last_changed_certificate_date", "last_result"]
 
 
 async def read_firmware_and_store(
@@ -190,8 +220,13 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
     limit = asyncio.Semaphore(runtime.settings.scheduler_concurrency)
 
     # Instances sharing the database share the scan: each device goes to the instance that claims it first, and is
-    # not claimed again within half an interval.
+    # not claimed again within half an interval. The scan's turn at a device is claimed with the device's lease.
     claimable_before = context.started - context.interval / 2
+    free = Q(monitored_at__isnull=True) | Q(monitored_at__lt=claimable_before)
+    # The PKI rows the revocation checks need, read once per scan (the entries share a few PKIs), before the visits
+    # start: visits running at once would each miss a row still being read.
+    pki_ids = {entry.pki_id for entry in entries if entry.pki_id is not None}  # type: ignore[attr-defined]
+    pkis: dict[int, PkiEntry | None] = {pki.id: pki for pki in await PkiEntry.filter(id__in=pki_ids)} if pki_ids else {}
 
     async def watch(entry: InventoryEntry) -> None:
         async with limit:
@@ -201,29 +236,41 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
             if context.suppressed_now():
                 report.count("suppressed")
                 return
-            free = Q(monitored_at__isnull=True) | Q(monitored_at__lt=claimable_before)
-            if not await DeviceSchedule.filter(Q(entry_id=entry.id) & free).update(monitored_at=context.clock()):
-                report.count("read_elsewhere")
-                return
-            report.count(await monitor_device(runtime, entry, context.clock()))
+            now = context.clock()
+            turn = ClaimCondition(free, {"monitored_at": now})
+            report.count(await monitor_device(runtime, entry, now, scan_turn=turn, pkis=pkis))
 
     await asyncio.gather(*(watch(entry) for entry in entries))
     return report
 
 
 @journals_automated_work
-async def monitor_device(runtime: Runtime, entry: InventoryEntry, now: datetime, trigger: str = "scheduler") -> str:
+async def monitor_device(
+    runtime: Runtime,
+    entry: InventoryEntry,
+    now: datetime,
+    trigger: str = "scheduler",
+    *,
+    scan_turn: ClaimCondition | None = None,
+    pkis: dict[int, PkiEntry | None] | None = None,
+) -> str:
     """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``,
     ``identity_changed`` (its SSH host key or TLS certificate is not the pinned one: ``certlm.inventory.identity``),
     ``deleted``
     when the entry was deleted since the scan listed it, or
     ``leased_elsewhere`` when another instance is operating on the device (its push verifies what the device
-    presents), ``inactive`` when the entry was deactivated since the scan listed it."""
+    presents), ``inactive`` when the entry was deactivated since the scan listed it, ``read_elsewhere`` when the
+    scan's ``scan_turn`` (claimed with the lease) was taken by another instance. ``pkis``: the scan's PKI rows."""
+    # Within another operation's lease (a renewal reconciling its device) the lease is that operation's to release.
+    owns_lease = not holds(entry.id)
     try:
-        async with reading(runtime.settings, entry, wait_s=0):
+        async with reading(runtime.settings, entry, wait_s=0, condition=scan_turn) as claim:
+            assert claim is not None
             if entry.device_status != DEVICE_STATUS_ACTIVE:
                 return "inactive"
-            return await _monitor_leased(runtime, entry, now, trigger)
+            return await _Visit(runtime, entry, claim, owns_lease, now, trigger, pkis).run()
+    except ConditionUnmet:
+        return "read_elsewhere"
     except DeviceBusy:
         return "leased_elsewhere"
     except EntryDeleted:
@@ -231,43 +278,106 @@ async def monitor_device(runtime: Runtime, entry: InventoryEntry, now: datetime,
         return "deleted"
 
 
-async def _monitor_leased(runtime: Runtime, entry: InventoryEntry, now: datetime, trigger: str) -> str:
-    try:
-        return await _monitor_read(runtime, entry, now, trigger)
-    except DeviceIdentityChanged as changed:
-        await mark_identity_changed(entry.id, changed.message, now)
-        await _record_monitor(entry, now, trigger, "identity_changed", changed.message)
-        return "identity_changed"
+class _Visit:
+    """One monitor visit, under the device's lease: the certificate the device announces and, for a device that
+    presents the certificate certlm installed, the rest in one session right after (``DeviceDriver.read_device``,
+    on the endpoints just read); then what was read is checked and stored. The entry is written once, with
+    everything read and the outcome, in the transaction that releases the lease; the schedule row is read only when
+    the device is unreachable or presents a certificate certlm did not install."""
 
+    def __init__(
+        self,
+        runtime: Runtime,
+        entry: InventoryEntry,
+        claim: Claim,
+        owns_lease: bool,
+        now: datetime,
+        trigger: str,
+        pkis: dict[int, PkiEntry | None] | None = None,
+    ) -> None:
+        self.runtime, self.entry, self.claim, self.now, self.trigger = runtime, entry, claim, now, trigger
+        self.pkis = pkis
+        self.owns_lease = owns_lease  # False within another operation's lease, which that operation releases
+        self.driver = runtime.drivers.get(entry.service)
 
-async def _monitor_read(runtime: Runtime, entry: InventoryEntry, now: datetime, trigger: str) -> str:
-    schedule = await DeviceSchedule.get(entry_id=entry.id)
-    try:
-        driver = runtime.drivers.get(entry.service)
-        target = await runtime.inventory.device_target(entry)
-        reading = await read_certificate_and_store(runtime, driver, target, entry, secure_session=False)
-    except DeviceIdentityChanged:
-        raise
-    except APIError as error:
-        schedule.unreachable_since = schedule.unreachable_since or now
+    async def run(self) -> str:
+        try:
+            return await self._read_and_store()
+        except DeviceIdentityChanged as changed:
+            await mark_identity_changed(self.entry.id, changed.message, self.now)
+            await _record_monitor(self.entry, self.now, self.trigger, "identity_changed", changed.message)
+            return "identity_changed"
+
+    async def _read_and_store(self) -> str:
+        entry, now, trigger = self.entry, self.now, self.trigger
+        target = await self.runtime.inventory.device_target(entry)
+        try:
+            reading = await self.driver.read_certificate(target, secure_session=False)
+        except DeviceIdentityChanged:
+            raise
+        except APIError as error:
+            reading = error
+        presents_pin = isinstance(reading, CertificateReading) and _presents_pin(entry, reading.certificate)
+        rest = await self._read_rest(target) if presents_pin else None
+        if isinstance(reading, APIError):
+            return await self._unreachable(reading)
+        fields = await _certificate_read(self.runtime, entry, reading, check_revocation=True, pkis=self.pkis)
+        unexpected = await unexpected_certificate(self.runtime, entry, reading.certificate)
+        if unexpected is not None:
+            return await self._certificate_changed(fields, unexpected)
+        # Seen, and what it presents is what certlm installed: nothing the audit trail lists (no record is written
+        # for a plain read), so the row is not read but set by the lease's release, in its UPDATE.
+        self.claim.on_release.update(last_seen=now, unreachable_since=None, unreachable_reason=None)
+        if rest is None and entry.pinned_certificate_der:  # pinned just now (``unexpected_certificate``)
+            rest = await self._read_rest(target)
+        if isinstance(rest, DeviceIdentityChanged):
+            await entry.save(update_fields=[*fields, "updated_at"])  # the certificate read stays stored
+            raise rest
+        detail = await _store_rest(entry, target, rest, fields) if rest is not None else None
+        if not self.owns_lease:
+            await _record_monitor(entry, now, trigger, "read", detail, fields)
+            return "read"
+        # The entry's one write and the lease's release (which records the visit in the schedule row): one commit.
+        async with in_transaction("default"):
+            await _record_monitor(entry, now, trigger, "read", detail, fields)
+            await release_now(self.claim)
+        return "read"
+
+    async def _read_rest(self, target: DeviceTarget) -> DeviceReading | str | DeviceIdentityChanged:
+        """Trust list, firmware, status and the client certificates the device rejected, in the driver's one visit;
+        what failed, as text (the scan goes on), or the identity change the caller raises once the certificate read
+        is stored."""
+        try:
+            return await self.driver.read_device(target)
+        except DeviceIdentityChanged as changed:
+            return changed
+        except APIError as error:
+            return f"reading trust list, firmware and status failed: {error.message}"
+
+    async def _unreachable(self, error: APIError) -> str:
+        schedule = await DeviceSchedule.get(entry_id=self.entry.id)
+        schedule.unreachable_since = schedule.unreachable_since or self.now
         schedule.unreachable_reason = error.message
         await schedule.save(update_fields=["unreachable_since", "unreachable_reason", "updated_at"])
-        await _record_monitor(entry, now, trigger, "unreachable", error.message)
+        await _record_monitor(self.entry, self.now, self.trigger, "unreachable", error.message)
         return "unreachable"
-    schedule.last_seen, schedule.unreachable_since, schedule.unreachable_reason = now, None, None
-    unexpected = await unexpected_certificate(runtime, entry, reading.certificate)
-    if unexpected is not None and schedule.certificate_changed_at is None:
-        schedule.certificate_changed_at = now
-        log.warning("%s:%s %s", entry.server, entry.port, unexpected)
-    await schedule.save(
-        update_fields=["last_seen", "unreachable_since", "unreachable_reason", "certificate_changed_at", "updated_at"]
-    )
-    if unexpected is not None:
-        await _record_monitor(entry, now, trigger, "certificate_changed", unexpected)
+
+    async def _certificate_changed(self, fields: list[str], unexpected: str) -> str:
+        entry, now = self.entry, self.now
+        await entry.save(update_fields=[*fields, "updated_at"])
+        schedule = await DeviceSchedule.get(entry_id=entry.id)
+        schedule.last_seen, schedule.unreachable_since, schedule.unreachable_reason = now, None, None
+        if schedule.certificate_changed_at is None:
+            schedule.certificate_changed_at = now
+            log.warning("%s:%s %s", entry.server, entry.port, unexpected)
+        await schedule.save(update_fields=["last_seen", "unreachable_since", "unreachable_reason",
+                                           "certificate_changed_at", "updated_at"])  # fmt: skip
+        await _record_monitor(entry, now, self.trigger, "certificate_changed", unexpected)
         return "certificate_changed"
-    detail = await _read_the_rest(driver, target, entry) if entry.pinned_certificate_der else None
-    await _record_monitor(entry, now, trigger, "read", detail)
-    return "read"
+
+
+def _presents_pin(entry: InventoryEntry, presented: x509.Certificate) -> bool:
+    return entry.pinned_certificate_der is not None and to_der(presented) == entry.pinned_certificate_der
 
 
 async def reconcile_device(runtime: Runtime, entry: InventoryEntry) -> str:
@@ -309,29 +419,29 @@ async def _issued_by_entry_pki(runtime: Runtime, entry: InventoryEntry, certific
     return any(issued_by(certificate, ca) for ca in sources.ca_chain)
 
 
-async def _read_the_rest(driver: DeviceDriver, target: DeviceTarget, entry: InventoryEntry) -> str | None:
-    """Trust list, firmware, status and the client certificates the device rejected in the driver's one visit
-    (``DeviceDriver.read_device``), stored; what failed, as text: the scan goes on."""
-    try:
-        reading = await driver.read_device(target)
-    except DeviceIdentityChanged:
-        raise
-    except APIError as error:
-        return f"reading trust list, firmware and status failed: {error.message}"
-    fields = ["updated_at"]
-    if reading.trust_list is not None:
-        entry.trustlist = trust_list_record(reading.trust_list)
+async def _store_rest(
+    entry: InventoryEntry, target: DeviceTarget, rest: DeviceReading | str, fields: list[str]
+) -> str | None:
+    """Set the trust list, firmware and status the device read gave on ``entry`` (their names added to ``fields``,
+    which the caller saves) and record the client certificates it rejected; the visit's detail: the status, or what
+    failed."""
+    if isinstance(rest, str):
+        return rest
+    if rest.trust_list is not None:
+        entry.trustlist = trust_list_record(rest.trust_list)
         fields.append("trustlist")
-    if reading.firmware is not None:
-        entry.firmware_version, entry.device_name = reading.firmware.firmware_version, reading.firmware.device_name
+    if rest.firmware is not None:
+        entry.firmware_version, entry.device_name = rest.firmware.firmware_version, rest.firmware.device_name
         fields += ["firmware_version", "device_name"]
-    await entry.save(update_fields=fields)
-    if reading.rejected_certificates is not None:
-        await record_rejected(entry, target.url, reading.rejected_certificates)
-    return f"status {reading.status}" if reading.status else None
+    if rest.rejected_certificates is not None:
+        await record_rejected(entry, target.url, rest.rejected_certificates)
+    return f"status {rest.status}" if rest.status else None
 
 
-async def _record_monitor(entry: InventoryEntry, now: datetime, trigger: str, outcome: str, detail: str | None) -> None:
+async def _record_monitor(
+    entry: InventoryEntry, now: datetime, trigger: str, outcome: str, detail: str | None, fields: Iterable[str] = ()
+) -> None:
+    """Record the visit's outcome in the entry and save it, with ``fields`` the visit set on it."""
     if outcome in ("identity_changed", "certificate_changed"):  # a finding that changes the device's state
         await record_automated(f"monitor {outcome}", entry=entry, detail=detail)
     record_operation(
@@ -345,4 +455,4 @@ async def _record_monitor(entry: InventoryEntry, now: datetime, trigger: str, ou
             "trigger": trigger,
         },
     )
-    await entry.save(update_fields=["last_result", "updated_at"])
+    await entry.save(update_fields=list(dict.fromkeys([*fields, "last_result", "updated_at"])))

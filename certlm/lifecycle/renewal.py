@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from cryptography import x509
 
@@ -73,6 +74,14 @@ def renewal_reason(
 def config_key(pki: PkiEntry, renewal_days: int) -> str:
     """What a configuration error was found under: it stands until one of these changes."""
     return f"renewal_days={renewal_days};pki={pki.id}@{pki.updated_at.isoformat() if pki.updated_at else ''}"
+
+
+# What a renewal's outcome sets in the device's schedule row.
+RETRY_STATE_FIELDS = ("renewal_failures", "renewal_retry_at", "renewal_config_error", "renewal_config_key")
+
+
+def _retry_state(schedule: DeviceSchedule) -> tuple[Any, ...]:
+    return tuple(getattr(schedule, name) for name in RETRY_STATE_FIELDS)
 
 
 def backoff(failures: int, base_s: float, max_s: float) -> timedelta:
@@ -198,6 +207,7 @@ class RenewalWave:
         if reason is None:
             return
         log.info("renewing %s:%s: %s", entry.server, entry.port, reason)
+        before = _retry_state(schedule)
         try:
             await push_certificate(self.runtime, entry, PushOrder(automated=True, trigger="scheduler"))
         except (PushError, APIError) as error:
@@ -212,13 +222,11 @@ class RenewalWave:
                         schedule.renewal_failures, api_timestamp(schedule.renewal_retry_at), error.message)  # fmt: skip
             self.report.count("failed")
             return
+        # The push set the entry as it saved it (the new certificate): not read again.
         schedule.renewal_failures, schedule.renewal_retry_at = 0, None
-        await entry.refresh_from_db()
         await self._check_successor(entry, schedule)
-        await schedule.save(
-            update_fields=["renewal_failures", "renewal_retry_at", "renewal_config_error", "renewal_config_key",
-                           "updated_at"]
-        )  # fmt: skip
+        if _retry_state(schedule) != before:  # the usual renewal (no failure before, none now) writes nothing here
+            await schedule.save(update_fields=[*RETRY_STATE_FIELDS, "updated_at"])
         self.report.count("renewed")
 
     async def _check_successor(self, entry: InventoryEntry, schedule: DeviceSchedule) -> None:

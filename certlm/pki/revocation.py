@@ -368,16 +368,24 @@ async def revocation_of(
     backends: PkiBackendRegistry,
     cache: CrlCache,
     now: datetime | None = None,
+    pkis: dict[int, PkiEntry | None] | None = None,
 ) -> RevocationCheck:
     """The revocation status of ``certificate`` (a device's, DER or parsed) on the CRL of ``entry``'s PKI. Never
     raises for a PKI that cannot be reached: the status is then ``ca_missing`` or ``crl_missing`` (``unknown`` for an
     entry without a PKI, or a PKI without CRLs), with the reason in the detail. A CRL that was fetched but does not
     verify is ``crl_signature_invalid`` (``crl_issuer_mismatch`` when it is another CA's), its detail naming the key it
-    does not verify with and where it came from."""
+    does not verify with and where it came from. ``pkis``: the PKI rows a caller checking many entries (a monitor
+    scan) read already, by id; a row not in it is read and added."""
     subject = _subject_certificate(certificate)
     if isinstance(subject, RevocationCheck):
         return subject
-    pki = None if entry.pki_id is None else await PkiEntry.get_or_none(id=entry.pki_id)  # type: ignore[attr-defined]
+    pki_id = entry.pki_id  # type: ignore[attr-defined]
+    if pkis is not None and pki_id in pkis:
+        pki = pkis[pki_id]
+    else:
+        pki = None if pki_id is None else await PkiEntry.get_or_none(id=pki_id)
+        if pkis is not None and pki_id is not None:
+            pkis[pki_id] = pki
     if pki is None:
         return RevocationCheck(crl_status.UNKNOWN, "the entry has no PKI")
     if not backends.known(pki.pki_type):

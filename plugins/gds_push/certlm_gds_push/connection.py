@@ -286,7 +286,8 @@ class DeviceSession:
         all in one TranslateBrowsePathsToNodeIds request; ``None`` where the device has no such node."""
         if not paths:
             return []
-        results = await self.request(self.client.translate_browsepaths(start, ["/" + "/".join(path) for path in paths]))
+        relative_paths = [_relative_path(tuple(path)) for path in paths]
+        results = await self.request(self.client.translate_browsepaths(start, relative_paths))
         return [
             result.Targets[0].TargetId if result.StatusCode.is_good() and result.Targets else None for result in results
         ]
@@ -311,6 +312,13 @@ class DeviceSession:
             self.client.disconnect_socket()
 
 
+@functools.lru_cache(maxsize=256)
+def _relative_path(path: tuple[str, ...]) -> ua.RelativePath:
+    """A browse path as the request encodes it, parsed once: asyncua parses a path string each time it is asked (tens
+    of microseconds a path, and a visit asks for a score of paths). Shared, so never changed."""
+    return ua.RelativePath.from_string("/" + "/".join(path))
+
+
 @asynccontextmanager
 async def open_session(
     target: DeviceTarget,
@@ -319,12 +327,16 @@ async def open_session(
     security: SessionSecurity = SessionSecurity.ANY,
     check_server: ServerCheck | None = None,
     on_client_rejected: Callable[[], None] | None = None,
+    announced: Sequence[ua.EndpointDescription] | None = None,
 ) -> AsyncIterator[DeviceSession]:
     """A session on the strongest endpoint the entry's masks allow, as certlm's client application and the entry's
     user. With ``SessionSecurity.ANY`` a device that rejects certlm's client certificate is read without security
     instead, when the masks allow that. ``on_client_rejected`` is called when the device rejects the client
-    certificate, whether the session then goes on without security or fails."""
-    endpoints = usable_endpoints(await server_endpoints(target.url, timeouts), target, security)
+    certificate, whether the session then goes on without security or fails. ``announced``: the endpoints the device
+    announced moments ago in the same operation (GetEndpoints is then not asked again); the secure channel verifies
+    the certificate the device presents whatever was announced."""
+    descriptions = announced if announced is not None else await server_endpoints(target.url, timeouts)
+    endpoints = usable_endpoints(descriptions, target, security)
     attempts = endpoints[:1]
     if security is SessionSecurity.ANY and endpoints[0].secure and not endpoints[-1].secure:
         attempts.append(endpoints[-1])

@@ -10,8 +10,9 @@ the small ``read_*``/``after_apply_changes``/``csr_subject`` methods. The simula
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -75,6 +76,13 @@ DI_PROPERTIES = (
     "AssetId",
     "ComponentName",
 )
+# The endpoints a device announced to ``read_certificate``, by URL, in the task (one device's monitor visit) that
+# read them: the ``read_device`` that follows in the same visit opens its session on them rather than asking the
+# device for them again. Taken once, so no later session of the task relies on them.
+_announced: ContextVar[tuple[str, Sequence[ua.EndpointDescription]] | None] = ContextVar(
+    "certlm_gds_announced_endpoints", default=None
+)
+_UNREAD = object()  # a value not read yet
 _BUILD_INFO = {
     "manufacturer": ua.ObjectIds.Server_ServerStatus_BuildInfo_ManufacturerName,
     "product": ua.ObjectIds.Server_ServerStatus_BuildInfo_ProductName,
@@ -133,6 +141,7 @@ class GdsPushDriver(DeviceDriver):
         target: DeviceTarget,
         security: SessionSecurity = SessionSecurity.ANY,
         check_server: ServerCheck | None = None,
+        announced: Sequence[ua.EndpointDescription] | None = None,
     ) -> AsyncIterator[DeviceSession]:
         """A session with the device as certlm's client application and the entry's user. A device that rejects
         certlm's client certificate has certlm read its identity again at the next session, not only once the
@@ -146,19 +155,24 @@ class GdsPushDriver(DeviceDriver):
             security,
             check_server,
             on_client_rejected=lambda: identity.forget_client_identity(self.services),
+            announced=announced,
         ) as session:
             yield session
 
     @asynccontextmanager
     async def _reading(
-        self, target: DeviceTarget, action: str, security: SessionSecurity = SessionSecurity.ANY
+        self,
+        target: DeviceTarget,
+        action: str,
+        security: SessionSecurity = SessionSecurity.ANY,
+        announced: Sequence[ua.EndpointDescription] | None = None,
     ) -> AsyncIterator[DeviceSession]:
         # A read with the entry's credentials goes only to the device certlm pinned.
         pinned = known_device_check(
             PushRequest(pinned_certificate=target.pinned_certificate, trust_on_first_use=not target.pinned_certificate)
         )
         try:
-            async with self.session(target, security, pinned) as session:
+            async with self.session(target, security, pinned, announced) as session:
                 yield session
         except Exception as error:
             raise failure(action, error) from error
@@ -179,8 +193,10 @@ class GdsPushDriver(DeviceDriver):
         async with self._reading(target, "reading the device status") as session:
             return await self._status(session)
 
-    async def _status(self, session: DeviceSession) -> str:
-        (state,) = await session.read_values([ua.NodeId(ua.ObjectIds.Server_ServerStatus_State)])
+    async def _status(self, session: DeviceSession, state: Any = _UNREAD) -> str:
+        """``read_status``'s text; ``state`` is ServerStatus.State when the caller read it already."""
+        if state is _UNREAD:
+            (state,) = await session.read_values([ua.NodeId(ua.ObjectIds.Server_ServerStatus_State)])
         operating_state = await self.read_operating_state(session)
         status = ua.ServerState(state).name if state in set(ua.ServerState) else f"Unknown ({state})"
         return f"{status}, {operating_state}" if operating_state else status
@@ -196,7 +212,9 @@ class GdsPushDriver(DeviceDriver):
             async with self._reading(target, "reading the device certificate", SessionSecurity.SIGNED) as session:
                 return CertificateReading(session.server_certificate, session.security_policy, session.security_mode)
         try:
-            endpoints = usable_endpoints(await server_endpoints(target.url, self.timeouts), target, SessionSecurity.ANY)
+            descriptions = await server_endpoints(target.url, self.timeouts)
+            _announced.set((target.url, descriptions))
+            endpoints = usable_endpoints(descriptions, target, SessionSecurity.ANY)
         except Exception as error:
             raise failure("reading the device certificate", error) from error
         certificate = next((e.certificate for e in endpoints if e.certificate is not None), None)
@@ -224,8 +242,7 @@ class GdsPushDriver(DeviceDriver):
         refuse_lockout(trust_list, client)
         refuse_malformed(trust_list)
         async with self._reading(target, "writing the trust list", SessionSecurity.ENCRYPTED) as session:
-            configuration = await ServerConfiguration.locate(session)
-            trust_file = await TrustListFile.locate(session, configuration.group_id)
+            configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
             applied_changes = await self._write_in(session, configuration, trust_file, trust_list)
         if applied_changes:
             await asyncio.sleep(self.apply_settle_s)
@@ -240,8 +257,7 @@ class GdsPushDriver(DeviceDriver):
         later, so it is read back in new sessions once it listens again (``_read_back``)."""
         client = await self.client_identity()
         async with self._reading(target, "changing the trust list", SessionSecurity.ENCRYPTED) as session:
-            configuration = await ServerConfiguration.locate(session)
-            trust_file = await TrustListFile.locate(session, configuration.group_id)
+            configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
             current = await trust_file.read_lists(TrustList.ALL)
             trust_list = compose(current)
             if trust_list is None:
@@ -301,12 +317,16 @@ class GdsPushDriver(DeviceDriver):
 
     async def read_device(self, target: DeviceTarget) -> DeviceReading:
         """Trust list, firmware, status and the rejected client certificates (where the device lists them to
-        certlm) in one signed session: what the monitor reads each scan."""
-        async with self._reading(target, "reading the device", SessionSecurity.SIGNED) as session:
-            configuration = await ServerConfiguration.locate(session)
-            trust_list = await (await TrustListFile.locate(session, configuration.group_id)).read_lists(TrustList.ALL)
-            build_info = await self.read_build_info(session)
-            status = await self._status(session)
+        certlm) in one signed session: what the monitor reads each scan, right after ``read_certificate``, whose
+        endpoints it opens the session on."""
+        announced, url = _announced.get(), target.url
+        _announced.set(None)
+        endpoints = announced[1] if announced is not None and announced[0] == url else None
+        async with self._reading(target, "reading the device", SessionSecurity.SIGNED, endpoints) as session:
+            configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
+            trust_list = await trust_file.read_lists(TrustList.ALL)
+            build_info, state = await self._build_info_and_state(session)
+            status = await self._status(session, state)
             try:
                 rejected = await get_rejected_list(session, configuration.node_id)
             except UnsupportedOperation:
@@ -324,12 +344,19 @@ class GdsPushDriver(DeviceDriver):
         description it reads selects the driver, and a ``GdsPushDriver`` selected goes on in that session."""
         return await run_push(self, target, request, pki)
 
+    async def _build_info_and_state(self, session: DeviceSession) -> tuple[dict[str, str], Any]:
+        """``read_build_info`` and ServerStatus.State, in one Read unless a driver reads its build info otherwise."""
+        state_node = ua.NodeId(ua.ObjectIds.Server_ServerStatus_State)
+        if type(self).read_build_info is not GdsPushDriver.read_build_info:
+            return await self.read_build_info(session), (await session.read_values([state_node]))[0]
+        *values, state = await session.read_values([*(ua.NodeId(node) for node in _BUILD_INFO.values()), state_node])
+        return _build_info(values), state
+
     # Reading the device, in an open session. A specific driver overrides what its device offers differently.
 
     async def read_build_info(self, session: DeviceSession) -> dict[str, str]:
         """ServerStatus.BuildInfo: manufacturer, product, software_version, build_number."""
-        values = await session.read_values([ua.NodeId(node) for node in _BUILD_INFO.values()])
-        return {key: str(value or "") for key, value in zip(_BUILD_INFO, values, strict=True)}
+        return _build_info(await session.read_values([ua.NodeId(node) for node in _BUILD_INFO.values()]))
 
     async def read_description(self, session: DeviceSession) -> DeviceDescription:
         """Identity from BuildInfo; capabilities from ServerConfiguration (see ``ServerConfiguration.capabilities``)
@@ -424,6 +451,10 @@ class GdsPushDriver(DeviceDriver):
         vendor method to take the new certificate into use calls it here."""
 
 
+def _build_info(values: list[Any]) -> dict[str, str]:
+    return {key: str(value or "") for key, value in zip(_BUILD_INFO, values, strict=True)}
+
+
 def refuse_lockout(trust_list: TrustList, client: identity.ClientIdentity) -> None:
     """Refuse a trust list whose trusted certificates hold neither certlm's client certificate nor a CA of its chain:
     from the moment the device took it into use it would refuse certlm, and nothing could repair that remotely."""
@@ -461,8 +492,7 @@ def refuse_malformed(trust_list: TrustList) -> None:
 
 async def _trust_list_file(session: DeviceSession) -> TrustListFile:
     """DefaultApplicationGroup's TrustList, where the device's ServerConfiguration has it."""
-    configuration = await ServerConfiguration.locate(session)
-    return await TrustListFile.locate(session, configuration.group_id)
+    return (await ServerConfiguration.locate_with_trust_list(session))[1]
 
 
 async def _take_into_use(configuration: ServerConfiguration, trust_file: TrustListFile, trust_list: TrustList) -> bool:

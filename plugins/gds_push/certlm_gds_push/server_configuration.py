@@ -15,6 +15,7 @@ from cryptography.x509.oid import NameOID
 
 from certlm import Enrollment, to_der
 from certlm_gds_push.connection import DeviceError, DeviceSession, status_name
+from certlm_gds_push.trust_list import TrustListFile
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +45,39 @@ class ServerConfiguration:
     async def locate(cls, session: DeviceSession) -> ServerConfiguration:
         """Resolve every node the push flow uses in one TranslateBrowsePathsToNodeIds request."""
         configuration = cls(session)
-        names = cls.METHODS + cls.PROPERTIES
-        found = await session.translate(
-            ua.NodeId(ua.ObjectIds.Server),
+        configuration._set_found(await session.translate(ua.NodeId(ua.ObjectIds.Server), *cls._browse_paths()))
+        return configuration
+
+    @classmethod
+    async def locate_with_trust_list(cls, session: DeviceSession) -> tuple[ServerConfiguration, TrustListFile]:
+        """``locate`` and DefaultApplicationGroup's ``TrustListFile``, all in one TranslateBrowsePathsToNodeIds
+        request: the group's browse path, not its NodeId, is the TrustList's start (the same node; a device resolves
+        the paths of one request independently)."""
+        configuration = cls(session)
+        own = cls._browse_paths()
+        trust_list_paths = TrustListFile.browse_paths(tuple(own[2]))
+        found = await session.translate(ua.NodeId(ua.ObjectIds.Server), *own, *trust_list_paths)
+        configuration._set_found(found[: len(own)])
+        return configuration, TrustListFile.from_found(session, configuration.group_id, found[len(own) :])
+
+    @classmethod
+    def _browse_paths(cls) -> list[list[str]]:
+        """From the Server object: ServerConfiguration, its CertificateGroups, DefaultApplicationGroup, then each of
+        ``METHODS`` and ``PROPERTIES``."""
+        return [
             ["0:ServerConfiguration"],
             ["0:ServerConfiguration", "0:CertificateGroups"],
             ["0:ServerConfiguration", "0:CertificateGroups", "0:DefaultApplicationGroup"],
-            *(["0:ServerConfiguration", f"0:{name}"] for name in names),
-        )
+            *(["0:ServerConfiguration", f"0:{name}"] for name in cls.METHODS + cls.PROPERTIES),
+        ]
+
+    def _set_found(self, found: list[ua.NodeId | None]) -> None:
+        configuration, names = self, self.METHODS + self.PROPERTIES
         configuration.present = found[0] is not None
         configuration.node_id = found[0] or configuration.node_id
         configuration.groups_id = found[1] or configuration.groups_id
         configuration.group_id = found[2] or configuration.group_id
         configuration.nodes |= {name: node_id for name, node_id in zip(names, found[3:], strict=True) if node_id}
-        return configuration
 
     async def capabilities(self) -> dict[str, Any]:
         """SupportedPrivateKeyFormats, MaxTrustListSize, ServerCapabilities and the certificate groups with their

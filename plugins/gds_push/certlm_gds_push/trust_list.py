@@ -95,8 +95,19 @@ class TrustListFile:
     async def locate(cls, session: DeviceSession, group_id: ua.NodeId = _DEFAULT_APPLICATION_GROUP) -> TrustListFile:
         """Browse from the certificate group to its TrustList and methods; DefaultApplicationGroup falls back to the
         well-known ns=0 NodeIds where the device does not resolve a path."""
+        return cls.from_found(session, group_id, await session.translate(group_id, *cls.browse_paths()))
+
+    @staticmethod
+    def browse_paths(group_path: tuple[str, ...] = ()) -> list[list[str]]:
+        """The browse paths ``locate`` resolves, below the group at ``group_path`` (for a caller that resolves them in
+        a request of its own: ``ServerConfiguration.locate_with_trust_list``)."""
+        trust_list = [*group_path, "0:TrustList"]
+        return [trust_list, *([*trust_list, f"0:{name}"] for name in _DEFAULT_APPLICATION_TRUST_LIST_METHODS)]
+
+    @classmethod
+    def from_found(cls, session: DeviceSession, group_id: ua.NodeId, found: list[ua.NodeId | None]) -> TrustListFile:
+        """The TrustList of ``group_id`` from the nodes its ``browse_paths`` resolved to (``found``, in order)."""
         names = tuple(_DEFAULT_APPLICATION_TRUST_LIST_METHODS)
-        found = await session.translate(group_id, ["0:TrustList"], *(["0:TrustList", f"0:{name}"] for name in names))
         well_known = group_id == _DEFAULT_APPLICATION_GROUP
         node_id = found[0] or (_DEFAULT_APPLICATION_TRUST_LIST if well_known else None)
         if node_id is None:
