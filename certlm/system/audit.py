@@ -708,13 +708,7 @@ class RequestTransaction:
         except CommitFailed as error:
             await self._commit_failed(error)
         except BaseException as error:
-            _committed(None, self.connection)
-            await self._close(error)
-            if not isinstance(error, Exception):
-                raise
-            raise ChangeRolledBack(
-                f"the change was rolled back: its audit record could not be written ({error})"
-            ) from error
+            await self._record_failed(error)
         if link is None:
             link = await self._append_then_commit(values)
         _committed(link, self.connection)
@@ -742,18 +736,21 @@ class RequestTransaction:
                 await self.connection.execute_query(CHAIN_LOCK)
             (link,) = await _append_locked(self.connection, [values])
         except BaseException as error:
-            _committed(None, self.connection)
-            await self._close(error)
-            if not isinstance(error, Exception):
-                raise
-            raise ChangeRolledBack(
-                f"the change was rolled back: its audit record could not be written ({error})"
-            ) from error
+            await self._record_failed(error)
         try:
             await self.context.__aexit__(None, None, None)
         except BaseException as error:
             await self._commit_failed(error)
         return link
+
+    async def _record_failed(self, error: BaseException) -> NoReturn:
+        _committed(None, self.connection)
+        await self._close(error)
+        if not isinstance(error, Exception):
+            raise error
+        raise ChangeRolledBack(
+            f"the change was rolled back: its audit record could not be written ({error})"
+        ) from error
 
     async def _commit_failed(self, error: BaseException) -> NoReturn:
         _committed(None, self.connection)

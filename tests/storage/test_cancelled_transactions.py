@@ -6,29 +6,15 @@ ever (a client hanging up during a write froze the service)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
 from tortoise import connections
 from tortoise.transactions import in_transaction
 
-from certlm.foundation.config import Settings
 from certlm.storage.models import InventoryEntry
-from tests.support import LicenseKeys, licensed_app_in_process
 
 # Enough loop steps to cancel before the lock, between it and BEGIN's two trips to aiosqlite's thread, inside the
 # body and during COMMIT.
 STEPS = 12
-
-
-@pytest.fixture
-async def app_storage(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[None]:
-    settings = Settings.from_env(
-        env={}, data_dir=tmp_path / "data", license_public_key_file=license_keys.public_key_file
-    )
-    async with licensed_app_in_process(settings, license_keys) as (client, _, _), client.app.app_context():
-        yield
 
 
 async def _one_loop_step() -> None:

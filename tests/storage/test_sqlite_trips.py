@@ -5,26 +5,12 @@ left open rolled back rather than committed)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 from tortoise import connections
 from tortoise.transactions import in_transaction
 
-from certlm.foundation.config import Settings
 from certlm.storage import sqlite_transactions
 from certlm.storage.models import InventoryEntry
-from tests.support import LicenseKeys, licensed_app_in_process
-
-
-@pytest.fixture
-async def app_storage(tmp_path: Path, license_keys: LicenseKeys) -> AsyncIterator[None]:
-    settings = Settings.from_env(
-        env={}, data_dir=tmp_path / "data", license_public_key_file=license_keys.public_key_file
-    )
-    async with licensed_app_in_process(settings, license_keys) as (client, _, _), client.app.app_context():
-        yield
 
 
 @pytest.fixture
