@@ -3,8 +3,9 @@ each device, at the same concurrency, with nothing of certlm.
 
 - monitor read, per device what certlm's monitor reads: GetEndpoints (the certificate the device announces), then one
   secure session as the admin user (Aes256Sha256RsaPss SignAndEncrypt, the endpoint certlm picks on the simulated
-  devices) reading the trust list (OpenWithMasks, Read, Close), BuildInfo and ServerStatus in one Read, and
-  GetRejectedList;
+  devices) reading the trust list (OpenWithMasks, Read, Close), BuildInfo and ServerStatus in one Read,
+  GetRejectedList, and the simulated PLC's operating state as the driver of these devices reads it (the namespace
+  array, one TranslateBrowsePaths for the PLC's variables, one Read of them);
 - renewal, per device what a push must do (``asyncua_baseline.push``): CreateSigningRequest, sign, write the trust
   list, UpdateCertificate, ApplyChanges, and the check that the device presents the new certificate.
 
@@ -39,6 +40,11 @@ STATUS_NODES = [
 ]
 
 
+# The simulated PLC's variables its driver reads in each visit (``certlm_opcua_simulator.driver``).
+PLC_NAMESPACE = "urn:certlm:simulator"
+PLC_VARIABLES = ("OperatingMode", "ProgramName", "CycleTimeMs")
+
+
 def _trust_list_method(name: str) -> ua.NodeId:
     return ua.NodeId(
         getattr(ua.ObjectIds, f"ServerConfiguration_CertificateGroups_DefaultApplicationGroup_TrustList_{name}")
@@ -63,6 +69,10 @@ async def monitor_read(url: str, ca: BaselineCa) -> None:
         await client.get_node(SERVER_CONFIGURATION).call_method(
             ua.NodeId(ua.ObjectIds.ServerConfiguration_GetRejectedList)
         )
+        index = (await client.get_namespace_array()).index(PLC_NAMESPACE)
+        paths = [ua.RelativePath.from_string(f"/{index}:PLC/{index}:{name}") for name in PLC_VARIABLES]
+        found = await client.translate_browsepaths(ua.NodeId(ua.ObjectIds.ObjectsFolder), paths)
+        await client.uaclient.read_attributes([result.Targets[0].TargetId for result in found], ua.AttributeIds.Value)
 
 
 @dataclass
