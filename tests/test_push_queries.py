@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from certlm_gds_push.connection import DeviceSession
+
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.testing import InProcessApp, InternalCa, push
 
@@ -95,3 +97,26 @@ async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
         row = await DeviceSchedule.get(entry_id=entry.id)
     assert row.lease_holder is None and row.lease_until is None
     assert entry.pinned_certificate_der == entry.certificate_der and entry.service
+
+
+async def test_a_renewal_looks_up_the_push_management_nodes_once_per_session(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any, monkeypatch
+) -> None:
+    """ServerConfiguration, its methods and its TrustList in one TranslateBrowsePaths request in the session that
+    describes the device and installs (three before: the description's, the push's, the trust list's)."""
+    device = await certlm_simulated_device()
+    await push(certlm_in_process, device)
+    sent: list[list[str]] = []
+    real = DeviceSession.translate
+
+    async def counted(self: Any, start: Any, *paths: Any) -> Any:
+        sent.append(sorted({name for path in paths for name in path}))
+        return await real(self, start, *paths)
+
+    monkeypatch.setattr(DeviceSession, "translate", counted)
+    renewed = await push(certlm_in_process, device, onboarding=False)
+    assert renewed["success"], renewed
+    push_management = [names for names in sent if {"0:TrustList", "0:ServerConfiguration"} & set(names)]
+    # The description's look-up, the push's and its trust list's are one request (the session keeps what it found).
+    assert len(push_management) == 1, sent
+    assert {"0:ServerConfiguration", "0:TrustList", "0:UpdateCertificate"} <= set(push_management[0]), sent

@@ -250,6 +250,9 @@ class DeviceSession:
         self.client = client
         self.endpoint = endpoint
         self.timeouts = timeouts
+        # Nodes looked up by browse path in this session, by what they are for: a device's address space stays what it
+        # is for a session's life, so a second look-up (the description's, then the push's) costs no request.
+        self.found: dict[str, list[ua.NodeId | None]] = {}
 
     @functools.cached_property
     def server_certificate(self) -> x509.Certificate:

@@ -579,7 +579,7 @@ async def install(
     enrollment, trust_list = progress.enrollment, progress.trust_list
     assert enrollment is not None and trust_list is not None
     async with run.step("write_trust_list") as note:
-        trust_file = await TrustListFile.locate(session, configuration.group_id)
+        trust_file = await configuration.trust_list_file()  # found with the ServerConfiguration
         lists = written_lists(trust_list)
         held = await lists_held(trust_file, lists)
         if lists & ISSUER_LISTS:

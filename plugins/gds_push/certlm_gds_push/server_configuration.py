@@ -36,6 +36,8 @@ class ServerConfiguration:
         self.node_id = ua.NodeId(ua.ObjectIds.ServerConfiguration)
         self.groups_id = ua.NodeId(ua.ObjectIds.ServerConfiguration_CertificateGroups)
         self.group_id = DEFAULT_APPLICATION_GROUP
+        # DefaultApplicationGroup's TrustList and its methods, where ``locate`` resolved them.
+        self.trust_list_nodes: list[ua.NodeId | None] | None = None
         self.nodes = {
             name: ua.NodeId(getattr(ua.ObjectIds, f"ServerConfiguration_{name}"))
             for name in self.METHODS + self.PROPERTIES
@@ -43,22 +45,33 @@ class ServerConfiguration:
 
     @classmethod
     async def locate(cls, session: DeviceSession) -> ServerConfiguration:
-        """Resolve every node the push flow uses in one TranslateBrowsePathsToNodeIds request."""
+        """Resolve every node the push flow uses, DefaultApplicationGroup's TrustList and its methods with them, in
+        one TranslateBrowsePathsToNodeIds request, once per session (``DeviceSession.found``): the group's browse path,
+        not its NodeId, is the TrustList's start (the same node; a device resolves the paths of one request
+        independently). ``trust_list_file`` makes the TrustList of what was found."""
+        own = cls._browse_paths()
+        found = session.found.get("server_configuration")
+        if found is None:
+            trust_list_paths = TrustListFile.browse_paths(tuple(own[2]))
+            found = await session.translate(ua.NodeId(ua.ObjectIds.Server), *own, *trust_list_paths)
+            session.found["server_configuration"] = found
         configuration = cls(session)
-        configuration._set_found(await session.translate(ua.NodeId(ua.ObjectIds.Server), *cls._browse_paths()))
+        configuration._set_found(found[: len(own)])
+        configuration.trust_list_nodes = found[len(own) :]
         return configuration
 
     @classmethod
     async def locate_with_trust_list(cls, session: DeviceSession) -> tuple[ServerConfiguration, TrustListFile]:
-        """``locate`` and DefaultApplicationGroup's ``TrustListFile``, all in one TranslateBrowsePathsToNodeIds
-        request: the group's browse path, not its NodeId, is the TrustList's start (the same node; a device resolves
-        the paths of one request independently)."""
-        configuration = cls(session)
-        own = cls._browse_paths()
-        trust_list_paths = TrustListFile.browse_paths(tuple(own[2]))
-        found = await session.translate(ua.NodeId(ua.ObjectIds.Server), *own, *trust_list_paths)
-        configuration._set_found(found[: len(own)])
-        return configuration, TrustListFile.from_found(session, configuration.group_id, found[len(own) :])
+        """``locate`` and DefaultApplicationGroup's ``TrustListFile``."""
+        configuration = await cls.locate(session)
+        return configuration, await configuration.trust_list_file()
+
+    async def trust_list_file(self) -> TrustListFile:
+        """DefaultApplicationGroup's TrustList from the nodes ``locate`` found, else looked up now (raises
+        ``DeviceError`` where the device has none)."""
+        if self.trust_list_nodes is None:
+            return await TrustListFile.locate(self.session, self.group_id)
+        return TrustListFile.from_found(self.session, self.group_id, self.trust_list_nodes)
 
     @classmethod
     def _browse_paths(cls) -> list[list[str]]:
