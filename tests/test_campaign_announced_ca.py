@@ -8,7 +8,9 @@ the new root, trust first. The trust lists and presented certificates are sample
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from certlm.storage.models import InventoryEntry
 from certlm.testing.pushes import assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
 from tests.conftest import StartDevice
-from tests.crypto_factory import make_ca
+from tests.crypto_factory import Credential, make_ca
 from tests.plugins.pki_cmp.cmp_server import (
     HttpRelay,
     IssuingCmpServer,
@@ -38,23 +40,24 @@ from tests.support import InProcessApp
 from tests.test_campaigns import PLANT_SIZE, der, finished, invariant_breaks, sampled, sampling
 
 
-def strict_refusals(devices: list, old_cas: list[x509.Certificate]) -> list[str]:
+def strict_refusals(devices: list, cas: list[x509.Certificate]) -> list[str]:
     """The pairs where a device with strict revocation checking (a CRL of every CA on the path, as UA-.NETStandard
-    with RejectUnknownRevocationStatus and node-opcua check) would refuse a peer that still presents a certificate of
-    the old issuer, as sentences; the simulator's own check of such a path decides."""
+    with RejectUnknownRevocationStatus and node-opcua check) would refuse a peer that presents a certificate of one
+    of ``cas`` (the old issuer's, or the new one's), as sentences; the simulator's own check of such a path decides."""
     return [
-        f"{a.config.port} refuses {b.config.port}'s old certificate: {ua.StatusCode(status).name}"
+        f"{a.config.port} refuses {b.config.port}'s certificate of {b.certificate.issuer.rfc4514_string()}: "
+        f"{ua.StatusCode(status).name}"
         for a in devices
         for b in devices
         if a is not b
-        and any(issued_by(b.certificate, ca) for ca in old_cas)
+        and any(issued_by(b.certificate, ca) for ca in cas)
         and (status := verify_own_certificate_chain(b.certificate, [], a.trust_list)) is not None
     ]
 
 
-def strict_sampling(devices: list, old_cas: list[x509.Certificate]) -> AbstractAsyncContextManager[list[list[str]]]:
+def strict_sampling(devices: list, cas: list[x509.Certificate]) -> AbstractAsyncContextManager[list[list[str]]]:
     """``strict_refusals`` every 20 ms until the block ends; yields the samples."""
-    return sampled(lambda: strict_refusals(devices, old_cas))
+    return sampled(lambda: strict_refusals(devices, cas))
 
 
 @pytest.fixture
@@ -252,7 +255,11 @@ async def test_a_rollover_to_a_new_issuing_ca_under_the_same_root_keeps_the_root
     new_issuing = server.announce_new_issuing_ca().certificate
     assert invariant_breaks(devices) == [] and strict_refusals(devices, [old_issuing]) == []
 
-    async with sampling(devices) as samples, strict_sampling(devices, [old_issuing]) as strict_samples:
+    async with (
+        sampling(devices) as samples,
+        strict_sampling(devices, [old_issuing]) as strict_samples,
+        strict_sampling(devices, [new_issuing]) as strict_new_samples,
+    ):
         status, created = await request(in_process, "POST", "/campaigns", {
             "kind": "ca-rollover", "from_pki_id": pki_id, "concurrency": 2,
         })  # fmt: skip
@@ -269,6 +276,10 @@ async def test_a_rollover_to_a_new_issuing_ca_under_the_same_root_keeps_the_root
     # strict device accepts its peers' old certificates until the retire.
     refused = [refusals for refusals in strict_samples if refusals]
     assert len(strict_samples) > 20 and not refused, refused[:3]
+    # The new issuing CA's own CRL, named only in the certificates it issues, was in every trust list before the
+    # first device was reissued: a strict device accepts each peer's new certificate from its first moment.
+    refused_new = [refusals for refusals in strict_new_samples if refusals]
+    assert len(strict_new_samples) > 20 and not refused_new, refused_new[:3]
     assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
     for device in devices:
         assert issued_by(device.certificate, new_issuing)
@@ -374,14 +385,33 @@ async def test_a_rollover_to_the_root_a_cmp_ca_announced_keeps_every_device_trus
         await new_cdp.stop()
 
 
-async def test_a_rollover_to_a_new_issuing_ca_a_cmp_ca_hands_out_keeps_the_shared_root_and_strict_peers(
+@dataclass
+class CmpIssuingCaPlant:
+    """A CMP CA whose root issues through an issuing CA (``first``), a plant onboarded from it, and a second issuing
+    CA under the same root it hands out as the successor (genp id-it-caCerts). Each CA's CRL is at a distribution
+    point of its own; the CA certificates name the root's, the devices' certificates their issuing CA's."""
+
+    root: Credential
+    first: Credential
+    second: Credential
+    root_cdp: CrlDistributionPoint
+    first_cdp: CrlDistributionPoint
+    second_cdp: CrlDistributionPoint
+    pki: TestPki
+    issuing: IssuingCmpServer
+    pki_id: int
+    devices: list
+
+    def issue_from_second(self) -> None:
+        """The CA issues from the second issuing CA on, its certificates naming that CA's distribution point."""
+        self.pki.crl_url = self.second_cdp.url
+        self.issuing.issue_from(self.second, self.root.certificate)
+
+
+@asynccontextmanager
+async def cmp_issuing_ca_plant(
     in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
-) -> None:
-    """A CMP CA whose root issues through an issuing CA hands out a new issuing CA under the same root (genp
-    id-it-caCerts). Its certificates name no distribution point of the issuing CA's own CRL (only the root's), so
-    the PKI entry's CRL (``crl()``) is the root's: the issuing CA's CRL, which strict devices need for every peer that
-    still presents an old certificate, is only in the trust lists the devices hold. The campaign keeps it there until
-    the retire, keeps the root, and moves every device to the new issuing CA."""
+) -> AsyncIterator[CmpIssuingCaPlant]:
     root_cdp, first_cdp, second_cdp = CrlDistributionPoint(), CrlDistributionPoint(), CrlDistributionPoint()
     for cdp in (root_cdp, first_cdp, second_cdp):
         await cdp.start()
@@ -402,15 +432,37 @@ async def test_a_rollover_to_a_new_issuing_ca_a_cmp_ca_hands_out_keeps_the_share
         pki_id, devices = await cmp_plant(in_process, simulated_device, relay.address, first.certificate)
         assert strict_refusals(devices, [first.certificate]) == []
         answer.ca_certs = [first.certificate, second.certificate, root.certificate]
+        yield CmpIssuingCaPlant(root, first, second, root_cdp, first_cdp, second_cdp, pki, issuing, pki_id, devices)
+    finally:
+        await relay.stop()
+        issuing.stop()
+        for cdp in (root_cdp, first_cdp, second_cdp):
+            await cdp.stop()
 
-        async with sampling(devices) as samples, strict_sampling(devices, [first.certificate]) as strict_samples:
+
+async def test_a_rollover_to_a_new_issuing_ca_a_cmp_ca_hands_out_keeps_the_shared_root_and_strict_peers(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    """A CMP CA whose root issues through an issuing CA hands out a new issuing CA under the same root (genp
+    id-it-caCerts). Its CA certificates name no distribution point of an issuing CA's own CRL (only the root's), so
+    the PKI entry's CRL (``crl()``) is the root's. The old issuing CA's CRL, which strict devices need for every peer
+    that still presents an old certificate, is only in the trust lists the devices hold: the campaign keeps it there
+    until the retire. The new issuing CA's, which they need for every peer's new certificate, is named only in the
+    certificates it issues: the campaign fetches it through one of them and adds it to every trust list before the
+    first device is reissued. The root stays, and every device moves to the new issuing CA."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path) as plant:
+        devices, first, second, root = plant.devices, plant.first, plant.second, plant.root
+        async with (
+            sampling(devices) as samples,
+            strict_sampling(devices, [first.certificate]) as strict_samples,
+            strict_sampling(devices, [second.certificate]) as strict_new_samples,
+        ):
             status, created = await request(in_process, "POST", "/campaigns", {
-                "kind": "ca-rollover", "from_pki_id": pki_id, "concurrency": 2,
+                "kind": "ca-rollover", "from_pki_id": plant.pki_id, "concurrency": 2,
             })  # fmt: skip
             assert status == 201, created
-            pki.crl_url = second_cdp.url
-            issuing.issue_from(second, root.certificate)
-            assert created["from_pki_id"] == created["to_pki_id"] == pki_id, created
+            plant.issue_from_second()
+            assert created["from_pki_id"] == created["to_pki_id"] == plant.pki_id, created
             assert "id-it-caCerts" in (created["successor"] or ""), created["successor"]
             campaign = await finishes(in_process, created["id"], 120)
 
@@ -418,6 +470,8 @@ async def test_a_rollover_to_a_new_issuing_ca_a_cmp_ca_hands_out_keeps_the_share
         assert len(samples) > 20 and not broken, broken[:3]
         refused = [refusals for refusals in strict_samples if refusals]
         assert len(strict_samples) > 20 and not refused, refused[:3]
+        refused_new = [refusals for refusals in strict_new_samples if refusals]
+        assert len(strict_new_samples) > 20 and not refused_new, refused_new[:3]
         assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
         for device in devices:
             assert issued_by(device.certificate, second.certificate)
@@ -425,14 +479,64 @@ async def test_a_rollover_to_a_new_issuing_ca_a_cmp_ca_hands_out_keeps_the_share
             assert der(second.certificate) in trusted and der(root.certificate) in trusted
             assert der(first.certificate) not in trusted
             assert not [crl for crl in device.trust_list.crls() if crl.issuer == first.certificate.subject]
-        status, chain = await request(in_process, "GET", f"/pki/ca/{pki_id}")
+        status, chain = await request(in_process, "GET", f"/pki/ca/{plant.pki_id}")
         assert status == 200, chain
         assert x509.load_pem_x509_certificates(chain.encode()) == [second.certificate, root.certificate], chain
-    finally:
-        await relay.stop()
-        issuing.stop()
-        for cdp in (root_cdp, first_cdp, second_cdp):
-            await cdp.stop()
+
+
+# What the new issuing CA's distribution point serves, and what the campaign then says it waits for.
+CRL_FAULTS = {
+    "unreachable": "no CRL distribution point delivered a CRL",
+    "not signed by the new CA": "that is not signed by the CA",
+    "expired": "expired at",
+}
+
+
+@pytest.mark.parametrize("fault", list(CRL_FAULTS))
+async def test_the_reissue_waits_for_the_new_issuing_ca_crl_it_cannot_take_saying_why(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path, fault: str
+) -> None:
+    """Without a current CRL of the new issuing CA signed by its key, no device is reissued (a strict peer would refuse
+    the new certificate): the campaign stays in the trust phase and names what it waits for. Once the distribution
+    point serves a good CRL, it adds that CRL to every trust list and goes on."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path) as plant:
+        second = plant.second
+        if fault == "unreachable":
+            await plant.second_cdp.stop()
+        elif fault == "not signed by the new CA":
+            # The same name under the same root, another key: what a CDP mixed up between CAs would serve.
+            plant.second_cdp.crl = make_ca("Plant CMP Issuing CA 2", issuer=plant.root, days=60).crl(days=7)
+        else:
+            plant.second_cdp.crl = second.crl(last_update=datetime.now(UTC) - timedelta(days=2), days=1)
+        status, created = await request(in_process, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": plant.pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, created
+        plant.issue_from_second()
+
+        async def blocked_on_the_crl() -> dict | None:
+            campaign = await campaign_state(in_process, created["id"])
+            blocked = campaign["blocked"] or ""
+            return campaign if "the reissue waits for the CRL of CN=Plant CMP Issuing CA 2" in blocked else None
+
+        campaign = await eventually(blocked_on_the_crl, "the campaign to name the CRL it waits for", 90)
+        assert CRL_FAULTS[fault] in campaign["blocked"], campaign["blocked"]
+        assert "would refuse its peers' new certificates" in campaign["blocked"], campaign["blocked"]
+        assert campaign["phase"] == "trust" and campaign["state"] == "running", campaign
+        assert all(device["reissue"] == "pending" for device in campaign["devices"]), campaign["devices"]
+        for device in plant.devices:
+            assert issued_by(device.certificate, plant.first.certificate), "no device was reissued"
+            assert not [crl for crl in device.trust_list.crls() if crl.issuer == second.certificate.subject]
+        if fault == "unreachable":
+            return
+        plant.second_cdp.crl = second.crl(days=7)
+        async with strict_sampling(plant.devices, [second.certificate]) as strict_new_samples:
+            campaign = await finishes(in_process, created["id"], 120)
+        refused_new = [refusals for refusals in strict_new_samples if refusals]
+        assert strict_new_samples and not refused_new, refused_new[:3]
+        assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+        for device in plant.devices:
+            assert issued_by(device.certificate, second.certificate)
 
 
 class CrlDistributionPoint:

@@ -30,18 +30,31 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from tortoise.expressions import Q
 
 from certlm.contracts.drivers import DeviceIdentityChanged
+from certlm.contracts.enrollment import CLIENT_PROFILE, Enrollment
 from certlm.contracts.pki_backends import SuccessorIssuer
 from certlm.foundation.actors import ADMIN, Actor, acting_as
-from certlm.foundation.certs import api_timestamp, serial_hex, sha1_fingerprint, to_der
+from certlm.foundation.certs import (
+    api_timestamp,
+    crl_signed_by,
+    issued_by,
+    issuer_chain,
+    serial_hex,
+    sha1_fingerprint,
+    to_der,
+)
 from certlm.foundation.config import Settings
 from certlm.foundation.errors import APIError, NotFound, UnsupportedOperation
 from certlm.inventory.entries import DEVICE_STATUS_ACTIVE
@@ -71,7 +84,8 @@ from certlm.lifecycle.push import PushOrder, push_certificate
 from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.suppression import OUTLOOK, MaintenanceCalendar, Suppression
 from certlm.lifecycle.trust import change_trust_list
-from certlm.pki.material import pki_ca_certificates
+from certlm.pki.client import cdp_urls
+from certlm.pki.material import crls_of_chain, pki_ca_certificates
 from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry, PkiEntry
 from certlm.system.audit import journal_created, journaled_update, journals_automated_work, record_automated
 
@@ -517,6 +531,9 @@ async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
         await _set_blocked(campaign, blocked)
         return
     if phase == TRUST:
+        if blocked := await new_issuer_crls_trusted(runtime, campaign):
+            await _set_blocked(campaign, blocked)
+            return
         await _enter(runtime, campaign, REISSUE)
     elif phase == REISSUE:
         if campaign.kind == REKEY:
@@ -530,6 +547,164 @@ async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
         await _enter(runtime, campaign, RETIRE)
     elif phase == RETIRE:
         await _finish(campaign)
+
+
+# --- the new issuer's own CRLs before the reissue ------------------------------------------------------------------
+
+# By campaign and new issuing CA (SHA-1), the certificate of that CA certlm asked the PKI for (its distribution points
+# do not change), or when and why it was last asked in vain: the PKI is asked again only after ``RETRY_BASE_S``, not
+# every round of a blocked campaign.
+_PROBES: dict[tuple[int, str], x509.Certificate | tuple[datetime, str]] = {}
+
+
+async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str | None:
+    """None once the campaign's new issuer holds a current CRL of each of its CAs, which the trust phase has then
+    written to every trust list; else what the reissue waits for, in a sentence (the campaign's ``blocked``).
+
+    A device that demands a CRL of every CA on a peer's path refuses a peer's certificate of the new issuing CA while
+    its trust list lacks that CA's CRL, and the backend's ``crl()`` often gives only the root's: an issuing CA names
+    where it publishes its own CRL only in the certificates it issues. So before the first device is reissued, the
+    path of a certificate of the new CA (certlm's own client certificate renewed from it, else one certlm asks the
+    PKI for and throws away with its key) is walked as a push walks it (``crls_of_chain``: each CRL fetched from the
+    distribution points its certificate names, kept only when the CA's key signed it), each CRL must be current, and
+    the ones found go into the campaign's new issuer. The trust phase's devices are then due again: the step adds them
+    (trust first, read back) and the phase is through once more."""
+    new = new_issuer(campaign)
+    now = datetime.now(UTC)
+    if not _cas_without_current_crl(new, new.chain, now):
+        return None
+    pki = await PkiEntry.get_or_none(id=campaign.to_pki_id)
+    if pki is None or not runtime.pki_backends.known(pki.pki_type):
+        return f"the reissue waits for the new issuer's CRLs: PKI entry {campaign.to_pki_id} is gone or not installed"
+    backend = runtime.pki_backends.get(pki.pki_type)
+    problems: list[str] = []
+    known = [crl for crl in new.crls if not _crl_expired(crl, now)]  # an expired one is fetched again
+    with contextlib.suppress(APIError):
+        offered = await backend.crl(pki)  # often the root's only; taken when one of the new CAs signed it
+        if any(offered.issuer == ca.subject and crl_signed_by(offered, [ca]) for ca in new.chain):
+            known.append(offered)
+    offered_enough = Issuer(new.chain, ()).with_crls_from(crl.public_bytes(serialization.Encoding.DER) for crl in known)
+    if not _cas_without_current_crl(offered_enough, new.chain, now):
+        return await _add_new_issuer_crls(campaign, new, _added(new, offered_enough, now))
+    certificate = await _certificate_of_new_ca(runtime, campaign, backend, pki, new, problems)
+    if certificate is None:
+        return _waiting_for_crls(_cas_without_current_crl(new, new.chain, now), problems)
+    found = await crls_of_chain(Enrollment(certificate, new.chain), new.chain, tuple(known), runtime.services)
+    problems += found.missing
+    fetched = Issuer(new.chain, ()).with_crls_from(crl.public_bytes(serialization.Encoding.DER) for crl in found.crls)
+    # Only a CA that names where it publishes its CRL (in the certificates it issues) can have one in trust lists.
+    path = [certificate, *issuer_chain(certificate, new.chain)]
+    publishing = [ca for issued, ca in pairwise(path) if cdp_urls(issued)]
+    lacking = _cas_without_current_crl(fetched, publishing, now)
+    for ca in lacking:
+        expired = [crl for crl in fetched.crls if crl_signed_by(crl, [ca]) and _crl_expired(crl, now)]
+        if expired:
+            problems.append(f"the CRL of {ca.subject.rfc4514_string()} expired at "
+                            f"{api_timestamp(expired[0].next_update_utc)}")  # fmt: skip
+    if lacking:
+        return _waiting_for_crls(lacking, problems)
+    return await _add_new_issuer_crls(campaign, new, _added(new, fetched, now))
+
+
+def _waiting_for_crls(cas: Iterable[x509.Certificate], problems: list[str]) -> str:
+    named = ", ".join(ca.subject.rfc4514_string() for ca in cas)
+    return (
+        f"the reissue waits for the CRL of {named}: a device that demands a CRL of every CA on a path would refuse "
+        f"its peers' new certificates without it; {'; '.join(problems) or 'no CRL of it was found'}"
+    )
+
+
+def _added(new: Issuer, found: Issuer, now: datetime) -> list[x509.CertificateRevocationList]:
+    """The current CRLs of ``found`` the campaign's new issuer does not hold yet."""
+    held = {crl.public_bytes(serialization.Encoding.DER) for crl in new.crls}
+    return [
+        crl
+        for crl in found.crls
+        if crl.public_bytes(serialization.Encoding.DER) not in held and not _crl_expired(crl, now)
+    ]
+
+
+def _crl_expired(crl: x509.CertificateRevocationList, now: datetime) -> bool:
+    return crl.next_update_utc is not None and crl.next_update_utc <= now
+
+
+def _cas_without_current_crl(issuer: Issuer, cas: Iterable[x509.Certificate], now: datetime) -> list[x509.Certificate]:
+    """The CAs of ``cas`` that none of ``issuer``'s CRLs covers: signed by the CA and not expired."""
+    return [ca for ca in cas if not any(crl_signed_by(crl, [ca]) and not _crl_expired(crl, now) for crl in issuer.crls)]
+
+
+async def _certificate_of_new_ca(
+    runtime: Runtime, campaign: Campaign, backend: Any, pki: PkiEntry, new: Issuer, problems: list[str]
+) -> x509.Certificate | None:
+    """A certificate the new issuing CA issued, whose distribution points name where that CA publishes its CRL:
+    certlm's own client certificate when the campaign renewed it from the new CA, else one asked of the PKI for this
+    alone (client profile; its key is made here and dropped, so the certificate can never be used). None, with the
+    reason in ``problems``, when the PKI gives none (unreachable, or still issuing from its old CA)."""
+    for holder in runtime.client_certificates:
+        with contextlib.suppress(Exception):  # a plugin's holder may fail its own ways: the PKI is asked instead
+            presented = await holder.presented()
+            if presented is not None and issued_by(presented.certificate, new.chain[0]):
+                return presented.certificate
+    probe_key = (campaign.id, sha1_fingerprint(new.chain[0]))
+    probed = _PROBES.get(probe_key)
+    if isinstance(probed, x509.Certificate):
+        return probed
+    if probed is not None and datetime.now(UTC) - probed[0] < timedelta(seconds=RETRY_BASE_S):
+        problems.append(f"{probed[1]} (at {api_timestamp(probed[0])}; asked again shortly)")
+        return None
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"certlm CRL probe of campaign {campaign.id}")])
+    # OPC UA PKIs want an applicationUri (a URI in the subject alternative name) in every request.
+    uri = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(f"urn:certlm:crl-probe:campaign:{campaign.id}")])
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(name)
+        .add_extension(uri, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    try:
+        certificate = (await backend.enroll(pki, csr, CLIENT_PROFILE)).certificate
+    except APIError as error:
+        certificate = None
+        problem = (
+            f"PKI entry {pki.id} issued no certificate to learn where its new CA publishes its CRL: {error.message}"
+        )
+    else:
+        problem = (f"PKI entry {pki.id} issues from {certificate.issuer.rfc4514_string()}, not from the campaign's "
+                   "new CA yet")  # fmt: skip
+    if certificate is None or not issued_by(certificate, new.chain[0]):
+        _PROBES[probe_key] = (datetime.now(UTC), problem)
+        problems.append(problem)
+        return None
+    _PROBES[probe_key] = certificate
+    log.info("campaign %d: a certificate of the new CA (serial %s) names where it publishes its CRL", campaign.id,
+             serial_hex(certificate))  # fmt: skip
+    return certificate
+
+
+async def _add_new_issuer_crls(
+    campaign: Campaign, new: Issuer, added: list[x509.CertificateRevocationList]
+) -> str | None:
+    """Keep ``added`` with the campaign's new issuer and make the trust phase's done devices due again (only while
+    the campaign is still in it: another instance may have moved it on); what the reissue waits for then, None when
+    nothing is added."""
+    if not added:
+        return None
+    crls_pem = Issuer(new.chain, (*new.crls, *added)).crls_pem()
+    stored = await Campaign.filter(id=campaign.id, phase=TRUST, new_crls_pem=campaign.new_crls_pem).update(
+        new_crls_pem=crls_pem, updated_at=datetime.now(UTC)
+    )
+    named = ", ".join(crl.issuer.rfc4514_string() for crl in added)
+    if stored:
+        campaign.new_crls_pem = crls_pem
+        await CampaignDevice.filter(campaign_id=campaign.id, trust=STEP_DONE).update(
+            trust=PENDING, next_try_at=None, attempts=0
+        )
+        log.info("campaign %d: the new issuer's CRLs of %s go into every trust list before the reissue", campaign.id,
+                 named)  # fmt: skip
+        await record_automated("campaign phase", target=f"campaign {campaign.id}",
+                               detail=f"trust phase again: the new issuer's CRLs of {named} are added")  # fmt: skip
+    return f"the new issuer's CRLs ({named}) were fetched: the trust phase adds them to every trust list first"
 
 
 def _waiting_for(runtime: Runtime, phase: str, rows: list[CampaignDevice]) -> str:
