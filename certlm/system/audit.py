@@ -591,7 +591,13 @@ async def _append_locked(connection: Any, batch: list[dict[str, Any]]) -> list[L
     head = _known_heads.get(_database(connection))
     if head is not None:
         row = _linked(batch[0], head)
-        inserted, _ = await connection.execute_query(_insert_sql(dialect, True), [*row, head[0], head[0], head[1]])
+        parameters = [*row, head[0], head[0], head[1]]
+        if dialect == "sqlite":
+            inserted, _ = await connection.execute_query(_insert_sql(dialect, True), parameters)
+        else:
+            # tortoise's execute_query counts an INSERT's rows from its status tag, whose second field is the OID
+            # (always 0): the rows the statement returns say whether it inserted.
+            inserted = len(await connection.execute_query_dict(_insert_sql(dialect, True), parameters))
         if inserted:
             links.append((row[0], row[-1]))
             batch = batch[1:]
