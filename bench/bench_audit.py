@@ -10,7 +10,8 @@ changes state, so with the trail on each writes an audit record. The two service
 ``--seconds`` each, so that a change of the machine's load falls on both alike. It prints each side's requests per
 second, the ratio (the target: the trail costs at most 10 %, a ratio of at least 0.90; MISSED when it does not),
 every status that is not a success, the CPU seconds per request of each side's certlm process (steadier than the
-rate on a shared machine), the records written, ``certlm audit verify``'s verdict on the recording side, and the load
+rate on a shared machine; on PostgreSQL also its backends' CPU, which the trail's statements cost too), the records
+written, ``certlm audit verify``'s verdict on the recording side, and the load
 average before and after.
 """
 
@@ -70,6 +71,26 @@ async def write_load(service: RunningService, clients: int, seconds: float, devi
     return done, failures
 
 
+def database_cpu_seconds(service: RunningService) -> float:
+    """CPU seconds of the PostgreSQL backends serving ``service``'s database (its pool's connections, found by the
+    process title PostgreSQL gives them: ``postgres: user database host(port) state``); 0 on SQLite, whose work is in
+    certlm's own process. The server's shared processes (WAL writer, checkpointer) are in neither side's figure."""
+    if not service.database_url:
+        return 0.0
+    database = service.database_url.rsplit("/", 1)[1]
+    total = 0.0
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            title = (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if title.startswith("postgres: ") and f" {database} " in title:
+                total += cpu_seconds(int(process.name))
+        except OSError:  # ended meanwhile
+            continue
+    return total
+
+
 def load_average() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
@@ -108,14 +129,17 @@ async def main() -> None:
                 await prepare(services[side], args.devices)
             totals = {side: [0, 0.0, Counter()] for side in services}
             cpu = dict.fromkeys(services, 0.0)
+            database_cpu = dict.fromkeys(services, 0.0)
             for round_number in range(args.rounds):
                 for side, service in services.items() if round_number % 2 == 0 else reversed(services.items()):
                     started, cpu_before = time.monotonic(), cpu_seconds(service.process.pid)
+                    database_before = database_cpu_seconds(service)
                     done, failures = await write_load(service, args.clients, args.seconds, args.devices)
                     totals[side][0] += done
                     totals[side][1] += time.monotonic() - started
                     totals[side][2].update(failures)
                     cpu[side] += cpu_seconds(service.process.pid) - cpu_before
+                    database_cpu[side] += database_cpu_seconds(service) - database_before
             rates = {side: done / elapsed for side, (done, elapsed, _) in totals.items()}
             engine = "PostgreSQL" if postgres is not None else "SQLite"
             print(f"{engine}, {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s per side")
@@ -132,6 +156,13 @@ async def main() -> None:
             on_ms, off_ms = per_request["trail on"], per_request["trail off"]
             print(f"  certlm CPU per request: on {on_ms:.2f} ms, off {off_ms:.2f} ms (ratio off/on "
                   f"{off_ms / on_ms:.3f})")  # fmt: skip
+            if postgres is not None:
+                # The trail's statements cost PostgreSQL's backends too, on the same cores as certlm.
+                per_request = {side: 1000 * database_cpu[side] / max(totals[side][0], 1) for side in services}
+                db_on, db_off = per_request["trail on"], per_request["trail off"]
+                print(f"  PostgreSQL backends' CPU per request: on {db_on:.2f} ms, off {db_off:.2f} ms; certlm and "
+                      f"its backends together: on {on_ms + db_on:.2f} ms, off {off_ms + db_off:.2f} ms (ratio off/on "
+                      f"{(off_ms + db_off) / (on_ms + db_on):.3f})")  # fmt: skip
             print(f"  trail on: {verify(services['trail on'])}")
             print(f"  trail off: {verify(services['trail off'])}")
         finally:
