@@ -6,6 +6,8 @@ valid chain."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from certlm.foundation.actors import ADMIN, Actor
-from certlm.storage.models import AuditChainStart, AuditRecord
+from certlm.storage.models import AuditChainStart, AuditRecord, PkiEntry
 from certlm.system import audit
 from certlm.testing.in_process import in_process_settings, licensed_app
 from tests.support import InProcessApp, LicenseKeys, RunningService, eventually
@@ -278,3 +280,51 @@ async def test_a_change_whose_commit_fails_leaves_the_chain_without_a_gap(
         ids = [r.id for r in await AuditRecord.all().order_by("id")]
         assert ids == list(range(1, len(ids) + 1))
         assert (await audit.verify_chain()).intact
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["plain", 'quote " and \\ backslash', "controls \x00\x01\x1f\t\n\r\b\f\x7f", "Grüße, 設備, \u2028\u2029", "🔒 PLC"],
+)
+def test_a_record_is_hashed_over_the_standard_librarys_canonical_json(text: str) -> None:
+    # Records written by earlier releases were hashed over json.dumps' bytes: they must verify the same way now.
+    values = {name: None for name in audit.HASHED_FIELDS} | {
+        "id": 7, "at": datetime(2026, 11, 27, 1, 2, 3, tzinfo=UTC), "actor": text, "target": text, "status": 200,
+        "changes": json.dumps([{"after": {"name": text}}]), "prev_hash": "ab" * 32,
+    }  # fmt: skip
+    standard = json.dumps(
+        {**values, "at": "2026-11-27T01:02:03+00:00"}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    assert audit._hash_of(values) == hashlib.sha256(standard.encode()).hexdigest()
+
+
+def test_a_value_orjson_refuses_is_hashed_the_standard_librarys_way() -> None:
+    values = {name: None for name in audit.HASHED_FIELDS} | {
+        "id": 1, "at": datetime(2026, 11, 27, tzinfo=UTC), "target": "lone \udc80 surrogate", "entry_id": 2**70,
+    }  # fmt: skip
+    standard = json.dumps(
+        {**values, "at": "2026-11-27T00:00:00+00:00"}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    assert audit._hash_of(values) == hashlib.sha256(standard.encode(errors="surrogatepass")).hexdigest()
+
+
+async def test_a_json_field_changed_in_place_is_recorded_with_the_value_it_was_loaded_with(
+    tmp_path: Path, license_keys: LicenseKeys
+) -> None:
+    # A journaled request keeps the rows it loaded and makes the "before" from the row at the save: a list changed in
+    # place on the instance must not be taken for what was stored.
+    settings = in_process_settings(tmp_path / "data", license_keys)
+    async with licensed_app(settings, license_keys) as app, app.context():
+        pki = await PkiEntry.create(pki_type=1, pki_connection="localhost:0", tls_cdp_urls=["http://a.example/ca.crl"])
+        token = audit._journal.set(audit.Journal())
+        try:
+            loaded = await PkiEntry.get(id=pki.id)
+            loaded.tls_cdp_urls.append("http://b.example/ca.crl")
+            await loaded.save(update_fields=["tls_cdp_urls"])
+            changes = audit.current_journal().changes
+            (change,) = [change for change in changes if change["table"] == PkiEntry._meta.db_table]
+        finally:
+            audit._journal.reset(token)
+    assert change["op"] == "update"
+    assert change["before"] == {"tls_cdp_urls": ["http://a.example/ca.crl"]}
+    assert change["after"] == {"tls_cdp_urls": ["http://a.example/ca.crl", "http://b.example/ca.crl"]}
