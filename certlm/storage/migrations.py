@@ -300,6 +300,26 @@ async def _lighten_audit_record(connection: BaseDBAsyncClient, dialect: str) -> 
             await connection.execute_query(f'DROP INDEX IF EXISTS "{row["indexname"]}"')
 
 
+AUDIT_CHAIN_HEAD_CHECK = "certlm_audit_chain_head_is"
+
+
+async def install_audit_chain_head_check(connection: BaseDBAsyncClient, dialect: str) -> None:
+    """PostgreSQL: the function an audit record's INSERT is made on condition of (``certlm.system.audit``). It takes
+    the chain's lock, then asks whether the head is still the one given: a function's queries (VOLATILE) each see what
+    was committed before they began, so the answer counts what another instance committed while this one waited for
+    the lock, which the INSERT's own subqueries (whose snapshot is the statement's) would not. The lock and the check
+    are then one round trip with the INSERT, not two more. SQLite has one writer at a time: nothing to install."""
+    if dialect == "sqlite":
+        return
+    await connection.execute_script(
+        f"CREATE OR REPLACE FUNCTION {AUDIT_CHAIN_HEAD_CHECK}(head_max BIGINT, head_id BIGINT, head_hash TEXT) "
+        "RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $$ BEGIN "
+        "PERFORM pg_advisory_xact_lock(hashtext('certlm_audit_chain')); "
+        "RETURN (SELECT max(id) FROM audit_record) = head_max "
+        "AND EXISTS (SELECT 1 FROM audit_record WHERE id = head_id AND hash = head_hash); END $$;"
+    )
+
+
 STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(2, "maintenance rules: cron expression and occurrence duration", _add_rule_cron_columns),
     MigrationStep(3, "inventory: the device description its driver was chosen by", _add_device_description_column),
@@ -349,6 +369,11 @@ STEPS: tuple[MigrationStep, ...] = (
         18,
         "the audit trail: ids kept as SQLite's rowid, indexes only for the device filters",
         _lighten_audit_record,
+    ),
+    MigrationStep(
+        19,
+        "the audit trail: an appended record takes the chain's lock and checks its head in its own INSERT",
+        install_audit_chain_head_check,
     ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
@@ -416,6 +441,7 @@ async def migrate(connection: BaseDBAsyncClient) -> int:
         conflict = "ON CONFLICT (id) DO NOTHING"
         async with in_transaction("default") as tx:
             await install_endpoint_count(tx, dialect)
+            await install_audit_chain_head_check(tx, dialect)
         await connection.execute_query(
             f"INSERT INTO certlm_schema (id, version, updated_at) VALUES (1, {CURRENT_VERSION}, "
             f"CURRENT_TIMESTAMP) {conflict}"

@@ -64,6 +64,7 @@ from tortoise.transactions import in_transaction
 
 from certlm.foundation.actors import ADMIN, Actor, current_actor
 from certlm.foundation.hostspec import address_url
+from certlm.storage.migrations import AUDIT_CHAIN_HEAD_CHECK
 from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
 from certlm.storage.sqlite_transactions import CommitFailed, insert_then_commit
 
@@ -552,11 +553,17 @@ def _insert_sql(dialect: str, checked: bool) -> str:
         head_max, head_id, head_hash = f"${count + 1}", f"${count + 2}", f"${count + 3}"
     if not checked:
         return f"INSERT INTO {table} ({columns}) VALUES ({values})"
-    returning = "" if dialect == "sqlite" else " RETURNING id"
+    if dialect != "sqlite":
+        # The function takes the chain's lock first (``install_audit_chain_head_check``); it returns the id it
+        # inserted (tortoise counts an INSERT's rows from the status tag's OID field, always 0).
+        return (
+            f"INSERT INTO {table} ({columns}) SELECT {values} "
+            f"WHERE {AUDIT_CHAIN_HEAD_CHECK}({head_max}, {head_id}, {head_hash}) RETURNING id"
+        )
     return (
         f"INSERT INTO {table} ({columns}) SELECT {values} "
         f"WHERE (SELECT max(id) FROM {table}) = {head_max} AND (SELECT hash FROM {table} WHERE id = {head_id}) = "
-        f"{head_hash}{returning}"
+        f"{head_hash}"
     )
 
 
@@ -619,9 +626,10 @@ async def _read_head(connection: Any) -> Link:
     return (start.last_dropped_id, start.last_dropped_hash) if start is not None else (0, GENESIS_HASH)
 
 
-async def _append_locked(connection: Any, batch: list[dict[str, Any]]) -> list[Link]:
-    """Insert the records of ``batch`` at the chain's head, in order, in ``connection``'s transaction (which holds the
-    chain's lock); their links, the last the new head (kept at once: ``_known_heads``)."""
+async def _append(connection: Any, batch: list[dict[str, Any]]) -> list[Link]:
+    """Insert the records of ``batch`` at the chain's head, in order, in ``connection``'s transaction; their links,
+    the last the new head (kept at once: ``_known_heads``). On PostgreSQL it takes the chain's lock (held to the
+    transaction's end): in the checked INSERT of the head this process knows, else before it reads the head."""
     dialect = connection.capabilities.dialect
     links: list[Link] = []
     head = _known_heads.get(_database(connection))
@@ -631,12 +639,12 @@ async def _append_locked(connection: Any, batch: list[dict[str, Any]]) -> list[L
         if dialect == "sqlite":
             inserted, _ = await connection.execute_query(_insert_sql(dialect, True), parameters)
         else:
-            # tortoise's execute_query counts an INSERT's rows from its status tag, whose second field is the OID
-            # (always 0): the rows the statement returns say whether it inserted.
             inserted = len(await connection.execute_query_dict(_insert_sql(dialect, True), parameters))
         if inserted:
             links.append((row[0], row[-1]))
             batch = batch[1:]
+    elif dialect != "sqlite":
+        await connection.execute_query(CHAIN_LOCK)
     head = links[-1] if links else await _read_head(connection)
     rows = []
     for values in batch:
@@ -711,9 +719,7 @@ class GroupAppender:
             batch, self._pending = self._pending[:APPEND_BATCH], self._pending[APPEND_BATCH:]
             try:
                 async with in_transaction("default") as connection:
-                    if _is_postgres():
-                        await connection.execute_query(CHAIN_LOCK)
-                    links = await _append_locked(connection, [values for values, _ in batch])
+                    links = await _append(connection, [values for values, _ in batch])
             except Exception as error:
                 _committed(None)
                 for _, future in batch:
@@ -775,9 +781,7 @@ class RequestTransaction:
 
     async def _append_then_commit(self, values: dict[str, Any]) -> Link:
         try:
-            if not _is_sqlite(self.connection):
-                await self.connection.execute_query(CHAIN_LOCK)
-            (link,) = await _append_locked(self.connection, [values])
+            (link,) = await _append(self.connection, [values])
         except BaseException as error:
             await self._record_failed(error)
         try:
@@ -1123,7 +1127,7 @@ async def _drop_prefix(cutoff: datetime, retention_days: int) -> tuple[int, Audi
         start.last_dropped_id, start.last_dropped_hash, start.dropped_at = last_dropped.id, last_dropped.hash, moment
         await start.save(using_db=connection)
         actor = RETENTION_ACTOR
-        (link,) = await _append_locked(
+        (link,) = await _append(
             connection,
             [{
                 "at": moment.replace(microsecond=0),

@@ -449,3 +449,21 @@ async def test_a_version_17_postgres_audit_trail_loses_the_three_indexes_no_filt
     assert postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id") == records
     await _record_some_requests(service, 1, first_port=5000)
     assert _verify_trail("--database-url", url).startswith("audit trail intact: ")
+
+
+async def test_a_version_18_postgres_database_gets_the_audit_chains_head_check(make_service, postgres) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await _record_some_requests(service, 2)
+    await service.stop()
+    # The database as version 18 left it: appends took the chain's lock in a statement of their own.
+    postgres.query(url, "DROP FUNCTION certlm_audit_chain_head_is; UPDATE certlm_schema SET version = 18;")
+    records = postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id")
+    await service.start()
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    assert postgres.query(url, "SELECT count(*) FROM pg_proc WHERE proname = 'certlm_audit_chain_head_is'") == "1\n"
+    assert postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id") == records
+    # Records appended after the step follow the last one kept, and the whole chain verifies.
+    await _record_some_requests(service, 3, first_port=5000)
+    count = len(records.splitlines())
+    assert _verify_trail("--database-url", url).startswith(f"audit trail intact: {count + 3} ")
