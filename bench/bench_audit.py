@@ -28,7 +28,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from common import ROOT, LicenseKeys, PostgresServer, RunningService, cpu_seconds, start_certlm
+from common import (
+    ROOT,
+    LicenseKeys,
+    PostgresServer,
+    RunningService,
+    cpu_seconds,
+    database_cpu_seconds,
+    start_certlm,
+)
 
 # The trail costs at most 10 % of the requests per second.
 TARGET_RATIO = 0.90
@@ -69,26 +77,6 @@ async def write_load(service: RunningService, clients: int, seconds: float, devi
 
     await asyncio.gather(*(client(n) for n in range(clients)))
     return done, failures
-
-
-def database_cpu_seconds(service: RunningService) -> float:
-    """CPU seconds of the PostgreSQL backends serving ``service``'s database (its pool's connections, found by the
-    process title PostgreSQL gives them: ``postgres: user database host(port) state``); 0 on SQLite, whose work is in
-    certlm's own process. The server's shared processes (WAL writer, checkpointer) are in neither side's figure."""
-    if not service.database_url:
-        return 0.0
-    database = service.database_url.rsplit("/", 1)[1]
-    total = 0.0
-    for process in Path("/proc").iterdir():
-        if not process.name.isdigit():
-            continue
-        try:
-            title = (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if title.startswith("postgres: ") and f" {database} " in title:
-                total += cpu_seconds(int(process.name))
-        except OSError:  # ended meanwhile
-            continue
-    return total
 
 
 def load_average() -> str:

@@ -29,8 +29,8 @@ SIMULATE = str(Path(sys.executable).with_name("certlm-simulate"))
 ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
 
 __all__ = [
-    "ADMIN", "LicenseKeys", "PostgresServer", "ProcessMeter", "RunningService", "Simulators", "load_average",
-    "start_certlm",
+    "ADMIN", "LicenseKeys", "PostgresServer", "ProcessMeter", "RunningService", "Simulators", "database_cpu_seconds",
+    "load_average", "start_certlm",
 ]  # fmt: skip
 
 
@@ -195,6 +195,26 @@ async def _ready_lines(process: subprocess.Popen, lines: int, timeout: float) ->
         if line.startswith("READY "):
             ready.append(line.split()[1])
     return ready
+
+
+def database_cpu_seconds(service: RunningService) -> float:
+    """CPU seconds of the PostgreSQL backends serving ``service``'s database (its pool's connections, found by the
+    process title PostgreSQL gives them: ``postgres: user database host(port) state``); 0 on SQLite, whose work is in
+    certlm's own process. The server's shared processes (WAL writer, checkpointer) are in neither side's figure."""
+    if not service.database_url:
+        return 0.0
+    database = service.database_url.rsplit("/", 1)[1]
+    total = 0.0
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            title = (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if title.startswith("postgres: ") and f" {database} " in title:
+                total += cpu_seconds(int(process.name))
+        except OSError:  # ended meanwhile
+            continue
+    return total
 
 
 def load_average() -> str:

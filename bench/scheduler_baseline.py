@@ -22,11 +22,12 @@ import argparse
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from asyncua import ua
 from asyncua_baseline import BaselineCa, endpoint_presenting, push, secure_client
+from common import cpu_seconds
 
 TRUST_LIST = ua.NodeId(ua.ObjectIds.ServerConfiguration_CertificateGroups_DefaultApplicationGroup_TrustList)
 SERVER_CONFIGURATION = ua.NodeId(ua.ObjectIds.ServerConfiguration)
@@ -84,6 +85,7 @@ class BaselineRun:
     wall_s: float
     cpu_s: float
     failures: list[str]
+    devices_cpu_s: float | None = None  # the simulated devices' processes, when their pids were given
 
     @property
     def done(self) -> int:
@@ -91,16 +93,22 @@ class BaselineRun:
 
     def line(self) -> str:
         failed = f", {len(self.failures)} failed ({self.failures[0]})" if self.failures else ""
+        devices = ""
+        if self.devices_cpu_s is not None:
+            per_device = f" ({1000 * self.devices_cpu_s / self.done:.1f} ms per device)" if self.done else ""
+            devices = f"; simulators CPU {self.devices_cpu_s:.1f} s{per_device}"
         return (
             f"  baseline {self.what}: {self.done}/{self.devices} devices in {self.wall_s:.1f} s, script CPU "
-            f"{self.cpu_s:.1f} s{failed}"
+            f"{self.cpu_s:.1f} s{devices}{failed}"
         )
 
 
 async def run(
-    what: str, urls: list[str], ca: BaselineCa, concurrency: int, one: Callable[[str, BaselineCa], Awaitable[None]]
-) -> BaselineRun:
-    """``one`` on every device, at most ``concurrency`` at once."""
+    what: str, urls: list[str], ca: BaselineCa, concurrency: int, one: Callable[[str, BaselineCa], Awaitable[None]],
+    device_pids: Sequence[int] = (),
+) -> BaselineRun:  # fmt: skip
+    """``one`` on every device, at most ``concurrency`` at once; the CPU of ``device_pids`` (the simulators) too: on
+    a machine of few cores the devices' CPU is a budget the script and certlm share with them."""
     gate = asyncio.Semaphore(concurrency)
     failures: list[str] = []
 
@@ -111,19 +119,25 @@ async def run(
             except Exception as error:  # the script counts a failed device and goes on, as a wave does
                 failures.append(f"{url}: {type(error).__name__} {error}")
 
+    devices_cpu_before = sum(cpu_seconds(pid) for pid in device_pids)
     started_cpu, started = time.process_time(), time.monotonic()
     await asyncio.gather(*(each(url) for url in urls))
-    return BaselineRun(what, len(urls), time.monotonic() - started, time.process_time() - started_cpu, failures)
+    wall, cpu = time.monotonic() - started, time.process_time() - started_cpu
+    devices_cpu = sum(cpu_seconds(pid) for pid in device_pids) - devices_cpu_before if device_pids else None
+    return BaselineRun(what, len(urls), wall, cpu, failures, devices_cpu)
 
 
-async def baseline(urls: list[str], concurrency: int) -> tuple[BaselineRun, BaselineRun]:
-    """The monitor reads, then the renewals, of every device at ``concurrency``."""
+async def baseline(
+    urls: list[str], concurrency: int, device_pids: Sequence[int] = ()
+) -> tuple[BaselineRun, BaselineRun]:
+    """The monitor reads, then the renewals, of every device at ``concurrency``; ``device_pids``: the simulators'
+    processes, whose CPU each phase reports."""
     # asyncua warns on every session that the simulated device grants 10 minutes, not the hour it asks for, and logs
     # a traceback for each session the device drops as it reopens its endpoints; the script counts real failures.
     logging.getLogger("asyncua").setLevel(logging.CRITICAL)
     ca = await asyncio.to_thread(BaselineCa.create)
-    monitor = await run("monitor scan", urls, ca, concurrency, monitor_read)
-    renewal = await run("renewal wave", urls, ca, concurrency, push)
+    monitor = await run("monitor scan", urls, ca, concurrency, monitor_read, device_pids)
+    renewal = await run("renewal wave", urls, ca, concurrency, push, device_pids)
     return monitor, renewal
 
 
