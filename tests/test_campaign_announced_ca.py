@@ -7,7 +7,8 @@ the new root, trust first. The trust lists and presented certificates are sample
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,9 +21,9 @@ from certlm_opcua_simulator.pki import verify_own_certificate_chain
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certlm.foundation.certs import issued_by
-from certlm.storage.models import InventoryEntry
-from certlm.testing.pushes import assert_pushed, create_internal_ca, push, request
+from certlm.foundation.certs import issued_by, serial_hex, sha1_fingerprint
+from certlm.storage.models import Campaign, InventoryEntry
+from certlm.testing.pushes import Api, assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
 from tests.conftest import StartDevice
 from tests.crypto_factory import Credential, make_ca
@@ -37,6 +38,7 @@ from tests.plugins.pki_cmp.cmp_server import (
 )
 from tests.plugins.pki_est.est_server import EstTestServer
 from tests.support import InProcessApp
+from tests.test_audit import last, trail
 from tests.test_campaigns import PLANT_SIZE, der, finished, invariant_breaks, sampled, sampling
 
 
@@ -98,7 +100,11 @@ async def est_plant(in_process: InProcessApp, simulated_device: StartDevice, ser
 
 
 async def cmp_plant(
-    in_process: InProcessApp, simulated_device: StartDevice, address: str, issuer: x509.Certificate
+    in_process: Api,
+    simulated_device: StartDevice,
+    address: str,
+    issuer: x509.Certificate,
+    lenient: bool = False,
 ) -> tuple[int, list]:
     """A CMP PKI entry at ``address`` and a plant of devices onboarded from it (``issuer`` the CA they trust), after
     an internal CA that issues certlm's own client certificate, as in ``est_plant``."""
@@ -108,16 +114,21 @@ async def cmp_plant(
         "password": CMP_SECRET,
     })  # fmt: skip
     assert status == 200, created
-    return created["pki_id"], await onboarded_from(in_process, simulated_device, created["pki_id"], issuer)
+    return created["pki_id"], await onboarded_from(in_process, simulated_device, created["pki_id"], issuer, lenient)
 
 
 async def onboarded_from(
-    in_process: InProcessApp, simulated_device: StartDevice, pki_id: int, issuer: x509.Certificate
+    in_process: Api,
+    simulated_device: StartDevice,
+    pki_id: int,
+    issuer: x509.Certificate,
+    lenient: bool = False,
 ) -> list:
-    """The plant's devices, each registered with PKI entry ``pki_id`` and onboarded from it, ``issuer`` trusted."""
+    """The plant's devices, each registered with PKI entry ``pki_id`` and onboarded from it, ``issuer`` trusted;
+    ``lenient`` devices demand no CRL of the CAs of their own certificate's path (the simulator's ``lenient``)."""
     devices = []
     for _ in range(PLANT_SIZE):
-        device = await simulated_device()
+        device = await simulated_device(lenient=lenient)
         status, body = await request(
             in_process, "POST", "/gds/inventory", {"server": "127.0.0.1", "port": device.config.port, "pki": pki_id}
         )
@@ -410,8 +421,14 @@ class CmpIssuingCaPlant:
 
 @asynccontextmanager
 async def cmp_issuing_ca_plant(
-    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+    in_process: Api,
+    simulated_device: StartDevice,
+    tmp_path: Path,
+    refused: Iterable[str] = ("kur",),
+    lenient: bool = False,
 ) -> AsyncIterator[CmpIssuingCaPlant]:
+    """The plant of ``CmpIssuingCaPlant``; the CA answers the body types in ``refused`` with an HTTP error; the
+    devices are ``lenient`` (``onboarded_from``) or as strict as real ones get."""
     root_cdp, first_cdp, second_cdp = CrlDistributionPoint(), CrlDistributionPoint(), CrlDistributionPoint()
     for cdp in (root_cdp, first_cdp, second_cdp):
         await cdp.start()
@@ -425,11 +442,11 @@ async def cmp_issuing_ca_plant(
     )
     issuing.issue_from(first, root.certificate)
     answer = RootCaKeyUpdateAnswer(
-        refusing(issuing.handle, {"kur"}, http_error()), CMP_SECRET, first.certificate.subject
+        refusing(issuing.handle, refused, http_error()), CMP_SECRET, first.certificate.subject
     )
     relay = await HttpRelay(answer).start()
     try:
-        pki_id, devices = await cmp_plant(in_process, simulated_device, relay.address, first.certificate)
+        pki_id, devices = await cmp_plant(in_process, simulated_device, relay.address, first.certificate, lenient)
         assert strict_refusals(devices, [first.certificate]) == []
         answer.ca_certs = [first.certificate, second.certificate, root.certificate]
         yield CmpIssuingCaPlant(root, first, second, root_cdp, first_cdp, second_cdp, pki, issuing, pki_id, devices)
@@ -473,6 +490,9 @@ async def test_a_rollover_to_a_new_issuing_ca_a_cmp_ca_hands_out_keeps_the_share
         refused_new = [refusals for refusals in strict_new_samples if refusals]
         assert len(strict_new_samples) > 20 and not refused_new, refused_new[:3]
         assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+        # The certificate asked of the PKI to find the new CA's CRL (its key dropped) is revoked once it served.
+        (probe,) = crl_probes(plant.issuing.issued, created["id"])
+        assert issued_by(probe, second.certificate) and plant.issuing.revoked == [probe.serial_number]
         for device in devices:
             assert issued_by(device.certificate, second.certificate)
             trusted = device.trust_list.trusted_certificates
@@ -537,6 +557,123 @@ async def test_the_reissue_waits_for_the_new_issuing_ca_crl_it_cannot_take_sayin
         assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
         for device in plant.devices:
             assert issued_by(device.certificate, second.certificate)
+
+
+def crl_probes(issued: list[x509.Certificate], campaign_id: int) -> list[x509.Certificate]:
+    """The CRL probe certificates of the campaign among ``issued``."""
+    name = f"certlm CRL probe of campaign {campaign_id}"
+    return [certificate for certificate in issued if [attribute.value for attribute in certificate.subject] == [name]]
+
+
+# Bodies of POST /campaigns/{id}/crl-waiver that are refused, and what the error names.
+BAD_WAIVERS: list[tuple[Any, str]] = [
+    ({}, "cas"),
+    ({"cas": []}, "cas"),
+    ({"cas": "CN=Plant CMP Issuing CA 2"}, "cas"),
+    ({"cas": [5]}, "cas"),
+    ({"cas": [""]}, "cas"),
+    ({"cas": ["x" * 1001]}, "cas"),
+    ({"cas": ["CN=Plant CMP Issuing CA 2"], "also": 1}, "also"),
+    ([], ""),
+    # The old issuing CA, a stranger's fingerprint, a name no CA of the new issuer has.
+    ({"cas": ["CN=Plant CMP Issuing CA"]}, "is not a CA of campaign"),
+    ({"cas": ["00:" * 19 + "00"]}, "is not a CA of campaign"),
+    ({"cas": ["CN=Plant CMP Issuing CA 2,O=Elsewhere"]}, "is not a CA of campaign"),
+]
+
+
+@pytest.mark.parametrize("revocation", ["granted", "refused"])
+async def test_the_operator_waives_the_crl_the_new_issuing_ca_does_not_deliver_and_the_reissue_goes_on(
+    in_process: InProcessApp,
+    simulated_device: StartDevice,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    revocation: str,
+) -> None:
+    """The new issuing CA names a distribution point that never answers: the campaign waits in its trust phase and
+    its ``blocked`` names the CA and the waiver. The operator waives that CA's CRL (recorded in the trail, shown in
+    the campaign); the reissue then goes on and finishes, every device trusting every other at every sample. What
+    the waiver means is asserted too: a device that demands a CRL of every CA on a path refuses its peers' new
+    certificates. The CRL probe certificate is revoked at the PKI once the gate is through; a PKI that refuses the
+    revocation gets the serial named in the log and the trail, and the campaign goes on all the same."""
+    refused = ("kur", "rr") if revocation == "refused" else ("kur",)
+    # Devices that demand no CRL of the CAs of their own certificate's path: a strict one refuses its new certificate
+    # of a CA without a CRL (BadCertificateRevocationUnknown), which is why waiving one is the operator's call.
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, refused, lenient=True) as plant:
+        second = plant.second
+        await plant.second_cdp.stop()
+        status, created = await request(in_process, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": plant.pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, created
+        assert created["crl_waivers"] == []
+        plant.issue_from_second()
+        waiver_path = f"/campaigns/{created['id']}/crl-waiver"
+
+        async def blocked_on_the_crl() -> dict | None:
+            campaign = await campaign_state(in_process, created["id"])
+            blocked = campaign["blocked"] or ""
+            return campaign if "the reissue waits for the CRL of CN=Plant CMP Issuing CA 2" in blocked else None
+
+        campaign = await eventually(blocked_on_the_crl, "the campaign to name the CRL it waits for", 90)
+        assert f"(SHA-1 {sha1_fingerprint(second.certificate)})" in campaign["blocked"], campaign["blocked"]
+        assert f"POST {waiver_path}" in campaign["blocked"], campaign["blocked"]
+        assert "will then refuse their peers' new certificates" in campaign["blocked"], campaign["blocked"]
+
+        for body, named in BAD_WAIVERS:
+            status, answer = await request(in_process, "POST", waiver_path, body)
+            assert status == 400 and named in answer["error"], (body, status, answer)
+        status, answer = await request(in_process, "POST", "/campaigns/999/crl-waiver", {"cas": ["CN=x"]})
+        assert status == 404 and "campaign 999 does not exist" in answer["error"], answer
+        status, answer = await request(in_process, "POST", "/campaigns/x/crl-waiver", {"cas": ["CN=x"]})
+        assert status == 400 and "campaign_id" in answer["error"], answer
+        campaign = await campaign_state(in_process, created["id"])
+        assert campaign["crl_waivers"] == [] and campaign["phase"] == "trust", campaign
+
+        async with sampling(plant.devices) as samples:
+            status, waived = await request(in_process, "POST", waiver_path, {"cas": ["CN=Plant CMP Issuing CA 2"]})
+            assert status == 200, waived
+            expected = [{"sha1": sha1_fingerprint(second.certificate), "subject": "CN=Plant CMP Issuing CA 2"}]
+            assert waived["crl_waivers"] == expected, waived
+            # Named again by its fingerprint (lower case, no colons): the same waiver, not a second one.
+            fingerprint = sha1_fingerprint(second.certificate).replace(":", "").lower()
+            status, again = await request(in_process, "POST", waiver_path, {"cas": [fingerprint]})
+            assert status == 200 and again["crl_waivers"] == expected, again
+            campaign = await finishes(in_process, created["id"], 120)
+
+        broken = [breaks for breaks in samples if breaks]
+        assert len(samples) > 20 and not broken, broken[:3]
+        assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+        assert campaign["crl_waivers"] == expected
+        for device in plant.devices:
+            assert issued_by(device.certificate, second.certificate)
+            assert not [crl for crl in device.trust_list.crls() if crl.issuer == second.certificate.subject]
+        # What the operator accepted: a strict device refuses its peers' certificates of the CA without a CRL.
+        assert strict_refusals(plant.devices, [second.certificate]), "a strict device would have accepted them"
+
+        # The trail: the waiver's change, then the same waiver named again, which changed nothing.
+        waivers = [r for r in await trail(in_process) if r["action"] == "POST /campaigns/<campaign_id>/crl-waiver"]
+        assert [record["changes"] for record in waivers if record["outcome"] == "ok"] == [[{
+            "table": "campaign", "id": created["id"], "op": "update", "before": {"crl_waivers": []},
+            "after": {"crl_waivers": expected},
+        }], []], waivers  # fmt: skip
+        status, answer = await request(in_process, "POST", waiver_path, {"cas": ["CN=Plant CMP Issuing CA 2"]})
+        assert status == 409 and "trust phase of a running or paused campaign" in answer["error"], answer
+
+        (probe,) = crl_probes(plant.issuing.issued, created["id"])
+        revoked = last(await trail(in_process), "campaign CRL probe revoked")
+        assert f"serial {serial_hex(probe)}" in revoked["detail"], revoked
+        async with in_process.context():
+            assert (await Campaign.get(id=created["id"])).crl_probe_pem == ""
+        if revocation == "granted":
+            assert plant.issuing.revoked == [probe.serial_number] and revoked["outcome"] == "ok", revoked
+        else:
+            assert plant.issuing.revoked == [] and revoked["outcome"] != "ok", revoked
+            assert any(
+                f"revoking the CRL probe certificate (serial {serial_hex(probe)})" in record.getMessage()
+                and record.levelno == logging.WARNING
+                for record in caplog.records
+            ), [record.getMessage() for record in caplog.records if "probe" in record.getMessage()]
 
 
 class CrlDistributionPoint:

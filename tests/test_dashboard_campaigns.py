@@ -1,6 +1,7 @@
 """The dashboard's campaign view in a real headless Chromium against a real ``certlm serve`` and simulated OPC UA
 devices: a campaign followed to its end, paused, resumed and cancelled from the page, a device that cannot be reached
-shown as blocked and accepted as an exception, and an error of the API shown as the API words it.
+shown as blocked and accepted as an exception, a CRL the new CA does not deliver waived, and an error of the API shown
+as the API words it.
 
 A campaign that must hold still while the page acts on it is held by an active maintenance window (it does nothing
 while one suppresses); deleting the window lets it run."""
@@ -9,20 +10,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from certlm_opcua_simulator import SimulatedDevice
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
-from certlm.foundation.certs import issued_by
+from certlm.foundation.certs import issued_by, sha1_fingerprint
 from certlm.testing.pushes import InternalCa, assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, BrowserLog
 from tests.conftest import StartDevice, StartService
 from tests.support import RunningService
+from tests.test_campaign_announced_ca import cmp_issuing_ca_plant
 
 DASHBOARD = "/opcua_gds_dashboard.html"
 PLANT_SIZE = 3
@@ -139,19 +143,26 @@ class CampaignView:
         ]
 
 
-@pytest.fixture
-async def view(browser: Browser, plant: Plant) -> AsyncIterator[CampaignView]:
-    """A fresh tab (its own session storage) at 1280 px on the plant's certlm, every request elsewhere blocked."""
+@asynccontextmanager
+async def view_of(browser: Browser, service: RunningService) -> AsyncIterator[CampaignView]:
+    """A fresh tab (its own session storage) at 1280 px on ``service``, every request elsewhere blocked."""
     context = await browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Europe/Berlin")
     log = BrowserLog()
     await log.attach(context)
     page = await context.new_page()
     log.watch(page)
     try:
-        yield CampaignView(page, log, plant.service)
+        yield CampaignView(page, log, service)
         assert not log.other_hosts, f"the dashboard tried to reach other hosts: {log.other_hosts}"
     finally:
         await context.close()
+
+
+@pytest.fixture
+async def view(browser: Browser, plant: Plant) -> AsyncIterator[CampaignView]:
+    """A tab on the plant's certlm (``view_of``)."""
+    async with view_of(browser, plant.service) as tab:
+        yield tab
 
 
 def entry_of(campaign: dict, device: SimulatedDevice) -> int:
@@ -332,3 +343,53 @@ async def test_a_campaign_past_its_deadline_is_shown_overdue_with_the_apis_words
     await expect(facts).to_contain_text(answer["deadline_outlook"].split(" (")[0], timeout=WAIT_MS)
     await expect(facts).to_contain_text("overdue: the deadline")
     assert not view.page_errors(), view.log.errors
+
+
+async def test_a_crl_the_new_ca_does_not_deliver_is_waived_from_the_page_and_the_campaign_finishes(
+    browser: Browser, make_service: StartService, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    """A CMP PKI's new issuing CA names a distribution point that never answers: the campaign's reissue waits for its
+    CRL, and the page offers to go on without it, saying what that means, only while it waits. Confirmed, the
+    campaign goes on to its end (the devices demand no CRL of their own path's CAs) and shows the CRL as waived."""
+    service = await make_service(env=SERVICE_ENV)
+    async with cmp_issuing_ca_plant(service, simulated_device, tmp_path, lenient=True) as cmp:
+        await cmp.second_cdp.stop()
+        status, campaign = await request(service, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": cmp.pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, campaign
+        cmp.issue_from_second()
+
+        async def blocked_on_the_crl() -> dict | None:
+            _, answer = await request(service, "GET", f"/campaigns/{campaign['id']}")
+            waiting = "the reissue waits for the CRL of CN=Plant CMP Issuing CA 2" in (answer["blocked"] or "")
+            return answer if waiting else None
+
+        await eventually(blocked_on_the_crl, "the campaign to wait for the new issuing CA's CRL", 90)
+        async with view_of(browser, service) as view:
+            await view.signed_in()
+            await view.open_campaign(campaign["id"])
+            waive = view.button("Go on without these CRLs…")
+            await expect(waive).to_be_visible(timeout=WAIT_MS)
+            await expect(view.detail.locator("#campaign-crl-cas")).to_have_text("CN=Plant CMP Issuing CA 2")
+            await expect(view.button("Accept the selected devices as exceptions…")).to_be_visible()
+
+            await waive.click()
+            await view.confirm("will refuse their peers' new certificates of this CA", ok=False)
+            _, held = await request(service, "GET", f"/campaigns/{campaign['id']}")
+            assert held["crl_waivers"] == [] and held["phase"] == "trust", held
+
+            await waive.click()
+            await view.confirm(f"SHA-1 {sha1_fingerprint(cmp.second.certificate)}")
+            row = view.row(campaign["id"])
+            await expect(row.locator("td.state")).to_have_text("finished", timeout=CAMPAIGN_MS)
+            await expect(view.detail.locator("#campaign-facts")).to_contain_text("CN=Plant CMP Issuing CA 2")
+            await expect(waive).to_be_hidden()
+            assert not view.page_errors(), view.log.errors
+        _, finished = await request(service, "GET", f"/campaigns/{campaign['id']}")
+        assert finished["crl_waivers"] == [
+            {"sha1": sha1_fingerprint(cmp.second.certificate), "subject": "CN=Plant CMP Issuing CA 2"}
+        ], finished
+        assert finished["counts"]["retire"] == {"done": PLANT_SIZE}, finished
+        for device in cmp.devices:
+            assert issued_by(device.certificate, cmp.second.certificate)

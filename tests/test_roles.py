@@ -33,7 +33,8 @@ SURELY_ADMIN = {
 SURELY_OPERATOR = {
     ("POST", "/gds/push"), ("POST", "/gds/push/change"), ("POST", "/gds/push/onboarding"), ("POST", "/gds/monitor/crt"),
     ("POST", "/gds/inventory"), ("PATCH", "/gds/inventory"), ("POST", "/maintenance/inventory"),
-    ("POST", "/campaigns/<campaign_id>/pause"), ("POST", "/ssh/hostkey"),
+    ("POST", "/campaigns/<campaign_id>/pause"), ("POST", "/campaigns/<campaign_id>/crl-waiver"),
+    ("POST", "/ssh/hostkey"),
 }  # fmt: skip
 
 

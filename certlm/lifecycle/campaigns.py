@@ -551,10 +551,10 @@ async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
 
 # --- the new issuer's own CRLs before the reissue ------------------------------------------------------------------
 
-# By campaign and new issuing CA (SHA-1), the certificate of that CA certlm asked the PKI for (its distribution points
-# do not change), or when and why it was last asked in vain: the PKI is asked again only after ``RETRY_BASE_S``, not
-# every round of a blocked campaign.
-_PROBES: dict[tuple[int, str], x509.Certificate | tuple[datetime, str]] = {}
+# By campaign and new issuing CA (SHA-1), when and why the PKI was last asked in vain for a certificate of that CA:
+# it is asked again only after ``RETRY_BASE_S``, not every round of a blocked campaign. (The certificate it gave is
+# the campaign's ``crl_probe_pem``.)
+_PROBES: dict[tuple[int, str], tuple[datetime, str]] = {}
 
 
 async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str | None:
@@ -571,7 +571,10 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str |
     (trust first, read back) and the phase is through once more."""
     new = new_issuer(campaign)
     now = datetime.now(UTC)
-    if not _cas_without_current_crl(new, new.chain, now):
+    waived = {waiver["sha1"] for waiver in campaign.crl_waivers or []}
+    needed = [ca for ca in new.chain if sha1_fingerprint(ca) not in waived]
+    if not _cas_without_current_crl(new, needed, now):
+        await _revoke_crl_probe(runtime, campaign)
         return None
     pki = await PkiEntry.get_or_none(id=campaign.to_pki_id)
     if pki is None or not runtime.pki_backends.known(pki.pki_type):
@@ -584,17 +587,17 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str |
         if any(offered.issuer == ca.subject and crl_signed_by(offered, [ca]) for ca in new.chain):
             known.append(offered)
     offered_enough = Issuer(new.chain, ()).with_crls_from(crl.public_bytes(serialization.Encoding.DER) for crl in known)
-    if not _cas_without_current_crl(offered_enough, new.chain, now):
+    if not _cas_without_current_crl(offered_enough, needed, now):
         return await _add_new_issuer_crls(campaign, new, _added(new, offered_enough, now))
     certificate = await _certificate_of_new_ca(runtime, campaign, backend, pki, new, problems)
     if certificate is None:
-        return _waiting_for_crls(_cas_without_current_crl(new, new.chain, now), problems)
+        return _waiting_for_crls(campaign, _cas_without_current_crl(new, needed, now), problems)
     found = await crls_of_chain(Enrollment(certificate, new.chain), new.chain, tuple(known), runtime.services)
     problems += found.missing
     fetched = Issuer(new.chain, ()).with_crls_from(crl.public_bytes(serialization.Encoding.DER) for crl in found.crls)
     # Only a CA that names where it publishes its CRL (in the certificates it issues) can have one in trust lists.
     path = [certificate, *issuer_chain(certificate, new.chain)]
-    publishing = [ca for issued, ca in pairwise(path) if cdp_urls(issued)]
+    publishing = [ca for issued, ca in pairwise(path) if cdp_urls(issued) and sha1_fingerprint(ca) not in waived]
     lacking = _cas_without_current_crl(fetched, publishing, now)
     for ca in lacking:
         expired = [crl for crl in fetched.crls if crl_signed_by(crl, [ca]) and _crl_expired(crl, now)]
@@ -602,15 +605,17 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str |
             problems.append(f"the CRL of {ca.subject.rfc4514_string()} expired at "
                             f"{api_timestamp(expired[0].next_update_utc)}")  # fmt: skip
     if lacking:
-        return _waiting_for_crls(lacking, problems)
+        return _waiting_for_crls(campaign, lacking, problems)
     return await _add_new_issuer_crls(campaign, new, _added(new, fetched, now))
 
 
-def _waiting_for_crls(cas: Iterable[x509.Certificate], problems: list[str]) -> str:
-    named = ", ".join(ca.subject.rfc4514_string() for ca in cas)
+def _waiting_for_crls(campaign: Campaign, cas: list[x509.Certificate], problems: list[str]) -> str:
+    named = ", ".join(f"{ca.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(ca)})" for ca in cas)
     return (
         f"the reissue waits for the CRL of {named}: a device that demands a CRL of every CA on a path would refuse "
-        f"its peers' new certificates without it; {'; '.join(problems) or 'no CRL of it was found'}"
+        f"its peers' new certificates without it; {'; '.join(problems) or 'no CRL of it was found'}. To go on "
+        f"without it (a CA that publishes no CRL), an operator may POST /campaigns/{campaign.id}/crl-waiver naming "
+        "the CA: devices that demand a CRL of every CA on a path will then refuse their peers' new certificates"
     )
 
 
@@ -645,10 +650,12 @@ async def _certificate_of_new_ca(
             presented = await holder.presented()
             if presented is not None and issued_by(presented.certificate, new.chain[0]):
                 return presented.certificate
+    if campaign.crl_probe_pem:
+        stored = x509.load_pem_x509_certificate(campaign.crl_probe_pem.encode())
+        if issued_by(stored, new.chain[0]) and stored.not_valid_after_utc > datetime.now(UTC):
+            return stored
     probe_key = (campaign.id, sha1_fingerprint(new.chain[0]))
     probed = _PROBES.get(probe_key)
-    if isinstance(probed, x509.Certificate):
-        return probed
     if probed is not None and datetime.now(UTC) - probed[0] < timedelta(seconds=RETRY_BASE_S):
         problems.append(f"{probed[1]} (at {api_timestamp(probed[0])}; asked again shortly)")
         return None
@@ -676,10 +683,67 @@ async def _certificate_of_new_ca(
         _PROBES[probe_key] = (datetime.now(UTC), problem)
         problems.append(problem)
         return None
-    _PROBES[probe_key] = certificate
+    _PROBES.pop(probe_key, None)
     log.info("campaign %d: a certificate of the new CA (serial %s) names where it publishes its CRL", campaign.id,
              serial_hex(certificate))  # fmt: skip
+    # Kept until the gate is through, then revoked; an earlier probe this one replaces (expired, or of a CA the PKI
+    # no longer issues from) is revoked now. Stored conditionally: another instance may have stored its own meanwhile,
+    # and then the one it stored is used and this one revoked.
+    pem = certificate.public_bytes(serialization.Encoding.PEM).decode()
+    if campaign.crl_probe_pem:
+        await _revoke_crl_probe(runtime, campaign)
+    stored_here = await Campaign.filter(id=campaign.id, crl_probe_pem="").update(
+        crl_probe_pem=pem, updated_at=datetime.now(UTC)
+    )
+    if not stored_here:
+        await _revoke_probe_certificate(runtime, campaign, pki, certificate)
+        await campaign.refresh_from_db(fields=["crl_probe_pem"])
+        return x509.load_pem_x509_certificate(campaign.crl_probe_pem.encode()) if campaign.crl_probe_pem else None
+    campaign.crl_probe_pem = pem
     return certificate
+
+
+async def _revoke_crl_probe(runtime: Runtime, campaign: Campaign) -> None:
+    """Revoke the campaign's CRL probe certificate, if it holds one, now that the reissue has what it needed from it:
+    nobody holds its key, but an unrevoked valid certificate nobody holds is what an auditor flags. The instance
+    whose conditional UPDATE lets go of it revokes it; a revocation that fails is logged and recorded, naming the
+    serial, and holds nothing up."""
+    pem = campaign.crl_probe_pem
+    if not pem:
+        return
+    released = await Campaign.filter(id=campaign.id, crl_probe_pem=pem).update(
+        crl_probe_pem="", updated_at=datetime.now(UTC)
+    )
+    campaign.crl_probe_pem = ""
+    pki = await PkiEntry.get_or_none(id=campaign.to_pki_id)
+    if released and pki is not None:
+        await _revoke_probe_certificate(runtime, campaign, pki, x509.load_pem_x509_certificate(pem.encode()))
+
+
+async def _revoke_probe_certificate(
+    runtime: Runtime, campaign: Campaign, pki: PkiEntry, certificate: x509.Certificate
+) -> None:
+    serial = serial_hex(certificate)
+    target = f"campaign {campaign.id}"
+    if not runtime.pki_backends.known(pki.pki_type) or not runtime.pki_backends.get(pki.pki_type).offers("revoke"):
+        log.warning("campaign %d: the CRL probe certificate (serial %s) is left unrevoked: PKI entry %d cannot revoke; "
+                    "its key was never kept", campaign.id, serial, pki.id)  # fmt: skip
+        await record_automated("campaign CRL probe revoked", target=target, success=False,
+                               detail=f"serial {serial} left unrevoked: PKI entry {pki.id} cannot revoke")  # fmt: skip
+        return
+    try:
+        await runtime.pki_backends.get(pki.pki_type).revoke(pki, certificate, x509.ReasonFlags.cessation_of_operation)
+    except Exception as error:  # a plugin's backend fails its own ways: the campaign goes on, the serial named
+        problem = error.message if isinstance(error, APIError) else f"{type(error).__name__}: {error}"
+        log.warning("campaign %d: revoking the CRL probe certificate (serial %s) at PKI entry %d failed: %s; revoke "
+                    "it at the PKI", campaign.id, serial, pki.id, problem)  # fmt: skip
+        await record_automated("campaign CRL probe revoked", target=target, success=False,
+                               detail=f"serial {serial} at PKI entry {pki.id}: {problem}"[:500])  # fmt: skip
+        return
+    runtime.crl_cache.forget(pki.id)
+    log.info("campaign %d: the CRL probe certificate (serial %s) is revoked at PKI entry %d", campaign.id, serial,
+             pki.id)  # fmt: skip
+    await record_automated("campaign CRL probe revoked", target=target, detail=f"serial {serial} at PKI entry {pki.id}")
 
 
 async def _add_new_issuer_crls(
@@ -955,6 +1019,47 @@ async def accept_exceptions(campaign: Campaign, entry_ids: list[int]) -> Campaig
         reissue=EXCEPTED,
         retire=EXCEPTED,
     )
+    return campaign
+
+
+def _named_ca(campaign: Campaign, name: str, chain: list[x509.Certificate]) -> x509.Certificate:
+    """The CA of ``chain`` that ``name`` names: its SHA-1 fingerprint (hex, colons optional, any case) or its subject
+    as ``blocked`` writes it (RFC 4514). ``APIError`` 400 naming ``cas`` otherwise."""
+    hex_digits = name.replace(":", "").strip().upper()
+    if len(hex_digits) == 40 and all(digit in "0123456789ABCDEF" for digit in hex_digits):
+        matches = [ca for ca in chain if sha1_fingerprint(ca).replace(":", "") == hex_digits]
+    else:
+        matches = [ca for ca in chain if ca.subject.rfc4514_string() == name.strip()]
+    if len(matches) > 1:
+        raise APIError(f"cas: {name[:200]!r} names {len(matches)} CAs of the campaign's new issuer: name it by the "
+                       "SHA-1 of its certificate")  # fmt: skip
+    if not matches:
+        known = "; ".join(f"{ca.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(ca)})" for ca in chain)
+        raise APIError(f"cas: {name[:200]!r} is not a CA of campaign {campaign.id}'s new issuer (its CAs: {known})")
+    return matches[0]
+
+
+async def waive_crls(campaign: Campaign, names: list[str]) -> Campaign:
+    """Let the reissue go on without a CRL of the named CAs of the new issuer (a CA that publishes none, or whose
+    distribution point cannot be reached): the operator's call, since a device that demands a CRL of every CA on a
+    path will refuse its peers' certificates of that CA. Only in the trust phase, running or paused (409 otherwise);
+    400 naming ``cas`` for a name that is not one of the new issuer's CAs."""
+    if campaign.phase != TRUST or campaign.state not in (RUNNING, PAUSED):
+        raise CampaignConflict(f"campaign {campaign.id} is {campaign.state} in its {campaign.phase} phase: a CRL "
+                               "waiver is for the trust phase of a running or paused campaign, whose reissue waits "
+                               "for the new issuer's CRLs")  # fmt: skip
+    chain = new_issuer(campaign).chain
+    waivers = list(campaign.crl_waivers or [])
+    for name in names:
+        ca = _named_ca(campaign, name, chain)
+        if all(waiver["sha1"] != sha1_fingerprint(ca) for waiver in waivers):
+            waivers.append({"sha1": sha1_fingerprint(ca), "subject": ca.subject.rfc4514_string()})
+    if waivers != (campaign.crl_waivers or []):
+        campaign.crl_waivers = waivers
+        await campaign.save(update_fields=["crl_waivers", "updated_at"])
+        log.warning("campaign %d: the operator waived the CRL of %s: devices that demand a CRL of every CA on a path "
+                    "will refuse their peers' new certificates", campaign.id,
+                    ", ".join(waiver["subject"] for waiver in waivers))  # fmt: skip
     return campaign
 
 

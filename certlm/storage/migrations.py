@@ -263,6 +263,16 @@ async def _new_table_only(connection: BaseDBAsyncClient, dialect: str) -> None:
     return None
 
 
+async def _add_campaign_crl_waivers_and_probe(connection: BaseDBAsyncClient, dialect: str) -> None:
+    json_type = "JSON" if dialect == "sqlite" else "JSONB"
+    for column, definition in (
+        ("crl_waivers", f"{json_type} NOT NULL DEFAULT '[]'"),
+        ("crl_probe_pem", "TEXT NOT NULL DEFAULT ''"),
+    ):
+        if not await _column_exists(connection, dialect, "campaign", column):
+            await connection.execute_script(f"ALTER TABLE campaign ADD COLUMN {column} {definition}")
+
+
 # The audit trail's indexes version 18 drops: every record wrote them, and no filter needs them (see ``AuditRecord``).
 _DROPPED_AUDIT_INDEXES = re.compile(r'\("?(at|actor|action)"?\)\s*$')
 
@@ -372,6 +382,11 @@ STEPS: tuple[MigrationStep, ...] = (
     ),
     MigrationStep(
         19,
+        "campaigns: the CAs whose CRL the operator waived, the CRL probe certificate still to revoke",
+        _add_campaign_crl_waivers_and_probe,
+    ),
+    MigrationStep(
+        20,
         "the audit trail: an appended record takes the chain's lock and checks its head in its own INSERT",
         install_audit_chain_head_check,
     ),

@@ -297,6 +297,12 @@ class Campaign(Model):
     respect_windows = fields.BooleanField(default=True)
     # The devices the operator accepted to go on without in the trust phase (their entry ids).
     exceptions = fields.JSONField(default=list)
+    # The new issuer's CAs whose CRL the operator accepted to go on without (``{"sha1", "subject"}`` each): the
+    # reissue does not wait for their CRLs.
+    crl_waivers = fields.JSONField(default=list)
+    # The certificate of the new issuing CA certlm asked the PKI for to learn where that CA publishes its CRL (its key
+    # dropped), PEM, until it is revoked; "" when there is none to revoke. Kept here so a restart does not forget it.
+    crl_probe_pem = fields.TextField(default="")
     # The issuers' CA chains (PEM) and CRLs (PEM) as they were when the campaign was made.
     old_issuer_pem = fields.TextField()
     new_issuer_pem = fields.TextField()

@@ -9,7 +9,12 @@ import sqlite3
 import subprocess
 import sys
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from certlm.foundation.certs import sha1_fingerprint
 from certlm.storage.migrations import CURRENT_VERSION
+from tests.crypto_factory import make_ca
 
 PKI_COLUMNS_SINCE_5 = ("redirect_origins", "require_requested_names", "learned_capabilities")
 PKI_COLUMNS_SINCE_10 = ("cmp_mac_algorithm", "allow_certlm_generated_keys")
@@ -451,13 +456,13 @@ async def test_a_version_17_postgres_audit_trail_loses_the_three_indexes_no_filt
     assert _verify_trail("--database-url", url).startswith("audit trail intact: ")
 
 
-async def test_a_version_18_postgres_database_gets_the_audit_chains_head_check(make_service, postgres) -> None:
+async def test_a_version_19_postgres_database_gets_the_audit_chains_head_check(make_service, postgres) -> None:
     url = postgres.create_database()
     service = await make_service(database_url=url)
     await _record_some_requests(service, 2)
     await service.stop()
-    # The database as version 18 left it: appends took the chain's lock in a statement of their own.
-    postgres.query(url, "DROP FUNCTION certlm_audit_chain_head_is; UPDATE certlm_schema SET version = 18;")
+    # The database as version 19 left it: appends took the chain's lock in a statement of their own.
+    postgres.query(url, "DROP FUNCTION certlm_audit_chain_head_is; UPDATE certlm_schema SET version = 19;")
     records = postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id")
     await service.start()
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
@@ -467,3 +472,67 @@ async def test_a_version_18_postgres_database_gets_the_audit_chains_head_check(m
     await _record_some_requests(service, 3, first_port=5000)
     count = len(records.splitlines())
     assert _verify_trail("--database-url", url).startswith(f"audit trail intact: {count + 3} ")
+
+
+# --- version 19: a campaign's CRL waivers and its CRL probe certificate ---------------------------------------------
+
+CAMPAIGN_COLUMNS_SINCE_19 = ("crl_waivers", "crl_probe_pem")
+# A campaign as version 18 stored it: paused in its trust phase (the runner leaves it alone), its new issuer a CA.
+CAMPAIGN_OF_VERSION_18 = (
+    "INSERT INTO campaign (kind, state, phase, from_pki_id, to_pki_id, scope, concurrency, respect_windows, "
+    "exceptions, old_issuer_pem, new_issuer_pem, new_crls_pem, old_crls_pem, created_at, updated_at) VALUES "
+    "('pki-migration', 'paused', 'trust', 1, 2, '{{}}', 4, {true}, '[]', '{old}', '{new}', '', '', {now}, {now})"
+)
+
+
+def _issuers_pem() -> tuple[str, str, x509.Certificate]:
+    old, new = make_ca("Plant CA"), make_ca("Plant CA G2")
+    pem = [ca.certificate.public_bytes(serialization.Encoding.PEM).decode() for ca in (old, new)]
+    return pem[0], pem[1], new.certificate
+
+
+async def _assert_version_19_campaign_fields(service, new_ca: x509.Certificate) -> None:
+    """A campaign stored before version 19 has no waivers, and takes one."""
+    async with service.client() as client:
+        (campaign,) = (await client.get("/campaigns")).json()
+        assert campaign["crl_waivers"] == [], campaign
+        waived = await client.post(f"/campaigns/{campaign['id']}/crl-waiver", json={"cas": ["CN=Plant CA G2"]})
+        assert waived.status_code == 200, waived.text
+        expected = [{"sha1": sha1_fingerprint(new_ca), "subject": "CN=Plant CA G2"}]
+        assert waived.json()["crl_waivers"] == expected
+        assert (await client.get(f"/campaigns/{campaign['id']}")).json()["crl_waivers"] == expected
+
+
+async def test_a_version_18_sqlite_campaign_gets_its_crl_waivers_and_probe_columns(make_service) -> None:
+    service = await make_service()
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    old, new, new_ca = _issuers_pem()
+    with sqlite3.connect(database) as db:
+        for column in CAMPAIGN_COLUMNS_SINCE_19:
+            db.execute(f"ALTER TABLE campaign DROP COLUMN {column}")
+        db.execute(CAMPAIGN_OF_VERSION_18.format(true="1", now="'2026-11-01'", old=old, new=new))
+        db.execute("UPDATE certlm_schema SET version = 18")
+    await service.start()
+    with sqlite3.connect(database) as db:
+        assert set(CAMPAIGN_COLUMNS_SINCE_19) <= {row[1] for row in db.execute("PRAGMA table_info(campaign)")}
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+        assert db.execute("SELECT crl_probe_pem FROM campaign").fetchall() == [("",)]
+    await _assert_version_19_campaign_fields(service, new_ca)
+
+
+async def test_a_version_18_postgres_campaign_gets_its_crl_waivers_and_probe_columns(make_service, postgres) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await service.stop()
+    old, new, new_ca = _issuers_pem()
+    postgres.query(
+        url,
+        "".join(f"ALTER TABLE campaign DROP COLUMN {column};" for column in CAMPAIGN_COLUMNS_SINCE_19)
+        + CAMPAIGN_OF_VERSION_18.format(true="TRUE", now="now()", old=old, new=new)
+        + "; UPDATE certlm_schema SET version = 18;",
+    )
+    await service.start()
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    assert postgres.query(url, "SELECT count(*) FROM campaign WHERE crl_probe_pem = ''").strip() == "1"
+    await _assert_version_19_campaign_fields(service, new_ca)

@@ -1,5 +1,6 @@
 """Fleet campaigns (an extension of the spec): make one, follow it, pause, resume or cancel it, and let its trust
-phase go on without devices that cannot be reached. The engine is ``certlm.lifecycle.campaigns``."""
+phase go on without devices that cannot be reached, or its reissue without the CRL of a new CA that publishes none.
+The engine is ``certlm.lifecycle.campaigns``."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from certlm.lifecycle.campaigns import (
     device_states,
     is_overdue,
     needs_calendar,
+    waive_crls,
     window_ahead,
 )
 from certlm.lifecycle.suppression import MaintenanceCalendar
@@ -81,6 +83,23 @@ class ExceptionsBody(StrictBody):
     entry_ids: list[EntryId] = Field(min_length=1, max_length=MAX_SCOPE_IDS)
 
 
+CaName = Annotated[str, Field(strict=True, min_length=1, max_length=1000)]
+
+
+class CrlWaiverBody(StrictBody):
+    cas: list[CaName] = Field(
+        min_length=1,
+        max_length=16,
+        description="the CAs of the campaign's new issuer whose CRL the reissue goes on without, each by its subject "
+        "as blocked names it (RFC 4514) or by the SHA-1 fingerprint of its certificate",
+    )
+
+
+class CrlWaiverOut(BaseModel):
+    sha1: str = Field(description="SHA-1 fingerprint of the CA certificate")
+    subject: str
+
+
 class CampaignDeviceOut(BaseModel):
     entry_id: int
     url: str
@@ -103,6 +122,9 @@ class CampaignOut(BaseModel):
     concurrency: int
     respect_windows: bool
     exceptions: list[int]
+    crl_waivers: list[CrlWaiverOut] = Field(
+        description="the new issuer's CAs whose CRL the operator accepted to go on without (POST .../crl-waiver)"
+    )
     blocked: str | None = Field(description="what keeps the campaign from its next phase; null when nothing does")
     window_ahead: str | None = Field(
         default=None,
@@ -148,7 +170,8 @@ async def _view(campaign: Campaign, with_devices: bool) -> CampaignOut:
         id=campaign.id, kind=campaign.kind, state=campaign.state, phase=campaign.phase,
         from_pki_id=campaign.from_pki_id, to_pki_id=campaign.to_pki_id, scope=campaign.scope,
         deadline=campaign.deadline, concurrency=campaign.concurrency, respect_windows=campaign.respect_windows,
-        exceptions=campaign.exceptions or [], blocked=campaign.blocked, window_ahead=ahead,
+        exceptions=campaign.exceptions or [], crl_waivers=campaign.crl_waivers or [], blocked=campaign.blocked,
+        window_ahead=ahead,
         deadline_outlook=outlook, overdue=is_overdue(campaign, now), counts=counts,
         created_at=campaign.created_at, updated_at=campaign.updated_at, devices=devices,
     )  # fmt: skip
@@ -255,5 +278,20 @@ async def exceptions(campaign_id: str, data: ExceptionsBody) -> CampaignOut:
     """Let the trust phase go on without these devices (unreachable ones, typically): they are left out of the
     campaign, and lose trust with their peers once those are reissued. The operator's call."""
     campaign = await accept_exceptions(await _campaign(campaign_id), data.entry_ids)
+    current_host().campaigns.wake()
+    return await _view(campaign, with_devices=True)
+
+
+@blueprint.post("/campaigns/<campaign_id>/crl-waiver")
+@requires_role(OPERATOR)
+@validate_request(CrlWaiverBody)
+@validate_response(CampaignOut)
+@answers(NotFound, CampaignConflict)
+async def crl_waiver(campaign_id: str, data: CrlWaiverBody) -> CampaignOut:
+    """Let the reissue go on without a CRL of these CAs of the new issuer (one that publishes no CRL, or whose
+    distribution point cannot be reached), which it otherwise waits for in the trust phase. The operator's call: a
+    device that demands a CRL of every CA on a path will refuse its peers' new certificates. 409 outside the trust
+    phase of a running or paused campaign; 400 for a CA that is not of the new issuer."""
+    campaign = await waive_crls(await _campaign(campaign_id), data.cas)
     current_host().campaigns.wake()
     return await _view(campaign, with_devices=True)

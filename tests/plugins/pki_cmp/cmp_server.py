@@ -357,15 +357,19 @@ class IssuingCmpServer:
     """A CA behind ``openssl cmp``: for each certificate request (p10cr, ir, cr, kur) it certifies the requested
     subject, key and SAN, with the PKI's CRL distribution point, and starts a mock that answers that transaction with
     the certificate as ``-rsp_cert`` (OpenSSL's mock can only return a fixed one); the transaction's later messages
-    (certConf, pollReq) go to the same mock, so OpenSSL checks the protection, POPO and confirmation as ever. Other
-    requests (genm, rr) go to a standing mock. ``arguments`` are the mocks' (protection); ``chain_option`` how they
-    hand out the CA certificate (``-rsp_capubs`` reaches ip answers only). ``handle`` is the relay handler; ``issued``
-    what was certified. Every mock runs until ``stop``."""
+    (certConf, pollReq) go to the same mock, so OpenSSL checks the protection, POPO and confirmation as ever. An rr
+    of a certificate it certified goes to a mock answering with that certificate, which OpenSSL's mock then revokes
+    (it grants an rr only for its own ``-rsp_cert``, by issuer and serial): ``revoked`` lists their serials. Other
+    requests (genm, any other rr) go to a standing mock. ``arguments`` are the mocks' (protection); ``chain_option``
+    how they hand out the CA certificate (``-rsp_capubs`` reaches ip answers only). ``handle`` is the relay handler;
+    ``issued`` what was certified. Every mock runs until ``stop``."""
 
     def __init__(self, pki: TestPki, *arguments: str, chain_option: str = "-rsp_capubs") -> None:
         self.pki = pki
         self.arguments = [*arguments, chain_option, str(pki.write("issuing-ca.pem", pki.ca_certificate))]
         self.issued: list[x509.Certificate] = []
+        self.revoked: list[int] = []
+        self._issued_files: dict[int, Path] = {}
         self._transactions: dict[bytes, CmpMockServer] = {}
         self._standing: CmpMockServer | None = None
         self._started: list[CmpMockServer] = []
@@ -400,7 +404,15 @@ class IssuingCmpServer:
         if kind in ("p10cr", "ir", "cr", "kur"):
             certificate = self.certify(requested(message))
             path = self.pki.write(f"issued-{len(self.issued)}.pem", certificate)
+            self._issued_files[certificate.serial_number] = path
             self._transactions[transaction_id] = await self._start_mock("-rsp_cert", str(path))
+        revoking = None
+        if kind == "rr":
+            revoking = int(message["body"]["rr"][0]["certDetails"]["serialNumber"])
+            if revoking in self._issued_files:
+                self._transactions[transaction_id] = await self._start_mock(
+                    "-rsp_cert", str(self._issued_files[revoking])
+                )
         mock = self._transactions.get(transaction_id)
         if mock is None:
             if self._standing is None:
@@ -408,7 +420,13 @@ class IssuingCmpServer:
                     "-rsp_cert", str(self.pki.write("ca.pem", self.pki.ca_certificate))
                 )
             mock = self._standing
-        return await forward_to(mock)(request)
+        answer = await forward_to(mock)(request)
+        if revoking in self._issued_files:
+            response, _ = decoder.decode(answer[0], asn1Spec=rfc9480.PKIMessage())
+            # PKIStatus 0 is "accepted": the mock granted the revocation.
+            if response["body"].getName() == "rp" and int(response["body"]["rp"]["status"][0]["status"]) == 0:
+                self.revoked.append(revoking)
+        return answer
 
     def issue_from(self, authority: Credential, *above: x509.Certificate) -> None:
         """Certify with ``authority`` from now on (the new root of a key update, or an issuing CA under a root:

@@ -977,6 +977,18 @@ function exceptionsOpen(campaign) {
   return campaign.phase === "trust" && campaignLive(campaign);
 }
 
+// The CAs whose CRL the reissue waits for, as the campaign's `blocked` names them ("the reissue waits for the CRL of
+// SUBJECT (SHA-1 AB:CD:...), ...: why"): what the page offers to go on without (POST /campaigns/{id}/crl-waiver).
+const CRL_WAIT = /^the reissue waits for the CRL of (.*?): a device that demands/;
+const CA_NAMED = /(.+?) \(SHA-1 ((?:[0-9A-F]{2}:){19}[0-9A-F]{2})\)(?:, |$)/g;
+
+function crlsWaitedFor(campaign) {
+  if (!exceptionsOpen(campaign) || !campaign.blocked) return [];
+  const waiting = CRL_WAIT.exec(campaign.blocked);
+  if (!waiting) return [];
+  return [...waiting[1].matchAll(CA_NAMED)].map((match) => ({ subject: match[1], sha1: match[2] }));
+}
+
 function renderCampaign(campaign) {
   const shown = JSON.stringify(campaign);
   state.campaign = campaign;
@@ -1008,6 +1020,7 @@ function renderCampaign(campaign) {
     ["Devices at once", campaign.concurrency],
     ["Maintenance windows", campaign.respect_windows ? "respected" : "ignored"],
     ["Exceptions", campaign.exceptions.length ? campaign.exceptions.map((id) => (byEntry.has(id) ? campaignDeviceLabel(byEntry.get(id)) : `entry ${id}`)).join(", ") : "none"],
+    ["CRLs waived", (campaign.crl_waivers || []).length ? campaign.crl_waivers.map((waiver) => waiver.subject).join(", ") : "none"],
     ["Made", timeElement(campaign.created_at)],
     ["Changed", timeElement(campaign.updated_at)],
   ]);
@@ -1016,6 +1029,9 @@ function renderCampaign(campaign) {
   const selectable = new Set(excepting ? devices.filter((device) => OPEN_STATES.has(device.trust)).map((device) => device.entry_id) : []);
   for (const id of [...state.campaignSelection]) if (!selectable.has(id)) state.campaignSelection.delete(id);
   $("campaign-exceptions").hidden = !excepting;
+  const waitedFor = crlsWaitedFor(campaign);
+  $("campaign-crl-waiver").hidden = !waitedFor.length;
+  $("campaign-crl-cas").textContent = waitedFor.map((ca) => ca.subject).join(", ");
 
   const focusedEntry = focused && focused.dataset ? focused.dataset.entry : undefined;
   const ordered = [...devices].sort((a, b) => blocking(campaign, b) - blocking(campaign, a) || a.entry_id - b.entry_id);
@@ -1142,6 +1158,19 @@ async function acceptExceptions() {
     "and lose trust with their peers once those have certificates from the new issuer and no longer trust the old one. This cannot be undone in this campaign.";
   if (!(await confirmAction("Accept as exceptions", question))) return;
   await campaignCall(() => api(`/campaigns/${campaign.id}/exceptions`, { method: "POST", body: { entry_ids: ids } }));
+}
+
+async function waiveCrls() {
+  if (!keyMay("operator")) return; // not offered to this key's role (certlm would answer 403)
+  const campaign = state.campaign;
+  const cas = campaign ? crlsWaitedFor(campaign) : [];
+  if (!cas.length) return;
+  const question =
+    `Go on in campaign ${campaign.id} without the CRL of ${cas.map((ca) => `${ca.subject} (SHA-1 ${ca.sha1})`).join(", ")}? ` +
+    "The reissue stops waiting for it. Devices that demand a CRL of every CA on a path will refuse their peers' new certificates of this CA; " +
+    "devices that do not are unaffected. This cannot be undone in this campaign.";
+  if (!(await confirmAction("Go on without the CRL", question))) return;
+  await campaignCall(() => api(`/campaigns/${campaign.id}/crl-waiver`, { method: "POST", body: { cas: cas.map((ca) => ca.sha1) } }));
 }
 
 // ---- actions: confirmed, with the result's steps ----------------------------------------------------------------
@@ -1450,6 +1479,7 @@ function wire() {
   $("campaign-close").addEventListener("click", closeCampaign);
   $("campaign-select-blocked").addEventListener("click", selectBlocked);
   $("campaign-accept").addEventListener("click", acceptExceptions);
+  $("campaign-waive-crl").addEventListener("click", waiveCrls);
   $("campaign-device-rows").addEventListener("change", (event) => {
     const box = event.target.closest("input[data-entry]");
     if (!box) return;
