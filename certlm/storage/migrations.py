@@ -311,6 +311,8 @@ async def _lighten_audit_record(connection: BaseDBAsyncClient, dialect: str) -> 
 
 
 AUDIT_CHAIN_HEAD_CHECK = "certlm_audit_chain_head_is"
+# The audit chain's lock: every append takes it (``certlm.system.audit``), here inside the head check.
+AUDIT_CHAIN_LOCK = "pg_advisory_xact_lock(hashtext('certlm_audit_chain'))"
 
 
 async def install_audit_chain_head_check(connection: BaseDBAsyncClient, dialect: str) -> None:
@@ -324,7 +326,7 @@ async def install_audit_chain_head_check(connection: BaseDBAsyncClient, dialect:
     await connection.execute_script(
         f"CREATE OR REPLACE FUNCTION {AUDIT_CHAIN_HEAD_CHECK}(head_max BIGINT, head_id BIGINT, head_hash TEXT) "
         "RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $$ BEGIN "
-        "PERFORM pg_advisory_xact_lock(hashtext('certlm_audit_chain')); "
+        f"PERFORM {AUDIT_CHAIN_LOCK}; "
         "RETURN (SELECT max(id) FROM audit_record) = head_max "
         "AND EXISTS (SELECT 1 FROM audit_record WHERE id = head_id AND hash = head_hash); END $$;"
     )

@@ -64,7 +64,7 @@ from tortoise.transactions import in_transaction
 
 from certlm.foundation.actors import ADMIN, Actor, current_actor
 from certlm.foundation.hostspec import address_url
-from certlm.storage.migrations import AUDIT_CHAIN_HEAD_CHECK
+from certlm.storage.migrations import AUDIT_CHAIN_HEAD_CHECK, AUDIT_CHAIN_LOCK
 from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
 from certlm.storage.sqlite_transactions import CommitFailed, insert_then_commit
 
@@ -74,7 +74,7 @@ anchor_log = logging.getLogger("certlm.audit.anchor")
 
 GENESIS_HASH = "0" * 64
 # Held by the appending transaction on PostgreSQL: one appender at a time, whichever instance.
-CHAIN_LOCK = "SELECT pg_advisory_xact_lock(hashtext('certlm_audit_chain'))"
+CHAIN_LOCK = f"SELECT {AUDIT_CHAIN_LOCK}"
 HEAD_SQL = f"SELECT id, hash FROM {AuditRecord._meta.db_table} ORDER BY id DESC LIMIT 1"
 STATE_CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 REFUSED_STATUSES = frozenset({401, 403, 429})
