@@ -116,6 +116,9 @@ async def test_the_simulator_lists_a_refused_client_and_lets_it_in_once_trusted(
     current.trusted_certificates.append(to_der(scada.certificate))
     after = await driver.write_trust_list(admin, current)
     assert after is not None and to_der(scada.certificate) in after.trusted_certificates
+    # The device drops every channel once the changes are applied and listens again (apply_delay_s later): a client
+    # that connects in between is cut off, as at a real PLC; connect once the endpoints are open again.
+    await device.settle()
     assert await scada.connect(device.url) == "Good"
 
 
