@@ -4,6 +4,7 @@ is stored or deleted."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -64,6 +65,24 @@ async def test_a_utf8_body_in_the_limits_is_accepted(in_process: InProcessApp) -
     assert status in (200, 201)
     assert [w["name"] for w in await windows(in_process)] == ["Linie 3 \u00e4"]
 
+
+
+async def test_a_body_is_parsed_once(in_process: InProcessApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body check, the route's validation and the audit trail's record all read one parse of the body."""
+    body = json.dumps({**WINDOW, "name": "parsed once"})
+    parses = []
+    loads = json.loads
+
+    def counted(text: str | bytes, *args: Any, **kwargs: Any) -> Any:
+        if text in (body, body.encode()):
+            parses.append(text)
+        return loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counted)
+    status, _ = await post_raw(in_process, "/maintenance/inventory", body.encode())
+    assert status in (200, 201)
+    assert len(parses) == 1
+    assert [w["name"] for w in await windows(in_process)] == ["parsed once"]
 
 @pytest.mark.parametrize(
     ("id_text", "shown"),

@@ -43,6 +43,9 @@ def install_body_checks(app: Quart) -> None:
         problem = body_problem(body)
         if problem is not None:
             raise APIError(f"request body: {problem}")
+        # The routes read the body through Quart's ``get_json`` (quart-schema's ``validate_request``), and the audit
+        # trail reads it again: hand them this parse (Quart's own per-request cache) rather than parsing it twice.
+        request._cached_json[False] = request._cached_json[True] = body
 
 
 def body_problem(body: Any) -> str | None:
