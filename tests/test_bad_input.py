@@ -66,7 +66,6 @@ async def test_a_utf8_body_in_the_limits_is_accepted(in_process: InProcessApp) -
     assert [w["name"] for w in await windows(in_process)] == ["Linie 3 \u00e4"]
 
 
-
 async def test_a_body_is_parsed_once(in_process: InProcessApp, monkeypatch: pytest.MonkeyPatch) -> None:
     """The body check, the route's validation and the audit trail's record all read one parse of the body."""
     body = json.dumps({**WINDOW, "name": "parsed once"})
@@ -83,6 +82,7 @@ async def test_a_body_is_parsed_once(in_process: InProcessApp, monkeypatch: pyte
     assert status in (200, 201)
     assert len(parses) == 1
     assert [w["name"] for w in await windows(in_process)] == ["parsed once"]
+
 
 @pytest.mark.parametrize(
     ("id_text", "shown"),
