@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -229,7 +229,7 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
     pkis: dict[int, PkiEntry | None] = {pki.id: pki for pki in await PkiEntry.filter(id__in=pki_ids)} if pki_ids else {}
 
     async def watch(entry: InventoryEntry) -> None:
-        async with limit:
+        async with DeviceSlot(limit) as slot:
             if context.stopping():
                 report.count("stopping")
                 return
@@ -238,10 +238,36 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
                 return
             now = context.clock()
             turn = ClaimCondition(free, {"monitored_at": now})
-            report.count(await monitor_device(runtime, entry, now, scan_turn=turn, pkis=pkis))
+            report.count(await monitor_device(runtime, entry, now, scan_turn=turn, pkis=pkis, read_done=slot.give_back))
 
     await asyncio.gather(*(watch(entry) for entry in entries))
     return report
+
+
+class DeviceSlot:
+    """One of a scan's ``scheduler_concurrency`` places, held from the device's claim until the device has been read
+    (``give_back``), or to the end of the visit. Storing what was read takes a few round trips to the database, each
+    a wait for a PostgreSQL backend's turn on a loaded machine: the next device does not wait for them."""
+
+    def __init__(self, limit: asyncio.Semaphore) -> None:
+        self._limit, self._held = limit, False
+
+    async def __aenter__(self) -> DeviceSlot:
+        await self._limit.acquire()
+        self._held = True
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.give_back()
+
+    def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self._limit.release()
+
+
+def _nothing() -> None:
+    pass
 
 
 @journals_automated_work
@@ -253,6 +279,7 @@ async def monitor_device(
     *,
     scan_turn: ClaimCondition | None = None,
     pkis: dict[int, PkiEntry | None] | None = None,
+    read_done: Callable[[], None] = _nothing,
 ) -> str:
     """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``,
     ``identity_changed`` (its SSH host key or TLS certificate is not the pinned one: ``certlm.inventory.identity``),
@@ -260,7 +287,8 @@ async def monitor_device(
     when the entry was deleted since the scan listed it, or
     ``leased_elsewhere`` when another instance is operating on the device (its push verifies what the device
     presents), ``inactive`` when the entry was deactivated since the scan listed it, ``read_elsewhere`` when the
-    scan's ``scan_turn`` (claimed with the lease) was taken by another instance. ``pkis``: the scan's PKI rows."""
+    scan's ``scan_turn`` (claimed with the lease) was taken by another instance. ``pkis``: the scan's PKI rows.
+    ``read_done`` is called once the device will not be asked anything more in this visit (``DeviceSlot``)."""
     # Within another operation's lease (a renewal reconciling its device) the lease is that operation's to release.
     owns_lease = not holds(entry.id)
     try:
@@ -268,7 +296,7 @@ async def monitor_device(
             assert claim is not None
             if entry.device_status != DEVICE_STATUS_ACTIVE:
                 return "inactive"
-            return await _Visit(runtime, entry, claim, owns_lease, now, trigger, pkis).run()
+            return await _Visit(runtime, entry, claim, owns_lease, now, trigger, pkis, read_done).run()
     except ConditionUnmet:
         return "read_elsewhere"
     except DeviceBusy:
@@ -294,9 +322,10 @@ class _Visit:
         now: datetime,
         trigger: str,
         pkis: dict[int, PkiEntry | None] | None = None,
+        read_done: Callable[[], None] = _nothing,
     ) -> None:
         self.runtime, self.entry, self.claim, self.now, self.trigger = runtime, entry, claim, now, trigger
-        self.pkis = pkis
+        self.pkis, self.read_done = pkis, read_done
         self.owns_lease = owns_lease  # False within another operation's lease, which that operation releases
         self.driver = runtime.drivers.get(entry.service)
 
@@ -320,16 +349,19 @@ class _Visit:
         presents_pin = isinstance(reading, CertificateReading) and _presents_pin(entry, reading.certificate)
         rest = await self._read_rest(target) if presents_pin else None
         if isinstance(reading, APIError):
+            self.read_done()
             return await self._unreachable(reading)
         fields = await _certificate_read(self.runtime, entry, reading, check_revocation=True, pkis=self.pkis)
         unexpected = await unexpected_certificate(self.runtime, entry, reading.certificate)
         if unexpected is not None:
+            self.read_done()
             return await self._certificate_changed(fields, unexpected)
         # Seen, and what it presents is what certlm installed: nothing the audit trail lists (no record is written
         # for a plain read), so the row is not read but set by the lease's release, in its UPDATE.
         self.claim.on_release.update(last_seen=now, unreachable_since=None, unreachable_reason=None)
         if rest is None and entry.pinned_certificate_der:  # pinned just now (``unexpected_certificate``)
             rest = await self._read_rest(target)
+        self.read_done()
         if isinstance(rest, DeviceIdentityChanged):
             await entry.save(update_fields=[*fields, "updated_at"])  # the certificate read stays stored
             raise rest

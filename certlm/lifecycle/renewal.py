@@ -190,11 +190,14 @@ class RenewalWave:
             # Deleted since the scan listed it: the delete waited for nothing of ours, and nothing is left to renew.
             self.report.count("deleted")
 
-    async def _renew_claimed(self, entry: InventoryEntry, claim: Claim) -> None:
-        # Another instance may have renewed it between our scan and our claim: decide again on fresh rows.
-        await entry.refresh_from_db()
-        await entry.fetch_related("pki")
-        schedule = await DeviceSchedule.get(entry_id=entry.id)
+    async def _renew_claimed(self, listed: InventoryEntry, claim: Claim) -> None:
+        # Another instance may have renewed it between our scan and our claim: decide again on fresh rows, read in
+        # one joined SELECT (the schedule row, its entry and the entry's PKI, which the push then signs with).
+        schedule = await DeviceSchedule.filter(entry_id=listed.id).select_related("entry__pki").first()
+        if schedule is None:  # deleted since the claim: its row went with it
+            self.report.count("deleted")
+            return
+        entry: InventoryEntry = schedule.entry  # type: ignore[assignment]
         if claim.interrupted_holder is not None:
             log.warning(
                 "renewal of %s:%s by %s was interrupted; reading the device before deciding again",

@@ -41,6 +41,10 @@ async def enrollment_pki(entry: InventoryEntry, backends: PkiBackendRegistry) ->
     """The PKI entry that signs for ``entry``: its own, else the oldest PKI entry whose backend can enroll (then
     assigned to ``entry``, and stored with it when the push succeeds, so renewals keep using it)."""
     if entry.pki_id is not None:  # type: ignore[attr-defined]
+        # The PKI row read with the entry under the device's lease (the renewal wave's joined read) is not read again.
+        fetched = entry.pki
+        if isinstance(fetched, PkiEntry) and fetched.id == entry.pki_id:  # type: ignore[attr-defined]
+            return fetched
         return await PkiEntry.get(id=entry.pki_id)  # type: ignore[attr-defined]
     for candidate in await PkiEntry.all().order_by("id"):
         if backends.known(candidate.pki_type) and _can_enroll(backends.get(candidate.pki_type)):

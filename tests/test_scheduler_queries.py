@@ -1,0 +1,174 @@
+"""What the schedulers cost the database per device, on SQLite and on PostgreSQL (``certlm.lifecycle.monitoring``,
+``certlm.lifecycle.renewal``), counted as ``tests.test_push_queries`` counts them, over a scan of a few simulated
+devices; and that a monitor scan's device slot is not held while a visit stores what it read.
+
+A monitor visit: the lease and the scan's turn claimed in one UPDATE, the entry read once under the lease, the
+credentials, the rejected list's one UPDATE, the entry written once and the lease released with the visit recorded.
+A scheduled renewal: the lease claimed, the schedule row, the entry and its PKI read in one joined SELECT under it
+(the push signs with that PKI row), the credentials, the campaigns' trust, the entry written once, the lease
+released; the PKI plugin's own statements (the internal CA's rows, the issued certificate) come on top."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import certlm_gds_push.driver
+import pytest
+
+import certlm.lifecycle.monitoring
+from certlm.lifecycle.monitoring import monitor_scan
+from certlm.lifecycle.renewal import renewal_scan
+from certlm.lifecycle.schedulers import ScanContext
+from certlm.lifecycle.suppression import MaintenanceCalendar
+from certlm.storage.models import DeviceSchedule, InventoryEntry
+from certlm.system.settings import system_settings
+from certlm.testing import InProcessApp, InternalCa, create_internal_ca, eventually, push
+from certlm.testing.in_process import TEST_DEVICE_TIMEOUTS
+from tests.test_monitor_queries import reads_of
+from tests.test_push_queries import on_table, statements_sent
+
+DEVICES = 3
+# A monitor scan's own statements: the calendar, the settings, the active entries, their schedule rows, their PKIs.
+MONITOR_SCAN = 5
+MONITOR_VISIT = 6
+# A renewal wave's own: the calendar, the settings, the campaigns and PKIs the rollover check reads, the due entries
+# with their PKIs, their schedule rows (two reads), and the new CA's first CRL (its revoked certificates, its row).
+RENEWAL_WAVE = 10
+# Per renewal: certlm's seven (see above, and the issued certificate's record), and at most five of the internal
+# CA's rows, which its plugin reads as it signs (how many depends on how the renewals overlap).
+RENEWAL = 7 + 5
+
+
+async def scan_context(interval: timedelta) -> ScanContext:
+    now = datetime.now(UTC)
+    return ScanContext(
+        now, await MaintenanceCalendar.load(), interval, lambda: datetime.now(UTC), await system_settings()
+    )
+
+
+async def onboarded(in_process: InProcessApp, simulated_device: Any, count: int = DEVICES) -> list[Any]:
+    devices = [await simulated_device() for _ in range(count)]
+    await asyncio.gather(*(push(in_process, device) for device in devices))
+    return devices
+
+
+def counted(statements: list[str]) -> dict[str, int]:
+    return {
+        "all": len(statements),
+        "schedule writes": len(on_table(statements, "UPDATE", "device_schedule")),
+        "schedule reads": len(reads_of(statements, "device_schedule")),
+        "entry reads": len(reads_of(statements, "inventory_entry")),
+        "entry writes": len(on_table(statements, "UPDATE", "inventory_entry")),
+        "pki reads": len(reads_of(statements, "pki_entry")),
+    }
+
+
+async def measure(app: InProcessApp, start_device: Any) -> dict[str, Any]:
+    """A monitor scan of ``DEVICES`` onboarded devices, then a renewal wave of them; the statements of each by kind
+    (``counted``), their outcomes and what the database holds after them."""
+    devices = await onboarded(app, start_device)
+    async with app.context():
+        # The first scan fetches the PKI's CRL into the cache; an interval of 0 lets the next claim every device.
+        await monitor_scan(app.host.runtime, await scan_context(timedelta(0)))
+        with statements_sent() as monitor:
+            scanned = await monitor_scan(app.host.runtime, await scan_context(timedelta(0)))
+        seen = await DeviceSchedule.filter(lease_holder__isnull=True, last_seen__isnull=False).count()
+    # A new CA for every entry: each device is due (its certificate is not of its PKI) and renewed once.
+    successor = await create_internal_ca(app, "Successor CA")
+    for device in devices:
+        address = {"server": device.config.host, "port": device.config.port}
+        status, body = await app.call("PATCH", "/gds/inventory", {**address, "pki": successor.pki_id})
+        assert status == 200, body
+    async with app.context():
+        with statements_sent() as renewal:
+            renewed = await renewal_scan(app.host.runtime, await scan_context(timedelta(days=1)))
+        released = await DeviceSchedule.filter(lease_holder__isnull=True, renewal_failures=0).count()
+        pinned = [entry.certificate_der == entry.pinned_certificate_der for entry in await InventoryEntry.all()]
+    return {
+        "monitor": {**counted(monitor), "outcomes": scanned.outcomes, "seen and released": seen, "sent": monitor},
+        "renewal": {
+            **counted(renewal),
+            "outcomes": renewed.outcomes,
+            "released": released,
+            "installed": [len(device.installed_certificates) for device in devices],
+            "pinned": pinned,
+            "sent": renewal,
+        },
+    }
+
+
+def check(measured: dict[str, Any]) -> None:
+    monitor, renewal = measured["monitor"], measured["renewal"]
+    assert monitor["outcomes"] == {"read": DEVICES} and monitor["seen and released"] == DEVICES, monitor
+    assert monitor["schedule writes"] == 2 * DEVICES, monitor["sent"]
+    assert monitor["entry reads"] == 1 + DEVICES and monitor["entry writes"] == DEVICES, monitor["sent"]
+    assert monitor["all"] == MONITOR_SCAN + MONITOR_VISIT * DEVICES, "\n".join(monitor["sent"])
+
+    assert renewal["outcomes"] == {"renewed": DEVICES}, renewal["outcomes"]
+    assert renewal["installed"] == [2] * DEVICES and all(renewal["pinned"]), renewal
+    assert renewal["released"] == DEVICES, renewal
+    # Per renewal: the claim and the release; the schedule row with its entry and PKI read once, joined.
+    assert renewal["schedule writes"] == 2 * DEVICES, renewal["sent"]
+    assert renewal["schedule reads"] == 2 + DEVICES, renewal["sent"]
+    assert renewal["entry reads"] == 1, renewal["sent"]  # the wave's listing; the rest joined
+    assert renewal["pki reads"] == 2, renewal["sent"]  # the rollover check's and the wave's
+    assert renewal["entry writes"] == DEVICES, renewal["sent"]
+    assert renewal["all"] <= RENEWAL_WAVE + RENEWAL * DEVICES, "\n".join(renewal["sent"])
+
+
+async def test_a_monitor_visit_and_a_scheduled_renewal_cost_what_they_did_on_sqlite(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
+) -> None:
+    check(await measure(certlm_in_process, certlm_simulated_device))
+
+
+async def test_a_monitor_visit_and_a_scheduled_renewal_cost_what_they_did_on_postgresql(
+    postgres: Any, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "tests.scheduler_statements", postgres.create_database(), str(tmp_path)]
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=Path(__file__).parent.parent
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 300)
+    assert process.returncode == 0, err.decode()[-3000:]
+    check(json.loads(out.decode().strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("certlm_settings", [{**TEST_DEVICE_TIMEOUTS, "scheduler_concurrency": 1}])
+async def test_the_next_device_is_read_while_the_last_one_read_is_stored(
+    certlm_in_process: InProcessApp,
+    certlm_internal_ca: InternalCa,
+    certlm_simulated_device: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one device at a time, the first visit's store waits until the second device is being read: a scan that
+    held the device's place while storing would never start that read."""
+    await onboarded(certlm_in_process, certlm_simulated_device, 2)
+    reads: list[str] = []
+    driver = certlm_gds_push.driver.GdsPushDriver
+    read_certificate, store = driver.read_certificate, certlm.lifecycle.monitoring._store_rest
+
+    async def counted_read(self: Any, target: Any, **options: Any) -> Any:
+        reads.append(target.url)
+        return await read_certificate(self, target, **options)
+
+    async def store_once_the_next_is_read(entry: InventoryEntry, target: Any, *args: Any) -> Any:
+        if reads[0] == target.url:
+
+            async def next_device_read() -> bool:
+                return len(reads) == 2
+
+            await eventually(next_device_read, "read of the next device while the first one's result is stored", 15)
+        return await store(entry, target, *args)
+
+    monkeypatch.setattr(driver, "read_certificate", counted_read)
+    monkeypatch.setattr(certlm.lifecycle.monitoring, "_store_rest", store_once_the_next_is_read)
+    async with certlm_in_process.context():
+        report = await monitor_scan(certlm_in_process.host.runtime, await scan_context(timedelta(hours=1)))
+    assert report.outcomes == {"read": 2}, report.outcomes
+    assert len(set(reads)) == 2, reads
