@@ -73,6 +73,9 @@ class Claim:
     """Columns of the ``device_schedule`` row the release sets, in its one UPDATE (the monitor's ``last_seen``)."""
     released: bool = field(default=False, compare=False)
     """Released by its holder already (``release_now``): the lease's block releases nothing more."""
+    fresh: bool = field(default=False, compare=False)
+    """The claim made the entry's ``device_schedule`` row (its first operation): the row holds no mark yet for the
+    holder to look for and clear."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ async def try_claim(
             await DeviceSchedule.bulk_create(
                 [DeviceSchedule(entry_id=entry_id, lease_holder=holder, lease_until=until)]
             )
-            return Claim(entry_id, None)
+            return Claim(entry_id, None, fresh=True)
         except IntegrityError:
             # Another claimant made the row first (it is read below), or the entry is gone (no row to read).
             row = await DeviceSchedule.get_or_none(entry_id=entry_id)

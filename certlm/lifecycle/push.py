@@ -44,7 +44,7 @@ from certlm.foundation.logs import log_operation
 from certlm.inventory.entries import Inventory, device_entry_at
 from certlm.inventory.identity import identity_repinned, mark_identity_changed
 from certlm.lifecycle.issuers import trust_kept_by_campaigns
-from certlm.lifecycle.leases import EntryDeleted, device_lease
+from certlm.lifecycle.leases import EntryDeleted, device_lease, holds
 from certlm.lifecycle.operations import (
     certificate_summary,
     description_record,
@@ -119,7 +119,12 @@ async def adopt_description(
 ) -> None:
     """Store what the device said about itself and the driver it selects."""
     take_description(drivers, entry, description)
-    await entry.save(update_fields=["device_description", "service", "firmware_version", "device_name", "updated_at"])
+    await entry.save(update_fields=[*DESCRIPTION_FIELDS, "updated_at"])
+
+
+# The entry's columns ``take_description`` sets.
+DESCRIPTION_FIELDS = ("device_description", "service", "firmware_version", "device_name")
+PIN_FIELDS = ("pinned_certificate_der", "certificate_der")
 
 
 def take_description(drivers: DeviceDriverRegistry, entry: InventoryEntry, description: DeviceDescription) -> None:
@@ -178,10 +183,13 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
     # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
     settings = runtime.settings
     lease = device_lease(entry.id, wait_s=settings.device_operation_timeout_s, lease_s=settings.device_lease_s)
-    async with lease:
+    outer_lease = holds(entry.id)
+    async with lease as claim:
+        # The entry's first operation made its schedule row just now: there is no mark on it to look for and clear.
+        unmarked = claim.fresh and not outer_lease
         started = api_now()
         try:
-            result = await _push_locked(runtime, entry, order)
+            result = await _push_locked(runtime, entry, order, unmarked=unmarked)
         except APIError as error:
             failed = {"url": runtime.inventory.entry_url(entry), "steps": [], **error.details.get("result", {})}
             await _record_push(entry, order, started, failed, error.message)
@@ -193,7 +201,7 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
             interrupted = {"url": runtime.inventory.entry_url(entry), "steps": [], "device_changed": None}
             await _record_push(entry, order, started, interrupted, INTERRUPTED)
             raise
-        if not order.automated:
+        if not order.automated and not unmarked:
             # The operator has dealt with the device: a certificate changed behind certlm's back is now certlm's
             # own again, and automated renewals start afresh. Only a row with a mark to clear is written, and recorded
             # in the audit trail with what was cleared: the usual push costs one read here.
@@ -240,7 +248,11 @@ async def _record_push(
     return outcome
 
 
-async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
+async def _push_locked(
+    runtime: Runtime, entry: InventoryEntry, order: PushOrder, *, unmarked: bool = False
+) -> dict[str, Any]:
+    """The push under the device's lease; ``unmarked``: the entry's schedule row has no mark yet (the lease's claim
+    made it), so a re-pin has no changed identity to clear."""
     target = await runtime.inventory.device_target(entry)
     if order.username is not None:
         target.username, target.pkcs12, target.pkcs12_password = order.username, None, None
@@ -260,6 +272,7 @@ async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder
         entry.pki_id = order.pki_id  # type: ignore[attr-defined]
     pki = await enrollment_pki(entry, runtime.pki_backends)
     material = await pki_material(pki, entry, runtime.pki_backends, runtime.services, runtime.crl_cache)
+    described: list[DeviceDescription] = []
     # A pinned device is identified by the push itself, whose connection checks the pin; at first contact the
     # push's own session describes the device and the host selects its driver from that (``PushRequest.identify``).
     request = PushRequest.asked(
@@ -267,7 +280,7 @@ async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder
         pinned_certificate=None if first_contact else entry.pinned_certificate_der,
         trusted_cas=material.ca_certificates,
         trust_on_first_use=first_contact,
-        identify=partial(_select_driver, runtime.drivers, entry) if first_contact else None,
+        identify=partial(_select_driver, runtime.drivers, entry, described) if first_contact else None,
         # A fleet campaign's issuers stay trusted through every push until it retires the old one on this device.
         also_trusted=await trust_kept_by_campaigns(entry.id),
     )
@@ -278,7 +291,11 @@ async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder
         if isinstance(failure.__cause__, DeviceIdentityChanged):
             await mark_identity_changed(entry.id, failure.__cause__.message, datetime.now(UTC))
         if first_contact:
-            contact_note = await pin_first_contact(entry, failure.presented_certificate)
+            # The pin and what the device said about itself (``_select_driver``), in one UPDATE.
+            contact_note = pin_presented(entry, failure.presented_certificate)
+            fields = [*(PIN_FIELDS if contact_note else ()), *(DESCRIPTION_FIELDS if described else ())]
+            if fields:
+                await entry.save(update_fields=[*fields, "updated_at"])
         if any(s.step == "connect" and s.ok for s in failure.steps):
             # The device accepted these credentials; later renewals run unattended with them.
             await _store_tried_credentials(runtime.inventory, entry, order)
@@ -301,8 +318,9 @@ async def _push_locked(runtime: Runtime, entry: InventoryEntry, order: PushOrder
     if first_contact:
         # Saved with the success's other changes (``push_certificate``).
         contact_note = pin_presented(entry, outcome.presented_certificate)
-        # An operator's onboarding pins what the device presents on every channel: a changed identity is explained.
-        await identity_repinned(entry.id)
+        if not unmarked:
+            # An operator's onboarding pins what the device presents on every channel: a changed identity is explained.
+            await identity_repinned(entry.id)
     await _store_tried_credentials(runtime.inventory, entry, order)
     return await _record_success(runtime.drivers, entry, target, pki, outcome, order.debug, contact_note)
 
@@ -318,11 +336,16 @@ def _push_failure_status(cause: BaseException | None) -> int:
 
 
 async def _select_driver(
-    drivers: DeviceDriverRegistry, entry: InventoryEntry, description: DeviceDescription
+    drivers: DeviceDriverRegistry,
+    entry: InventoryEntry,
+    described: list[DeviceDescription],
+    description: DeviceDescription,
 ) -> DeviceDriver:
-    """At an operator's first contact: store what the device said about itself in the push's session; the driver
-    that description selects."""
-    await adopt_description(drivers, entry, description)
+    """At an operator's first contact: take what the device said about itself in the push's session (appended to
+    ``described``); the driver that description selects. It is saved with the push's record: with the rest of the
+    entry when the push succeeds, with the pin when it fails."""
+    take_description(drivers, entry, description)
+    described.append(description)
     return drivers.get(entry.service)
 
 
@@ -331,7 +354,7 @@ async def pin_first_contact(entry: InventoryEntry, presented: x509.Certificate |
     for the operator to compare with the device's display. None when the device was not reached."""
     note = pin_presented(entry, presented)
     if note is not None:
-        await entry.save(update_fields=["pinned_certificate_der", "certificate_der", "updated_at"])
+        await entry.save(update_fields=[*PIN_FIELDS, "updated_at"])
     return note
 
 

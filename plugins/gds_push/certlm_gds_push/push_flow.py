@@ -309,7 +309,7 @@ async def push_once(
         if progress.trust_list_written:
             async with session_presenting(driver, target, enrollment.certificate) as session:
                 endpoint = session.endpoint
-                trust_list_read_back = await confirm_trust_list(session, configuration.group_id, trust_list)
+                trust_list_read_back = await confirm_trust_list(session, configuration, trust_list)
             note.message = f"the device presents the issued certificate on {endpoint.name}; {trust_list_read_back}"
         else:
             # Nothing but the certificate changed: its endpoints announcing it is the proof, without another secure
@@ -357,7 +357,9 @@ async def obtain_and_install(
             run, driver, description, request, pki, identity, progress.enrollment
         )
     assert progress.trust_list is not None
-    await install(run, progress, driver, session, configuration, certificate_type)
+    # At first contact certlm has written the device no list it could hold yet: reading it to compare would cost
+    # three calls for nothing. A later try (after a drop) is no first contact: an earlier one may have written it.
+    await install(run, progress, driver, session, configuration, certificate_type, unread=request.trust_on_first_use)
 
 
 async def check_applied(
@@ -573,15 +575,19 @@ async def install(
     session: DeviceSession,
     configuration: ServerConfiguration,
     certificate_type: ua.NodeId,
+    *,
+    unread: bool = False,
 ) -> None:
     """Write the trust list unless the device holds it already, then the certificate, then ApplyChanges when either
-    asked for it; ``progress`` gets the trust list as written (or held), and whether it was written."""
+    asked for it; ``progress`` gets the trust list as written (or held), and whether it was written. ``unread``: the
+    trusted lists are written without reading first what the device holds (the issuer lists, which keep what the
+    device has there, are read whatever it says)."""
     enrollment, trust_list = progress.enrollment, progress.trust_list
     assert enrollment is not None and trust_list is not None
     async with run.step("write_trust_list") as note:
         trust_file = await configuration.trust_list_file()  # found with the ServerConfiguration
         lists = written_lists(trust_list)
-        held = await lists_held(trust_file, lists)
+        held = None if unread and not lists & ISSUER_LISTS else await lists_held(trust_file, lists)
         if lists & ISSUER_LISTS:
             trust_list = keeping_device_issuers(held, trust_list)
         written = False
@@ -852,12 +858,14 @@ async def endpoint_presenting(driver: PushDriver, target: DeviceTarget, issued: 
     return await once_back(driver.timeouts, presenting)
 
 
-async def confirm_trust_list(session: DeviceSession, group_id: ua.NodeId, written: TrustList) -> str:
-    """Read the written lists back and raise when they are not what was written (stock node-opcua, for one, answers
-    CloseAndUpdate with Good and keeps its old list). A device that does not let them be read is only noted."""
+async def confirm_trust_list(session: DeviceSession, written_in: ServerConfiguration, written: TrustList) -> str:
+    """Read the written lists back in ``session`` and raise when they are not what was written (stock node-opcua, for
+    one, answers CloseAndUpdate with Good and keeps its old list). A device that does not let them be read is only
+    noted. The TrustList's nodes are those the push's session found (``written_in``): the device's address space is
+    the same after it applied the changes, so they are not looked up again."""
     lists = written_lists(written)
     try:
-        trust_file = await TrustListFile.locate(session, group_id)
+        trust_file = replace(await written_in.trust_list_file(), session=session)
         on_device = await trust_file.read_lists(lists)
     except Exception as error:
         return f"its trust list could not be read back ({explain(error)})"

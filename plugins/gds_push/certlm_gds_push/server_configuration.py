@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from asyncua import ua
@@ -36,7 +37,8 @@ class ServerConfiguration:
         self.node_id = ua.NodeId(ua.ObjectIds.ServerConfiguration)
         self.groups_id = ua.NodeId(ua.ObjectIds.ServerConfiguration_CertificateGroups)
         self.group_id = DEFAULT_APPLICATION_GROUP
-        # DefaultApplicationGroup's TrustList and its methods, where ``locate`` resolved them.
+        # DefaultApplicationGroup's CertificateTypes, and its TrustList with its methods, where ``locate`` found them.
+        self.group_types_id: ua.NodeId | None = None
         self.trust_list_nodes: list[ua.NodeId | None] | None = None
         self.nodes = {
             name: ua.NodeId(getattr(ua.ObjectIds, f"ServerConfiguration_{name}"))
@@ -45,10 +47,11 @@ class ServerConfiguration:
 
     @classmethod
     async def locate(cls, session: DeviceSession) -> ServerConfiguration:
-        """Resolve every node the push flow uses, DefaultApplicationGroup's TrustList and its methods with them, in
-        one TranslateBrowsePathsToNodeIds request, once per session (``DeviceSession.found``): the group's browse path,
-        not its NodeId, is the TrustList's start (the same node; a device resolves the paths of one request
-        independently). ``trust_list_file`` makes the TrustList of what was found."""
+        """Resolve every node the push flow uses, DefaultApplicationGroup's CertificateTypes and its TrustList with
+        its methods among them, in one TranslateBrowsePathsToNodeIds request, once per session
+        (``DeviceSession.found``): the group's browse path, not its NodeId, is their start (the same node; a device
+        resolves the paths of one request independently). ``trust_list_file`` makes the TrustList of what was
+        found."""
         own = cls._browse_paths()
         found = session.found.get("server_configuration")
         if found is None:
@@ -75,13 +78,15 @@ class ServerConfiguration:
 
     @classmethod
     def _browse_paths(cls) -> list[list[str]]:
-        """From the Server object: ServerConfiguration, its CertificateGroups, DefaultApplicationGroup, then each of
-        ``METHODS`` and ``PROPERTIES``."""
+        """From the Server object: ServerConfiguration, its CertificateGroups, DefaultApplicationGroup, each of
+        ``METHODS`` and ``PROPERTIES``, then DefaultApplicationGroup's CertificateTypes."""
+        group = ["0:ServerConfiguration", "0:CertificateGroups", "0:DefaultApplicationGroup"]
         return [
             ["0:ServerConfiguration"],
             ["0:ServerConfiguration", "0:CertificateGroups"],
-            ["0:ServerConfiguration", "0:CertificateGroups", "0:DefaultApplicationGroup"],
+            group,
             *(["0:ServerConfiguration", f"0:{name}"] for name in cls.METHODS + cls.PROPERTIES),
+            [*group, "0:CertificateTypes"],
         ]
 
     def _set_found(self, found: list[ua.NodeId | None]) -> None:
@@ -90,23 +95,36 @@ class ServerConfiguration:
         configuration.node_id = found[0] or configuration.node_id
         configuration.groups_id = found[1] or configuration.groups_id
         configuration.group_id = found[2] or configuration.group_id
-        configuration.nodes |= {name: node_id for name, node_id in zip(names, found[3:], strict=True) if node_id}
+        by_name = zip(names, found[3 : 3 + len(names)], strict=True)
+        configuration.nodes |= {name: node_id for name, node_id in by_name if node_id}
+        configuration.group_types_id = found[3 + len(names)] if found[2] is not None else None
 
-    async def capabilities(self) -> dict[str, Any]:
+    async def capabilities(self, also_read: Sequence[ua.NodeId] = ()) -> tuple[dict[str, Any], list[Any]]:
         """SupportedPrivateKeyFormats, MaxTrustListSize, ServerCapabilities and the certificate groups with their
-        CertificateTypes, as JSON data; ``{"push_management": False}`` when the device has no ServerConfiguration."""
+        CertificateTypes, as JSON data (``{"push_management": False}`` when the device has no ServerConfiguration);
+        and the values of ``also_read``, read in the same request (``DeviceSession.read_values``). Every request is
+        one round trip, each encrypted and signed both ways: the properties, DefaultApplicationGroup's types (found by
+        ``locate``) and ``also_read`` go in one Read, and only another group's types need a Translate and a Read."""
         if not self.present:
-            return {"push_management": False}
-        key_formats, max_size, server_capabilities = await self.session.read_values(
-            [self.nodes[name] for name in self.PROPERTIES]
-        )
+            return {"push_management": False}, await self.session.read_values(list(also_read))
+        own = [self.nodes[name] for name in self.PROPERTIES]
+        if self.group_types_id is not None:
+            own.append(self.group_types_id)
+        values = await self.session.read_values([*own, *also_read])
+        key_formats, max_size, server_capabilities = values[: len(self.PROPERTIES)]
+        types_by_group: dict[ua.NodeId, Any] = {}
+        if self.group_types_id is not None:
+            types_by_group[self.group_id] = values[len(self.PROPERTIES)]
         groups = await self.session.children(self.groups_id)
+        others = [group for group in groups if group.NodeId not in types_by_group]
         type_nodes = await self.session.translate(
             self.groups_id,
-            *([f"{group.BrowseName.NamespaceIndex}:{group.BrowseName.Name}", "0:CertificateTypes"] for group in groups),
+            *([f"{group.BrowseName.NamespaceIndex}:{group.BrowseName.Name}", "0:CertificateTypes"] for group in others),
         )
         present = [node for node in type_nodes if node is not None]
         types_by_node = dict(zip(present, await self.session.read_values(present), strict=True))
+        for group, node in zip(others, type_nodes, strict=True):
+            types_by_group[group.NodeId] = types_by_node.get(node)
         return {
             "push_management": True,
             "supported_private_key_formats": list(key_formats or []),
@@ -116,11 +134,11 @@ class ServerConfiguration:
                 {
                     "name": group.BrowseName.Name,
                     "node_id": group.NodeId.to_string(),
-                    "certificate_types": [type_name(t) for t in types_by_node.get(node) or []],
+                    "certificate_types": [type_name(t) for t in types_by_group.get(group.NodeId) or []],
                 }
-                for group, node in zip(groups, type_nodes, strict=True)
+                for group in groups
             ],
-        }
+        }, values[len(own) :]
 
     async def _call(self, method: str, *arguments: ua.Variant) -> list[Any]:
         return await self.session.call(self.node_id, self.nodes[method], *arguments)

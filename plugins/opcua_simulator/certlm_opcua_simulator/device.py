@@ -90,14 +90,15 @@ class _DeviceSession(InternalSession):
 
 
 class _DeviceInternalServer(InternalServer):
-    """asyncua's internal server, telling the device when a session closes and counting the sessions and endpoint
-    lists clients ask for (what a client costs a device)."""
+    """asyncua's internal server, telling the device when a session closes and counting the sessions, endpoint lists
+    and requests in sessions clients ask for (what a client costs a device)."""
 
     def __init__(self, user_manager: UserManager) -> None:
         super().__init__(user_manager=user_manager)
         self.session_closed: Callable[[Any], None] = lambda user: None
         self.sessions_created = 0
         self.endpoint_requests = 0
+        self.session_requests = 0  # counted by ChannelRuleset, which sees each of them
 
     async def get_endpoints(
         self, params: ua.GetEndpointsParameters | None = None, sockname: tuple[str, int] | None = None
@@ -124,12 +125,15 @@ class _DeviceInternalServer(InternalServer):
 
 
 class ChannelRuleset(PermissionRuleset):
-    """asyncua's per-request permission hook, one per endpoint: records who calls over which security mode."""
+    """asyncua's per-request permission hook, one per endpoint: records who calls over which security mode, and
+    counts the request for the device (``_DeviceInternalServer.session_requests``)."""
 
-    def __init__(self, mode: ua.MessageSecurityMode) -> None:
+    def __init__(self, mode: ua.MessageSecurityMode, iserver: _DeviceInternalServer) -> None:
         self.mode = mode
+        self.iserver = iserver
 
     def check_validity(self, user: User, action_type_id: ua.NodeId, body: Any) -> bool:
+        self.iserver.session_requests += 1
         # asyncua runs this in the connection's task just before it processes the request, so the
         # method callbacks of that request see the caller (push_management.current_caller).
         current_caller.set(Caller(user, self.mode))
@@ -187,6 +191,12 @@ class SimulatedDevice:
     def endpoint_requests(self) -> int:
         """GetEndpoints requests answered since the device started."""
         return self._started_iserver().endpoint_requests
+
+    @property
+    def session_requests(self) -> int:
+        """Requests answered in sessions since the device started: every service call but those that create,
+        activate and close a session (each Read, Browse, TranslateBrowsePathsToNodeIds, Call, ...)."""
+        return self._started_iserver().session_requests
 
     def _started_iserver(self) -> _DeviceInternalServer:
         if self._server is None:
@@ -304,7 +314,7 @@ class SimulatedDevice:
         server._policies = []
         await server._setup_server_nodes()
         for factory in server._policies:
-            factory.permission_ruleset = ChannelRuleset(factory.mode)
+            factory.permission_ruleset = ChannelRuleset(factory.mode, self._started_iserver())
         bserver = BinaryServer(server.iserver, self.config.host, self.config.port, server.limits)
         bserver.set_policies(server._policies)
         await bserver.start()

@@ -1,6 +1,7 @@
 """What a push costs a device: the push identifies a device in its own session at first contact, so an onboarding
-opens one encrypted session for identification and push and one to verify, each after one GetEndpoints request.
-Counted by the simulated device itself; certlm's key and certificate are parsed once per identity, not per session."""
+opens one encrypted session for identification and push and one to verify, each after one GetEndpoints request; and
+the requests in them, each a round trip encrypted and signed both ways. Counted by the simulated device itself;
+certlm's key and certificate are parsed once per identity, not per session."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for
 
 DEVICE_TIMEOUTS = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20"}
+ONBOARDING_REQUESTS = 12
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,12 @@ async def test_first_contact_onboarding_opens_one_session_to_push_and_one_to_ver
     assert identify["message"] == "driver gds-push-certlm-simulated-plc"
     # Before, identification had a session of its own and the read-back after ApplyChanges another: four.
     assert (device.sessions_created, device.endpoint_requests) == (2, 2)
+    # The push's session: the ServerConfiguration's nodes (one Translate), the description (one Read with BuildInfo,
+    # one Browse of the groups), CreateSigningRequest, the trust list written unread at first contact (Open, Write,
+    # CloseAndUpdate), UpdateCertificate, ApplyChanges; the verification's: the trust list read back on the nodes
+    # found before (OpenWithMasks, Read, Close). Before: 19, with a Read, Translate and Read more to describe, the
+    # list read before it was written, and a Translate to find it again.
+    assert device.session_requests == ONBOARDING_REQUESTS
     entry = (await api.get(f"/gds/inventory/127.0.0.1:{device.config.port}")).json()
     assert entry["service"] == "gds-push-certlm-simulated-plc"
 
@@ -67,6 +75,9 @@ async def test_first_contact_onboarding_opens_one_session_to_push_and_one_to_ver
     # The renewal finds the trust list the onboarding wrote: one session to push, and the device announcing the
     # issued certificate (GetEndpoints) verifies it.
     assert (device.sessions_created, device.endpoint_requests) == (3, 4)
+    # Described as at first contact (3), CreateSigningRequest, the trust list read to find it held (OpenWithMasks,
+    # Read, Close), UpdateCertificate, ApplyChanges. Before: 12.
+    assert device.session_requests - ONBOARDING_REQUESTS == 9
 
 
 def counting(calls: list[str], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
