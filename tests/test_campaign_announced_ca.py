@@ -744,6 +744,7 @@ async def test_a_campaign_cancelled_while_it_holds_a_crl_probe_revokes_the_probe
 
         assert await eventually(revoked, "the CA to revoke the probe", 30) == [probe.serial_number]
         assert plant.issuing.revocation_reasons == {probe.serial_number: "cessationOfOperation"}
+        assert plant.relay.body_types.count("rr") == 1, plant.relay.body_types
         (record,) = await eventually(lambda: probe_revocations(in_process, campaign_id), "the trail's record", 10)
         assert record["outcome"] == "ok" and f"serial {serial_hex(probe)}" in record["detail"], record
         async with in_process.context():
