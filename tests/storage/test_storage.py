@@ -478,6 +478,8 @@ async def test_a_version_19_postgres_database_gets_the_audit_chains_head_check(m
 # --- version 19: a campaign's CRL waivers and its CRL probe certificate ---------------------------------------------
 
 CAMPAIGN_COLUMNS_SINCE_19 = ("crl_waivers", "crl_probe_pem")
+# What a version-18 database lacks besides: version 21's column and table.
+SINCE_21 = ("ALTER TABLE campaign DROP COLUMN crls_missing", "DROP TABLE crl_probe_revocation")
 # A campaign as version 18 stored it: paused in its trust phase (the runner leaves it alone), its new issuer a CA.
 CAMPAIGN_OF_VERSION_18 = (
     "INSERT INTO campaign (kind, state, phase, from_pki_id, to_pki_id, scope, concurrency, respect_windows, "
@@ -512,6 +514,8 @@ async def test_a_version_18_sqlite_campaign_gets_its_crl_waivers_and_probe_colum
     with sqlite3.connect(database) as db:
         for column in CAMPAIGN_COLUMNS_SINCE_19:
             db.execute(f"ALTER TABLE campaign DROP COLUMN {column}")
+        for statement in SINCE_21:
+            db.execute(statement)
         db.execute(CAMPAIGN_OF_VERSION_18.format(true="1", now="'2026-11-01'", old=old, new=new))
         db.execute("UPDATE certlm_schema SET version = 18")
     await service.start()
@@ -530,6 +534,7 @@ async def test_a_version_18_postgres_campaign_gets_its_crl_waivers_and_probe_col
     postgres.query(
         url,
         "".join(f"ALTER TABLE campaign DROP COLUMN {column};" for column in CAMPAIGN_COLUMNS_SINCE_19)
+        + "".join(f"{statement};" for statement in SINCE_21)
         + CAMPAIGN_OF_VERSION_18.format(true="TRUE", now="now()", old=old, new=new)
         + "; UPDATE certlm_schema SET version = 18;",
     )
@@ -571,8 +576,8 @@ async def test_a_version_20_sqlite_database_gets_crls_missing_and_the_probes_to_
     old, new, _ = _issuers_pem()
     pem, serial = _probe_pem()
     with sqlite3.connect(database) as db:
-        db.execute("ALTER TABLE campaign DROP COLUMN crls_missing")
-        db.execute("DROP TABLE crl_probe_revocation")
+        for statement in SINCE_21:
+            db.execute(statement)
         db.execute(CAMPAIGN_OF_VERSION_20.format(true="1", now="'2026-11-01'", old=old, new=new, pem=pem))
         db.execute("UPDATE certlm_schema SET version = 20")
     await service.start()
@@ -603,7 +608,7 @@ async def test_a_version_20_postgres_database_gets_crls_missing_and_the_probes_t
     pem, serial = _probe_pem()
     postgres.query(
         url,
-        "ALTER TABLE campaign DROP COLUMN crls_missing; DROP TABLE crl_probe_revocation;"
+        "".join(f"{statement};" for statement in SINCE_21)
         + CAMPAIGN_OF_VERSION_20.format(true="TRUE", now="now()", old=old, new=new, pem=pem)
         + "; UPDATE certlm_schema SET version = 20;",
     )
