@@ -22,7 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from certlm.foundation.certs import issued_by, serial_hex, sha1_fingerprint
-from certlm.storage.models import Campaign, InventoryEntry
+from certlm.storage.models import Campaign, CrlProbeRevocation, InventoryEntry
 from certlm.testing.pushes import Api, assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
 from tests.conftest import StartDevice
@@ -410,6 +410,7 @@ class CmpIssuingCaPlant:
     second_cdp: CrlDistributionPoint
     pki: TestPki
     issuing: IssuingCmpServer
+    relay: HttpRelay
     pki_id: int
     devices: list
 
@@ -449,7 +450,9 @@ async def cmp_issuing_ca_plant(
         pki_id, devices = await cmp_plant(in_process, simulated_device, relay.address, first.certificate, lenient)
         assert strict_refusals(devices, [first.certificate]) == []
         answer.ca_certs = [first.certificate, second.certificate, root.certificate]
-        yield CmpIssuingCaPlant(root, first, second, root_cdp, first_cdp, second_cdp, pki, issuing, pki_id, devices)
+        yield CmpIssuingCaPlant(
+            root, first, second, root_cdp, first_cdp, second_cdp, pki, issuing, relay, pki_id, devices
+        )
     finally:
         await relay.stop()
         issuing.stop()
@@ -541,6 +544,11 @@ async def test_the_reissue_waits_for_the_new_issuing_ca_crl_it_cannot_take_sayin
 
         campaign = await eventually(blocked_on_the_crl, "the campaign to name the CRL it waits for", 90)
         assert CRL_FAULTS[fault] in campaign["blocked"], campaign["blocked"]
+        # The same, for a program: the CA by subject and fingerprint, and why.
+        (missing,) = campaign["crls_missing"]
+        assert missing["subject"] == "CN=Plant CMP Issuing CA 2", missing
+        assert missing["sha1"] == sha1_fingerprint(second.certificate), missing
+        assert CRL_FAULTS[fault] in missing["problem"], missing
         assert "would refuse its peers' new certificates" in campaign["blocked"], campaign["blocked"]
         assert campaign["phase"] == "trust" and campaign["state"] == "running", campaign
         assert all(device["reissue"] == "pending" for device in campaign["devices"]), campaign["devices"]
@@ -555,6 +563,7 @@ async def test_the_reissue_waits_for_the_new_issuing_ca_crl_it_cannot_take_sayin
         refused_new = [refusals for refusals in strict_new_samples if refusals]
         assert strict_new_samples and not refused_new, refused_new[:3]
         assert campaign["counts"] == {phase: {"done": PLANT_SIZE} for phase in ("trust", "reissue", "retire")}
+        assert campaign["crls_missing"] == [] and campaign["blocked"] is None, campaign
         for device in plant.devices:
             assert issued_by(device.certificate, second.certificate)
 
@@ -606,7 +615,7 @@ async def test_the_operator_waives_the_crl_the_new_issuing_ca_does_not_deliver_a
             "kind": "ca-rollover", "from_pki_id": plant.pki_id, "concurrency": 2,
         })  # fmt: skip
         assert status == 201, created
-        assert created["crl_waivers"] == []
+        assert created["crl_waivers"] == [] and created["crls_missing"] == [], created
         plant.issue_from_second()
         waiver_path = f"/campaigns/{created['id']}/crl-waiver"
 
@@ -619,6 +628,11 @@ async def test_the_operator_waives_the_crl_the_new_issuing_ca_does_not_deliver_a
         assert f"(SHA-1 {sha1_fingerprint(second.certificate)})" in campaign["blocked"], campaign["blocked"]
         assert f"POST {waiver_path}" in campaign["blocked"], campaign["blocked"]
         assert "will then refuse their peers' new certificates" in campaign["blocked"], campaign["blocked"]
+        waited_for = {"subject": "CN=Plant CMP Issuing CA 2", "sha1": sha1_fingerprint(second.certificate)}
+        assert [{key: ca[key] for key in waited_for} for ca in campaign["crls_missing"]] == [waited_for], campaign
+        assert CRL_FAULTS["unreachable"] in campaign["crls_missing"][0]["problem"], campaign["crls_missing"]
+        status, listed = await request(in_process, "GET", "/campaigns")
+        assert status == 200 and listed[0]["crls_missing"] == campaign["crls_missing"], listed
 
         for body, named in BAD_WAIVERS:
             status, answer = await request(in_process, "POST", waiver_path, body)
@@ -635,6 +649,8 @@ async def test_the_operator_waives_the_crl_the_new_issuing_ca_does_not_deliver_a
             assert status == 200, waived
             expected = [{"sha1": sha1_fingerprint(second.certificate), "subject": "CN=Plant CMP Issuing CA 2"}]
             assert waived["crl_waivers"] == expected, waived
+            # The reissue waits for no CRL any more: the field says so at once, before the runner reads it again.
+            assert waived["crls_missing"] == [], waived
             # Named again by its fingerprint (lower case, no colons): the same waiver, not a second one.
             fingerprint = sha1_fingerprint(second.certificate).replace(":", "").lower()
             status, again = await request(in_process, "POST", waiver_path, {"cas": [fingerprint]})
@@ -653,10 +669,11 @@ async def test_the_operator_waives_the_crl_the_new_issuing_ca_does_not_deliver_a
 
         # The trail: the waiver's change, then the same waiver named again, which changed nothing.
         waivers = [r for r in await trail(in_process) if r["action"] == "POST /campaigns/<campaign_id>/crl-waiver"]
-        assert [record["changes"] for record in waivers if record["outcome"] == "ok"] == [[{
-            "table": "campaign", "id": created["id"], "op": "update", "before": {"crl_waivers": []},
-            "after": {"crl_waivers": expected},
-        }], []], waivers  # fmt: skip
+        # The CA waited for leaves crls_missing with the same change (its "before" is long: the trail keeps a digest).
+        ((changed,), unchanged) = [record["changes"] for record in waivers if record["outcome"] == "ok"]
+        assert unchanged == [] and changed["after"] == {"crl_waivers": expected, "crls_missing": []}, changed
+        assert (changed["table"], changed["id"], changed["op"]) == ("campaign", created["id"], "update"), changed
+        assert changed["before"]["crl_waivers"] == [] and set(changed["before"]) == {"crl_waivers", "crls_missing"}
         status, answer = await request(in_process, "POST", waiver_path, {"cas": ["CN=Plant CMP Issuing CA 2"]})
         assert status == 409 and "trust phase of a running or paused campaign" in answer["error"], answer
 
@@ -669,11 +686,114 @@ async def test_the_operator_waives_the_crl_the_new_issuing_ca_does_not_deliver_a
             assert plant.issuing.revoked == [probe.serial_number] and revoked["outcome"] == "ok", revoked
         else:
             assert plant.issuing.revoked == [] and revoked["outcome"] != "ok", revoked
+            assert "tried again at" in revoked["detail"], revoked
+            async with in_process.context():
+                # Kept until the PKI confirms: the runner tries it again.
+                kept = await CrlProbeRevocation.filter(campaign_id=created["id"]).values_list("serial", flat=True)
+            assert kept == [serial_hex(probe)], kept
             assert any(
                 f"revoking the CRL probe certificate (serial {serial_hex(probe)})" in record.getMessage()
                 and record.levelno == logging.WARNING
                 for record in caplog.records
             ), [record.getMessage() for record in caplog.records if "probe" in record.getMessage()]
+
+
+async def held_crl_probe(in_process: InProcessApp, plant: CmpIssuingCaPlant) -> tuple[int, x509.Certificate]:
+    """A running campaign of ``plant`` in its trust phase, waiting for the CRL of the new issuing CA (whose
+    distribution point never answers), and the CRL probe certificate it holds."""
+    await plant.second_cdp.stop()
+    status, created = await request(in_process, "POST", "/campaigns", {
+        "kind": "ca-rollover", "from_pki_id": plant.pki_id, "concurrency": 2,
+    })  # fmt: skip
+    assert status == 201, created
+    plant.issue_from_second()
+
+    async def holding_a_probe() -> x509.Certificate | None:
+        campaign = await campaign_state(in_process, created["id"])
+        if not campaign["crls_missing"]:
+            return None
+        async with in_process.context():
+            pem = (await Campaign.get(id=created["id"])).crl_probe_pem
+        return x509.load_pem_x509_certificate(pem.encode()) if pem else None
+
+    probe = await eventually(holding_a_probe, "the campaign to wait for the CRL, holding a probe", 90)
+    assert crl_probes(plant.issuing.issued, created["id"]) == [probe] and plant.issuing.revoked == []
+    return created["id"], probe
+
+
+async def probe_revocations(in_process: InProcessApp, campaign_id: int) -> list[dict[str, Any]]:
+    """The audit trail's records of the campaign's probe revocations, oldest first."""
+    target = f"campaign {campaign_id}"
+    records = await trail(in_process)
+    return [r for r in records if r["action"] == "campaign CRL probe revoked" and r["target"] == target]
+
+
+async def test_a_campaign_cancelled_while_it_holds_a_crl_probe_revokes_the_probe(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    """The campaign waits in its trust phase for a CRL, holding the certificate it asked the PKI for to find it; the
+    operator cancels it. Nobody will ever use that certificate: the CA lists it revoked (cessationOfOperation), and
+    the trail says so."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, lenient=True) as plant:
+        campaign_id, probe = await held_crl_probe(in_process, plant)
+        status, cancelled = await request(in_process, "POST", f"/campaigns/{campaign_id}/cancel")
+        assert status == 200 and cancelled["state"] == "cancelled", cancelled
+
+        async def revoked() -> list[int] | None:
+            return plant.issuing.revoked or None
+
+        assert await eventually(revoked, "the CA to revoke the probe", 30) == [probe.serial_number]
+        assert plant.issuing.revocation_reasons == {probe.serial_number: "cessationOfOperation"}
+        assert plant.relay.body_types.count("rr") == 1, plant.relay.body_types
+        (record,) = await eventually(lambda: probe_revocations(in_process, campaign_id), "the trail's record", 10)
+        assert record["outcome"] == "ok" and f"serial {serial_hex(probe)}" in record["detail"], record
+        async with in_process.context():
+            assert (await Campaign.get(id=campaign_id)).crl_probe_pem == ""
+            assert not await CrlProbeRevocation.exists()
+        assert (await campaign_state(in_process, campaign_id))["state"] == "cancelled"
+
+
+async def test_a_probe_revocation_the_pki_was_unreachable_for_is_made_once_it_is_back(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CA cannot be reached when the cancelled campaign's probe is to be revoked: the log and the trail name the
+    serial and when it is tried again, and the probe is kept. Once the CA answers again, the runner revokes it."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, lenient=True) as plant:
+        campaign_id, probe = await held_crl_probe(in_process, plant)
+        await plant.relay.stop()
+        status, cancelled = await request(in_process, "POST", f"/campaigns/{campaign_id}/cancel")
+        assert status == 200, cancelled
+        (failed,) = await eventually(lambda: probe_revocations(in_process, campaign_id), "the failure recorded", 30)
+        assert failed["outcome"] != "ok" and f"serial {serial_hex(probe)}" in failed["detail"], failed
+        assert "tried again at" in failed["detail"], failed
+        assert any(
+            f"revoking the CRL probe certificate (serial {serial_hex(probe)})" in record.getMessage()
+            and record.levelno == logging.WARNING
+            for record in caplog.records
+        ), [record.getMessage() for record in caplog.records if "probe" in record.getMessage()]
+        async with in_process.context():
+            (kept,) = await CrlProbeRevocation.all()
+            assert kept.serial == serial_hex(probe) and kept.attempts == 1 and kept.last_error, kept
+            assert (await Campaign.get(id=campaign_id)).crl_probe_pem == ""
+
+        await plant.relay.start()
+
+        async def revoked() -> list[int] | None:
+            return plant.issuing.revoked or None
+
+        # The first retry comes after the back-off's 30 s.
+        assert await eventually(revoked, "the CA to revoke the probe once it is back", 90) == [probe.serial_number]
+        assert plant.issuing.revocation_reasons == {probe.serial_number: "cessationOfOperation"}
+
+        async def confirmed() -> list[dict[str, Any]] | None:
+            records = await probe_revocations(in_process, campaign_id)
+            return records if records[-1]["outcome"] == "ok" else None
+
+        records = await eventually(confirmed, "the trail to record the revocation", 10)
+        assert [record["outcome"] == "ok" for record in records] == [False, True], records
+        assert f"serial {serial_hex(probe)}" in records[-1]["detail"], records
+        async with in_process.context():
+            assert not await CrlProbeRevocation.exists()
 
 
 class CrlDistributionPoint:

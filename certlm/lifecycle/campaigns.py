@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tortoise.expressions import Q
+from tortoise.transactions import in_transaction
 
 from certlm.contracts.drivers import DeviceIdentityChanged
 from certlm.contracts.enrollment import CLIENT_PROFILE, Enrollment
@@ -86,7 +87,7 @@ from certlm.lifecycle.suppression import OUTLOOK, MaintenanceCalendar, Suppressi
 from certlm.lifecycle.trust import change_trust_list
 from certlm.pki.client import cdp_urls
 from certlm.pki.material import crls_of_chain, pki_ca_certificates
-from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry, PkiEntry
+from certlm.storage.models import Campaign, CampaignDevice, CrlProbeRevocation, InventoryEntry, PkiEntry
 from certlm.system.audit import journal_created, journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -531,9 +532,11 @@ async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
         await _set_blocked(campaign, blocked)
         return
     if phase == TRUST:
-        if blocked := await new_issuer_crls_trusted(runtime, campaign):
-            await _set_blocked(campaign, blocked)
+        if waiting := await new_issuer_crls_trusted(runtime, campaign):
+            await _set_blocked(campaign, waiting.sentence, waiting.crls_missing)
             return
+        # The gate is through, however it got there: the probe served.
+        await _revoke_crl_probe(runtime, campaign)
         await _enter(runtime, campaign, REISSUE)
     elif phase == REISSUE:
         if campaign.kind == REKEY:
@@ -557,9 +560,18 @@ async def _next_phase_if_through(runtime: Runtime, campaign: Campaign) -> None:
 _PROBES: dict[tuple[int, str], tuple[datetime, str]] = {}
 
 
-async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str | None:
+@dataclass(frozen=True)
+class Waiting:
+    """What keeps a campaign where it is: the sentence (its ``blocked``) and, when the reissue waits for CRLs, each CA
+    whose CRL it lacks (its ``crls_missing``: ``subject`` RFC 4514, ``sha1`` as a waiver names it, ``problem``)."""
+
+    sentence: str
+    crls_missing: tuple[dict[str, str], ...] = ()
+
+
+async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> Waiting | None:
     """None once the campaign's new issuer holds a current CRL of each of its CAs, which the trust phase has then
-    written to every trust list; else what the reissue waits for, in a sentence (the campaign's ``blocked``).
+    written to every trust list; else what the reissue waits for.
 
     A device that demands a CRL of every CA on a peer's path refuses a peer's certificate of the new issuing CA while
     its trust list lacks that CA's CRL, and the backend's ``crl()`` often gives only the root's: an issuing CA names
@@ -574,11 +586,12 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str |
     waived = {waiver["sha1"] for waiver in campaign.crl_waivers or []}
     needed = [ca for ca in new.chain if sha1_fingerprint(ca) not in waived]
     if not _cas_without_current_crl(new, needed, now):
-        await _revoke_crl_probe(runtime, campaign)
         return None
     pki = await PkiEntry.get_or_none(id=campaign.to_pki_id)
     if pki is None or not runtime.pki_backends.known(pki.pki_type):
-        return f"the reissue waits for the new issuer's CRLs: PKI entry {campaign.to_pki_id} is gone or not installed"
+        problem = f"PKI entry {campaign.to_pki_id} is gone or not installed"
+        return Waiting(f"the reissue waits for the new issuer's CRLs: {problem}",
+                       _missing(_cas_without_current_crl(new, needed, now), [problem]))  # fmt: skip
     backend = runtime.pki_backends.get(pki.pki_type)
     problems: list[str] = []
     known = [crl for crl in new.crls if not _crl_expired(crl, now)]  # an expired one is fetched again
@@ -588,7 +601,7 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str |
             known.append(offered)
     offered_enough = Issuer(new.chain, ()).with_crls_from(crl.public_bytes(serialization.Encoding.DER) for crl in known)
     if not _cas_without_current_crl(offered_enough, needed, now):
-        return await _add_new_issuer_crls(campaign, new, _added(new, offered_enough, now))
+        return _fetched(await _add_new_issuer_crls(campaign, new, _added(new, offered_enough, now)))
     certificate = await _certificate_of_new_ca(runtime, campaign, backend, pki, new, problems)
     if certificate is None:
         return _waiting_for_crls(campaign, _cas_without_current_crl(new, needed, now), problems)
@@ -606,17 +619,36 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> str |
                             f"{api_timestamp(expired[0].next_update_utc)}")  # fmt: skip
     if lacking:
         return _waiting_for_crls(campaign, lacking, problems)
-    return await _add_new_issuer_crls(campaign, new, _added(new, fetched, now))
+    return _fetched(await _add_new_issuer_crls(campaign, new, _added(new, fetched, now)))
 
 
-def _waiting_for_crls(campaign: Campaign, cas: list[x509.Certificate], problems: list[str]) -> str:
+def _fetched(blocked: str | None) -> Waiting | None:
+    return Waiting(blocked) if blocked else None
+
+
+def _waiting_for_crls(campaign: Campaign, cas: list[x509.Certificate], problems: list[str]) -> Waiting:
     named = ", ".join(f"{ca.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(ca)})" for ca in cas)
-    return (
+    return Waiting(
         f"the reissue waits for the CRL of {named}: a device that demands a CRL of every CA on a path would refuse "
         f"its peers' new certificates without it; {'; '.join(problems) or 'no CRL of it was found'}. To go on "
         f"without it (a CA that publishes no CRL), an operator may POST /campaigns/{campaign.id}/crl-waiver naming "
-        "the CA: devices that demand a CRL of every CA on a path will then refuse their peers' new certificates"
+        "the CA: devices that demand a CRL of every CA on a path will then refuse their peers' new certificates",
+        _missing(cas, problems),
     )
+
+
+def _missing(cas: list[x509.Certificate], problems: list[str]) -> tuple[dict[str, str], ...]:
+    """``crls_missing`` of ``cas``: each with the problems that name it (``crls_of_chain``'s "no CRL of SUBJECT: ...",
+    "the CRL of SUBJECT expired ...") and those that name no CA (the PKI gave no certificate of the new CA)."""
+    general = [problem for problem in problems if not problem.startswith(("no CRL of ", "the CRL of "))]
+    missing = []
+    for ca in cas:
+        subject = ca.subject.rfc4514_string()
+        own = [problem for problem in problems if problem.startswith((f"no CRL of {subject}: ",
+                                                                      f"the CRL of {subject} expired "))]  # fmt: skip
+        problem = "; ".join(own + general) or "no CRL of it was found"
+        missing.append({"subject": subject, "sha1": sha1_fingerprint(ca), "problem": problem})
+    return tuple(missing)
 
 
 def _added(new: Issuer, found: Issuer, now: datetime) -> list[x509.CertificateRevocationList]:
@@ -696,7 +728,7 @@ async def _certificate_of_new_ca(
         crl_probe_pem=pem, updated_at=datetime.now(UTC)
     )
     if not stored_here:
-        await _revoke_probe_certificate(runtime, campaign, pki, certificate)
+        await _revoke_probe(runtime, await _to_revoke(campaign, pki.id, pem))
         await campaign.refresh_from_db(fields=["crl_probe_pem"])
         return x509.load_pem_x509_certificate(campaign.crl_probe_pem.encode()) if campaign.crl_probe_pem else None
     campaign.crl_probe_pem = pem
@@ -704,46 +736,91 @@ async def _certificate_of_new_ca(
 
 
 async def _revoke_crl_probe(runtime: Runtime, campaign: Campaign) -> None:
-    """Revoke the campaign's CRL probe certificate, if it holds one, now that the reissue has what it needed from it:
-    nobody holds its key, but an unrevoked valid certificate nobody holds is what an auditor flags. The instance
-    whose conditional UPDATE lets go of it revokes it; a revocation that fails is logged and recorded, naming the
-    serial, and holds nothing up."""
+    """Let go of the campaign's CRL probe certificate, if it holds one, and revoke it: the reissue has what it needed
+    from it, or the campaign ended without it. Nobody holds its key, but an unrevoked valid certificate nobody holds is
+    what an auditor flags. The instance whose conditional UPDATE lets go of it revokes it; the same transaction makes
+    it a ``CrlProbeRevocation``, which stays until the PKI confirms (``_revoke_probe``)."""
     pem = campaign.crl_probe_pem
     if not pem:
         return
-    released = await Campaign.filter(id=campaign.id, crl_probe_pem=pem).update(
-        crl_probe_pem="", updated_at=datetime.now(UTC)
-    )
+    async with in_transaction("default"):
+        released = await Campaign.filter(id=campaign.id, crl_probe_pem=pem).update(
+            crl_probe_pem="", updated_at=datetime.now(UTC)
+        )
+        revocation = await _to_revoke(campaign, campaign.to_pki_id, pem) if released else None
     campaign.crl_probe_pem = ""
-    pki = await PkiEntry.get_or_none(id=campaign.to_pki_id)
-    if released and pki is not None:
-        await _revoke_probe_certificate(runtime, campaign, pki, x509.load_pem_x509_certificate(pem.encode()))
+    if revocation is not None:
+        await _revoke_probe(runtime, revocation)
 
 
-async def _revoke_probe_certificate(
-    runtime: Runtime, campaign: Campaign, pki: PkiEntry, certificate: x509.Certificate
-) -> None:
-    serial = serial_hex(certificate)
-    target = f"campaign {campaign.id}"
-    if not runtime.pki_backends.known(pki.pki_type) or not runtime.pki_backends.get(pki.pki_type).offers("revoke"):
-        log.warning("campaign %d: the CRL probe certificate (serial %s) is left unrevoked: PKI entry %d cannot revoke; "
-                    "its key was never kept", campaign.id, serial, pki.id)  # fmt: skip
+# How long an instance that tries a probe's revocation has it to itself: longer than any PKI request takes.
+REVOCATION_CLAIM_S = 600.0
+
+
+async def _to_revoke(campaign: Campaign, pki_id: int, pem: str) -> CrlProbeRevocation:
+    """A probe certificate to revoke, claimed by this instance for its first attempt."""
+    certificate = x509.load_pem_x509_certificate(pem.encode())
+    return await CrlProbeRevocation.create(
+        campaign_id=campaign.id,
+        pki_id=pki_id,
+        serial=serial_hex(certificate),
+        certificate_pem=pem,
+        next_try_at=datetime.now(UTC) + timedelta(seconds=REVOCATION_CLAIM_S),
+    )
+
+
+async def _revoke_probe(runtime: Runtime, revocation: CrlProbeRevocation) -> None:
+    """Revoke a probe certificate this instance claimed. Confirmed by the PKI, it is forgotten; refused or the PKI
+    unreachable, it is logged and recorded naming the serial, and tried again after a back-off (``RETRY_BASE_S``
+    doubling up to ``RETRY_MAX_S``) by the runner's ``revoke_released_crl_probes``. A PKI entry that is gone or
+    cannot revoke never will: that is recorded, and the certificate left to the operator. Holds nothing up."""
+    serial, target = revocation.serial, f"campaign {revocation.campaign_id}"
+    pki = await PkiEntry.get_or_none(id=revocation.pki_id)
+    backend = runtime.pki_backends.get(pki.pki_type) if pki and runtime.pki_backends.known(pki.pki_type) else None
+    if pki is None or backend is None or not backend.offers("revoke"):
+        why = f"PKI entry {revocation.pki_id} {'is gone' if pki is None else 'cannot revoke'}"
+        log.warning("campaign %d: the CRL probe certificate (serial %s) is left unrevoked: %s; its key was never kept",
+                    revocation.campaign_id, serial, why)  # fmt: skip
+        await CrlProbeRevocation.filter(id=revocation.id).delete()
         await record_automated("campaign CRL probe revoked", target=target, success=False,
-                               detail=f"serial {serial} left unrevoked: PKI entry {pki.id} cannot revoke")  # fmt: skip
+                               detail=f"serial {serial} left unrevoked: {why}")  # fmt: skip
         return
+    certificate = x509.load_pem_x509_certificate(revocation.certificate_pem.encode())
     try:
-        await runtime.pki_backends.get(pki.pki_type).revoke(pki, certificate, x509.ReasonFlags.cessation_of_operation)
+        await backend.revoke(pki, certificate, x509.ReasonFlags.cessation_of_operation)
     except Exception as error:  # a plugin's backend fails its own ways: the campaign goes on, the serial named
         problem = error.message if isinstance(error, APIError) else f"{type(error).__name__}: {error}"
-        log.warning("campaign %d: revoking the CRL probe certificate (serial %s) at PKI entry %d failed: %s; revoke "
-                    "it at the PKI", campaign.id, serial, pki.id, problem)  # fmt: skip
+        retry = datetime.now(UTC) + timedelta(seconds=min(RETRY_BASE_S * 2**revocation.attempts, RETRY_MAX_S))
+        await CrlProbeRevocation.filter(id=revocation.id).update(
+            attempts=revocation.attempts + 1, next_try_at=retry, last_error=problem[:2000]
+        )
+        log.warning("campaign %d: revoking the CRL probe certificate (serial %s) at PKI entry %d failed: %s; tried "
+                    "again at %s", revocation.campaign_id, serial, pki.id, problem, api_timestamp(retry))  # fmt: skip
         await record_automated("campaign CRL probe revoked", target=target, success=False,
-                               detail=f"serial {serial} at PKI entry {pki.id}: {problem}"[:500])  # fmt: skip
+                               detail=f"serial {serial} at PKI entry {pki.id}: {problem[:300]}; tried again at "
+                               f"{api_timestamp(retry)}")  # fmt: skip
         return
+    await CrlProbeRevocation.filter(id=revocation.id).delete()
     runtime.crl_cache.forget(pki.id)
-    log.info("campaign %d: the CRL probe certificate (serial %s) is revoked at PKI entry %d", campaign.id, serial,
-             pki.id)  # fmt: skip
+    log.info("campaign %d: the CRL probe certificate (serial %s) is revoked at PKI entry %d", revocation.campaign_id,
+             serial, pki.id)  # fmt: skip
     await record_automated("campaign CRL probe revoked", target=target, detail=f"serial {serial} at PKI entry {pki.id}")
+
+
+async def revoke_released_crl_probes(runtime: Runtime, now: datetime) -> None:
+    """The probes no campaign needs any more, revoked: those still held by a campaign that ended (cancelled,
+    finished) or is past its trust phase, whichever way it got there, and the revocations due again. Each is claimed
+    with a conditional UPDATE, so with several instances one revokes it."""
+    for campaign in await Campaign.filter(
+        Q(state__in=(CANCELLED, FINISHED)) | Q(phase__not=TRUST), crl_probe_pem__not=""
+    ):
+        await _revoke_crl_probe(runtime, campaign)
+    for revocation in await CrlProbeRevocation.filter(next_try_at__lte=now).order_by("id"):
+        claimed = await CrlProbeRevocation.filter(id=revocation.id, next_try_at__lte=now).update(
+            next_try_at=now + timedelta(seconds=REVOCATION_CLAIM_S)
+        )
+        if claimed:
+            await _revoke_probe(runtime, revocation)
 
 
 async def _add_new_issuer_crls(
@@ -812,7 +889,7 @@ async def _enter(runtime: Runtime, campaign: Campaign, phase: str) -> None:
     """Move the campaign on from the phase it is in. Several instances may find a phase through at once, each from
     what it read at its round's start: the conditional UPDATE lets the first move it, and none move it back."""
     moved = await Campaign.filter(id=campaign.id, phase=campaign.phase, state=RUNNING).update(
-        phase=phase, blocked=None, updated_at=datetime.now(UTC)
+        phase=phase, blocked=None, crls_missing=[], updated_at=datetime.now(UTC)
     )
     if moved:
         log.info("campaign %d: %s phase begins", campaign.id, phase)
@@ -825,7 +902,7 @@ async def _enter(runtime: Runtime, campaign: Campaign, phase: str) -> None:
 
 async def _finish(campaign: Campaign) -> None:
     finished = await Campaign.filter(id=campaign.id, phase=campaign.phase, state=RUNNING).update(
-        phase=DONE, state=FINISHED, blocked=None, updated_at=datetime.now(UTC)
+        phase=DONE, state=FINISHED, blocked=None, crls_missing=[], updated_at=datetime.now(UTC)
     )
     if finished:
         log.info("campaign %d finished", campaign.id)
@@ -833,12 +910,15 @@ async def _finish(campaign: Campaign) -> None:
     await campaign.refresh_from_db()
 
 
-async def _set_blocked(campaign: Campaign, blocked: str | None) -> None:
-    if campaign.blocked != blocked:
-        campaign.blocked = blocked
+async def _set_blocked(campaign: Campaign, blocked: str | None, crls_missing: Iterable[dict[str, str]] = ()) -> None:
+    """Store what keeps the campaign where it is; ``crls_missing`` goes with the sentence, so it is empty whenever
+    the sentence is about anything but the new issuer's CRLs."""
+    missing = list(crls_missing)
+    if campaign.blocked != blocked or (campaign.crls_missing or []) != missing:
+        campaign.blocked, campaign.crls_missing = blocked, missing
         # In the phase it was found for only: another instance may have moved the campaign on meanwhile.
         await Campaign.filter(id=campaign.id, phase=campaign.phase).update(
-            blocked=blocked, updated_at=datetime.now(UTC)
+            blocked=blocked, crls_missing=missing, updated_at=datetime.now(UTC)
         )
 
 
@@ -1055,8 +1135,11 @@ async def waive_crls(campaign: Campaign, names: list[str]) -> Campaign:
         if all(waiver["sha1"] != sha1_fingerprint(ca) for waiver in waivers):
             waivers.append({"sha1": sha1_fingerprint(ca), "subject": ca.subject.rfc4514_string()})
     if waivers != (campaign.crl_waivers or []):
+        waived = {waiver["sha1"] for waiver in waivers}
+        # What the reissue waits for loses the waived CAs at once; the runner's next round reads the rest again.
         campaign.crl_waivers = waivers
-        await campaign.save(update_fields=["crl_waivers", "updated_at"])
+        campaign.crls_missing = [ca for ca in campaign.crls_missing or [] if ca["sha1"] not in waived]
+        await campaign.save(update_fields=["crl_waivers", "crls_missing", "updated_at"])
         log.warning("campaign %d: the operator waived the CRL of %s: devices that demand a CRL of every CA on a path "
                     "will refuse their peers' new certificates", campaign.id,
                     ", ".join(waiver["subject"] for waiver in waivers))  # fmt: skip
@@ -1106,4 +1189,5 @@ class CampaignRunner:
         progressed = False
         for campaign in await Campaign.filter(state=RUNNING).order_by("id"):
             progressed |= await advance(self.runtime, campaign, datetime.now(UTC))
+        await revoke_released_crl_probes(self.runtime, datetime.now(UTC))
         return progressed

@@ -273,6 +273,15 @@ async def _add_campaign_crl_waivers_and_probe(connection: BaseDBAsyncClient, dia
             await connection.execute_script(f"ALTER TABLE campaign ADD COLUMN {column} {definition}")
 
 
+async def _add_campaign_crls_missing(connection: BaseDBAsyncClient, dialect: str) -> None:
+    # The table of probes to revoke is new: generate_schemas made it from its model before the steps ran.
+    json_type = "JSON" if dialect == "sqlite" else "JSONB"
+    if not await _column_exists(connection, dialect, "campaign", "crls_missing"):
+        await connection.execute_script(
+            f"ALTER TABLE campaign ADD COLUMN crls_missing {json_type} NOT NULL DEFAULT '[]'"
+        )
+
+
 # The audit trail's indexes version 18 drops: every record wrote them, and no filter needs them (see ``AuditRecord``).
 _DROPPED_AUDIT_INDEXES = re.compile(r'\("?(at|actor|action)"?\)\s*$')
 
@@ -391,6 +400,11 @@ STEPS: tuple[MigrationStep, ...] = (
         20,
         "the audit trail: an appended record takes the chain's lock and checks its head in its own INSERT",
         install_audit_chain_head_check,
+    ),
+    MigrationStep(
+        21,
+        "campaigns: the CAs whose CRL the reissue waits for; the CRL probe certificates let go of and not yet revoked",
+        _add_campaign_crls_missing,
     ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)

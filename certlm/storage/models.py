@@ -301,7 +301,8 @@ class Campaign(Model):
     # reissue does not wait for their CRLs.
     crl_waivers = fields.JSONField(default=list)
     # The certificate of the new issuing CA certlm asked the PKI for to learn where that CA publishes its CRL (its key
-    # dropped), PEM, until it is revoked; "" when there is none to revoke. Kept here so a restart does not forget it.
+    # dropped), PEM, while the campaign holds it; "" when it holds none. Kept here so a restart does not forget it. Let
+    # go of, it becomes a ``CrlProbeRevocation`` until the PKI confirms the revocation.
     crl_probe_pem = fields.TextField(default="")
     # The issuers' CA chains (PEM) and CRLs (PEM) as they were when the campaign was made.
     old_issuer_pem = fields.TextField()
@@ -310,6 +311,9 @@ class Campaign(Model):
     old_crls_pem = fields.TextField(default="")
     # What keeps the campaign from its next phase, in a sentence; None when nothing does.
     blocked = fields.TextField(null=True)
+    # While the reissue waits for CRLs of the new issuer (``blocked`` says so), each CA it lacks one of
+    # (``{"subject", "sha1", "problem"}``); empty otherwise.
+    crls_missing = fields.JSONField(default=list)
     created_at = fields.DatetimeField(auto_now_add=True)
     updated_at = fields.DatetimeField(auto_now=True)
 
@@ -341,6 +345,27 @@ class CampaignDevice(Model):
     class Meta:
         table = "campaign_device"
         unique_together = (("campaign", "entry"),)
+
+
+class CrlProbeRevocation(Model):
+    """A CRL probe certificate a campaign let go of (``certlm.lifecycle.campaigns``) and certlm has yet to see
+    revoked: the row stays until the PKI confirms the revocation, so one the PKI was unreachable for is tried again
+    (``next_try_at``), not forgotten."""
+
+    id = fields.IntField(primary_key=True)
+    campaign_id = fields.IntField()
+    # The PKI entry that issued it (the campaign's ``to_pki_id``).
+    pki_id = fields.IntField()
+    serial = fields.CharField(max_length=64)
+    certificate_pem = fields.TextField()
+    attempts = fields.IntField(default=0)
+    # When it is tried again; an instance trying it moves this ahead first (a conditional UPDATE), so one tries.
+    next_try_at = fields.DatetimeField()
+    last_error = fields.TextField(null=True)
+    created_at = fields.DatetimeField(auto_now_add=True)
+
+    class Meta:
+        table = "crl_probe_revocation"
 
 
 class MaintenanceWindow(Model):

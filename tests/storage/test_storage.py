@@ -12,8 +12,9 @@ import sys
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certlm.foundation.certs import sha1_fingerprint
+from certlm.foundation.certs import serial_hex, sha1_fingerprint
 from certlm.storage.migrations import CURRENT_VERSION
+from certlm.testing.running import eventually
 from tests.crypto_factory import make_ca
 
 PKI_COLUMNS_SINCE_5 = ("redirect_origins", "require_requested_names", "learned_capabilities")
@@ -477,6 +478,8 @@ async def test_a_version_19_postgres_database_gets_the_audit_chains_head_check(m
 # --- version 19: a campaign's CRL waivers and its CRL probe certificate ---------------------------------------------
 
 CAMPAIGN_COLUMNS_SINCE_19 = ("crl_waivers", "crl_probe_pem")
+# What a version-18 database lacks besides: version 21's column and table.
+SINCE_21 = ("ALTER TABLE campaign DROP COLUMN crls_missing", "DROP TABLE crl_probe_revocation")
 # A campaign as version 18 stored it: paused in its trust phase (the runner leaves it alone), its new issuer a CA.
 CAMPAIGN_OF_VERSION_18 = (
     "INSERT INTO campaign (kind, state, phase, from_pki_id, to_pki_id, scope, concurrency, respect_windows, "
@@ -511,6 +514,8 @@ async def test_a_version_18_sqlite_campaign_gets_its_crl_waivers_and_probe_colum
     with sqlite3.connect(database) as db:
         for column in CAMPAIGN_COLUMNS_SINCE_19:
             db.execute(f"ALTER TABLE campaign DROP COLUMN {column}")
+        for statement in SINCE_21:
+            db.execute(statement)
         db.execute(CAMPAIGN_OF_VERSION_18.format(true="1", now="'2026-11-01'", old=old, new=new))
         db.execute("UPDATE certlm_schema SET version = 18")
     await service.start()
@@ -529,6 +534,7 @@ async def test_a_version_18_postgres_campaign_gets_its_crl_waivers_and_probe_col
     postgres.query(
         url,
         "".join(f"ALTER TABLE campaign DROP COLUMN {column};" for column in CAMPAIGN_COLUMNS_SINCE_19)
+        + "".join(f"{statement};" for statement in SINCE_21)
         + CAMPAIGN_OF_VERSION_18.format(true="TRUE", now="now()", old=old, new=new)
         + "; UPDATE certlm_schema SET version = 18;",
     )
@@ -536,3 +542,86 @@ async def test_a_version_18_postgres_campaign_gets_its_crl_waivers_and_probe_col
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
     assert postgres.query(url, "SELECT count(*) FROM campaign WHERE crl_probe_pem = ''").strip() == "1"
     await _assert_version_19_campaign_fields(service, new_ca)
+
+
+# --- version 21: what the reissue waits for by CA; the CRL probes still to revoke -------------------------------------
+
+# A campaign version 20 stored, cancelled while it held a CRL probe certificate of PKI entry 2, which does not exist:
+# after the step the runner lets go of the probe through the new table and, with nowhere to revoke it, records it left
+# unrevoked.
+CAMPAIGN_OF_VERSION_20 = (
+    CAMPAIGN_OF_VERSION_18.replace("'paused'", "'cancelled'")
+    .replace("exceptions,", "exceptions, crl_waivers, crl_probe_pem,")
+    .replace("'[]',", "'[]', '[]', '{pem}',")
+)
+LEFT_UNREVOKED = "SELECT detail FROM audit_record WHERE action = 'campaign CRL probe revoked'"
+
+
+def _probe_pem() -> tuple[str, str]:
+    probe = make_ca("certlm CRL probe of campaign 1").certificate
+    return probe.public_bytes(serialization.Encoding.PEM).decode(), serial_hex(probe)
+
+
+async def _assert_version_21_campaign_fields(service) -> None:
+    async with service.client() as client:
+        (campaign,) = (await client.get("/campaigns")).json()
+        assert campaign["crls_missing"] == [] and campaign["state"] == "cancelled", campaign
+        assert (await client.get(f"/campaigns/{campaign['id']}")).json()["crls_missing"] == []
+
+
+async def test_a_version_20_sqlite_database_gets_crls_missing_and_the_probes_to_revoke(make_service) -> None:
+    service = await make_service()
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    old, new, _ = _issuers_pem()
+    pem, serial = _probe_pem()
+    with sqlite3.connect(database) as db:
+        for statement in SINCE_21:
+            db.execute(statement)
+        db.execute(CAMPAIGN_OF_VERSION_20.format(true="1", now="'2026-11-01'", old=old, new=new, pem=pem))
+        db.execute("UPDATE certlm_schema SET version = 20")
+    await service.start()
+    with sqlite3.connect(database) as db:
+        assert "crls_missing" in {row[1] for row in db.execute("PRAGMA table_info(campaign)")}
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+    await _assert_version_21_campaign_fields(service)
+
+    async def probe_let_go() -> list | None:
+        with sqlite3.connect(database) as db:
+            details = [row[0] for row in db.execute(LEFT_UNREVOKED)]
+            held = db.execute("SELECT crl_probe_pem FROM campaign").fetchall()
+            return details if details and held == [("",)] else None
+
+    (detail,) = await eventually(probe_let_go, "the runner to let go of the probe", 30)
+    assert detail == f"serial {serial} left unrevoked: PKI entry 2 is gone", detail
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT count(*) FROM crl_probe_revocation").fetchone() == (0,)
+
+
+async def test_a_version_20_postgres_database_gets_crls_missing_and_the_probes_to_revoke(
+    make_service, postgres
+) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await service.stop()
+    old, new, _ = _issuers_pem()
+    pem, serial = _probe_pem()
+    postgres.query(
+        url,
+        "".join(f"{statement};" for statement in SINCE_21)
+        + CAMPAIGN_OF_VERSION_20.format(true="TRUE", now="now()", old=old, new=new, pem=pem)
+        + "; UPDATE certlm_schema SET version = 20;",
+    )
+    await service.start()
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    assert postgres.query(url, "SELECT crls_missing FROM campaign").strip() == "[]"
+    await _assert_version_21_campaign_fields(service)
+
+    async def probe_let_go() -> str | None:
+        detail = postgres.query(url, LEFT_UNREVOKED).strip()
+        held = postgres.query(url, "SELECT count(*) FROM campaign WHERE crl_probe_pem = ''").strip()
+        return detail if detail and held == "1" else None
+
+    detail = await eventually(probe_let_go, "the runner to let go of the probe", 30)
+    assert detail == f"serial {serial} left unrevoked: PKI entry 2 is gone", detail
+    assert postgres.query(url, "SELECT count(*) FROM crl_probe_revocation").strip() == "0"

@@ -100,6 +100,12 @@ class CrlWaiverOut(BaseModel):
     subject: str
 
 
+class CrlMissingOut(BaseModel):
+    subject: str = Field(description="the CA's subject (RFC 4514), as blocked names it")
+    sha1: str = Field(description="SHA-1 fingerprint of the CA certificate, as POST .../crl-waiver takes it")
+    problem: str = Field(description="why no current CRL of the CA was found")
+
+
 class CampaignDeviceOut(BaseModel):
     entry_id: int
     url: str
@@ -124,6 +130,10 @@ class CampaignOut(BaseModel):
     exceptions: list[int]
     crl_waivers: list[CrlWaiverOut] = Field(
         description="the new issuer's CAs whose CRL the operator accepted to go on without (POST .../crl-waiver)"
+    )
+    crls_missing: list[CrlMissingOut] = Field(
+        description="while the reissue waits for CRLs of the new issuer's CAs (blocked says so in its sentence), each "
+        "CA it lacks a current CRL of, which the operator may waive (POST .../crl-waiver); empty otherwise"
     )
     blocked: str | None = Field(description="what keeps the campaign from its next phase; null when nothing does")
     window_ahead: str | None = Field(
@@ -170,7 +180,8 @@ async def _view(campaign: Campaign, with_devices: bool) -> CampaignOut:
         id=campaign.id, kind=campaign.kind, state=campaign.state, phase=campaign.phase,
         from_pki_id=campaign.from_pki_id, to_pki_id=campaign.to_pki_id, scope=campaign.scope,
         deadline=campaign.deadline, concurrency=campaign.concurrency, respect_windows=campaign.respect_windows,
-        exceptions=campaign.exceptions or [], crl_waivers=campaign.crl_waivers or [], blocked=campaign.blocked,
+        exceptions=campaign.exceptions or [], crl_waivers=campaign.crl_waivers or [],
+        crls_missing=campaign.crls_missing or [], blocked=campaign.blocked,
         window_ahead=ahead,
         deadline_outlook=outlook, overdue=is_overdue(campaign, now), counts=counts,
         created_at=campaign.created_at, updated_at=campaign.updated_at, devices=devices,

@@ -240,7 +240,8 @@ class HttpRelay:
         app.router.add_route("*", "/{tail:.*}", self._answer)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        self.port = free_port()
+        # Started again after a stop, it answers where it did: what a PKI back from an outage looks like.
+        self.port = self.port or free_port()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.ssl_context).start()
         return self
 
@@ -303,6 +304,15 @@ def refusing(handle: Handler, refused: Iterable[str], refuse: Handler) -> Handle
     return route
 
 
+def _crl_reason(details) -> str:
+    """The CRL reason an rr's RevDetails names (its ASN.1 name), "" when it names none."""
+    for extension in details["crlEntryDetails"]:
+        if extension["extnID"] == rfc5280.id_ce_cRLReasons:
+            reason, _ = decoder.decode(bytes(extension["extnValue"]), asn1Spec=rfc5280.CRLReason())
+            return reason.prettyPrint()
+    return ""
+
+
 def _subject(rdn_sequence) -> x509.Name:
     """A pyasn1 RDNSequence as a ``cryptography`` Name (attribute values as text)."""
     rdns = []
@@ -359,7 +369,8 @@ class IssuingCmpServer:
     the certificate as ``-rsp_cert`` (OpenSSL's mock can only return a fixed one); the transaction's later messages
     (certConf, pollReq) go to the same mock, so OpenSSL checks the protection, POPO and confirmation as ever. An rr
     of a certificate it certified goes to a mock answering with that certificate, which OpenSSL's mock then revokes
-    (it grants an rr only for its own ``-rsp_cert``, by issuer and serial): ``revoked`` lists their serials. Other
+    (it grants an rr only for its own ``-rsp_cert``, by issuer and serial): ``revoked`` lists their serials,
+    ``revocation_reasons`` the CRL reason each granted rr named (its ASN.1 name, ``cessationOfOperation``). Other
     requests (genm, any other rr) go to a standing mock. ``arguments`` are the mocks' (protection); ``chain_option``
     how they hand out the CA certificate (``-rsp_capubs`` reaches ip answers only). ``handle`` is the relay handler;
     ``issued`` what was certified. Every mock runs until ``stop``."""
@@ -369,6 +380,7 @@ class IssuingCmpServer:
         self.arguments = [*arguments, chain_option, str(pki.write("issuing-ca.pem", pki.ca_certificate))]
         self.issued: list[x509.Certificate] = []
         self.revoked: list[int] = []
+        self.revocation_reasons: dict[int, str] = {}
         self._issued_files: dict[int, Path] = {}
         self._transactions: dict[bytes, CmpMockServer] = {}
         self._standing: CmpMockServer | None = None
@@ -426,6 +438,7 @@ class IssuingCmpServer:
             # PKIStatus 0 is "accepted": the mock granted the revocation.
             if response["body"].getName() == "rp" and int(response["body"]["rp"]["status"][0]["status"]) == 0:
                 self.revoked.append(revoking)
+                self.revocation_reasons[revoking] = _crl_reason(message["body"]["rr"][0])
         return answer
 
     def issue_from(self, authority: Credential, *above: x509.Certificate) -> None:

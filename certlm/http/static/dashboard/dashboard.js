@@ -977,16 +977,10 @@ function exceptionsOpen(campaign) {
   return campaign.phase === "trust" && campaignLive(campaign);
 }
 
-// The CAs whose CRL the reissue waits for, as the campaign's `blocked` names them ("the reissue waits for the CRL of
-// SUBJECT (SHA-1 AB:CD:...), ...: why"): what the page offers to go on without (POST /campaigns/{id}/crl-waiver).
-const CRL_WAIT = /^the reissue waits for the CRL of (.*?): a device that demands/;
-const CA_NAMED = /(.+?) \(SHA-1 ((?:[0-9A-F]{2}:){19}[0-9A-F]{2})\)(?:, |$)/g;
-
+// The CAs whose CRL the reissue waits for (the campaign's `crls_missing`): what the page offers to go on without
+// (POST /campaigns/{id}/crl-waiver).
 function crlsWaitedFor(campaign) {
-  if (!exceptionsOpen(campaign) || !campaign.blocked) return [];
-  const waiting = CRL_WAIT.exec(campaign.blocked);
-  if (!waiting) return [];
-  return [...waiting[1].matchAll(CA_NAMED)].map((match) => ({ subject: match[1], sha1: match[2] }));
+  return exceptionsOpen(campaign) ? campaign.crls_missing || [] : [];
 }
 
 function renderCampaign(campaign) {
