@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import logging
 import time
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from tortoise import connections
 from tortoise.transactions import in_transaction
 
 from certlm.foundation.errors import NotFound
@@ -347,6 +349,16 @@ class LicenseChange:
         return f"{done} {installed}. {verdict} {replaced}"
 
 
+@functools.cache
+def _installed_license_sql(dialect: str) -> str:
+    """The installed license's file: plain SQL, built once (every licensed request reads it, and building the query
+    through the ORM cost more than running it)."""
+    from certlm.storage.models import StoredLicense
+
+    placeholder = "?" if dialect == "sqlite" else "$1"
+    return f'SELECT "license_b64" FROM "{StoredLicense._meta.db_table}" WHERE "id" = {placeholder}'
+
+
 class LicenseService:
     """The installed license's validation, cached for an hour as the spec allows, and the previous license kept for
     ``restore``."""
@@ -362,22 +374,25 @@ class LicenseService:
         return validate_license(license_b64, self.public_key_file)
 
     async def current(self, *, fresh: bool = False) -> LicenseStatus | None:
-        from certlm.storage.models import StoredLicense
-
-        stored = await StoredLicense.get_or_none(id=INSTALLED_LICENSE_ID)
-        if stored is None:
+        # Read at every licensed request, from the database (another instance on it may have installed another one).
+        database = connections.get("default")
+        rows = await database.execute_query_dict(
+            _installed_license_sql(database.capabilities.dialect), [INSTALLED_LICENSE_ID]
+        )
+        if not rows:
             self._cached = None
             return None
+        license_b64 = rows[0]["license_b64"]
         now = time.monotonic()
         if (
             not fresh
             and self._cached
-            and self._cached[0] == stored.license_b64
+            and self._cached[0] == license_b64
             and now - self._cached[1] < VALIDATION_CACHE_SECONDS
         ):
             return self._cached[2]
-        status = self.validate(stored.license_b64)
-        self._cached = (stored.license_b64, now, status)
+        status = self.validate(license_b64)
+        self._cached = (license_b64, now, status)
         return status
 
     async def install(self, license_b64: str, *, dry_run: bool = False) -> LicenseChange:
