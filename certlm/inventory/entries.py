@@ -357,13 +357,16 @@ _LISTED_COLUMNS = (
 # one-to-one relations): ``schedule__id`` is null when the schedulers keep nothing for the entry.
 _LISTED_USERNAME = "credential__username"
 _LISTED_SCHEDULE = {f"schedule__{name}": name for name in ScheduleOut.model_fields}
+_LISTING_FROM = (
+    " FROM inventory_entry e LEFT OUTER JOIN device_credential c ON c.entry_id = e.id"
+    " LEFT OUTER JOIN device_schedule s ON s.entry_id = e.id"
+)
 _LISTING_SELECT = (
     "SELECT "
     + ", ".join(f"e.{column}" for column in _LISTED_COLUMNS)
     + f", c.username AS {_LISTED_USERNAME}, s.id AS schedule__id, "
     + ", ".join(f"s.{name} AS {column}" for column, name in _LISTED_SCHEDULE.items())
-    + " FROM inventory_entry e LEFT OUTER JOIN device_credential c ON c.entry_id = e.id"
-    " LEFT OUTER JOIN device_schedule s ON s.entry_id = e.id"
+    + _LISTING_FROM
 )
 # The listed columns the database driver may not give as Python values (SQLite: booleans as 0 and 1, moments as
 # text), with tortoise's conversion of each, to apply to values that are not null.
@@ -381,8 +384,8 @@ def _entry_extras_query(dialect: str) -> str:
     the entry's id): one statement rather than two ORM queries, for every entry shown alone (each push's answer too)."""
     return (
         f"SELECT c.username, s.id, {', '.join(f's.{name}' for name in _LISTED_SCHEDULE.values())}"
-        " FROM inventory_entry e LEFT OUTER JOIN device_credential c ON c.entry_id = e.id"
-        " LEFT OUTER JOIN device_schedule s ON s.entry_id = e.id WHERE e.id = "
+        + _LISTING_FROM
+        + " WHERE e.id = "
         + ("$1" if dialect == "postgres" else "?")
     )
 
