@@ -33,6 +33,7 @@ from tests.plugins.pki_cmp.cmp_server import (
     RootCaKeyUpdateAnswer,
     RootKeyUpdate,
     TestPki,
+    body_type,
     http_error,
     refusing,
 )
@@ -794,6 +795,121 @@ async def test_a_probe_revocation_the_pki_was_unreachable_for_is_made_once_it_is
         assert f"serial {serial_hex(probe)}" in records[-1]["detail"], records
         async with in_process.context():
             assert not await CrlProbeRevocation.exists()
+
+
+async def revocation_due(in_process: InProcessApp, campaign_id: int, let_go_ago: timedelta = timedelta(0)) -> None:
+    """The clock moved on for the campaign's probe revocation: it is due now, certlm having let go of the probe
+    ``let_go_ago``; the runner woken to try it."""
+    now = datetime.now(UTC)
+    async with in_process.context():
+        moved = await CrlProbeRevocation.filter(campaign_id=campaign_id).update(
+            next_try_at=now, created_at=now - let_go_ago
+        )
+    assert moved == 1
+    in_process.host.campaigns.wake()
+
+
+def answer_lost(handle: Any, lost: list[bytes]) -> Any:
+    """A relay handler passing each request to ``handle`` and, for an rr, answering with an HTTP error instead of what
+    the CA answered (a proxy that timed out after the CA had acted): ``lost`` gets those answers."""
+
+    async def relay(request: bytes) -> Any:
+        answer = await handle(request)
+        if body_type(request) != "rr":
+            return answer
+        lost.append(answer[0])
+        return b"upstream timed out", "text/plain", 504
+
+    return relay
+
+
+async def test_a_probe_revocation_whose_answer_was_lost_is_confirmed_when_the_ca_says_it_is_revoked_already(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    """The CA revokes the cancelled campaign's probe, but its answer never reaches certlm: a failure, tried again.
+    The CA answers the second rr "already revoked" (failInfo certRevoked): the revocation is confirmed, the probe
+    forgotten, and the trail records it revoked once; nothing is left for the operator."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, lenient=True) as plant:
+        campaign_id, probe = await held_crl_probe(in_process, plant)
+        answer, handle = plant.relay.handle, plant.relay.handle.handle
+        lost: list[bytes] = []
+        answer.handle = answer_lost(handle, lost)
+        status, cancelled = await request(in_process, "POST", f"/campaigns/{campaign_id}/cancel")
+        assert status == 200, cancelled
+        (failed,) = await eventually(lambda: probe_revocations(in_process, campaign_id), "the failure recorded", 30)
+        assert failed["outcome"] != "ok" and "tried again at" in failed["detail"], failed
+        assert plant.issuing.revoked == [probe.serial_number] and len(lost) == 1, "the CA did revoke it"
+
+        answer.handle = handle  # the proxy fixed
+        await revocation_due(in_process, campaign_id)
+
+        async def confirmed() -> list[dict[str, Any]] | None:
+            records = await probe_revocations(in_process, campaign_id)
+            return records if records[-1]["outcome"] == "ok" else None
+
+        records = await eventually(confirmed, "the revocation confirmed", 30)
+        assert [record["outcome"] == "ok" for record in records] == [False, True], records
+        assert f"serial {serial_hex(probe)}" in records[-1]["detail"], records
+        # The CA revoked it once and said so again; certlm asked twice and asks no more.
+        assert plant.issuing.revoked == [probe.serial_number]
+        assert plant.relay.body_types.count("rr") == 2, plant.relay.body_types
+        async with in_process.context():
+            assert not await CrlProbeRevocation.exists()
+        campaign = await campaign_state(in_process, campaign_id)
+        assert campaign["crl_probe_unrevoked"] == [] and campaign["state"] == "cancelled", campaign
+
+
+async def test_a_probe_revocation_the_ca_keeps_refusing_is_given_up_after_a_week_and_left_to_the_operator(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CA answers every rr with an error page. Each refusal is recorded and tried again, six days on still; the
+    first refusal a week after certlm let go of the probe is the last: it is not tried again, the log (a warning) and
+    the trail say it is left unrevoked with the serial and the CA's last answer, and the campaign lists it for the
+    operator to revoke by hand."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, ("kur", "rr"), lenient=True) as plant:
+        campaign_id, probe = await held_crl_probe(in_process, plant)
+        serial = serial_hex(probe)
+        status, cancelled = await request(in_process, "POST", f"/campaigns/{campaign_id}/cancel")
+        assert status == 200, cancelled
+
+        async def recorded(count: int) -> list[dict[str, Any]] | None:
+            records = await probe_revocations(in_process, campaign_id)
+            return records if len(records) >= count else None
+
+        await eventually(lambda: recorded(1), "the first refusal recorded", 30)
+        await revocation_due(in_process, campaign_id, timedelta(days=6))
+        records = await eventually(lambda: recorded(2), "the refusal six days on recorded", 30)
+        assert [record["outcome"] != "ok" for record in records] == [True, True], records
+        assert all("tried again at" in record["detail"] for record in records), records
+        async with in_process.context():
+            (kept,) = await CrlProbeRevocation.all()
+        assert kept.attempts == 2 and "500" in kept.last_error, kept.last_error
+
+        await revocation_due(in_process, campaign_id, timedelta(days=7, minutes=1))
+        records = await eventually(lambda: recorded(3), "the revocation given up", 30)
+        given_up = records[-1]
+        assert given_up["outcome"] != "ok", given_up
+        assert given_up["detail"].startswith(
+            f"serial {serial} left unrevoked: PKI entry {plant.pki_id} did not revoke it in 3 attempts since "
+        ), given_up
+        async with in_process.context():
+            assert not await CrlProbeRevocation.exists()
+        campaign = await campaign_state(in_process, campaign_id)
+        (left,) = campaign["crl_probe_unrevoked"]
+        assert (left["serial"], left["pki_id"]) == (serial, plant.pki_id), left
+        assert left["error"].endswith(f"the last: {kept.last_error}"), left
+        since = datetime.fromisoformat(left["since"].replace("Z", "+00:00"))
+        assert abs(datetime.now(UTC) - since) < timedelta(minutes=5), left
+        status, listed = await request(in_process, "GET", "/campaigns")
+        assert status == 200 and listed[0]["crl_probe_unrevoked"] == [left], listed
+        assert any(
+            f"the CRL probe certificate (serial {serial}) is left unrevoked" in record.getMessage()
+            and kept.last_error in record.getMessage()
+            and record.levelno == logging.WARNING
+            for record in caplog.records
+        ), [record.getMessage() for record in caplog.records if "probe" in record.getMessage()]
+        # Three requests, each refused: the CA never revoked it.
+        assert plant.relay.body_types.count("rr") == 3 and plant.issuing.revoked == [], plant.relay.body_types
 
 
 class CrlDistributionPoint:

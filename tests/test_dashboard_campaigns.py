@@ -365,13 +365,19 @@ async def test_a_crl_the_new_ca_does_not_deliver_is_waived_from_the_page_and_the
             waiting = "the reissue waits for the CRL of CN=Plant CMP Issuing CA 2" in (answer["blocked"] or "")
             return answer if waiting else None
 
-        await eventually(blocked_on_the_crl, "the campaign to wait for the new issuing CA's CRL", 90)
+        held_before = await eventually(blocked_on_the_crl, "the campaign to wait for the new issuing CA's CRL", 90)
         async with view_of(browser, service) as view:
             await view.signed_in()
             await view.open_campaign(campaign["id"])
             waive = view.button("Go on without these CRLs…")
             await expect(waive).to_be_visible(timeout=WAIT_MS)
-            await expect(view.detail.locator("#campaign-crl-cas")).to_have_text("CN=Plant CMP Issuing CA 2")
+            # Each CA with why its CRL is missing: here, its distribution point does not answer.
+            (waited_for,) = held_before["crls_missing"]
+            ca = view.detail.locator("#campaign-crl-cas li")
+            await expect(ca).to_have_count(1)
+            await expect(ca.locator(".ca")).to_have_text("CN=Plant CMP Issuing CA 2")
+            await expect(ca.locator(".problem")).to_have_text(waited_for["problem"])
+            await expect(ca.locator(".problem")).to_contain_text("no CRL distribution point delivered a CRL")
             await expect(view.button("Accept the selected devices as exceptions…")).to_be_visible()
 
             await waive.click()

@@ -1025,7 +1025,12 @@ function renderCampaign(campaign) {
   $("campaign-exceptions").hidden = !excepting;
   const waitedFor = crlsWaitedFor(campaign);
   $("campaign-crl-waiver").hidden = !waitedFor.length;
-  $("campaign-crl-cas").textContent = waitedFor.map((ca) => ca.subject).join(", ");
+  // Each CA with why no CRL of it was had: the operator decides on the reason (a distribution point down for an hour
+  // is waited out; a CA that publishes none is waived).
+  replaceChildren(
+    $("campaign-crl-cas"),
+    waitedFor.map((ca) => el("li", { "data-sha1": ca.sha1 }, el("span", { className: "ca" }, ca.subject), ": ", el("span", { className: "problem" }, ca.problem))),
+  );
 
   const focusedEntry = focused && focused.dataset ? focused.dataset.entry : undefined;
   const ordered = [...devices].sort((a, b) => blocking(campaign, b) - blocking(campaign, a) || a.entry_id - b.entry_id);
