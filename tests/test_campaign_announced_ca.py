@@ -7,6 +7,7 @@ the new root, trust first. The trust lists and presented certificates are sample
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -20,12 +21,16 @@ from asyncua import ua
 from certlm_opcua_simulator.pki import verify_own_certificate_chain
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from pyasn1.codec.der import decoder
+from pyasn1_alt_modules import rfc9480
 
+from certlm.foundation.actors import ADMIN, Actor, acting_as
 from certlm.foundation.certs import issued_by, serial_hex, sha1_fingerprint
+from certlm.lifecycle.campaigns import revoke_released_crl_probes
 from certlm.storage.models import Campaign, CrlProbeRevocation, InventoryEntry
 from certlm.testing.pushes import Api, assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
-from tests.conftest import StartDevice
+from tests.conftest import StartDevice, StartService
 from tests.crypto_factory import Credential, make_ca
 from tests.plugins.pki_cmp.cmp_server import (
     HttpRelay,
@@ -38,9 +43,13 @@ from tests.plugins.pki_cmp.cmp_server import (
     refusing,
 )
 from tests.plugins.pki_est.est_server import EstTestServer
-from tests.support import InProcessApp
+from tests.support import InProcessApp, LicenseKeys
 from tests.test_audit import last, trail
+from tests.test_campaign_resilience import log_file, second_instance
 from tests.test_campaigns import PLANT_SIZE, der, finished, invariant_breaks, sampled, sampling
+
+# The services of the two-instance test: a device that is down fails fast.
+SERVICE_ENV = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "5", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "30"}
 
 
 def strict_refusals(devices: list, cas: list[x509.Certificate]) -> list[str]:
@@ -910,6 +919,98 @@ async def test_a_probe_revocation_the_ca_keeps_refusing_is_given_up_after_a_week
         ), [record.getMessage() for record in caplog.records if "probe" in record.getMessage()]
         # Three requests, each refused: the CA never revoked it.
         assert plant.relay.body_types.count("rr") == 3 and plant.issuing.revoked == [], plant.relay.body_types
+
+
+async def test_runner_rounds_racing_for_a_cancelled_campaigns_probe_send_the_ca_one_revocation(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    """The campaign holding a probe is cancelled in the database (no runner woken), and two runner rounds start at
+    once, as the runners of two instances may: both read the campaign holding the probe before either lets go of it.
+    The one whose conditional UPDATE lets go of it revokes it; the CA gets one rr."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, lenient=True) as plant:
+        campaign_id, probe = await held_crl_probe(in_process, plant)
+        async with in_process.context():
+            await Campaign.filter(id=campaign_id).update(state="cancelled")
+            with acting_as(Actor("automated", "campaign", ADMIN)):
+                now = datetime.now(UTC)
+                runtime = in_process.host.runtime
+                await asyncio.gather(*(revoke_released_crl_probes(runtime, now) for _ in range(2)))
+        assert plant.issuing.revoked == [probe.serial_number]
+        assert rr_serials(plant.relay) == [probe.serial_number], rr_serials(plant.relay)
+        records = await probe_revocations(in_process, campaign_id)
+        assert [record["outcome"] for record in records] == ["ok"], records
+        async with in_process.context():
+            assert not await CrlProbeRevocation.exists()
+
+
+def rr_serials(relay: HttpRelay) -> list[int]:
+    """The serial number each rr the relay passed on names, in order."""
+    serials = []
+    for body in relay.requests:
+        message, _ = decoder.decode(body, asn1Spec=rfc9480.PKIMessage())
+        if message["body"].getName() == "rr":
+            serials.append(int(message["body"]["rr"][0]["certDetails"]["serialNumber"]))
+    return serials
+
+
+async def test_two_instances_on_one_postgresql_revoke_a_cancelled_campaigns_probe_once(
+    tmp_path: Path, license_keys: LicenseKeys, postgres: Any, make_service: StartService, simulated_device: StartDevice
+) -> None:
+    """Two instances run the campaign on one PostgreSQL; it waits for the new issuing CA's CRL, holding a probe, and
+    is cancelled through both at once. Each runner goes after the probe it no longer needs: the CA gets one rr for
+    it, and revokes it; one instance logs it revoked, and the trail records it once."""
+    url = postgres.create_database()
+    first = await make_service(database_url=url, env=SERVICE_ENV)
+    async with (
+        second_instance(first, tmp_path / "second", license_keys) as second,
+        cmp_issuing_ca_plant(first, simulated_device, tmp_path, lenient=True) as plant,
+    ):
+        await plant.second_cdp.stop()
+        status, created = await request(first, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": plant.pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, created
+        plant.issue_from_second()
+        campaign_id = created["id"]
+        # Both instances run the campaign: the second learns of it at once through a pause and a resume of its own.
+        for action in ("pause", "resume"):
+            status, answer = await request(second, "POST", f"/campaigns/{campaign_id}/{action}")
+            assert status == 200, answer
+
+        async def holding_a_probe() -> x509.Certificate | None:
+            _, campaign = await request(second, "GET", f"/campaigns/{campaign_id}")
+            pem = postgres.query(url, f"SELECT crl_probe_pem FROM campaign WHERE id = {campaign_id}").strip()
+            return x509.load_pem_x509_certificate(pem.encode()) if campaign["crls_missing"] and pem else None
+
+        probe = await eventually(holding_a_probe, "the campaign to wait for the CRL, holding a probe", 90)
+        assert probe.serial_number not in rr_serials(plant.relay)
+        cancels = await asyncio.gather(
+            *(request(api, "POST", f"/campaigns/{campaign_id}/cancel") for api in (first, second))
+        )
+        assert sorted(status for status, _ in cancels) in ([200, 200], [200, 409]), cancels
+
+        async def revoked() -> list[int] | None:
+            return [serial for serial in plant.issuing.revoked if serial == probe.serial_number] or None
+
+        await eventually(revoked, "the CA to revoke the probe", 60)
+
+        async def recorded() -> list[dict[str, Any]] | None:
+            _, records = await request(first, "GET", "/audit?after_id=0&limit=1000")
+            mine = [r for r in records["records"] if r["action"] == "campaign CRL probe revoked"
+                    and f"serial {serial_hex(probe)}" in r["detail"]]  # fmt: skip
+            return mine or None
+
+        (record,) = await eventually(recorded, "the trail to record the revocation", 30)
+        assert record["outcome"] == "ok", record
+        # The instance whose conditional UPDATE let go of the probe revoked it; the other's runner, whenever its round
+        # came, found it let go of already: the CA has one rr for it, and nothing is left to revoke.
+        assert rr_serials(plant.relay).count(probe.serial_number) == 1, rr_serials(plant.relay)
+        assert plant.issuing.revocation_reasons[probe.serial_number] == "cessationOfOperation"
+        assert postgres.query(url, "SELECT count(*) FROM crl_probe_revocation").strip() == "0"
+        assert postgres.query(url, f"SELECT crl_probe_pem FROM campaign WHERE id = {campaign_id}").strip() == ""
+        logs = [log_file(service) for service in (first, second)]
+        revoked_line = f"the CRL probe certificate (serial {serial_hex(probe)}) is revoked at PKI entry"
+        assert sum(log.count(revoked_line) for log in logs) == 1, [log.count(revoked_line) for log in logs]
 
 
 class CrlDistributionPoint:
