@@ -1015,6 +1015,8 @@ function renderCampaign(campaign) {
     ["Maintenance windows", campaign.respect_windows ? "respected" : "ignored"],
     ["Exceptions", campaign.exceptions.length ? campaign.exceptions.map((id) => (byEntry.has(id) ? campaignDeviceLabel(byEntry.get(id)) : `entry ${id}`)).join(", ") : "none"],
     ["CRLs waived", (campaign.crl_waivers || []).length ? campaign.crl_waivers.map((waiver) => waiver.subject).join(", ") : "none"],
+    // The probe certificates certlm gave up revoking: the operator's to revoke at the PKI by hand.
+    ["CRL probes left unrevoked", (campaign.crl_probe_unrevoked || []).length ? campaign.crl_probe_unrevoked.map((probe) => `serial ${probe.serial} at PKI entry ${pkiEntry(probe.pki_id)}: ${probe.error}`).join("; ") : "none"],
     ["Made", timeElement(campaign.created_at)],
     ["Changed", timeElement(campaign.updated_at)],
   ]);
