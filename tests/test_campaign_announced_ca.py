@@ -7,6 +7,7 @@ the new root, trust first. The trust lists and presented certificates are sample
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -20,12 +21,16 @@ from asyncua import ua
 from certlm_opcua_simulator.pki import verify_own_certificate_chain
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from pyasn1.codec.der import decoder
+from pyasn1_alt_modules import rfc9480
 
+from certlm.foundation.actors import ADMIN, Actor, acting_as
 from certlm.foundation.certs import issued_by, serial_hex, sha1_fingerprint
+from certlm.lifecycle.campaigns import revoke_released_crl_probes
 from certlm.storage.models import Campaign, CrlProbeRevocation, InventoryEntry
 from certlm.testing.pushes import Api, assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
-from tests.conftest import StartDevice
+from tests.conftest import StartDevice, StartService
 from tests.crypto_factory import Credential, make_ca
 from tests.plugins.pki_cmp.cmp_server import (
     HttpRelay,
@@ -33,13 +38,18 @@ from tests.plugins.pki_cmp.cmp_server import (
     RootCaKeyUpdateAnswer,
     RootKeyUpdate,
     TestPki,
+    body_type,
     http_error,
     refusing,
 )
 from tests.plugins.pki_est.est_server import EstTestServer
-from tests.support import InProcessApp
+from tests.support import InProcessApp, LicenseKeys
 from tests.test_audit import last, trail
+from tests.test_campaign_resilience import log_file, second_instance
 from tests.test_campaigns import PLANT_SIZE, der, finished, invariant_breaks, sampled, sampling
+
+# The services of the two-instance test: a device that is down fails fast.
+SERVICE_ENV = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "5", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "30"}
 
 
 def strict_refusals(devices: list, cas: list[x509.Certificate]) -> list[str]:
@@ -794,6 +804,213 @@ async def test_a_probe_revocation_the_pki_was_unreachable_for_is_made_once_it_is
         assert f"serial {serial_hex(probe)}" in records[-1]["detail"], records
         async with in_process.context():
             assert not await CrlProbeRevocation.exists()
+
+
+async def revocation_due(in_process: InProcessApp, campaign_id: int, let_go_ago: timedelta = timedelta(0)) -> None:
+    """The clock moved on for the campaign's probe revocation: it is due now, certlm having let go of the probe
+    ``let_go_ago``; the runner woken to try it."""
+    now = datetime.now(UTC)
+    async with in_process.context():
+        moved = await CrlProbeRevocation.filter(campaign_id=campaign_id).update(
+            next_try_at=now, created_at=now - let_go_ago
+        )
+    assert moved == 1
+    in_process.host.campaigns.wake()
+
+
+def answer_lost(handle: Any, lost: list[bytes]) -> Any:
+    """A relay handler passing each request to ``handle`` and, for an rr, answering with an HTTP error instead of what
+    the CA answered (a proxy that timed out after the CA had acted): ``lost`` gets those answers."""
+
+    async def relay(request: bytes) -> Any:
+        answer = await handle(request)
+        if body_type(request) != "rr":
+            return answer
+        lost.append(answer[0])
+        return b"upstream timed out", "text/plain", 504
+
+    return relay
+
+
+async def test_a_probe_revocation_whose_answer_was_lost_is_confirmed_when_the_ca_says_it_is_revoked_already(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    """The CA revokes the cancelled campaign's probe, but its answer never reaches certlm: a failure, tried again.
+    The CA answers the second rr "already revoked" (failInfo certRevoked): the revocation is confirmed, the probe
+    forgotten, and the trail records it revoked once; nothing is left for the operator."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, lenient=True) as plant:
+        campaign_id, probe = await held_crl_probe(in_process, plant)
+        answer, handle = plant.relay.handle, plant.relay.handle.handle
+        lost: list[bytes] = []
+        answer.handle = answer_lost(handle, lost)
+        status, cancelled = await request(in_process, "POST", f"/campaigns/{campaign_id}/cancel")
+        assert status == 200, cancelled
+        (failed,) = await eventually(lambda: probe_revocations(in_process, campaign_id), "the failure recorded", 30)
+        assert failed["outcome"] != "ok" and "tried again at" in failed["detail"], failed
+        assert plant.issuing.revoked == [probe.serial_number] and len(lost) == 1, "the CA did revoke it"
+
+        answer.handle = handle  # the proxy fixed
+        await revocation_due(in_process, campaign_id)
+
+        async def confirmed() -> list[dict[str, Any]] | None:
+            records = await probe_revocations(in_process, campaign_id)
+            return records if records[-1]["outcome"] == "ok" else None
+
+        records = await eventually(confirmed, "the revocation confirmed", 30)
+        assert [record["outcome"] == "ok" for record in records] == [False, True], records
+        assert f"serial {serial_hex(probe)}" in records[-1]["detail"], records
+        # The CA revoked it once and said so again; certlm asked twice and asks no more.
+        assert plant.issuing.revoked == [probe.serial_number]
+        assert plant.relay.body_types.count("rr") == 2, plant.relay.body_types
+        async with in_process.context():
+            assert not await CrlProbeRevocation.exists()
+        campaign = await campaign_state(in_process, campaign_id)
+        assert campaign["crl_probe_unrevoked"] == [] and campaign["state"] == "cancelled", campaign
+
+
+async def test_a_probe_revocation_the_ca_keeps_refusing_is_given_up_after_a_week_and_left_to_the_operator(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CA answers every rr with an error page. Each refusal is recorded and tried again, six days on still; the
+    first refusal a week after certlm let go of the probe is the last: it is not tried again, the log (a warning) and
+    the trail say it is left unrevoked with the serial and the CA's last answer, and the campaign lists it for the
+    operator to revoke by hand."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, ("kur", "rr"), lenient=True) as plant:
+        campaign_id, probe = await held_crl_probe(in_process, plant)
+        serial = serial_hex(probe)
+        status, cancelled = await request(in_process, "POST", f"/campaigns/{campaign_id}/cancel")
+        assert status == 200, cancelled
+
+        async def recorded(count: int) -> list[dict[str, Any]] | None:
+            records = await probe_revocations(in_process, campaign_id)
+            return records if len(records) >= count else None
+
+        await eventually(lambda: recorded(1), "the first refusal recorded", 30)
+        await revocation_due(in_process, campaign_id, timedelta(days=6))
+        records = await eventually(lambda: recorded(2), "the refusal six days on recorded", 30)
+        assert [record["outcome"] != "ok" for record in records] == [True, True], records
+        assert all("tried again at" in record["detail"] for record in records), records
+        async with in_process.context():
+            (kept,) = await CrlProbeRevocation.all()
+        assert kept.attempts == 2 and "500" in kept.last_error, kept.last_error
+
+        await revocation_due(in_process, campaign_id, timedelta(days=7, minutes=1))
+        records = await eventually(lambda: recorded(3), "the revocation given up", 30)
+        given_up = records[-1]
+        assert given_up["outcome"] != "ok", given_up
+        assert given_up["detail"].startswith(
+            f"serial {serial} left unrevoked: PKI entry {plant.pki_id} did not revoke it in 3 attempts since "
+        ), given_up
+        async with in_process.context():
+            assert not await CrlProbeRevocation.exists()
+        campaign = await campaign_state(in_process, campaign_id)
+        (left,) = campaign["crl_probe_unrevoked"]
+        assert (left["serial"], left["pki_id"]) == (serial, plant.pki_id), left
+        assert left["error"].endswith(f"the last: {kept.last_error}"), left
+        since = datetime.fromisoformat(left["since"].replace("Z", "+00:00"))
+        assert abs(datetime.now(UTC) - since) < timedelta(minutes=5), left
+        status, listed = await request(in_process, "GET", "/campaigns")
+        assert status == 200 and listed[0]["crl_probe_unrevoked"] == [left], listed
+        assert any(
+            f"the CRL probe certificate (serial {serial}) is left unrevoked" in record.getMessage()
+            and kept.last_error in record.getMessage()
+            and record.levelno == logging.WARNING
+            for record in caplog.records
+        ), [record.getMessage() for record in caplog.records if "probe" in record.getMessage()]
+        # Three requests, each refused: the CA never revoked it.
+        assert plant.relay.body_types.count("rr") == 3 and plant.issuing.revoked == [], plant.relay.body_types
+
+
+async def test_runner_rounds_racing_for_a_cancelled_campaigns_probe_send_the_ca_one_revocation(
+    in_process: InProcessApp, simulated_device: StartDevice, tmp_path: Path
+) -> None:
+    """The campaign holding a probe is cancelled in the database (no runner woken), and two runner rounds start at
+    once, as the runners of two instances may: both read the campaign holding the probe before either lets go of it.
+    The one whose conditional UPDATE lets go of it revokes it; the CA gets one rr."""
+    async with cmp_issuing_ca_plant(in_process, simulated_device, tmp_path, lenient=True) as plant:
+        campaign_id, probe = await held_crl_probe(in_process, plant)
+        async with in_process.context():
+            await Campaign.filter(id=campaign_id).update(state="cancelled")
+            with acting_as(Actor("automated", "campaign", ADMIN)):
+                now = datetime.now(UTC)
+                runtime = in_process.host.runtime
+                await asyncio.gather(*(revoke_released_crl_probes(runtime, now) for _ in range(2)))
+        assert plant.issuing.revoked == [probe.serial_number]
+        assert rr_serials(plant.relay) == [probe.serial_number], rr_serials(plant.relay)
+        records = await probe_revocations(in_process, campaign_id)
+        assert [record["outcome"] for record in records] == ["ok"], records
+        async with in_process.context():
+            assert not await CrlProbeRevocation.exists()
+
+
+def rr_serials(relay: HttpRelay) -> list[int]:
+    """The serial number each rr the relay passed on names, in order."""
+    serials = []
+    for body in relay.requests:
+        message, _ = decoder.decode(body, asn1Spec=rfc9480.PKIMessage())
+        if message["body"].getName() == "rr":
+            serials.append(int(message["body"]["rr"][0]["certDetails"]["serialNumber"]))
+    return serials
+
+
+async def test_two_instances_on_one_postgresql_revoke_a_cancelled_campaigns_probe_once(
+    tmp_path: Path, license_keys: LicenseKeys, postgres: Any, make_service: StartService, simulated_device: StartDevice
+) -> None:
+    """Two instances run the campaign on one PostgreSQL; it waits for the new issuing CA's CRL, holding a probe, and
+    is cancelled through both at once. Each runner goes after the probe it no longer needs: the CA gets one rr for
+    it, and revokes it; one instance logs it revoked, and the trail records it once."""
+    url = postgres.create_database()
+    first = await make_service(database_url=url, env=SERVICE_ENV)
+    async with (
+        second_instance(first, tmp_path / "second", license_keys) as second,
+        cmp_issuing_ca_plant(first, simulated_device, tmp_path, lenient=True) as plant,
+    ):
+        await plant.second_cdp.stop()
+        status, created = await request(first, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": plant.pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, created
+        plant.issue_from_second()
+        campaign_id = created["id"]
+        # Both instances run the campaign: the second learns of it at once through a pause and a resume of its own.
+        for action in ("pause", "resume"):
+            status, answer = await request(second, "POST", f"/campaigns/{campaign_id}/{action}")
+            assert status == 200, answer
+
+        async def holding_a_probe() -> x509.Certificate | None:
+            _, campaign = await request(second, "GET", f"/campaigns/{campaign_id}")
+            pem = postgres.query(url, f"SELECT crl_probe_pem FROM campaign WHERE id = {campaign_id}").strip()
+            return x509.load_pem_x509_certificate(pem.encode()) if campaign["crls_missing"] and pem else None
+
+        probe = await eventually(holding_a_probe, "the campaign to wait for the CRL, holding a probe", 90)
+        assert probe.serial_number not in rr_serials(plant.relay)
+        cancels = await asyncio.gather(
+            *(request(api, "POST", f"/campaigns/{campaign_id}/cancel") for api in (first, second))
+        )
+        assert sorted(status for status, _ in cancels) in ([200, 200], [200, 409]), cancels
+
+        async def revoked() -> list[int] | None:
+            return [serial for serial in plant.issuing.revoked if serial == probe.serial_number] or None
+
+        await eventually(revoked, "the CA to revoke the probe", 60)
+
+        async def recorded() -> list[dict[str, Any]] | None:
+            _, records = await request(first, "GET", "/audit?after_id=0&limit=1000")
+            mine = [r for r in records["records"] if r["action"] == "campaign CRL probe revoked"
+                    and f"serial {serial_hex(probe)}" in r["detail"]]  # fmt: skip
+            return mine or None
+
+        (record,) = await eventually(recorded, "the trail to record the revocation", 30)
+        assert record["outcome"] == "ok", record
+        # The instance whose conditional UPDATE let go of the probe revoked it; the other's runner, whenever its round
+        # came, found it let go of already: the CA has one rr for it, and nothing is left to revoke.
+        assert rr_serials(plant.relay).count(probe.serial_number) == 1, rr_serials(plant.relay)
+        assert plant.issuing.revocation_reasons[probe.serial_number] == "cessationOfOperation"
+        assert postgres.query(url, "SELECT count(*) FROM crl_probe_revocation").strip() == "0"
+        assert postgres.query(url, f"SELECT crl_probe_pem FROM campaign WHERE id = {campaign_id}").strip() == ""
+        logs = [log_file(service) for service in (first, second)]
+        revoked_line = f"the CRL probe certificate (serial {serial_hex(probe)}) is revoked at PKI entry"
+        assert sum(log.count(revoked_line) for log in logs) == 1, [log.count(revoked_line) for log in logs]
 
 
 class CrlDistributionPoint:

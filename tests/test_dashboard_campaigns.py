@@ -9,6 +9,7 @@ while one suppresses); deleting the window lets it run."""
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,13 +21,13 @@ import pytest
 from certlm_opcua_simulator import SimulatedDevice
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
-from certlm.foundation.certs import issued_by, sha1_fingerprint
+from certlm.foundation.certs import issued_by, serial_hex, sha1_fingerprint
 from certlm.testing.pushes import InternalCa, assert_pushed, create_internal_ca, push, request
 from certlm.testing.running import eventually
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, BrowserLog
 from tests.conftest import StartDevice, StartService
 from tests.support import RunningService
-from tests.test_campaign_announced_ca import cmp_issuing_ca_plant
+from tests.test_campaign_announced_ca import cmp_issuing_ca_plant, crl_probes
 
 DASHBOARD = "/opcua_gds_dashboard.html"
 PLANT_SIZE = 3
@@ -349,10 +350,13 @@ async def test_a_crl_the_new_ca_does_not_deliver_is_waived_from_the_page_and_the
     browser: Browser, make_service: StartService, simulated_device: StartDevice, tmp_path: Path
 ) -> None:
     """A CMP PKI's new issuing CA names a distribution point that never answers: the campaign's reissue waits for its
-    CRL, and the page offers to go on without it, saying what that means, only while it waits. Confirmed, the
-    campaign goes on to its end (the devices demand no CRL of their own path's CAs) and shows the CRL as waived."""
+    CRL, and the page offers to go on without it, saying what that means and why each CA's CRL is missing, only
+    while it waits. Confirmed, the campaign goes on to its end (the devices demand no CRL of their own path's CAs) and
+    shows the CRL as waived. The CA refuses to revoke the CRL probe certificate: a week on, certlm gives up, and the
+    page names the probe left for the operator to revoke."""
     service = await make_service(env=SERVICE_ENV)
-    async with cmp_issuing_ca_plant(service, simulated_device, tmp_path, lenient=True) as cmp:
+    refused = ("kur", "rr")
+    async with cmp_issuing_ca_plant(service, simulated_device, tmp_path, refused, lenient=True) as cmp:
         await cmp.second_cdp.stop()
         status, campaign = await request(service, "POST", "/campaigns", {
             "kind": "ca-rollover", "from_pki_id": cmp.pki_id, "concurrency": 2,
@@ -365,13 +369,19 @@ async def test_a_crl_the_new_ca_does_not_deliver_is_waived_from_the_page_and_the
             waiting = "the reissue waits for the CRL of CN=Plant CMP Issuing CA 2" in (answer["blocked"] or "")
             return answer if waiting else None
 
-        await eventually(blocked_on_the_crl, "the campaign to wait for the new issuing CA's CRL", 90)
+        held_before = await eventually(blocked_on_the_crl, "the campaign to wait for the new issuing CA's CRL", 90)
         async with view_of(browser, service) as view:
             await view.signed_in()
             await view.open_campaign(campaign["id"])
             waive = view.button("Go on without these CRLs…")
             await expect(waive).to_be_visible(timeout=WAIT_MS)
-            await expect(view.detail.locator("#campaign-crl-cas")).to_have_text("CN=Plant CMP Issuing CA 2")
+            # Each CA with why its CRL is missing: here, its distribution point does not answer.
+            (waited_for,) = held_before["crls_missing"]
+            ca = view.detail.locator("#campaign-crl-cas li")
+            await expect(ca).to_have_count(1)
+            await expect(ca.locator(".ca")).to_have_text("CN=Plant CMP Issuing CA 2")
+            await expect(ca.locator(".problem")).to_have_text(waited_for["problem"])
+            await expect(ca.locator(".problem")).to_contain_text("no CRL distribution point delivered a CRL")
             await expect(view.button("Accept the selected devices as exceptions…")).to_be_visible()
 
             await waive.click()
@@ -383,8 +393,31 @@ async def test_a_crl_the_new_ca_does_not_deliver_is_waived_from_the_page_and_the
             await view.confirm(f"SHA-1 {sha1_fingerprint(cmp.second.certificate)}")
             row = view.row(campaign["id"])
             await expect(row.locator("td.state")).to_have_text("finished", timeout=CAMPAIGN_MS)
-            await expect(view.detail.locator("#campaign-facts")).to_contain_text("CN=Plant CMP Issuing CA 2")
+            facts = view.detail.locator("#campaign-facts")
+            await expect(facts).to_contain_text("CN=Plant CMP Issuing CA 2")
             await expect(waive).to_be_hidden()
+            await expect(facts).to_contain_text("CRL probes left unrevoked")
+
+            # A week after certlm let go of the probe the CA refused to revoke (the clock moved on in the database,
+            # as tortoise writes times to SQLite), the next refusal is the last.
+            (probe,) = crl_probes(cmp.issuing.issued, campaign["id"])
+            now = datetime.now(UTC)
+            with sqlite3.connect(service.data_dir / "certlm.sqlite3", timeout=10) as db:
+                moved = db.execute(
+                    "UPDATE crl_probe_revocation SET next_try_at = ?, created_at = ?",
+                    (now.isoformat(" "), (now - timedelta(days=8)).isoformat(" ")),
+                ).rowcount
+            assert moved == 1
+
+            async def given_up() -> list | None:
+                _, answer = await request(service, "GET", f"/campaigns/{campaign['id']}")
+                return answer["crl_probe_unrevoked"] or None
+
+            await eventually(given_up, "certlm to give the probe up", 60)
+            # A finished campaign is not polled: the operator opens it again, and the page reads it again.
+            await view.open_campaign(campaign["id"])
+            await expect(facts).to_contain_text(f"serial {serial_hex(probe)} at PKI entry {cmp.pki_id}")
+            await expect(facts).to_contain_text(re.compile(r"did not revoke it in \d+ attempts since .*, the last: "))
             assert not view.page_errors(), view.log.errors
         _, finished = await request(service, "GET", f"/campaigns/{campaign['id']}")
         assert finished["crl_waivers"] == [

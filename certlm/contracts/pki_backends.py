@@ -194,5 +194,7 @@ class PkiBackend:
     async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
         """Revoke ``certificate``, issued by this PKI (CMP ``rr``, the internal CA's own CRL). The host calls it
         when a device whose certificate came from this PKI is decommissioned. Raise ``APIError`` (400) for a
-        certificate this PKI did not issue, ``UpstreamUnavailable`` when the PKI cannot be reached."""
+        certificate this PKI did not issue, ``UpstreamUnavailable`` when the PKI cannot be reached. A certificate the
+        PKI says is revoked already is no error: return (the host tries again after an answer lost on the way, and
+        the revocation it wanted is in place)."""
         raise self._unsupported("revocation")

@@ -86,7 +86,7 @@ from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.suppression import OUTLOOK, MaintenanceCalendar, Suppression
 from certlm.lifecycle.trust import change_trust_list
 from certlm.pki.client import cdp_urls
-from certlm.pki.material import crls_of_chain, pki_ca_certificates
+from certlm.pki.material import chain_crls_by_ca, pki_ca_certificates
 from certlm.storage.models import Campaign, CampaignDevice, CrlProbeRevocation, InventoryEntry, PkiEntry
 from certlm.system.audit import journal_created, journaled_update, journals_automated_work, record_automated
 
@@ -569,6 +569,15 @@ class Waiting:
     crls_missing: tuple[dict[str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class CrlProblem:
+    """Why the reissue waits for a CRL, kept with the CA it is about (its SHA-1) where it is found; ``ca`` None when
+    it is about no one CA (the PKI gave no certificate of the new CA), and so about each CA waited for."""
+
+    text: str
+    ca: str | None = None
+
+
 async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> Waiting | None:
     """None once the campaign's new issuer holds a current CRL of each of its CAs, which the trust phase has then
     written to every trust list; else what the reissue waits for.
@@ -577,7 +586,7 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> Waiti
     its trust list lacks that CA's CRL, and the backend's ``crl()`` often gives only the root's: an issuing CA names
     where it publishes its own CRL only in the certificates it issues. So before the first device is reissued, the
     path of a certificate of the new CA (certlm's own client certificate renewed from it, else one certlm asks the
-    PKI for and throws away with its key) is walked as a push walks it (``crls_of_chain``: each CRL fetched from the
+    PKI for and throws away with its key) is walked as a push walks it (``chain_crls_by_ca``: each CRL fetched from the
     distribution points its certificate names, kept only when the CA's key signed it), each CRL must be current, and
     the ones found go into the campaign's new issuer. The trust phase's devices are then due again: the step adds them
     (trust first, read back) and the phase is through once more."""
@@ -591,9 +600,9 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> Waiti
     if pki is None or not runtime.pki_backends.known(pki.pki_type):
         problem = f"PKI entry {campaign.to_pki_id} is gone or not installed"
         return Waiting(f"the reissue waits for the new issuer's CRLs: {problem}",
-                       _missing(_cas_without_current_crl(new, needed, now), [problem]))  # fmt: skip
+                       _missing(_cas_without_current_crl(new, needed, now), [CrlProblem(problem)]))  # fmt: skip
     backend = runtime.pki_backends.get(pki.pki_type)
-    problems: list[str] = []
+    problems: list[CrlProblem] = []
     known = [crl for crl in new.crls if not _crl_expired(crl, now)]  # an expired one is fetched again
     with contextlib.suppress(APIError):
         offered = await backend.crl(pki)  # often the root's only; taken when one of the new CAs signed it
@@ -605,9 +614,11 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> Waiti
     certificate = await _certificate_of_new_ca(runtime, campaign, backend, pki, new, problems)
     if certificate is None:
         return _waiting_for_crls(campaign, _cas_without_current_crl(new, needed, now), problems)
-    found = await crls_of_chain(Enrollment(certificate, new.chain), new.chain, tuple(known), runtime.services)
-    problems += found.missing
-    fetched = Issuer(new.chain, ()).with_crls_from(crl.public_bytes(serialization.Encoding.DER) for crl in found.crls)
+    found, unfetched = await chain_crls_by_ca(
+        Enrollment(certificate, new.chain), new.chain, tuple(known), runtime.services
+    )
+    problems += [CrlProblem(str(missing), sha1_fingerprint(missing.ca)) for missing in unfetched]
+    fetched = Issuer(new.chain, ()).with_crls_from(crl.public_bytes(serialization.Encoding.DER) for crl in found)
     # Only a CA that names where it publishes its CRL (in the certificates it issues) can have one in trust lists.
     path = [certificate, *issuer_chain(certificate, new.chain)]
     publishing = [ca for issued, ca in pairwise(path) if cdp_urls(issued) and sha1_fingerprint(ca) not in waived]
@@ -615,8 +626,10 @@ async def new_issuer_crls_trusted(runtime: Runtime, campaign: Campaign) -> Waiti
     for ca in lacking:
         expired = [crl for crl in fetched.crls if crl_signed_by(crl, [ca]) and _crl_expired(crl, now)]
         if expired:
-            problems.append(f"the CRL of {ca.subject.rfc4514_string()} expired at "
-                            f"{api_timestamp(expired[0].next_update_utc)}")  # fmt: skip
+            expiry = api_timestamp(expired[0].next_update_utc)
+            problems.append(
+                CrlProblem(f"the CRL of {ca.subject.rfc4514_string()} expired at {expiry}", sha1_fingerprint(ca))
+            )
     if lacking:
         return _waiting_for_crls(campaign, lacking, problems)
     return _fetched(await _add_new_issuer_crls(campaign, new, _added(new, fetched, now)))
@@ -626,28 +639,27 @@ def _fetched(blocked: str | None) -> Waiting | None:
     return Waiting(blocked) if blocked else None
 
 
-def _waiting_for_crls(campaign: Campaign, cas: list[x509.Certificate], problems: list[str]) -> Waiting:
+def _waiting_for_crls(campaign: Campaign, cas: list[x509.Certificate], problems: list[CrlProblem]) -> Waiting:
     named = ", ".join(f"{ca.subject.rfc4514_string()} (SHA-1 {sha1_fingerprint(ca)})" for ca in cas)
+    said = "; ".join(problem.text for problem in problems) or "no CRL of it was found"
     return Waiting(
         f"the reissue waits for the CRL of {named}: a device that demands a CRL of every CA on a path would refuse "
-        f"its peers' new certificates without it; {'; '.join(problems) or 'no CRL of it was found'}. To go on "
+        f"its peers' new certificates without it; {said}. To go on "
         f"without it (a CA that publishes no CRL), an operator may POST /campaigns/{campaign.id}/crl-waiver naming "
         "the CA: devices that demand a CRL of every CA on a path will then refuse their peers' new certificates",
         _missing(cas, problems),
     )
 
 
-def _missing(cas: list[x509.Certificate], problems: list[str]) -> tuple[dict[str, str], ...]:
-    """``crls_missing`` of ``cas``: each with the problems that name it (``crls_of_chain``'s "no CRL of SUBJECT: ...",
-    "the CRL of SUBJECT expired ...") and those that name no CA (the PKI gave no certificate of the new CA)."""
-    general = [problem for problem in problems if not problem.startswith(("no CRL of ", "the CRL of "))]
+def _missing(cas: list[x509.Certificate], problems: list[CrlProblem]) -> tuple[dict[str, str], ...]:
+    """``crls_missing`` of ``cas``: each with the problems about it and those about no one CA."""
     missing = []
     for ca in cas:
-        subject = ca.subject.rfc4514_string()
-        own = [problem for problem in problems if problem.startswith((f"no CRL of {subject}: ",
-                                                                      f"the CRL of {subject} expired "))]  # fmt: skip
+        sha1 = sha1_fingerprint(ca)
+        own = [problem.text for problem in problems if problem.ca == sha1]
+        general = [problem.text for problem in problems if problem.ca is None]
         problem = "; ".join(own + general) or "no CRL of it was found"
-        missing.append({"subject": subject, "sha1": sha1_fingerprint(ca), "problem": problem})
+        missing.append({"subject": ca.subject.rfc4514_string(), "sha1": sha1, "problem": problem})
     return tuple(missing)
 
 
@@ -671,7 +683,7 @@ def _cas_without_current_crl(issuer: Issuer, cas: Iterable[x509.Certificate], no
 
 
 async def _certificate_of_new_ca(
-    runtime: Runtime, campaign: Campaign, backend: Any, pki: PkiEntry, new: Issuer, problems: list[str]
+    runtime: Runtime, campaign: Campaign, backend: Any, pki: PkiEntry, new: Issuer, problems: list[CrlProblem]
 ) -> x509.Certificate | None:
     """A certificate the new issuing CA issued, whose distribution points name where that CA publishes its CRL:
     certlm's own client certificate when the campaign renewed it from the new CA, else one asked of the PKI for this
@@ -689,7 +701,7 @@ async def _certificate_of_new_ca(
     probe_key = (campaign.id, sha1_fingerprint(new.chain[0]))
     probed = _PROBES.get(probe_key)
     if probed is not None and datetime.now(UTC) - probed[0] < timedelta(seconds=RETRY_BASE_S):
-        problems.append(f"{probed[1]} (at {api_timestamp(probed[0])}; asked again shortly)")
+        problems.append(CrlProblem(f"{probed[1]} (at {api_timestamp(probed[0])}; asked again shortly)"))
         return None
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"certlm CRL probe of campaign {campaign.id}")])
@@ -713,7 +725,7 @@ async def _certificate_of_new_ca(
                    "new CA yet")  # fmt: skip
     if certificate is None or not issued_by(certificate, new.chain[0]):
         _PROBES[probe_key] = (datetime.now(UTC), problem)
-        problems.append(problem)
+        problems.append(CrlProblem(problem))
         return None
     _PROBES.pop(probe_key, None)
     log.info("campaign %d: a certificate of the new CA (serial %s) names where it publishes its CRL", campaign.id,
@@ -769,30 +781,39 @@ async def _to_revoke(campaign: Campaign, pki_id: int, pem: str) -> CrlProbeRevoc
     )
 
 
+# A probe the PKI has not revoked this long after certlm let go of it (refused, or the PKI unreachable) is given up:
+# by then the back-off has asked some 340 times, and a PKI that still says no needs a person, not another request.
+# Nobody can use the certificate meanwhile (its key was never kept); the operator is told to revoke it by hand.
+PROBE_REVOCATION_GIVE_UP = timedelta(days=7)
+
+
 async def _revoke_probe(runtime: Runtime, revocation: CrlProbeRevocation) -> None:
-    """Revoke a probe certificate this instance claimed. Confirmed by the PKI, it is forgotten; refused or the PKI
-    unreachable, it is logged and recorded naming the serial, and tried again after a back-off (``RETRY_BASE_S``
-    doubling up to ``RETRY_MAX_S``) by the runner's ``revoke_released_crl_probes``. A PKI entry that is gone or
-    cannot revoke never will: that is recorded, and the certificate left to the operator. Holds nothing up."""
+    """Revoke a probe certificate this instance claimed. Confirmed by the PKI (revoked now, or already: the backend
+    returns for both), it is forgotten; refused or the PKI unreachable, it is logged and recorded naming the serial,
+    and tried again after a back-off (``RETRY_BASE_S`` doubling up to ``RETRY_MAX_S``) by the runner's
+    ``revoke_released_crl_probes``, until ``PROBE_REVOCATION_GIVE_UP``. A PKI entry that is gone or cannot revoke
+    never will. Either way given up, it is left to the operator (``_left_unrevoked``). Holds nothing up."""
     serial, target = revocation.serial, f"campaign {revocation.campaign_id}"
     pki = await PkiEntry.get_or_none(id=revocation.pki_id)
     backend = runtime.pki_backends.get(pki.pki_type) if pki and runtime.pki_backends.known(pki.pki_type) else None
     if pki is None or backend is None or not backend.offers("revoke"):
-        why = f"PKI entry {revocation.pki_id} {'is gone' if pki is None else 'cannot revoke'}"
-        log.warning("campaign %d: the CRL probe certificate (serial %s) is left unrevoked: %s; its key was never kept",
-                    revocation.campaign_id, serial, why)  # fmt: skip
-        await CrlProbeRevocation.filter(id=revocation.id).delete()
-        await record_automated("campaign CRL probe revoked", target=target, success=False,
-                               detail=f"serial {serial} left unrevoked: {why}")  # fmt: skip
+        await _left_unrevoked(
+            revocation, f"PKI entry {revocation.pki_id} {'is gone' if pki is None else 'cannot revoke'}"
+        )
         return
     certificate = x509.load_pem_x509_certificate(revocation.certificate_pem.encode())
     try:
         await backend.revoke(pki, certificate, x509.ReasonFlags.cessation_of_operation)
     except Exception as error:  # a plugin's backend fails its own ways: the campaign goes on, the serial named
         problem = error.message if isinstance(error, APIError) else f"{type(error).__name__}: {error}"
+        attempts = revocation.attempts + 1
+        if datetime.now(UTC) - revocation.created_at >= PROBE_REVOCATION_GIVE_UP:
+            await _left_unrevoked(revocation, f"PKI entry {pki.id} did not revoke it in {attempts} attempts since "
+                                  f"{api_timestamp(revocation.created_at)}, the last: {problem}")  # fmt: skip
+            return
         retry = datetime.now(UTC) + timedelta(seconds=min(RETRY_BASE_S * 2**revocation.attempts, RETRY_MAX_S))
         await CrlProbeRevocation.filter(id=revocation.id).update(
-            attempts=revocation.attempts + 1, next_try_at=retry, last_error=problem[:2000]
+            attempts=attempts, next_try_at=retry, last_error=problem[:2000]
         )
         log.warning("campaign %d: revoking the CRL probe certificate (serial %s) at PKI entry %d failed: %s; tried "
                     "again at %s", revocation.campaign_id, serial, pki.id, problem, api_timestamp(retry))  # fmt: skip
@@ -805,6 +826,28 @@ async def _revoke_probe(runtime: Runtime, revocation: CrlProbeRevocation) -> Non
     log.info("campaign %d: the CRL probe certificate (serial %s) is revoked at PKI entry %d", revocation.campaign_id,
              serial, pki.id)  # fmt: skip
     await record_automated("campaign CRL probe revoked", target=target, detail=f"serial {serial} at PKI entry {pki.id}")
+
+
+async def _left_unrevoked(revocation: CrlProbeRevocation, why: str) -> None:
+    """Give up revoking a probe certificate: it is no longer tried, and the operator learns of it in the campaign
+    (``crl_probe_unrevoked``, kept with the campaign), the log and the trail, each naming the serial and why."""
+    since = datetime.now(UTC)
+    async with in_transaction("default"):
+        dropped = await CrlProbeRevocation.filter(id=revocation.id).delete()
+        # Read under a lock: another instance may be giving up another probe of the campaign at the same moment.
+        campaign = await Campaign.select_for_update().get_or_none(id=revocation.campaign_id) if dropped else None
+        if campaign is not None:
+            left = {"serial": revocation.serial, "pki_id": revocation.pki_id, "error": why[:2000],
+                    "since": api_timestamp(since)}  # fmt: skip
+            await Campaign.filter(id=campaign.id).update(
+                crl_probe_unrevoked=[*(campaign.crl_probe_unrevoked or []), left], updated_at=since
+            )
+    if not dropped:
+        return
+    log.warning("campaign %d: the CRL probe certificate (serial %s) is left unrevoked: %s; its key was never kept, "
+                "revoke it at the PKI by hand", revocation.campaign_id, revocation.serial, why)  # fmt: skip
+    await record_automated("campaign CRL probe revoked", target=f"campaign {revocation.campaign_id}", success=False,
+                           detail=f"serial {revocation.serial} left unrevoked: {why[:300]}")  # fmt: skip
 
 
 async def revoke_released_crl_probes(runtime: Runtime, now: datetime) -> None:

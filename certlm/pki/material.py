@@ -4,7 +4,7 @@ enrollment callables (with the names the certificate must carry checked), and re
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any, TypeVar
 
@@ -202,18 +202,42 @@ async def _withdraw_unused(
     return f" and was revoked (serial {serial})"
 
 
+@dataclass(frozen=True)
+class MissingCrl:
+    """A CA of a chain whose CRL could not be had, and why (the fetch's error)."""
+
+    ca: x509.Certificate
+    problem: str
+
+    def __str__(self) -> str:
+        return f"no CRL of {self.ca.subject.rfc4514_string()}: {self.problem}"
+
+
 async def crls_of_chain(
     enrollment: Enrollment,
     ca_pool: tuple[x509.Certificate, ...],
     known: tuple[x509.CertificateRevocationList, ...],
     services: HostServices,
 ) -> ChainCrls:
-    """A CRL of each CA from the issued certificate's issuer up to the root. Devices that check revocation (as
-    Part 12 servers with strict validation do) refuse a certificate while any CA on its path has no CRL in their
-    trust list. Each certificate names where its issuer publishes the CRL that covers it (its distribution points),
-    so the path is walked certificate by certificate; a CRL counts only when its CA's key signed it."""
+    """A CRL of each CA from the issued certificate's issuer up to the root, and why any is missing, as a push's note
+    says it (``chain_crls_by_ca``)."""
+    crls, lacking = await chain_crls_by_ca(enrollment, ca_pool, known, services)
+    return ChainCrls(crls, tuple(str(missing) for missing in lacking))
+
+
+async def chain_crls_by_ca(
+    enrollment: Enrollment,
+    ca_pool: tuple[x509.Certificate, ...],
+    known: tuple[x509.CertificateRevocationList, ...],
+    services: HostServices,
+) -> tuple[tuple[x509.CertificateRevocationList, ...], tuple[MissingCrl, ...]]:
+    """A CRL of each CA from the issued certificate's issuer up to the root, and each CA whose CRL could not be had
+    with why. Devices that check revocation (as Part 12 servers with strict validation do) refuse a certificate while
+    any CA on its path has no CRL in their trust list. Each certificate names where its issuer publishes the CRL that
+    covers it (its distribution points), so the path is walked certificate by certificate; a CRL counts only when its
+    CA's key signed it."""
     crls = list(known)
-    missing = []
+    lacking = []
     path = [enrollment.certificate, *issuer_chain(enrollment.certificate, ca_pool)]
     for certificate, issuer in pairwise(path):
         if any(crl_signed_by(crl, [issuer]) for crl in crls):
@@ -221,8 +245,8 @@ async def crls_of_chain(
         try:
             crls.append(await fetch_crl(cdp_urls(certificate), [issuer], services))
         except APIError as error:
-            missing.append(f"no CRL of {issuer.subject.rfc4514_string()}: {error.message}")
-    return ChainCrls(tuple(crls), tuple(missing))
+            lacking.append(MissingCrl(issuer, error.message))
+    return tuple(crls), tuple(lacking)
 
 
 async def revoke_on_decommission(entry: InventoryEntry, backends: PkiBackendRegistry, cache: CrlCache) -> bool:

@@ -282,6 +282,14 @@ async def _add_campaign_crls_missing(connection: BaseDBAsyncClient, dialect: str
         )
 
 
+async def _add_campaign_crl_probe_unrevoked(connection: BaseDBAsyncClient, dialect: str) -> None:
+    json_type = "JSON" if dialect == "sqlite" else "JSONB"
+    if not await _column_exists(connection, dialect, "campaign", "crl_probe_unrevoked"):
+        await connection.execute_script(
+            f"ALTER TABLE campaign ADD COLUMN crl_probe_unrevoked {json_type} NOT NULL DEFAULT '[]'"
+        )
+
+
 # The audit trail's indexes version 18 drops: every record wrote them, and no filter needs them (see ``AuditRecord``).
 _DROPPED_AUDIT_INDEXES = re.compile(r'\("?(at|actor|action)"?\)\s*$')
 
@@ -405,6 +413,11 @@ STEPS: tuple[MigrationStep, ...] = (
         21,
         "campaigns: the CAs whose CRL the reissue waits for; the CRL probe certificates let go of and not yet revoked",
         _add_campaign_crls_missing,
+    ),
+    MigrationStep(
+        22,
+        "campaigns: the CRL probe certificates certlm gave up revoking, for the operator",
+        _add_campaign_crl_probe_unrevoked,
     ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)

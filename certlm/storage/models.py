@@ -314,6 +314,10 @@ class Campaign(Model):
     # While the reissue waits for CRLs of the new issuer (``blocked`` says so), each CA it lacks one of
     # (``{"subject", "sha1", "problem"}``); empty otherwise.
     crls_missing = fields.JSONField(default=list)
+    # The CRL probe certificates certlm gave up revoking (``{"serial", "pki_id", "error", "since"}`` each): the PKI
+    # refused or could not be reached for ``PROBE_REVOCATION_GIVE_UP``, or cannot revoke at all. The operator's to
+    # revoke by hand; kept for as long as the campaign is.
+    crl_probe_unrevoked = fields.JSONField(default=list)
     created_at = fields.DatetimeField(auto_now_add=True)
     updated_at = fields.DatetimeField(auto_now=True)
 

@@ -478,8 +478,10 @@ async def test_a_version_19_postgres_database_gets_the_audit_chains_head_check(m
 # --- version 19: a campaign's CRL waivers and its CRL probe certificate ---------------------------------------------
 
 CAMPAIGN_COLUMNS_SINCE_19 = ("crl_waivers", "crl_probe_pem")
-# What a version-18 database lacks besides: version 21's column and table.
-SINCE_21 = ("ALTER TABLE campaign DROP COLUMN crls_missing", "DROP TABLE crl_probe_revocation")
+# What a version-21 database lacks: version 22's column.
+SINCE_22 = ("ALTER TABLE campaign DROP COLUMN crl_probe_unrevoked",)
+# What a version-18 database lacks besides: version 21's column and table, and what came later.
+SINCE_21 = ("ALTER TABLE campaign DROP COLUMN crls_missing", "DROP TABLE crl_probe_revocation", *SINCE_22)
 # A campaign as version 18 stored it: paused in its trust phase (the runner leaves it alone), its new issuer a CA.
 CAMPAIGN_OF_VERSION_18 = (
     "INSERT INTO campaign (kind, state, phase, from_pki_id, to_pki_id, scope, concurrency, respect_windows, "
@@ -624,4 +626,64 @@ async def test_a_version_20_postgres_database_gets_crls_missing_and_the_probes_t
 
     detail = await eventually(probe_let_go, "the runner to let go of the probe", 30)
     assert detail == f"serial {serial} left unrevoked: PKI entry 2 is gone", detail
+    assert postgres.query(url, "SELECT count(*) FROM crl_probe_revocation").strip() == "0"
+
+
+# --- version 22: the CRL probes certlm gave up revoking, for the operator ---------------------------------------------
+
+# The campaign of ``CAMPAIGN_OF_VERSION_20`` as version 21 stored it: its probe of PKI entry 2 (which does not exist)
+# still held. The runner lets go of it and, with nowhere to revoke it, lists it for the operator.
+CAMPAIGN_OF_VERSION_21 = CAMPAIGN_OF_VERSION_20.replace("crl_probe_pem,", "crl_probe_pem, crls_missing,").replace(
+    "'{pem}',", "'{pem}', '[]',"
+)
+
+
+async def _assert_probe_left_to_the_operator(service, serial: str) -> None:
+    async with service.client() as client:
+
+        async def listed() -> list | None:
+            (campaign,) = (await client.get("/campaigns")).json()
+            return campaign["crl_probe_unrevoked"] or None
+
+        (left,) = await eventually(listed, "the probe listed as left unrevoked", 30)
+        assert (left["serial"], left["pki_id"], left["error"]) == (serial, 2, "PKI entry 2 is gone"), left
+        (campaign,) = (await client.get("/campaigns")).json()
+        assert (await client.get(f"/campaigns/{campaign['id']}")).json()["crl_probe_unrevoked"] == [left]
+
+
+async def test_a_version_21_sqlite_campaign_gets_the_list_of_probes_left_unrevoked(make_service) -> None:
+    service = await make_service()
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    old, new, _ = _issuers_pem()
+    pem, serial = _probe_pem()
+    with sqlite3.connect(database) as db:
+        for statement in SINCE_22:
+            db.execute(statement)
+        db.execute(CAMPAIGN_OF_VERSION_21.format(true="1", now="'2026-11-01'", old=old, new=new, pem=pem))
+        db.execute("UPDATE certlm_schema SET version = 21")
+    await service.start()
+    with sqlite3.connect(database) as db:
+        assert "crl_probe_unrevoked" in {row[1] for row in db.execute("PRAGMA table_info(campaign)")}
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+    await _assert_probe_left_to_the_operator(service, serial)
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT count(*) FROM crl_probe_revocation").fetchone() == (0,)
+
+
+async def test_a_version_21_postgres_campaign_gets_the_list_of_probes_left_unrevoked(make_service, postgres) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await service.stop()
+    old, new, _ = _issuers_pem()
+    pem, serial = _probe_pem()
+    postgres.query(
+        url,
+        "".join(f"{statement};" for statement in SINCE_22)
+        + CAMPAIGN_OF_VERSION_21.format(true="TRUE", now="now()", old=old, new=new, pem=pem)
+        + "; UPDATE certlm_schema SET version = 21;",
+    )
+    await service.start()
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    await _assert_probe_left_to_the_operator(service, serial)
     assert postgres.query(url, "SELECT count(*) FROM crl_probe_revocation").strip() == "0"

@@ -19,6 +19,7 @@ from certlm.http.auth import requires_role
 from certlm.http.openapi import answers
 from certlm.lifecycle.campaigns import (
     PHASES,
+    PROBE_REVOCATION_GIVE_UP,
     CampaignConflict,
     CampaignPlan,
     accept_exceptions,
@@ -106,6 +107,13 @@ class CrlMissingOut(BaseModel):
     problem: str = Field(description="why no current CRL of the CA was found")
 
 
+class CrlProbeUnrevokedOut(BaseModel):
+    serial: str = Field(description="serial number of the CRL probe certificate (upper-case hex, as OpenSSL prints it)")
+    pki_id: int = Field(description="the PKI entry that issued it, where to revoke it")
+    error: str = Field(description="why certlm gave up: the PKI's last refusal or error, or that it cannot revoke")
+    since: Timestamp = Field(description="when certlm gave up revoking it")
+
+
 class CampaignDeviceOut(BaseModel):
     entry_id: int
     url: str
@@ -134,6 +142,12 @@ class CampaignOut(BaseModel):
     crls_missing: list[CrlMissingOut] = Field(
         description="while the reissue waits for CRLs of the new issuer's CAs (blocked says so in its sentence), each "
         "CA it lacks a current CRL of, which the operator may waive (POST .../crl-waiver); empty otherwise"
+    )
+    crl_probe_unrevoked: list[CrlProbeUnrevokedOut] = Field(
+        description="the CRL probe certificates (asked of the new issuer's PKI to learn where its CA publishes its "
+        f"CRL, their keys never kept) certlm gave up revoking: the PKI refused or could not be reached for "
+        f"{PROBE_REVOCATION_GIVE_UP.days} days, or "
+        "cannot revoke. Each is the operator's to revoke at the PKI by hand; empty when there are none"
     )
     blocked: str | None = Field(description="what keeps the campaign from its next phase; null when nothing does")
     window_ahead: str | None = Field(
@@ -181,7 +195,8 @@ async def _view(campaign: Campaign, with_devices: bool) -> CampaignOut:
         from_pki_id=campaign.from_pki_id, to_pki_id=campaign.to_pki_id, scope=campaign.scope,
         deadline=campaign.deadline, concurrency=campaign.concurrency, respect_windows=campaign.respect_windows,
         exceptions=campaign.exceptions or [], crl_waivers=campaign.crl_waivers or [],
-        crls_missing=campaign.crls_missing or [], blocked=campaign.blocked,
+        crls_missing=campaign.crls_missing or [], crl_probe_unrevoked=campaign.crl_probe_unrevoked or [],
+        blocked=campaign.blocked,
         window_ahead=ahead,
         deadline_outlook=outlook, overdue=is_overdue(campaign, now), counts=counts,
         created_at=campaign.created_at, updated_at=campaign.updated_at, devices=devices,

@@ -103,6 +103,7 @@ from certlm_pki_cmp.transaction import (
     ProtectionRejected,
     ServerRefused,
     Transaction,
+    already_revoked,
 )
 from certlm_pki_cmp.transport import CmpTransport, HttpErrorAnswer
 
@@ -577,13 +578,19 @@ class CmpPki(PkiBackend):
         learned = LearnedCapabilities.of(entry)
         negotiation = self._negotiation(entry, learned)
 
+        already: list[messages.Status] = []
+
         async def revoked(transaction: Transaction) -> None:
             response = await transaction.exchange(messages.rr_body(certificate, reason))
             if messages.body_type(response) != "rp":
                 raise self._invalid(credentials, f"answered rr with {messages.body_type(response)}, not rp")
             status = self._read(credentials, messages.revocation_status, response)
-            if not status.granted:
-                raise ServerRefused(status)
+            if status.granted:
+                return
+            if already_revoked(status):
+                already.append(status)
+                return
+            raise ServerRefused(status)
 
         try:
             await self._in_transaction(entry, credentials, negotiation, revoked, certificate.issuer)
@@ -594,7 +601,11 @@ class CmpPki(PkiBackend):
         finally:
             self._learn_mac(credentials, negotiation, learned)
             await learned.save(entry)
-        log.info("CMP server of PKI entry %s revoked serial %s", entry.id, serial_hex(certificate))
+        if already:
+            log.info("CMP server of PKI entry %s has serial %s revoked already: %s", entry.id, serial_hex(certificate),
+                     already[0].describe())  # fmt: skip
+        else:
+            log.info("CMP server of PKI entry %s revoked serial %s", entry.id, serial_hex(certificate))
 
     @staticmethod
     def _cached_chain(entry: PkiEntry) -> list[x509.Certificate]:

@@ -29,6 +29,13 @@ PROTECTION_FAILURES = frozenset({"badAlg", "badMessageCheck", "wrongIntegrity"})
 SERVER_FAILURES = frozenset({"systemUnavail", "systemFailure"})
 
 
+def already_revoked(status: Status) -> bool:
+    """Whether a refused rr says the certificate is revoked already, so the revocation wanted is in place (a retry
+    after an rp that was lost on the way, say): failInfo certRevoked (RFC 4210 §5.2.3, "the certificate has already
+    been revoked"), or, from a server that sets no such bit, its text saying "already revoked"."""
+    return "certRevoked" in status.failures or "already revoked" in status.text.lower()
+
+
 @dataclass(frozen=True)
 class Credentials:
     """How one PKI entry authenticates to its CMP server and the server to it.

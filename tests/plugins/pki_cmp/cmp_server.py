@@ -369,7 +369,8 @@ class IssuingCmpServer:
     the certificate as ``-rsp_cert`` (OpenSSL's mock can only return a fixed one); the transaction's later messages
     (certConf, pollReq) go to the same mock, so OpenSSL checks the protection, POPO and confirmation as ever. An rr
     of a certificate it certified goes to a mock answering with that certificate, which OpenSSL's mock then revokes
-    (it grants an rr only for its own ``-rsp_cert``, by issuer and serial): ``revoked`` lists their serials,
+    (it grants an rr only for its own ``-rsp_cert``, by issuer and serial; one it revoked before it rejects with
+    failInfo certRevoked): ``revoked`` lists their serials,
     ``revocation_reasons`` the CRL reason each granted rr named (its ASN.1 name, ``cessationOfOperation``). Other
     requests (genm, any other rr) go to a standing mock. ``arguments`` are the mocks' (protection); ``chain_option``
     how they hand out the CA certificate (``-rsp_capubs`` reaches ip answers only). ``handle`` is the relay handler;
@@ -422,8 +423,10 @@ class IssuingCmpServer:
         if kind == "rr":
             revoking = int(message["body"]["rr"][0]["certDetails"]["serialNumber"])
             if revoking in self._issued_files:
+                # A CA keeps what it revoked: an rr of it again is rejected, failInfo certRevoked (RFC 4210 §5.2.3).
+                already = ("-pkistatus", "2", "-failure", "10", "-statusstring", "certificate already revoked")
                 self._transactions[transaction_id] = await self._start_mock(
-                    "-rsp_cert", str(self._issued_files[revoking])
+                    "-rsp_cert", str(self._issued_files[revoking]), *(already if revoking in self.revoked else ())
                 )
         mock = self._transactions.get(transaction_id)
         if mock is None:

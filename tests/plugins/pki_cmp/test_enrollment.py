@@ -156,6 +156,41 @@ async def test_revocation(cmp_app, test_pki, start_mock) -> None:
     assert refused.value.status == 400
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [("-failure", "10"), ("-failure", "2", "-statusstring", "Certificate is already revoked")],
+    ids=["certRevoked", "badRequest saying already revoked"],
+)
+async def test_a_revocation_the_server_says_is_done_already_is_no_error(
+    cmp_app, test_pki, start_mock, caplog, answer
+) -> None:
+    """A server that answers an rr with rejection, failInfo certRevoked (RFC 4210 §5.2.3), or a text saying the
+    certificate is revoked already (a second rr after an rp lost on the way): the revocation is in place. Any other
+    rejection still is one."""
+    key = ec_key()
+    certificate = test_pki.issue(key.public_key(), "device-12")
+    server = start_mock(*MAC_SERVER, *test_pki.answering(certificate), "-pkistatus", "2", *answer)
+    entry = await mac_entry(cmp_app, server)
+
+    with caplog.at_level("INFO", logger="certlm_pki_cmp"):
+        await cmp_app.backend.revoke(entry, certificate, x509.ReasonFlags.cessation_of_operation)
+    assert received(server) == ["RR"]
+    assert any("revoked already" in record.getMessage() for record in caplog.records), caplog.text
+
+
+async def test_a_rejection_without_a_word_of_revoked_already_stays_an_error(cmp_app, test_pki, start_mock) -> None:
+    key = ec_key()
+    certificate = test_pki.issue(key.public_key(), "device-13")
+    server = start_mock(
+        *MAC_SERVER, *test_pki.answering(certificate), "-pkistatus", "2", "-failure", "15",
+        "-statusstring", "policy says no",
+    )  # fmt: skip
+    entry = await mac_entry(cmp_app, server)
+    with pytest.raises(APIError, match="CMP server refused the revocation: unacceptedPolicy") as refused:
+        await cmp_app.backend.revoke(entry, certificate, x509.ReasonFlags.cessation_of_operation)
+    assert refused.value.status == 400 and "policy says no" in refused.value.message
+
+
 async def test_revoking_a_certificate_of_another_ca_is_refused_locally(cmp_app, test_pki, start_mock) -> None:
     key = ec_key()
     issued = test_pki.issue(key.public_key(), "device-11")

@@ -1015,6 +1015,8 @@ function renderCampaign(campaign) {
     ["Maintenance windows", campaign.respect_windows ? "respected" : "ignored"],
     ["Exceptions", campaign.exceptions.length ? campaign.exceptions.map((id) => (byEntry.has(id) ? campaignDeviceLabel(byEntry.get(id)) : `entry ${id}`)).join(", ") : "none"],
     ["CRLs waived", (campaign.crl_waivers || []).length ? campaign.crl_waivers.map((waiver) => waiver.subject).join(", ") : "none"],
+    // The probe certificates certlm gave up revoking: the operator's to revoke at the PKI by hand.
+    ["CRL probes left unrevoked", (campaign.crl_probe_unrevoked || []).length ? campaign.crl_probe_unrevoked.map((probe) => `serial ${probe.serial} at PKI entry ${pkiEntry(probe.pki_id)}: ${probe.error}`).join("; ") : "none"],
     ["Made", timeElement(campaign.created_at)],
     ["Changed", timeElement(campaign.updated_at)],
   ]);
@@ -1025,7 +1027,12 @@ function renderCampaign(campaign) {
   $("campaign-exceptions").hidden = !excepting;
   const waitedFor = crlsWaitedFor(campaign);
   $("campaign-crl-waiver").hidden = !waitedFor.length;
-  $("campaign-crl-cas").textContent = waitedFor.map((ca) => ca.subject).join(", ");
+  // Each CA with why no CRL of it was had: the operator decides on the reason (a distribution point down for an hour
+  // is waited out; a CA that publishes none is waived).
+  replaceChildren(
+    $("campaign-crl-cas"),
+    waitedFor.map((ca) => el("li", { "data-sha1": ca.sha1 }, el("span", { className: "ca" }, ca.subject), ": ", el("span", { className: "problem" }, ca.problem))),
+  );
 
   const focusedEntry = focused && focused.dataset ? focused.dataset.entry : undefined;
   const ordered = [...devices].sort((a, b) => blocking(campaign, b) - blocking(campaign, a) || a.entry_id - b.entry_id);
