@@ -402,8 +402,12 @@ def _good_value(data_value: ua.DataValue) -> Any:
 async def _connect(
     target: DeviceTarget, identity: ClientIdentity, timeouts: DeviceTimeouts, endpoint: Endpoint
 ) -> DeviceSession:
-    # The bound on each request of the session (DeviceSession's single requests have no other).
-    client = Client(target.url, timeout=timeouts.operation_s)
+    # ``timeout``: the bound on each request of the session (DeviceSession's single requests have no other).
+    # ``watchdog_intervall``: asyncua reads the server state every second of a session by default and takes a read
+    # unanswered within that second for a lost connection; a device busy making a CSR's key (seconds on a real PLC)
+    # answered the next request with "client is disconnected", and each read cost a round trip. certlm bounds its
+    # requests itself and a dropped socket still ends the session at once, so no read is sent within its life.
+    client = Client(target.url, timeout=timeouts.operation_s, watchdog_intervall=SESSION_TIMEOUT_MS / 1000)
     # A certlm session lasts seconds; servers grant at most what they allow (asyncua's 10 minutes), and asking
     # for more only makes asyncua warn on every connection.
     client.session_timeout = SESSION_TIMEOUT_MS

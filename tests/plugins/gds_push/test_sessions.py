@@ -151,6 +151,36 @@ async def test_a_request_the_device_never_answers_fails_within_the_operation_tim
     assert elapsed < 3.5, f"the unanswered request took {elapsed:.1f} s to fail"
 
 
+# Seconds a device takes to make the key pair of a CSR: real PLCs take seconds, past asyncua's 1 s health check.
+SLOW_KEY_S = 2.5
+
+
+async def test_a_device_slow_to_make_its_key_gets_only_the_push_requests(
+    simulated_device: StartDevice,
+    driver: GdsPushDriver,
+    opcua_test_ca: OpcUaTestCa,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # asyncua's client reads the server state every second of a session by default, and takes a read without an
+    # answer within that second for a lost connection ("client is disconnected" at the next request, the renewal
+    # wave failures of issue 27). certlm bounds its requests itself: its sessions carry the push's requests alone.
+    make_csr = PushManagement.create_signing_request
+
+    async def slowly(self: PushManagement, *arguments: Any) -> list[Any]:
+        await asyncio.sleep(SLOW_KEY_S)  # the device at work on its key, not the test waiting
+        return await make_csr(self, *arguments)
+
+    monkeypatch.setattr(PushManagement, "create_signing_request", slowly)
+    device = await simulated_device()
+
+    outcome = await driver.push(
+        device_target(device, **ADMIN), PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material()
+    )
+
+    assert device.certificate == outcome.certificate
+    assert next(step for step in outcome.steps if step.step == "create_signing_request").seconds >= SLOW_KEY_S
+    assert device.session_requests == ONBOARDING_REQUESTS
+
 
 class HostSelection:
     """The host's side of ``PushRequest.identify``: what the device said, and the driver the test selects."""
