@@ -244,7 +244,8 @@ ServerCheck = Callable[[x509.Certificate], None]
 
 
 class DeviceSession:
-    """An activated session with one device. Every request is bounded by the operation time-out."""
+    """An activated session with one device. Every request is bounded by the operation time-out: the client's own
+    bound on each request (``_connect``), ``request`` for an operation of several."""
 
     def __init__(self, client: Client, endpoint: Endpoint, timeouts: DeviceTimeouts) -> None:
         self.client = client
@@ -270,18 +271,21 @@ class DeviceSession:
         return self.endpoint.mode_bit
 
     async def request(self, operation: Awaitable[_T]) -> _T:
+        """``operation`` of several requests (a Browse and its BrowseNext), bounded as a whole by the operation
+        time-out. A single request needs no such bound: the client bounds each request by it (``_connect``), and a
+        second bound costs a task and a timer on every request of a push."""
         return await asyncio.wait_for(operation, self.timeouts.operation_s)
 
     async def call(self, object_id: ua.NodeId, method_id: ua.NodeId, *arguments: ua.Variant) -> list[Any]:
         """Call a method on an object; the output arguments as a list. A Bad result raises its UaStatusCodeError."""
-        result = await self.request(call_method_full(self.client.get_node(object_id), method_id, *arguments))
+        result = await call_method_full(self.client.get_node(object_id), method_id, *arguments)
         return result.OutputArguments
 
     async def read_values(self, node_ids: Sequence[ua.NodeId]) -> list[Any]:
         """The values of several variables in one Read; ``None`` for each the device answers with a Bad status."""
         if not node_ids:
             return []
-        data_values = await self.request(self.client.uaclient.read_attributes(list(node_ids), ua.AttributeIds.Value))
+        data_values = await self.client.uaclient.read_attributes(list(node_ids), ua.AttributeIds.Value)
         return [_good_value(data_value) for data_value in data_values]
 
     async def translate(self, start: ua.NodeId, *paths: Sequence[str]) -> list[ua.NodeId | None]:
@@ -290,7 +294,7 @@ class DeviceSession:
         if not paths:
             return []
         relative_paths = [_relative_path(tuple(path)) for path in paths]
-        results = await self.request(self.client.translate_browsepaths(start, relative_paths))
+        results = await self.client.translate_browsepaths(start, relative_paths)
         return [
             result.Targets[0].TargetId if result.StatusCode.is_good() and result.Targets else None for result in results
         ]
@@ -398,7 +402,12 @@ def _good_value(data_value: ua.DataValue) -> Any:
 async def _connect(
     target: DeviceTarget, identity: ClientIdentity, timeouts: DeviceTimeouts, endpoint: Endpoint
 ) -> DeviceSession:
-    client = Client(target.url, timeout=timeouts.operation_s)
+    # ``timeout``: the bound on each request of the session (DeviceSession's single requests have no other).
+    # ``watchdog_intervall``: asyncua reads the server state every second of a session by default and takes a read
+    # unanswered within that second for a lost connection; a device busy making a CSR's key (seconds on a real PLC)
+    # answered the next request with "client is disconnected", and each read cost a round trip. certlm bounds its
+    # requests itself and a dropped socket still ends the session at once, so no read is sent within its life.
+    client = Client(target.url, timeout=timeouts.operation_s, watchdog_intervall=SESSION_TIMEOUT_MS / 1000)
     # A certlm session lasts seconds; servers grant at most what they allow (asyncua's 10 minutes), and asking
     # for more only makes asyncua warn on every connection.
     client.session_timeout = SESSION_TIMEOUT_MS

@@ -202,9 +202,11 @@ def client_identity(opcua_test_ca: OpcUaTestCa) -> ClientIdentity:
     return make_client_identity(opcua_test_ca)
 
 
-def host_services(data_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> HostServices:
+def host_services(
+    data_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S, operation_timeout_s: float = OPERATION_TIMEOUT_S
+) -> HostServices:
     settings = in_process_settings(
-        data_dir, device_connect_timeout_s=connect_timeout_s, device_operation_timeout_s=OPERATION_TIMEOUT_S
+        data_dir, device_connect_timeout_s=connect_timeout_s, device_operation_timeout_s=operation_timeout_s
     )
     return HostServices(settings=settings, secrets=SecretBox(Fernet.generate_key()))
 

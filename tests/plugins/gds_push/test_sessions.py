@@ -5,7 +5,10 @@ certlm's key and certificate are parsed once per identity, not per session."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,12 +17,14 @@ from asyncua.crypto import uacrypto
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
 from certlm_opcua_simulator.driver import SimulatedPlcDriver
+from certlm_opcua_simulator.push_management import Caller, PushManagement
 from cryptography import x509
 
 from certlm import (
     CsrRejected,
     DeviceDescription,
     DeviceDriver,
+    DeviceFailure,
     DeviceTarget,
     HostServices,
     PkiMaterial,
@@ -31,7 +36,7 @@ from certlm import (
     to_der,
 )
 from tests.conftest import StartDevice
-from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for
+from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for, host_services
 
 DEVICE_TIMEOUTS = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20"}
 ONBOARDING_REQUESTS = 12
@@ -112,6 +117,69 @@ async def test_asyncua_never_parses_certlms_key_or_certificate_for_a_session(
 
     assert device.sessions_created == 3  # the renewal's trust list is held already: verified without a session
     assert parsed == []
+
+
+async def test_a_request_the_device_never_answers_fails_within_the_operation_time_out(
+    simulated_device: StartDevice,
+    client_identity: ClientIdentity,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A session's single requests have no bound of certlm's own around them: the client's bound on each request is
+    # the operation time-out. asyncua's default (4 s) would make this take longer than the operation and the close.
+    asked, release = asyncio.Event(), asyncio.Event()
+
+    async def never_answers(self: PushManagement, caller: Caller) -> list[Any]:
+        asked.set()
+        await release.wait()
+        return []
+
+    monkeypatch.setattr(PushManagement, "get_rejected_list", never_answers)
+    device = await simulated_device()
+    services = host_services(tmp_path, connect_timeout_s=1.0, operation_timeout_s=1.0)
+    driver = driver_for(GdsPushDriver, client_identity, services)
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeviceFailure) as failed:
+            await driver.read_rejected_list(device_target(device, **ADMIN))
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+
+    assert asked.is_set()
+    assert failed.value.device_status == "BadTimeout", failed.value
+    assert elapsed < 3.5, f"the unanswered request took {elapsed:.1f} s to fail"
+
+
+# Seconds a device takes to make the key pair of a CSR: real PLCs take seconds, past asyncua's 1 s health check.
+SLOW_KEY_S = 2.5
+
+
+async def test_a_device_slow_to_make_its_key_gets_only_the_push_requests(
+    simulated_device: StartDevice,
+    driver: GdsPushDriver,
+    opcua_test_ca: OpcUaTestCa,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # asyncua's client reads the server state every second of a session by default, and takes a read without an
+    # answer within that second for a lost connection ("client is disconnected" at the next request, the renewal
+    # wave failures of issue 27). certlm bounds its requests itself: its sessions carry the push's requests alone.
+    make_csr = PushManagement.create_signing_request
+
+    async def slowly(self: PushManagement, *arguments: Any) -> list[Any]:
+        await asyncio.sleep(SLOW_KEY_S)  # the device at work on its key, not the test waiting
+        return await make_csr(self, *arguments)
+
+    monkeypatch.setattr(PushManagement, "create_signing_request", slowly)
+    device = await simulated_device()
+
+    outcome = await driver.push(
+        device_target(device, **ADMIN), PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material()
+    )
+
+    assert device.certificate == outcome.certificate
+    assert next(step for step in outcome.steps if step.step == "create_signing_request").seconds >= SLOW_KEY_S
+    assert device.session_requests == ONBOARDING_REQUESTS
 
 
 class HostSelection:
