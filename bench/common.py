@@ -170,8 +170,14 @@ class Simulators:
             _ready_lines(process, size, timeout or 30 + 3 * size)
             for process, size in zip(self.processes, self._sizes, strict=True)
         )
-        for urls in await asyncio.gather(*waits):
-            self.urls += urls
+        try:
+            for urls in await asyncio.gather(*waits):
+                self.urls += urls
+        except RuntimeError as error:
+            # Say why: a simulator that exits (a port another process took meanwhile) says so in its log.
+            logs = sorted(self.state_dir.glob("simulator-*.log"))
+            tails = "\n".join(f"{log.name}: {log.read_text(errors='replace')[-1500:]}" for log in logs)
+            raise RuntimeError(f"{error}\n{tails}") from None
         return self.urls
 
     def installations(self, port: int) -> int:
@@ -190,7 +196,8 @@ async def _ready_lines(process: subprocess.Popen, lines: int, timeout: float) ->
     deadline = time.monotonic() + timeout
     while len(ready) < lines:
         if time.monotonic() > deadline or process.poll() is not None:
-            raise RuntimeError(f"simulators not ready: {len(ready)} of {lines}")
+            exited = f" (it exited with {process.returncode})" if process.returncode is not None else ""
+            raise RuntimeError(f"simulators not ready: {len(ready)} of {lines}{exited}")
         line = await asyncio.to_thread(process.stdout.readline)
         if line.startswith("READY "):
             ready.append(line.split()[1])

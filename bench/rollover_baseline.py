@@ -44,6 +44,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 APPLICATION_URI = f"urn:{socket.gethostname()}:rollover-baseline"
 ADMIN_USER, ADMIN_PASSWORD = "admin", "admin-pw"
 POLICY = SecurityPolicyAes256Sha256RsaPss
+# asyncua's watchdog (a server-state read every second of a session) off, as certlm's driver has it: see
+# asyncua_baseline.WATCHDOG_OFF_S.
+WATCHDOG_OFF_S = 600
 CA_KEY_BITS = 3072  # as certlm's internal CA
 CLIENT_KEY_BITS = 2048  # as certlm's OPC UA client
 # The simulated device reopens its endpoints this long after ApplyChanges (certlm-simulate's default --apply-delay,
@@ -214,7 +217,7 @@ class Plant:
         """A SignAndEncrypt session as the admin user, once the device listens and presents ``presenting`` (DER; None:
         whatever it presents)."""
         endpoint = await _endpoint_presenting(url, presenting)
-        client = Client(url)
+        client = Client(url, watchdog_intervall=WATCHDOG_OFF_S)
         client.application_uri = APPLICATION_URI
         client.security_policy = POLICY(
             x509.load_der_x509_certificate(endpoint.ServerCertificate), self.client_certificate, self.client_key,
