@@ -40,6 +40,7 @@ from certlm.foundation.secretbox import SecretBox
 from certlm.storage import MAX_ID
 from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
+from certlm.storage.reads import forget_read, read_once
 from certlm.system.licensing import LicenseService
 from certlm.system.settings import (
     DEVICE_STATUS_NAMES,
@@ -277,15 +278,17 @@ async def gds_entry_at(server: str, port: int) -> InventoryEntry:
     return entry
 
 
-async def device_entry_at(server: str, port: int) -> InventoryEntry | None:
-    """The managed device's entry at exactly ``server:port`` in any device table (GDS first, then by name), or None."""
-    entries = await InventoryEntry.filter(server_key=canonical_server(server), port=port)
+async def device_entry_at(server: str, port: int, *, with_pki: bool = False) -> InventoryEntry | None:
+    """The managed device's entry at exactly ``server:port`` in any device table (GDS first, then by name), or None.
+    ``with_pki``: its PKI entry is read in the same statement (``entry.pki``), for a push that signs with it."""
+    query = InventoryEntry.filter(server_key=canonical_server(server), port=port)
+    entries = await (query.select_related("pki") if with_pki else query)
     return min(entries, key=_table_rank(EVERY_TABLE), default=None)
 
 
-async def managed_entry_at(server: str, port: int) -> InventoryEntry:
+async def managed_entry_at(server: str, port: int, *, with_pki: bool = False) -> InventoryEntry:
     """``device_entry_at``; 404 if there is none."""
-    entry = await device_entry_at(server, port)
+    entry = await device_entry_at(server, port, with_pki=with_pki)
     if entry is None:
         raise NotFound(f"no inventory entry for {server}:{port}")
     return entry
@@ -308,6 +311,16 @@ async def licensed_endpoints_in_use() -> int:
 def counts_against_license(device_status: int | None) -> bool:
     """Whether an entry counts as a licensed endpoint: every entry not marked deleted, whichever table it is in."""
     return device_status != DEVICE_STATUS_DELETED
+
+
+def _credential_key(entry_id: int) -> tuple[str, int]:
+    return ("device_credential", entry_id)
+
+
+async def stored_credential(entry_id: int) -> DeviceCredential | None:
+    """The entry's stored credential, read once per request or push (``read_once``): the push reads it to reach the
+    device and again to store the credentials the device accepted."""
+    return await read_once(_credential_key(entry_id), lambda: DeviceCredential.get_or_none(entry_id=entry_id))
 
 
 async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
@@ -478,14 +491,17 @@ class Inventory:
             raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
 
     async def create_entry(
-        self, protocol: str, server: str, port: int | None, columns: dict[str, Any]
+        self, protocol: str, server: str, port: int | None, columns: dict[str, Any], *, looked_up: bool = False
     ) -> InventoryEntry:
         """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too. Without a
-        ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``."""
+        ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``.
+        ``looked_up``: the caller has just found no entry at ``server:port`` (``device_entry_at``), and the duplicate
+        is not looked for again (one made meanwhile is the raced one)."""
         columns.setdefault("service", self.default_service(protocol))
         if port is None:
             port = self.default_port(protocol, columns["service"])
-        await reject_duplicate(server, port, protocol)
+        if not looked_up:
+            await reject_duplicate(server, port, protocol)
         async with in_transaction("default"):
             try:
                 entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
@@ -525,7 +541,7 @@ class Inventory:
         A new ``pkcs12`` replaces the stored password with ``pkcs12_password``, which may be None.
         """
         secrets = self.secrets
-        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+        credential = await stored_credential(entry.id)
         if credential is None:
             credential = DeviceCredential(entry_id=entry.id)
         if username is not None:
@@ -536,6 +552,7 @@ class Inventory:
             credential.pkcs12_enc = secrets.encrypt(pkcs12)
             credential.pkcs12_password_enc = secrets.encrypt(pkcs12_password) if pkcs12_password else None
         await credential.save()
+        forget_read(_credential_key(entry.id))
         return credential
 
     async def listing_json(self, protocols: Tables, page: ListingPage) -> AsyncIterator[bytes]:
@@ -577,7 +594,7 @@ class Inventory:
     async def device_target(self, entry: InventoryEntry) -> DeviceTarget:
         """What a driver needs to reach ``entry``, with its stored credentials decrypted for this call."""
         secrets = self.secrets
-        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+        credential = await stored_credential(entry.id)
         target = DeviceTarget(
             entry_id=entry.id,
             server=entry.server,
