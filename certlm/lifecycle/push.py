@@ -57,6 +57,7 @@ from certlm.lifecycle.runtime import Runtime
 from certlm.pki.material import enrollment_pki, pki_material, revoke_on_decommission
 from certlm.pki.revocation import RevocationCheck, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+from certlm.storage.reads import reads_once
 from certlm.system.audit import journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,12 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
     entry that cannot be used as configured, 500 otherwise), or another ``APIError`` when the push could not start
     (no PKI, no pinned certificate for an automated push). Failures are recorded too.
     """
+    # A scheduler's push reads each shared row once too, as a request does (``certlm.storage.reads``).
+    with reads_once():
+        return await _push_certificate(runtime, entry, order)
+
+
+async def _push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
     # One push at a time per device, whichever instance runs it: two concurrent sessions would each make the device
     # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
     settings = runtime.settings

@@ -172,7 +172,8 @@ class InternalPki(PkiBackend):
         # A CRL of many revocations takes long to parse, and longer to sign: both run off the event loop.
         if self._is_fresh(authority, datetime.now(UTC)):
             return await asyncio.to_thread(stored_crl, authority.crl_der)
-        forget_read(_row_key(entry))  # re-signed below, or by another instance meanwhile
+        # The row read once stays as read: re-signing the CRL changes none of the columns signing uses, and a later
+        # call in the same request or push that finds the CRL stale comes here, where the row is read again locked.
         async with self._lock, in_transaction() as connection:
             authority = await InternalCa.filter(id=authority.id).using_db(connection).select_for_update().get()
             now = datetime.now(UTC)
