@@ -111,6 +111,7 @@ from certlm.storage import MAX_ID
 from certlm.storage.migrations import PluginMigration, SchemaEditor
 from certlm.storage.models import DeviceCredential, InventoryEntry, PkiEntry
 from certlm.storage.reads import forget_read, read_once
+from certlm.storage.sql import rows_of
 from certlm.system.settings import MAX_RENEWAL_DAYS
 
 __all__ = [
@@ -206,6 +207,7 @@ __all__ = [
     "plain_status",
     "read_once",
     "requires_role",
+    "rows_of",
     "serial_hex",
     "sha1_fingerprint",
     "spki_der",

@@ -31,7 +31,7 @@ from certlm.system.settings import system_settings
 from certlm.testing import InProcessApp, InternalCa, create_internal_ca, eventually, push
 from certlm.testing.in_process import TEST_DEVICE_TIMEOUTS
 from tests.test_monitor_queries import reads_of
-from tests.test_push_queries import on_table, statements_sent
+from tests.test_push_queries import ca_reads_of, on_table, statements_sent
 
 DEVICES = 3
 # A monitor scan's own statements: the calendar, the settings, the active entries, their schedule rows, their PKIs.
@@ -67,8 +67,7 @@ def counted(statements: list[str]) -> dict[str, int]:
         "entry reads": len(reads_of(statements, "inventory_entry")),
         "entry writes": len(on_table(statements, "UPDATE", "inventory_entry")),
         "pki reads": len(reads_of(statements, "pki_entry")),
-        # The internal CA's row by its PKI entry, as its plugin reads it for a push (its chain, CRL and signing).
-        "ca reads": len([s for s in reads_of(statements, "pki_internal_ca") if '"pki_entry_id"=' in s]),
+        "ca reads": len(ca_reads_of(statements)),
     }
 
 

@@ -41,6 +41,7 @@ from certlm.storage import MAX_ID
 from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
 from certlm.storage.reads import forget_read, read_once
+from certlm.storage.sql import in_dialect, rows_of
 from certlm.system.licensing import LicenseService
 from certlm.system.settings import (
     DEVICE_STATUS_NAMES,
@@ -278,17 +279,16 @@ async def gds_entry_at(server: str, port: int) -> InventoryEntry:
     return entry
 
 
-async def device_entry_at(server: str, port: int, *, with_pki: bool = False) -> InventoryEntry | None:
+async def device_entry_at(server: str, port: int) -> InventoryEntry | None:
     """The managed device's entry at exactly ``server:port`` in any device table (GDS first, then by name), or None.
-    ``with_pki``: its PKI entry is read in the same statement (``entry.pki``), for a push that signs with it."""
-    query = InventoryEntry.filter(server_key=canonical_server(server), port=port)
-    entries = await (query.select_related("pki") if with_pki else query)
+    Every push starts here: plain SQL built once."""
+    entries = await rows_of(InventoryEntry, '"server_key" = {} AND "port" = {}', canonical_server(server), port)
     return min(entries, key=_table_rank(EVERY_TABLE), default=None)
 
 
-async def managed_entry_at(server: str, port: int, *, with_pki: bool = False) -> InventoryEntry:
+async def managed_entry_at(server: str, port: int) -> InventoryEntry:
     """``device_entry_at``; 404 if there is none."""
-    entry = await device_entry_at(server, port, with_pki=with_pki)
+    entry = await device_entry_at(server, port)
     if entry is None:
         raise NotFound(f"no inventory entry for {server}:{port}")
     return entry
@@ -320,7 +320,12 @@ def _credential_key(entry_id: int) -> tuple[str, int]:
 async def stored_credential(entry_id: int) -> DeviceCredential | None:
     """The entry's stored credential, read once per request or push (``read_once``): the push reads it to reach the
     device and again to store the credentials the device accepted."""
-    return await read_once(_credential_key(entry_id), lambda: DeviceCredential.get_or_none(entry_id=entry_id))
+
+    async def load() -> DeviceCredential | None:
+        found = await rows_of(DeviceCredential, '"entry_id" = {}', entry_id)
+        return found[0] if found else None
+
+    return await read_once(_credential_key(entry_id), load)
 
 
 async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
@@ -395,12 +400,8 @@ _SCHEDULE_MOMENTS = {
 def _entry_extras_query(dialect: str) -> str:
     """The one entry's credential username and scheduler state, in a listing's columns and order (its parameter is
     the entry's id): one statement rather than two ORM queries, for every entry shown alone (each push's answer too)."""
-    return (
-        f"SELECT c.username, s.id, {', '.join(f's.{name}' for name in _LISTED_SCHEDULE.values())}"
-        + _LISTING_FROM
-        + " WHERE e.id = "
-        + ("$1" if dialect == "postgres" else "?")
-    )
+    columns = ", ".join(f"s.{name}" for name in _LISTED_SCHEDULE.values())
+    return in_dialect(f"SELECT c.username, s.id, {columns}{_LISTING_FROM} WHERE e.id = {{}}", dialect)
 
 
 def _listing_query(protocols: Tables, active_only: bool, dialect: str) -> tuple[str, list[Any]]:
@@ -416,9 +417,7 @@ def _listing_query(protocols: Tables, active_only: bool, dialect: str) -> tuple[
         values.append(DEVICE_STATUS_ACTIVE)
     sql = f"{_LISTING_SELECT} WHERE {' AND '.join(conditions)} ORDER BY e.id LIMIT {{}}"
     # The batch's two parameters come first and last in the statement; the given ones between them.
-    count = len(values) + 2
-    marks = [f"${number}" for number in range(1, count + 1)] if dialect == "postgres" else ["?"] * count
-    return sql.format(*marks), values
+    return in_dialect(sql, dialect), values
 
 
 async def _read_ahead(chunks: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:

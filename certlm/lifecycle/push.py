@@ -152,7 +152,7 @@ async def push_to_address(
     certificate it presented at first contact and the failure recorded as the entry's last push. The entry's
     ``settings`` (name, security policy and mode) and the PKI chosen for it are stored with a successful push only,
     and a device the push registered is removed again unless it accepted the connection."""
-    entry = await device_entry_at(server, port, with_pki=True)
+    entry = await device_entry_at(server, port)
     registered = entry is None
     if entry is None:
         entry = await runtime.inventory.create_entry(protocol, server, port, {}, looked_up=True)

@@ -135,7 +135,7 @@ async def onboard(data: PushIn) -> dict[str, Any]:
 @answers(NotFound, *PUSH_FAILURES)
 async def force_renewal(data: RenewalIn) -> dict[str, Any]:
     """Renew the certificate of an inventory entry now, outside the scheduler's cycle, with its stored settings."""
-    entry = await managed_entry_at(data.server, data.port, with_pki=True)
+    entry = await managed_entry_at(data.server, data.port)
     order = PushOrder(debug=data.debug, trigger="POST /gds/push/change")
     return await push_certificate(current_host().runtime, entry, order)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -22,6 +23,7 @@ from certlm import (
     SuccessorIssuer,
     forget_read,
     read_once,
+    rows_of,
     serial_hex,
     stored_certificate,
     stored_crl,
@@ -33,6 +35,12 @@ from certlm_pki_internal.models import InternalCa, IssuedCertificate
 VALIDITY_SETTING = "pki_internal_validity_days"
 # A served CRL is re-signed after a day, so relying parties always get one valid for six more days at least.
 CRL_REFRESH_AFTER = timedelta(days=1)
+
+
+async def _stored_authority(entry: PkiEntry) -> InternalCa | None:
+    # Plain SQL built once: every push reads the row.
+    found = await rows_of(InternalCa, '"pki_entry_id" = {}', entry.id)
+    return found[0] if found else None
 
 
 def _row_key(entry: PkiEntry) -> tuple[str, int]:
@@ -72,7 +80,7 @@ class InternalPki(PkiBackend):
     async def _authority(self, entry: PkiEntry, like: x509.Certificate | None = None) -> InternalCa:
         """The entry's root CA, created on first use (with a key of the kind of ``like``'s when given). Read once per
         request or push (its chain, its CRL and the signing each ask)."""
-        authority = await read_once(_row_key(entry), lambda: InternalCa.get_or_none(pki_entry_id=entry.id))
+        authority = await read_once(_row_key(entry), partial(_stored_authority, entry))
         if authority is not None:
             return authority
         forget_read(_row_key(entry))
