@@ -100,6 +100,15 @@ async def test_a_renewal_claims_and_releases_the_lease_once_and_writes_the_entry
     assert stored.last_result["push"]["success"] and stored.certificate_der == stored.pinned_certificate_der
     assert stored.trustlist["trustlist_trusted_ca"], "the trust list written is stored with the record"
 
+    with statements_sent() as statements:
+        renewed = await push(certlm_in_process, device, onboarding=False)
+
+    assert renewed["success"], renewed
+    # The row has no mark left: its claim says so, and the operator's reset reads nothing (it read the row before).
+    schedule = [statement for statement in statements if "device_schedule" in statement]
+    assert len(schedule) == 2, schedule
+    assert len(statements) <= 11, "\n".join(statements)
+
 
 async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
     certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
@@ -112,14 +121,16 @@ async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
     assert onboarded["success"], onboarded
     # The entry looked for once (not again for the duplicate check of its registration), the credential read once
     # (by the push's connection, not again when the accepted one is stored), the license once (the request's checks
-    # and the endpoint limit): 5 statements fewer than before (25, with the new CA's first CRL signed).
+    # and the endpoint limit), the lease's row made at once: 7 statements fewer than before (25, with the new CA's first
+    # CRL signed).
     assert_read_once(statements)
     assert len(reads_of(statements, "inventory_entry")) == 1, statements
-    assert len(statements) <= 19, "\n".join(statements)
+    assert len(statements) <= 18, "\n".join(statements)
     assert len(on_table(statements, "INSERT INTO", "device_schedule")) == 1
-    # The free-lease UPDATE that found no row, the read that found none, the INSERT holding the lease, the release:
-    # a row made by this push holds no changed identity to clear for the re-pin, and no mark for the operator's reset.
-    assert len([s for s in statements if '"device_schedule"' in s]) == 4, statements
+    # The INSERT holding the lease (the entry registered by this push has no row to claim: no free-lease UPDATE and no
+    # read finding none, as before), the release: a row made by this push holds no changed identity to clear for the
+    # re-pin, and no mark for the operator's reset.
+    assert len([s for s in statements if '"device_schedule"' in s]) == 2, statements
     # The entry with the identification's description, the pin and the record, in one UPDATE.
     assert len(on_table(statements, "UPDATE", "inventory_entry")) == 1, statements
     async with certlm_in_process.context():
