@@ -75,6 +75,8 @@ from certlm.foundation.certs import (
     serial_hex,
     sha1_fingerprint,
     spki_der,
+    stored_certificate,
+    stored_crl,
     to_der,
     to_pem,
     with_host_names,
@@ -108,6 +110,8 @@ from certlm.pki.root_key_update import (
 from certlm.storage import MAX_ID
 from certlm.storage.migrations import PluginMigration, SchemaEditor
 from certlm.storage.models import DeviceCredential, InventoryEntry, PkiEntry
+from certlm.storage.reads import forget_read, read_once
+from certlm.storage.sql import rows_of
 from certlm.system.settings import MAX_RENEWAL_DAYS
 
 __all__ = [
@@ -186,6 +190,7 @@ __all__ = [
     "describe_certificate",
     "downloads",
     "extension_value",
+    "forget_read",
     "hookimpl",
     "host_general_name",
     "identity_repinned",
@@ -200,10 +205,14 @@ __all__ = [
     "new_issuing_ca",
     "pki_client",
     "plain_status",
+    "read_once",
     "requires_role",
+    "rows_of",
     "serial_hex",
     "sha1_fingerprint",
     "spki_der",
+    "stored_certificate",
+    "stored_crl",
     "to_der",
     "to_pem",
     "verify_root_key_update",

@@ -7,6 +7,7 @@ running meanwhile do not count."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -49,6 +50,25 @@ def on_table(statements: list[str], verb: str, table: str) -> list[str]:
     return [statement for statement in statements if statement.startswith(f'{verb} "{table}"')]
 
 
+def reads_of(statements: list[str], table: str) -> list[str]:
+    return [s for s in statements if s.startswith("SELECT") and re.search(rf'\bFROM "?{table}"?\b', s)]
+
+
+def ca_reads_of(statements: list[str]) -> list[str]:
+    """The internal CA's row read by its PKI entry, as its plugin reads it for a push (a CRL re-signed reads it again by
+    its id, under its lock)."""
+    return [s for s in reads_of(statements, "pki_internal_ca") if re.search(r'"pki_entry_id" ?= ?[?$]', s)]
+
+
+def assert_read_once(statements: list[str]) -> None:
+    """The rows a push's steps each ask for are read once in its request (``certlm.storage.reads``)."""
+    shared = reads_of(statements, "license")
+    assert len(shared) == 1 and "certlm_schema" in shared[0], statements
+    assert len(reads_of(statements, "certlm_schema")) == 1, statements
+    assert len(reads_of(statements, "device_credential")) == 1, statements
+    assert len(ca_reads_of(statements)) == 1, statements
+
+
 async def test_a_renewal_claims_and_releases_the_lease_once_and_writes_the_entry_once(
     certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
 ) -> None:
@@ -68,13 +88,26 @@ async def test_a_renewal_claims_and_releases_the_lease_once_and_writes_the_entry
     assert len(schedule) == 4, schedule
     assert len(on_table(statements, "UPDATE", "inventory_entry")) == 1, statements
     assert len(on_table(statements, "SELECT", "inventory_entry")) <= 1, statements
-    assert len(statements) <= 17, "\n".join(statements)
+    # Each read once in the request: the license with the schema version a write checks, the PKI entry, the
+    # credential, the internal CA's row (for its chain, its CRL and the signing). 16 statements before.
+    assert_read_once(statements)
+    assert len(reads_of(statements, "pki_entry")) == 1, statements
+    assert len(statements) <= 13, "\n".join(statements)
     async with certlm_in_process.context():
         row = await DeviceSchedule.get(entry_id=entry.id)
         stored = await InventoryEntry.get(id=entry.id)
     assert row.renewal_failures == 0 and row.lease_holder is None and row.lease_until is None
     assert stored.last_result["push"]["success"] and stored.certificate_der == stored.pinned_certificate_der
     assert stored.trustlist["trustlist_trusted_ca"], "the trust list written is stored with the record"
+
+    with statements_sent() as statements:
+        renewed = await push(certlm_in_process, device, onboarding=False)
+
+    assert renewed["success"], renewed
+    # The row has no mark left: its claim says so, and the operator's reset reads nothing (it read the row before).
+    schedule = [statement for statement in statements if "device_schedule" in statement]
+    assert len(schedule) == 2, schedule
+    assert len(statements) <= 11, "\n".join(statements)
 
 
 async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
@@ -86,10 +119,18 @@ async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
         onboarded = await push(certlm_in_process, device)
 
     assert onboarded["success"], onboarded
+    # The entry looked for once (not again for the duplicate check of its registration), the credential read once
+    # (by the push's connection, not again when the accepted one is stored), the license once (the request's checks
+    # and the endpoint limit), the lease's row made at once: 7 statements fewer than before (25, with the new CA's first
+    # CRL signed).
+    assert_read_once(statements)
+    assert len(reads_of(statements, "inventory_entry")) == 1, statements
+    assert len(statements) <= 18, "\n".join(statements)
     assert len(on_table(statements, "INSERT INTO", "device_schedule")) == 1
-    # The free-lease UPDATE that found no row, the read that found none, the INSERT holding the lease, the release:
-    # a row made by this push holds no changed identity to clear for the re-pin, and no mark for the operator's reset.
-    assert len([s for s in statements if '"device_schedule"' in s]) == 4, statements
+    # The INSERT holding the lease (the entry registered by this push has no row to claim: no free-lease UPDATE and no
+    # read finding none, as before), the release: a row made by this push holds no changed identity to clear for the
+    # re-pin, and no mark for the operator's reset.
+    assert len([s for s in statements if '"device_schedule"' in s]) == 2, statements
     # The entry with the identification's description, the pin and the record, in one UPDATE.
     assert len(on_table(statements, "UPDATE", "inventory_entry")) == 1, statements
     async with certlm_in_process.context():

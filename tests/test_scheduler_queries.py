@@ -6,7 +6,8 @@ A monitor visit: the lease and the scan's turn claimed in one UPDATE, the entry 
 credentials, the rejected list's one UPDATE, the entry written once and the lease released with the visit recorded.
 A scheduled renewal: the lease claimed, the schedule row, the entry and its PKI read in one joined SELECT under it
 (the push signs with that PKI row), the credentials, the campaigns' trust, the entry written once, the lease
-released; the PKI plugin's own statements (the internal CA's rows, the issued certificate) come on top."""
+released; the PKI plugin's own statements (the internal CA's row, read once per push, the issued certificate) come on
+top."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from certlm.system.settings import system_settings
 from certlm.testing import InProcessApp, InternalCa, create_internal_ca, eventually, push
 from certlm.testing.in_process import TEST_DEVICE_TIMEOUTS
 from tests.test_monitor_queries import reads_of
-from tests.test_push_queries import on_table, statements_sent
+from tests.test_push_queries import ca_reads_of, on_table, statements_sent
 
 DEVICES = 3
 # A monitor scan's own statements: the calendar, the settings, the active entries, their schedule rows, their PKIs.
@@ -39,9 +40,10 @@ MONITOR_VISIT = 6
 # A renewal wave's own: the calendar, the settings, the campaigns and PKIs the rollover check reads, the due entries
 # with their PKIs, their schedule rows (two reads), and the new CA's first CRL (its revoked certificates, its row).
 RENEWAL_WAVE = 10
-# Per renewal: certlm's seven (see above, and the issued certificate's record), and at most five of the internal
-# CA's rows, which its plugin reads as it signs (how many depends on how the renewals overlap).
-RENEWAL = 7 + 5
+# Per renewal: certlm's seven (see above, and the issued certificate's record), the internal CA's row once, and,
+# for a renewal that finds the new CA's first CRL being signed, the row again under its lock (how many do depends on
+# how the renewals overlap).
+RENEWAL = 7 + 3
 
 
 async def scan_context(interval: timedelta) -> ScanContext:
@@ -65,6 +67,7 @@ def counted(statements: list[str]) -> dict[str, int]:
         "entry reads": len(reads_of(statements, "inventory_entry")),
         "entry writes": len(on_table(statements, "UPDATE", "inventory_entry")),
         "pki reads": len(reads_of(statements, "pki_entry")),
+        "ca reads": len(ca_reads_of(statements)),
     }
 
 
@@ -118,6 +121,9 @@ def check(measured: dict[str, Any]) -> None:
     assert renewal["entry reads"] == 1, renewal["sent"]  # the wave's listing; the rest joined
     assert renewal["pki reads"] == 2, renewal["sent"]  # the rollover check's and the wave's
     assert renewal["entry writes"] == DEVICES, renewal["sent"]
+    # The wave's rollover check (both PKIs) and due check (the new one) read the CA rows; each push reads its row once
+    # (for its chain, its CRL and the signing), where it read it three times before.
+    assert renewal["ca reads"] == 3 + DEVICES, renewal["sent"]
     assert renewal["all"] <= RENEWAL_WAVE + RENEWAL * DEVICES, "\n".join(renewal["sent"])
 
 

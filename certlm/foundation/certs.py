@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import ipaddress
 from collections.abc import Callable, Iterable
@@ -65,6 +66,19 @@ def load_certificate(data: bytes | str, what: str = "certificate") -> x509.Certi
         x509.load_der_x509_certificate,
         f"{what} is not a valid PEM or DER X.509 certificate",
     )
+
+
+@functools.lru_cache(maxsize=64)
+def stored_certificate(pem: str) -> x509.Certificate:
+    """A certificate kept in certlm's database as PEM (a CA's, read at every push), parsed once per distinct text: the
+    row is still read each time, so a changed certificate is parsed anew."""
+    return x509.load_pem_x509_certificate(pem.encode())
+
+
+@functools.lru_cache(maxsize=16)
+def stored_crl(der: bytes) -> x509.CertificateRevocationList:
+    """A CRL kept in certlm's database as DER (a CA's, read at every push), parsed once per distinct bytes."""
+    return x509.load_der_x509_crl(der)
 
 
 def load_certificates_pem(text: str, what: str = "certificates") -> list[x509.Certificate]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 from functools import partial
+from typing import Any
 
 from cryptography import x509
 from quart import Quart
@@ -42,6 +43,7 @@ from certlm.service.host import Host
 from certlm.storage import close_storage, open_storage
 from certlm.storage.migrations import checked_plugin_migrations
 from certlm.storage.models import Campaign, PkiEntry
+from certlm.storage.reads import reads_once
 from certlm.system.licensing import LicenseService
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,21 @@ def install_openapi(app: Quart) -> None:
     )
 
 
+def install_request_reads(app: Quart) -> None:
+    """Each HTTP request reads a shared row once (``certlm.storage.reads``): the license its checks and its route ask
+    for, a push's CA row and credential. Opened around the request's handling, which Quart runs in tasks of its own
+    (they take this scope with them), and closed when the response is sent."""
+    handle = app.asgi_app
+
+    async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await handle(scope, receive, send)
+        with reads_once():
+            return await handle(scope, receive, send)
+
+    app.asgi_app = asgi_app  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None) -> Quart:
     settings = settings or Settings.from_env()
     host = build_host(settings)
@@ -181,6 +198,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = 1
     app.extensions["certlm"] = host
     install_openapi(app)
+    install_request_reads(app)
     register_error_handlers(app)
     install_access_checks(app)
     install_body_checks(app)

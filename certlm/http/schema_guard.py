@@ -3,9 +3,10 @@ this code knows, writes are refused with 503 rather than made to a schema this c
 
 Two instances on one PostgreSQL are upgraded one after the other: the newer one migrates at its start, the older one
 goes on serving until it is stopped. Reads stay served (an operator watching the older instance still sees it); a
-write (any method but GET, HEAD, OPTIONS) reads the stamped version first, one single-row select by primary key, and
-is refused once it is newer; the schedulers, which write on their own, stop then, and a watcher reads the version
-every ``WATCH_INTERVAL_S`` seconds for an instance that gets no write request. A write that passed its check just
+write (any method but GET, HEAD, OPTIONS) reads the stamped version first, in the statement that reads the license the
+request checks too (``certlm.storage.reads.shared_state``), and is refused once it is newer; the schedulers, which
+write on their own, stop then, and a watcher reads the version every ``WATCH_INTERVAL_S`` seconds for an instance
+that gets no write request. A write that passed its check just
 before the migration committed may still land; the migration's steps keep old columns readable for that reason.
 """
 
@@ -16,9 +17,9 @@ import contextlib
 import logging
 
 from quart import Quart, request
-from tortoise import connections
 
 from certlm.storage.migrations import CURRENT_VERSION
+from certlm.storage.reads import shared_state
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,7 @@ class SchemaGuard:
         """The stamped version when it is newer than this code's, else None."""
         if self.newer is not None:
             return self.newer
-        _, rows = await connections.get("default").execute_query("SELECT version FROM certlm_schema WHERE id = 1")
-        stamped = rows[0]["version"] if rows else None  # none after a wipe of the whole database
+        stamped = (await shared_state()).schema_version
         if stamped is not None and stamped > self.known:
             self.newer = stamped
             log.error(

@@ -40,6 +40,8 @@ from certlm.foundation.secretbox import SecretBox
 from certlm.storage import MAX_ID
 from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
+from certlm.storage.reads import forget_read, read_once
+from certlm.storage.sql import in_dialect, rows_of
 from certlm.system.licensing import LicenseService
 from certlm.system.settings import (
     DEVICE_STATUS_NAMES,
@@ -278,8 +280,9 @@ async def gds_entry_at(server: str, port: int) -> InventoryEntry:
 
 
 async def device_entry_at(server: str, port: int) -> InventoryEntry | None:
-    """The managed device's entry at exactly ``server:port`` in any device table (GDS first, then by name), or None."""
-    entries = await InventoryEntry.filter(server_key=canonical_server(server), port=port)
+    """The managed device's entry at exactly ``server:port`` in any device table (GDS first, then by name), or None.
+    Every push starts here: plain SQL built once."""
+    entries = await rows_of(InventoryEntry, '"server_key" = {} AND "port" = {}', canonical_server(server), port)
     return min(entries, key=_table_rank(EVERY_TABLE), default=None)
 
 
@@ -308,6 +311,21 @@ async def licensed_endpoints_in_use() -> int:
 def counts_against_license(device_status: int | None) -> bool:
     """Whether an entry counts as a licensed endpoint: every entry not marked deleted, whichever table it is in."""
     return device_status != DEVICE_STATUS_DELETED
+
+
+def _credential_key(entry_id: int) -> tuple[str, int]:
+    return ("device_credential", entry_id)
+
+
+async def stored_credential(entry_id: int) -> DeviceCredential | None:
+    """The entry's stored credential, read once per request or push (``read_once``): the push reads it to reach the
+    device and again to store the credentials the device accepted."""
+
+    async def load() -> DeviceCredential | None:
+        found = await rows_of(DeviceCredential, '"entry_id" = {}', entry_id)
+        return found[0] if found else None
+
+    return await read_once(_credential_key(entry_id), load)
 
 
 async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:
@@ -382,12 +400,8 @@ _SCHEDULE_MOMENTS = {
 def _entry_extras_query(dialect: str) -> str:
     """The one entry's credential username and scheduler state, in a listing's columns and order (its parameter is
     the entry's id): one statement rather than two ORM queries, for every entry shown alone (each push's answer too)."""
-    return (
-        f"SELECT c.username, s.id, {', '.join(f's.{name}' for name in _LISTED_SCHEDULE.values())}"
-        + _LISTING_FROM
-        + " WHERE e.id = "
-        + ("$1" if dialect == "postgres" else "?")
-    )
+    columns = ", ".join(f"s.{name}" for name in _LISTED_SCHEDULE.values())
+    return in_dialect(f"SELECT c.username, s.id, {columns}{_LISTING_FROM} WHERE e.id = {{}}", dialect)
 
 
 def _listing_query(protocols: Tables, active_only: bool, dialect: str) -> tuple[str, list[Any]]:
@@ -403,9 +417,7 @@ def _listing_query(protocols: Tables, active_only: bool, dialect: str) -> tuple[
         values.append(DEVICE_STATUS_ACTIVE)
     sql = f"{_LISTING_SELECT} WHERE {' AND '.join(conditions)} ORDER BY e.id LIMIT {{}}"
     # The batch's two parameters come first and last in the statement; the given ones between them.
-    count = len(values) + 2
-    marks = [f"${number}" for number in range(1, count + 1)] if dialect == "postgres" else ["?"] * count
-    return sql.format(*marks), values
+    return in_dialect(sql, dialect), values
 
 
 async def _read_ahead(chunks: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
@@ -478,14 +490,17 @@ class Inventory:
             raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
 
     async def create_entry(
-        self, protocol: str, server: str, port: int | None, columns: dict[str, Any]
+        self, protocol: str, server: str, port: int | None, columns: dict[str, Any], *, looked_up: bool = False
     ) -> InventoryEntry:
         """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too. Without a
-        ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``."""
+        ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``.
+        ``looked_up``: the caller has just found no entry at ``server:port`` (``device_entry_at``), and the duplicate
+        is not looked for again (one made meanwhile is the raced one)."""
         columns.setdefault("service", self.default_service(protocol))
         if port is None:
             port = self.default_port(protocol, columns["service"])
-        await reject_duplicate(server, port, protocol)
+        if not looked_up:
+            await reject_duplicate(server, port, protocol)
         async with in_transaction("default"):
             try:
                 entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
@@ -525,7 +540,7 @@ class Inventory:
         A new ``pkcs12`` replaces the stored password with ``pkcs12_password``, which may be None.
         """
         secrets = self.secrets
-        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+        credential = await stored_credential(entry.id)
         if credential is None:
             credential = DeviceCredential(entry_id=entry.id)
         if username is not None:
@@ -536,6 +551,7 @@ class Inventory:
             credential.pkcs12_enc = secrets.encrypt(pkcs12)
             credential.pkcs12_password_enc = secrets.encrypt(pkcs12_password) if pkcs12_password else None
         await credential.save()
+        forget_read(_credential_key(entry.id))
         return credential
 
     async def listing_json(self, protocols: Tables, page: ListingPage) -> AsyncIterator[bytes]:
@@ -577,7 +593,7 @@ class Inventory:
     async def device_target(self, entry: InventoryEntry) -> DeviceTarget:
         """What a driver needs to reach ``entry``, with its stored credentials decrypted for this call."""
         secrets = self.secrets
-        credential = await DeviceCredential.get_or_none(entry_id=entry.id)
+        credential = await stored_credential(entry.id)
         target = DeviceTarget(
             entry_id=entry.id,
             server=entry.server,

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from tortoise import connections
 
 from certlm.contracts.drivers import TrustList
 from certlm.foundation.certs import issued_by
 from certlm.storage.models import Campaign, CampaignDevice, InventoryEntry
+from certlm.storage.sql import in_dialect
 
 TRUST_LIST_PARTS = tuple(part.name for part in fields(TrustList))
 CA_ROLLOVER, PKI_MIGRATION, REKEY = "ca-rollover", "pki-migration", "rekey"
@@ -177,6 +180,10 @@ async def trust_kept_by_campaigns(entry_id: int) -> TrustList:
     CRL, and none for a CA whose certificates name no distribution point (CMP); an issuing CA's own CRL comes only
     from the certificates it issued. Without them a reissue push would drop the old CA's CRL, and a device that demands
     a CRL of every CA on a path would refuse the peers that still present old certificates until the retire."""
+    database = connections.get("default")
+    sql = _keeping_campaign_sql(database.capabilities.dialect)
+    if not await database.execute_query_dict(sql, [entry_id, *KEEPING_STATES, STEP_DONE]):
+        return TrustList()  # the usual push: no campaign has the device
     rows = await CampaignDevice.filter(
         entry_id=entry_id, campaign__state__in=KEEPING_STATES, retire__not=STEP_DONE
     ).prefetch_related("campaign")
@@ -189,6 +196,18 @@ async def trust_kept_by_campaigns(entry_id: int) -> TrustList:
         for issuer in (old_issuer(row.campaign).with_crls_from(held_crls), new_issuer(row.campaign)):
             kept = issuer.change().applied_to(kept)
     return kept
+
+
+@functools.cache
+def _keeping_campaign_sql(dialect: str) -> str:
+    """Whether a campaign that keeps trust has the device (its id, ``KEEPING_STATES``, ``STEP_DONE``): plain SQL built
+    once, as every push asks."""
+    states = ", ".join("{}" for _ in KEEPING_STATES)
+    return in_dialect(
+        "SELECT 1 FROM campaign_device d JOIN campaign c ON c.id = d.campaign_id "
+        f"WHERE d.entry_id = {{}} AND c.state IN ({states}) AND (d.retire IS NULL OR d.retire <> {{}}) LIMIT 1",
+        dialect,
+    )
 
 
 async def _stored_crls(entry_id: int) -> list[bytes]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import socket
@@ -37,6 +38,7 @@ from certlm.foundation.certs import api_timestamp
 from certlm.foundation.config import Settings
 from certlm.foundation.errors import APIError, NotFound
 from certlm.storage.models import DeviceSchedule, InventoryEntry
+from certlm.storage.sql import in_dialect
 
 # The default lease (``Settings.device_lease_s``): long enough to outlive a database hiccup, short enough that a crashed
 # instance's devices are taken over soon. The holder extends it every quarter of it.
@@ -76,6 +78,9 @@ class Claim:
     fresh: bool = field(default=False, compare=False)
     """The claim made the entry's ``device_schedule`` row (its first operation): the row holds no mark yet for the
     holder to look for and clear."""
+    marked: bool | None = field(default=None, compare=False)
+    """Whether the row held a mark when it was claimed (a changed certificate, renewal failures, a retry time; none
+    can be set but by the lease's holder): what the free lease's claim learnt with it; None when it did not ask."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,12 @@ async def ensure_rows(entry_ids: list[int]) -> None:
 
 
 async def try_claim(
-    entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S, condition: ClaimCondition | None = None
+    entry_id: int,
+    holder: str = INSTANCE,
+    lease_s: float = LEASE_S,
+    condition: ClaimCondition | None = None,
+    *,
+    new_entry: bool = False,
 ) -> Claim | None:
     """Claim the device's lease if it is free or expired; None when another holder's lease is in force.
     ``EntryDeleted`` (404) when the entry is gone. With a ``condition``: ``ConditionUnmet`` when the row does not meet
@@ -124,18 +134,27 @@ async def try_claim(
 
     A free lease (the common case: released by its last holder) is claimed with one conditional UPDATE, the
     condition's with it; only when that claims nothing is the condition applied alone and the row read, to make it
-    (the entry's first operation: made holding the lease) or to take over an expired lease, learning whose it was."""
+    (the entry's first operation: made holding the lease) or to take over an expired lease, learning whose it was.
+    ``new_entry`` (without a condition): the caller made the entry just now, so its row is made at once, holding the
+    lease (a scheduler that made it meanwhile makes this the usual claim)."""
     now = _now()
     until = now + timedelta(seconds=lease_s)
-    free = DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=True)
-    sets = condition.sets if condition is not None else {}
-    if await (free if condition is None else free.filter(condition.where)).update(
-        **sets, lease_holder=holder, lease_until=until
-    ):
-        return Claim(entry_id, None)
-    if condition is not None:
+    row: DeviceSchedule | None = None
+    if condition is None and not new_entry:
+        database = DeviceSchedule._meta.db
+        # Rows through execute_query_dict: tortoise's execute_query answers no rows for an UPDATE on PostgreSQL.
+        claimed = await database.execute_query_dict(
+            _free_claim_sql(database.capabilities.dialect), [holder, _UNTIL.to_db_value(until, None), entry_id]
+        )
+        if claimed:
+            return Claim(entry_id, None, marked=_marked(claimed[0]))
+        row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+    elif condition is not None:
+        free = DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=True)
+        if await free.filter(condition.where).update(**condition.sets, lease_holder=holder, lease_until=until):
+            return Claim(entry_id, None)
         await _meet(entry_id, condition)
-    row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+        row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:  # the entry's first operation: its row is made now, holding the lease
         try:
             # Bookkeeping, not a change anyone made: bulk_create sends no model signal, so the audit trail's journal
@@ -161,6 +180,38 @@ async def try_claim(
     return Claim(entry_id, interrupted)
 
 
+_UNTIL = DeviceSchedule._meta.fields_map["lease_until"]
+
+
+@functools.cache
+def _free_claim_sql(dialect: str) -> str:
+    """The claim of a free lease (holder, expiry, entry id), answering with the row's marks: plain SQL built once, as
+    every push and every scheduled visit claims one."""
+    return in_dialect(
+        'UPDATE "device_schedule" SET "lease_holder" = {}, "lease_until" = {} '
+        'WHERE "entry_id" = {} AND "lease_holder" IS NULL '
+        'RETURNING "certificate_changed_at", "renewal_failures", "renewal_retry_at"',
+        dialect,
+    )
+
+
+def _marked(row: dict[str, Any]) -> bool:
+    # Judged here, not in the RETURNING clause: there SQLite 3.40.1 answered 1 for the OR of these three tests on a row
+    # where each of them answered 0.
+    return (
+        row["certificate_changed_at"] is not None or row["renewal_failures"] > 0 or row["renewal_retry_at"] is not None
+    )
+
+
+@functools.cache
+def _release_sql(dialect: str) -> str:
+    return in_dialect(
+        'UPDATE "device_schedule" SET "lease_holder" = NULL, "lease_until" = NULL '
+        'WHERE "entry_id" = {} AND "lease_holder" = {}',
+        dialect,
+    )
+
+
 async def _meet(entry_id: int, condition: ClaimCondition) -> None:
     """Set the condition's columns where the row meets it; ``ConditionUnmet`` where it does not (or is gone)."""
     if not await DeviceSchedule.filter(Q(entry_id=entry_id) & condition.where).update(**condition.sets):
@@ -177,6 +228,10 @@ async def extend(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S
 
 async def release(entry_id: int, holder: str = INSTANCE, **columns: Any) -> None:
     """Release the lease, setting ``columns`` of the row in the same UPDATE."""
+    if not columns:  # a push's release: plain SQL built once
+        database = DeviceSchedule._meta.db
+        await database.execute_query(_release_sql(database.capabilities.dialect), [entry_id, holder])
+        return
     await DeviceSchedule.filter(entry_id=entry_id, lease_holder=holder).update(
         **columns, lease_holder=None, lease_until=None
     )
@@ -226,12 +281,13 @@ async def device_lease(
     lease_s: float = LEASE_S,
     queue_wait_s: float | None = None,
     condition: ClaimCondition | None = None,
+    new_entry: bool = False,
 ) -> AsyncIterator[Claim]:
     """Hold the device's lease for the block: queue behind this instance's other callers (at most ``queue_wait_s``
     when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
     ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task. A ``condition`` is
     claimed first, in the lease's claim where the lease is free (``try_claim``); ``ConditionUnmet`` when the row does
-    not meet it."""
+    not meet it. ``new_entry``: the caller made the entry just now (``try_claim``)."""
     held = _held.get()
     if entry_id in held:
         if condition is not None:
@@ -240,8 +296,9 @@ async def device_lease(
         return
     async with _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
-        while (claim := await try_claim(entry_id, lease_s=lease_s, condition=condition)) is None:
+        while (claim := await try_claim(entry_id, lease_s=lease_s, condition=condition, new_entry=new_entry)) is None:
             condition = None  # met (its columns set) by the claim that found the lease held
+            new_entry = False  # its row is there: the usual claim from now on
             if asyncio.get_running_loop().time() >= deadline:
                 row = await DeviceSchedule.get_or_none(entry_id=entry_id)
                 if row is None:

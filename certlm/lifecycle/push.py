@@ -57,6 +57,7 @@ from certlm.lifecycle.runtime import Runtime
 from certlm.pki.material import enrollment_pki, pki_material, revoke_on_decommission
 from certlm.pki.revocation import RevocationCheck, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+from certlm.storage.reads import reads_once
 from certlm.system.audit import journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -154,11 +155,11 @@ async def push_to_address(
     entry = await device_entry_at(server, port)
     registered = entry is None
     if entry is None:
-        entry = await runtime.inventory.create_entry(protocol, server, port, {})
+        entry = await runtime.inventory.create_entry(protocol, server, port, {}, looked_up=True)
     # Used by this push (``device_target``), stored by its success (``_record_success``).
     entry.update_from_dict(settings)
     try:
-        return await push_certificate(runtime, entry, order)
+        return await push_certificate(runtime, entry, order, registered=registered)
     except APIError as error:
         if registered and not _device_accepted_connection(error):
             await entry.delete()
@@ -171,18 +172,31 @@ def _device_accepted_connection(error: APIError) -> bool:
 
 
 @journals_automated_work
-async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushOrder) -> dict[str, Any]:
+async def push_certificate(
+    runtime: Runtime, entry: InventoryEntry, order: PushOrder, *, registered: bool = False
+) -> dict[str, Any]:
     """Enroll a new certificate for ``entry``, store the outcome and record it as the entry's last push (or
     onboarding); the operation result.
 
     Raises ``PushError`` with the steps done (422 when the PKI refused the certificate request, the 4xx of a PKI
     entry that cannot be used as configured, 500 otherwise), or another ``APIError`` when the push could not start
-    (no PKI, no pinned certificate for an automated push). Failures are recorded too.
+    (no PKI, no pinned certificate for an automated push). Failures are recorded too. ``registered``: the caller
+    made the entry just now, and its schedule row is made holding the device's lease at once.
     """
+    # A scheduler's push reads each shared row once too, as a request does (``certlm.storage.reads``).
+    with reads_once():
+        return await _push_certificate(runtime, entry, order, registered)
+
+
+async def _push_certificate(
+    runtime: Runtime, entry: InventoryEntry, order: PushOrder, registered: bool
+) -> dict[str, Any]:
     # One push at a time per device, whichever instance runs it: two concurrent sessions would each make the device
     # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
     settings = runtime.settings
-    lease = device_lease(entry.id, wait_s=settings.device_operation_timeout_s, lease_s=settings.device_lease_s)
+    lease = device_lease(
+        entry.id, wait_s=settings.device_operation_timeout_s, lease_s=settings.device_lease_s, new_entry=registered
+    )
     outer_lease = holds(entry.id)
     async with lease as claim:
         # The entry's first operation made its schedule row just now: there is no mark on it to look for and clear.
@@ -201,10 +215,11 @@ async def push_certificate(runtime: Runtime, entry: InventoryEntry, order: PushO
             interrupted = {"url": runtime.inventory.entry_url(entry), "steps": [], "device_changed": None}
             await _record_push(entry, order, started, interrupted, INTERRUPTED)
             raise
-        if not order.automated and not unmarked:
+        if not order.automated and not unmarked and (claim.marked is not False or outer_lease):
             # The operator has dealt with the device: a certificate changed behind certlm's back is now certlm's
             # own again, and automated renewals start afresh. Only a row with a mark to clear is written, and recorded
-            # in the audit trail with what was cleared: the usual push costs one read here.
+            # in the audit trail with what was cleared: the usual push, whose own claim found the row without a mark
+            # (no one but the lease's holder marks it), costs nothing here.
             marked = (
                 Q(certificate_changed_at__isnull=False) | Q(renewal_failures__gt=0) | Q(renewal_retry_at__isnull=False)
             )

@@ -9,6 +9,7 @@ from itertools import pairwise
 from typing import Any, TypeVar
 
 from cryptography import x509
+from tortoise.exceptions import DoesNotExist
 
 from certlm.contracts.drivers import PkiMaterial
 from certlm.contracts.enrollment import SERVER_PROFILE, CertificateProfile, ChainCrls, Enrollment, KeyedEnrollment
@@ -32,6 +33,7 @@ from certlm.foundation.errors import APIError, CsrRejected, NotFound, Unsupporte
 from certlm.pki.client import cdp_urls, fetch_crl
 from certlm.pki.revocation import CrlCache, RevocationCheck, store_revocation
 from certlm.storage.models import InventoryEntry, PkiEntry
+from certlm.storage.sql import rows_of
 
 log = logging.getLogger(__name__)
 EnrollmentType = TypeVar("EnrollmentType", bound=Enrollment)
@@ -45,7 +47,11 @@ async def enrollment_pki(entry: InventoryEntry, backends: PkiBackendRegistry) ->
         fetched = entry.pki
         if isinstance(fetched, PkiEntry) and fetched.id == entry.pki_id:  # type: ignore[attr-defined]
             return fetched
-        return await PkiEntry.get(id=entry.pki_id)  # type: ignore[attr-defined]
+        # Plain SQL built once: every push reads it.
+        found = await rows_of(PkiEntry, '"id" = {}', entry.pki_id)  # type: ignore[attr-defined]
+        if not found:
+            raise DoesNotExist(PkiEntry)
+        return found[0]
     for candidate in await PkiEntry.all().order_by("id"):
         if backends.known(candidate.pki_type) and _can_enroll(backends.get(candidate.pki_type)):
             entry.pki_id = candidate.id  # type: ignore[attr-defined]

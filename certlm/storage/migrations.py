@@ -21,6 +21,7 @@ from tortoise.transactions import in_transaction
 from tortoise.utils import generate_schema_for_client
 
 from certlm.storage.models import SERVER_KEY_UNIQUE
+from certlm.storage.sql import in_dialect
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,6 @@ async def _add_pinned_certificate_column(connection: BaseDBAsyncClient, dialect:
         "WHERE pinned_certificate_der IS NULL AND certificate_der IS NOT NULL"
     )
     # last_result held one record of the last operation; it now holds the last record of each operation.
-    placeholder = ("?", "?") if dialect == "sqlite" else ("$1", "$2")
     _, rows = await connection.execute_query(
         "SELECT id, last_result FROM inventory_entry WHERE last_result IS NOT NULL"
     )
@@ -130,7 +130,7 @@ async def _add_pinned_certificate_column(connection: BaseDBAsyncClient, dialect:
         record = json.loads(row["last_result"]) if isinstance(row["last_result"], str) else row["last_result"]
         if isinstance(record, dict) and isinstance(record.get("operation"), str):
             await connection.execute_query(
-                f"UPDATE inventory_entry SET last_result = {placeholder[0]} WHERE id = {placeholder[1]}",
+                in_dialect("UPDATE inventory_entry SET last_result = {} WHERE id = {}", dialect),
                 [json.dumps({record["operation"]: record}), row["id"]],
             )
 
@@ -455,9 +455,8 @@ async def stored_version(connection: BaseDBAsyncClient) -> int | None:
 
 async def _stamp(connection: BaseDBAsyncClient, version: int) -> None:
     dialect = connection.capabilities.dialect
-    placeholder = "?" if dialect == "sqlite" else "$1"
     await connection.execute_query(
-        f"UPDATE certlm_schema SET version = {placeholder}, updated_at = CURRENT_TIMESTAMP WHERE id = 1",
+        in_dialect("UPDATE certlm_schema SET version = {}, updated_at = CURRENT_TIMESTAMP WHERE id = 1", dialect),
         [version],
     )
 
@@ -558,17 +557,18 @@ async def migrate_plugins(connection: BaseDBAsyncClient, steps: list[PluginMigra
 
 
 async def _plugin_version(connection: BaseDBAsyncClient, dialect: str, plugin: str) -> int:
-    placeholder = "?" if dialect == "sqlite" else "$1"
     _, rows = await connection.execute_query(
-        f"SELECT version FROM certlm_plugin_schema WHERE plugin = {placeholder}", [plugin]
+        in_dialect("SELECT version FROM certlm_plugin_schema WHERE plugin = {}", dialect), [plugin]
     )
     return rows[0]["version"] if rows else 0
 
 
 async def _stamp_plugin(connection: BaseDBAsyncClient, dialect: str, plugin: str, version: int) -> None:
-    values = "(?, ?, CURRENT_TIMESTAMP)" if dialect == "sqlite" else "($1, $2, CURRENT_TIMESTAMP)"
     await connection.execute_query(
-        f"INSERT INTO certlm_plugin_schema (plugin, version, updated_at) VALUES {values} "
-        "ON CONFLICT (plugin) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at",
+        in_dialect(
+            "INSERT INTO certlm_plugin_schema (plugin, version, updated_at) VALUES ({}, {}, CURRENT_TIMESTAMP) "
+            "ON CONFLICT (plugin) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at",
+            dialect,
+        ),
         [plugin, version],
     )

@@ -66,6 +66,7 @@ from certlm.foundation.actors import ADMIN, Actor, current_actor
 from certlm.foundation.hostspec import address_url
 from certlm.storage.migrations import AUDIT_CHAIN_HEAD_CHECK, AUDIT_CHAIN_LOCK
 from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
+from certlm.storage.sql import in_dialect
 from certlm.storage.sqlite_transactions import CommitFailed, insert_then_commit
 
 log = logging.getLogger(__name__)
@@ -340,9 +341,8 @@ def _referencing(model: type[Model]) -> tuple[tuple[type[Model], str, Any], ...]
 def _dependents_sql(dependent: type[Model], column: str, dialect: str) -> str:
     """The rows of ``dependent`` whose ``column`` is a given id, at most a given number: plain SQL, built once (every
     journaled delete of a row with dependents asks; through the ORM, building the query cost more than running it)."""
-    where, limit = ("?", "?") if dialect == "sqlite" else ("$1", "$2")
     db_column = dependent._meta.fields_db_projection[column]
-    return f'SELECT * FROM "{dependent._meta.db_table}" WHERE "{db_column}" = {where} LIMIT {limit}'
+    return in_dialect(f'SELECT * FROM "{dependent._meta.db_table}" WHERE "{db_column}" = {{}} LIMIT {{}}', dialect)
 
 
 async def _cascade_of(instance: Model, using_db: Any, room: int) -> list[dict[str, Any]]:

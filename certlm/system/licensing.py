@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import json
 import logging
 import time
@@ -25,11 +24,11 @@ from typing import Any, Literal
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from tortoise import connections
 from tortoise.transactions import in_transaction
 
 from certlm.foundation.errors import NotFound
 from certlm.foundation.secretbox import write_private_file
+from certlm.storage.reads import INSTALLED_LICENSE_ID, SHARED_STATE, forget_read, shared_state
 
 log = logging.getLogger(__name__)
 
@@ -295,9 +294,8 @@ def validate_license(license_b64: str, public_key_file: Path, now: datetime | No
     return status
 
 
-# The rows of ``StoredLicense``: the license installed now, and the one it replaced (by an upload, a restore or a
-# removal), which ``LicenseService.restore`` puts back.
-INSTALLED_LICENSE_ID = 1
+# The rows of ``StoredLicense``: the license installed now (``INSTALLED_LICENSE_ID``), and the one it replaced (by an
+# upload, a restore or a removal), which ``LicenseService.restore`` puts back.
 PREVIOUS_LICENSE_ID = 2
 RESTORE_HINT = "POST /systeminfo/lic/restore (certlm license restore) puts it back"
 
@@ -349,16 +347,6 @@ class LicenseChange:
         return f"{done} {installed}. {verdict} {replaced}"
 
 
-@functools.cache
-def _installed_license_sql(dialect: str) -> str:
-    """The installed license's file: plain SQL, built once (every licensed request reads it, and building the query
-    through the ORM cost more than running it)."""
-    from certlm.storage.models import StoredLicense
-
-    placeholder = "?" if dialect == "sqlite" else "$1"
-    return f'SELECT "license_b64" FROM "{StoredLicense._meta.db_table}" WHERE "id" = {placeholder}'
-
-
 class LicenseService:
     """The installed license's validation, cached for an hour as the spec allows, and the previous license kept for
     ``restore``."""
@@ -369,20 +357,18 @@ class LicenseService:
 
     def forget(self) -> None:
         self._cached = None
+        forget_read(SHARED_STATE)
 
     def validate(self, license_b64: str) -> LicenseStatus:
         return validate_license(license_b64, self.public_key_file)
 
     async def current(self, *, fresh: bool = False) -> LicenseStatus | None:
-        # Read at every licensed request, from the database (another instance on it may have installed another one).
-        database = connections.get("default")
-        rows = await database.execute_query_dict(
-            _installed_license_sql(database.capabilities.dialect), [INSTALLED_LICENSE_ID]
-        )
-        if not rows:
+        # Read at every licensed request, from the database (another instance on it may have installed another one),
+        # once per request (with the schema version a write checks).
+        license_b64 = (await shared_state()).license_b64
+        if license_b64 is None:
             self._cached = None
             return None
-        license_b64 = rows[0]["license_b64"]
         now = time.monotonic()
         if (
             not fresh
@@ -476,6 +462,7 @@ class LicenseService:
 
     def _installed(self, license_b64: str, change: LicenseChange) -> None:
         """Cache the validation of the license now in force, and log the change (a lock-out loudly)."""
+        forget_read(SHARED_STATE)
         self._cached = (license_b64, time.monotonic(), change.installed)
         if change.service_licensed:
             level, verdict = logging.INFO, "valid"

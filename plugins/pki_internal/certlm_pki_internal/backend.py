@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -20,7 +21,12 @@ from certlm import (
     PkiBackend,
     PkiEntry,
     SuccessorIssuer,
+    forget_read,
+    read_once,
+    rows_of,
     serial_hex,
+    stored_certificate,
+    stored_crl,
 )
 from certlm_pki_internal import ca
 from certlm_pki_internal.models import InternalCa, IssuedCertificate
@@ -29,6 +35,17 @@ from certlm_pki_internal.models import InternalCa, IssuedCertificate
 VALIDITY_SETTING = "pki_internal_validity_days"
 # A served CRL is re-signed after a day, so relying parties always get one valid for six more days at least.
 CRL_REFRESH_AFTER = timedelta(days=1)
+
+
+async def _stored_authority(entry: PkiEntry) -> InternalCa | None:
+    # Plain SQL built once: every push reads the row.
+    found = await rows_of(InternalCa, '"pki_entry_id" = {}', entry.id)
+    return found[0] if found else None
+
+
+def _row_key(entry: PkiEntry) -> tuple[str, int]:
+    """The key the entry's CA row is read once under (``read_once``)."""
+    return ("pki_internal_ca", entry.id)
 
 
 class InternalPki(PkiBackend):
@@ -61,10 +78,12 @@ class InternalPki(PkiBackend):
         )
 
     async def _authority(self, entry: PkiEntry, like: x509.Certificate | None = None) -> InternalCa:
-        """The entry's root CA, created on first use (with a key of the kind of ``like``'s when given)."""
-        authority = await InternalCa.get_or_none(pki_entry_id=entry.id)
+        """The entry's root CA, created on first use (with a key of the kind of ``like``'s when given). Read once per
+        request or push (its chain, its CRL and the signing each ask)."""
+        authority = await read_once(_row_key(entry), partial(_stored_authority, entry))
         if authority is not None:
             return authority
+        forget_read(_row_key(entry))
         async with self._lock:
             authority = await InternalCa.get_or_none(pki_entry_id=entry.id)
             if authority is not None:
@@ -107,7 +126,7 @@ class InternalPki(PkiBackend):
             creator_id=entry.creator_id,
         )
         authority = await self._authority(successor, like=predecessor)
-        root = x509.load_pem_x509_certificate(authority.certificate_pem.encode())
+        root = stored_certificate(authority.certificate_pem)
         crl = await self.crl(successor)
         how = (
             f"certlm made a new internal CA, PKI entry {successor.id} ({name}): {root.subject.rfc4514_string()}, a new "
@@ -123,11 +142,11 @@ class InternalPki(PkiBackend):
         )
         if not isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
             raise APIError(f"internal CA {authority.id} has a stored key that is neither RSA nor EC", 500)
-        return x509.load_pem_x509_certificate(authority.certificate_pem.encode()), key
+        return stored_certificate(authority.certificate_pem), key
 
     async def ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
         authority = await self._authority(entry)
-        return [x509.load_pem_x509_certificate(authority.certificate_pem.encode())]
+        return [stored_certificate(authority.certificate_pem)]
 
     async def published_ca_certificates(self, entry: PkiEntry) -> list[x509.Certificate]:
         # The CA lives in certlm's own database: serving it contacts nothing.
@@ -160,12 +179,14 @@ class InternalPki(PkiBackend):
         authority = await self._authority(entry)
         # A CRL of many revocations takes long to parse, and longer to sign: both run off the event loop.
         if self._is_fresh(authority, datetime.now(UTC)):
-            return await asyncio.to_thread(x509.load_der_x509_crl, authority.crl_der)
+            return await asyncio.to_thread(stored_crl, authority.crl_der)
+        # The row read once stays as read: re-signing the CRL changes none of the columns signing uses, and a later
+        # call in the same request or push that finds the CRL stale comes here, where the row is read again locked.
         async with self._lock, in_transaction() as connection:
             authority = await InternalCa.filter(id=authority.id).using_db(connection).select_for_update().get()
             now = datetime.now(UTC)
             if self._is_fresh(authority, now):
-                return await asyncio.to_thread(x509.load_der_x509_crl, authority.crl_der)
+                return await asyncio.to_thread(stored_crl, authority.crl_der)
             # Expired certificates fail validation anyway; RFC 5280 §3.3 lets them leave the CRL.
             revoked = await IssuedCertificate.filter(
                 ca_id=authority.id, revoked_at__isnull=False, not_valid_after__gt=now
@@ -200,7 +221,7 @@ class InternalPki(PkiBackend):
 
     async def revoke(self, entry: PkiEntry, certificate: x509.Certificate, reason: x509.ReasonFlags) -> None:
         authority = await self._authority(entry)
-        ca_certificate = x509.load_pem_x509_certificate(authority.certificate_pem.encode())
+        ca_certificate = stored_certificate(authority.certificate_pem)
         try:
             certificate.verify_directly_issued_by(ca_certificate)
         except (ValueError, TypeError, InvalidSignature):
@@ -226,3 +247,4 @@ class InternalPki(PkiBackend):
         record.revocation_reason = reason.value
         await record.save(update_fields=["revoked_at", "revocation_reason"])
         await InternalCa.filter(id=authority.id).update(crl_der=None, crl_last_update=None)
+        forget_read(_row_key(entry))
