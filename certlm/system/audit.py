@@ -65,7 +65,7 @@ from certlm.foundation.actors import ADMIN, Actor, current_actor
 from certlm.foundation.hostspec import address_url
 from certlm.storage.migrations import AUDIT_CHAIN_HEAD_CHECK, AUDIT_CHAIN_LOCK
 from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
-from certlm.storage.sqlite_transactions import CommitFailed, insert_then_commit
+from certlm.storage.sqlite_transactions import CommitFailed, DeferredRead, insert_then_commit, read_on_next_trip
 
 log = logging.getLogger(__name__)
 # The anchors go to their own logger, so that a collector can pick them out.
@@ -227,9 +227,7 @@ def _values(instance: Model, names: Iterable[str]) -> dict[str, Any]:
 def _snapshot(instance: Model) -> None:
     values = _values(instance, _recorded_fields(type(instance)))
     # JSON fields may be changed in place; the snapshot keeps the value as it is now.
-    instance.__dict__[_SNAPSHOT] = {
-        k: copy.copy(v) if isinstance(v, dict | list) else v for k, v in values.items()
-    }
+    instance.__dict__[_SNAPSHOT] = {k: copy.copy(v) if isinstance(v, dict | list) else v for k, v in values.items()}
 
 
 def _known_before(instance: Model) -> bool:
@@ -300,8 +298,10 @@ def _saved(journal: Journal, sender: type[Model], instance: Model, created: bool
 def _deleted(journal: Journal, instance: Model) -> None:
     _note_entry(journal, instance)
     journal.add(_deletion(instance))
-    # What the database removed or cleared with it (``_deleting`` read it before the delete).
-    for change in instance.__dict__.pop(_CASCADED, ()):
+    # What the database removed or cleared with it (``_deleting`` read it before the delete, or had it read on the
+    # DELETE's trip).
+    cascaded = instance.__dict__.pop(_CASCADED, ())
+    for change in cascaded() if callable(cascaded) else cascaded:
         journal.add(change)
 
 
@@ -361,28 +361,74 @@ def _dependents_sql(dependent: type[Model], column: str, dialect: str) -> str:
 async def _cascade_of(instance: Model, using_db: Any, room: int) -> list[dict[str, Any]]:
     """The rows the database deletes (CASCADE, and their own cascades) or clears (SET NULL) when ``instance`` goes,
     as the trail records them: at most ``room`` of them, plus one more when there are more."""
-    cause = f"{instance._meta.db_table} {instance.pk}"
     changes: list[dict[str, Any]] = []
     for dependent, column, on_delete in _referencing(type(instance)):
         if len(changes) > room or on_delete not in (fields.CASCADE, fields.SET_NULL):
             continue
         sql = _dependents_sql(dependent, column, using_db.capabilities.dialect)
         found = await using_db.execute_query_dict(sql, [instance.pk, room + 1 - len(changes)])
-        rows = [dependent._init_from_db(**row) for row in found]
-        for row in rows:
-            if on_delete == fields.SET_NULL:
-                before = {column: shown(column, instance.pk)}
-                change = {"table": row._meta.db_table, "id": row.pk, "op": "update", "before": before}
-                changes.append({**change, "after": {column: None}, "cascade": cause})
-                continue
-            changes.append({**_deletion(row), "cascade": cause})
-            changes.extend(await _cascade_of(row, using_db, room - len(changes)))
+        for change, row in _cascaded(instance, dependent, column, on_delete, found):
+            changes.append(change)
+            if row is not None:
+                changes.extend(await _cascade_of(row, using_db, room - len(changes)))
     return changes
 
 
+def _cascaded(
+    instance: Model, dependent: type[Model], column: str, on_delete: Any, found: list[dict[str, Any]]
+) -> Iterable[tuple[dict[str, Any], Model | None]]:
+    """The change to each row of ``dependent`` (``found``, as the database gave them) that ``instance``'s delete
+    deletes or clears, with the row when it is deleted (its own dependents go with it)."""
+    cause = f"{instance._meta.db_table} {instance.pk}"
+    for values in found:
+        row = dependent._init_from_db(**values)
+        if on_delete == fields.SET_NULL:
+            before = {column: shown(column, instance.pk)}
+            change = {"table": row._meta.db_table, "id": row.pk, "op": "update", "before": before}
+            yield {**change, "after": {column: None}, "cascade": cause}, None
+        else:
+            yield {**_deletion(row), "cascade": cause}, row
+
+
+@functools.cache
+def _cascade_is_one_level(model: type[Model]) -> bool:
+    """Whether the rows a delete of ``model`` deletes or clears take nothing further with them: then they are known
+    from one read per foreign key, which can ride on the DELETE's own trip."""
+    return all(
+        on_delete == fields.SET_NULL or not _referencing(dependent)
+        for dependent, _, on_delete in _referencing(model)
+        if on_delete in (fields.CASCADE, fields.SET_NULL)
+    )
+
+
 async def _deleting(journal: Journal, instance: Model, using_db: Any) -> None:
-    if _referencing(type(instance)):
-        instance.__dict__[_CASCADED] = await _cascade_of(instance, using_db, _room(journal))
+    model = type(instance)
+    if not _referencing(model):
+        return
+    room = _room(journal)
+    if _cascade_is_one_level(model) and using_db.capabilities.dialect == "sqlite":
+        # In a SQLite transaction the reads go on the DELETE's trip (``_deleted`` turns them into changes): a trip
+        # less per delete, and the transaction's lock lets nothing in between.
+        reads = []
+        for dependent, column, on_delete in _referencing(model):
+            if on_delete in (fields.CASCADE, fields.SET_NULL):
+                sql = _dependents_sql(dependent, column, "sqlite")
+                read = read_on_next_trip(using_db, sql, [instance.pk, room + 1])
+                if read is None:
+                    break
+                reads.append((dependent, column, on_delete, read))
+        else:
+            instance.__dict__[_CASCADED] = functools.partial(_cascade_read, instance, reads, room)
+            return
+    instance.__dict__[_CASCADED] = await _cascade_of(instance, using_db, room)
+
+
+def _cascade_read(instance: Model, reads: list[tuple[type[Model], str, Any, DeferredRead]], room: int) -> list[Any]:
+    """The changes ``_cascade_of`` would give, from the reads ``_deleting`` put on the DELETE's trip."""
+    changes: list[dict[str, Any]] = []
+    for dependent, column, on_delete, read in reads:
+        changes.extend(change for change, _ in _cascaded(instance, dependent, column, on_delete, read.rows or []))
+    return changes[: room + 1]
 
 
 async def journaled_update(query: QuerySet, **values: Any) -> int:
@@ -485,6 +531,7 @@ def watch_models() -> None:
     _recorded_fields.cache_clear()
     _row_reader.cache_clear()
     _referencing.cache_clear()
+    _cascade_is_one_level.cache_clear()
     _dependents_sql.cache_clear()
     if _hooks_installed:
         return
