@@ -113,7 +113,9 @@ async def main() -> None:
     print(verdict.message())
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     if profiler is not None:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(45)
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("tottime").print_stats(45)
+        stats.sort_stats("cumulative").print_stats("audit|sqlite_transactions", 40)
 
 
 if __name__ == "__main__":
