@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from tortoise import connections
 
+from certlm.storage import sqlite_transactions
 from tests.support import InProcessApp, LicenseKeys, RunningService
 
 DEVICE = {"server": "127.0.0.1", "port": 4870}
@@ -84,6 +85,60 @@ async def test_a_change_and_its_record_share_one_commit(in_process: InProcessApp
     status, records = await app.call("GET", "/audit?action=PATCH")
     assert status == 200
     assert records["records"][-1]["changes"][0]["after"] == {"name": "press 1"}
+
+
+async def test_a_deleted_window_s_rules_are_recorded_from_a_read_on_the_delete_s_own_trip(
+    in_process: InProcessApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = in_process
+    status, window = await app.call("POST", "/maintenance/inventory", WINDOW)
+    assert status == 201, window
+    rule_ids = []
+    for start, end in (("01:00", "02:00"), ("03:00", "04:30")):
+        rule = {"maintenance_window_id": window["id"], "recurrence_type": "daily", "start_time": start, "end_time": end}
+        status, body = await app.call("POST", "/maintenance/rule", rule)
+        assert status == 201, body
+        rule_ids.append(body["id"])
+
+    # Each trip to aiosqlite's thread numbered, each statement SQLite ran with the trip it ran on.
+    trip = 0
+    queue_call = sqlite_transactions._queue_call
+
+    async def numbered(connection, fn, *args, **kwargs):
+        nonlocal trip
+        trip += 1
+        return await queue_call(connection, fn, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite_transactions, "_queue_call", numbered)
+    raw = connections.get("default")._connection
+    ran: list[tuple[int, str]] = []
+
+    def traced(statement: str) -> None:
+        ran.append((trip, " ".join(statement.replace('"', "").split()[:4])))
+
+    async with app.context():
+        await raw._execute(raw._conn.set_trace_callback, traced)
+        try:
+            status, body = await app.call("DELETE", f"/maintenance/inventory/{window['id']}")
+        finally:
+            await raw._execute(raw._conn.set_trace_callback, None)
+    assert status == 200, body
+    # What the database deletes with the window is read on the DELETE's own trip, right before it: no trip of its own.
+    read = [n for n, statement in ran if statement.startswith("SELECT * FROM maintenance_rule")]
+    deleted = [n for n, statement in ran if statement.startswith("DELETE FROM maintenance_window")]
+    assert len(read) == 1 and set(read) == set(deleted), ran
+
+    status, page = await app.call("GET", "/audit?action=DELETE /maintenance")
+    assert status == 200, page
+    changes = page["records"][-1]["changes"]
+    assert changes[0]["table"] == "maintenance_window" and changes[0]["op"] == "delete", changes
+    cascaded = {change["id"]: change for change in changes[1:]}
+    assert sorted(cascaded) == sorted(rule_ids), changes
+    assert all(c["table"] == "maintenance_rule" and c["op"] == "delete" for c in cascaded.values()), changes
+    assert all(c["cascade"] == f"maintenance_window {window['id']}" for c in cascaded.values()), changes
+    assert cascaded[rule_ids[1]]["before"]["end_time"] == "04:30", changes
+    status, rules = await app.call("GET", "/maintenance/rule")
+    assert status == 200 and not {rule["id"] for rule in rules} & set(rule_ids), rules
 
 
 def refuse_records_sql(engine: str, action: str) -> list[str]:

@@ -17,8 +17,10 @@ trip (the transaction's lock keeps every other task off the connection meanwhile
 COMMIT or ROLLBACK, which runs what is deferred first). No COMMIT precedes the BEGIN: a transaction a failed COMMIT
 left open is rolled back instead (tortoise's COMMIT committed what it had half done), and only when there is one.
 ``insert_then_commit`` puts an INSERT and the COMMIT after it on one trip (the audit trail's record and its request's
-change). ``tests/storage/test_sqlite_trips.py`` counts the trips and shows the deferred statements take effect where
-they did before (a savepoint rolled back to, a failing BEGIN).
+change); ``read_on_next_trip`` a read whose rows are wanted only once the transaction's next statement has run (the
+audit trail's read of what a delete will cascade to) on that statement's trip. ``tests/storage/test_sqlite_trips.py``
+counts the trips and shows the deferred statements take effect where they did before (a savepoint rolled back to, a
+failing BEGIN).
 
 ``make_sqlite_transactions_cancel_safe_and_lean()`` installs both, once, when storage is imported; a tortoise-orm or
 aiosqlite release that changes these internals fails those tests rather than a plant.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+from dataclasses import dataclass
 from typing import Any
 
 import aiosqlite
@@ -42,11 +45,39 @@ _DEFERRED = "_certlm_deferred_statements"
 _queue_call = aiosqlite.Connection._execute
 
 
-def _defer(raw: aiosqlite.Connection, statement: str) -> None:
+@dataclass
+class DeferredRead:
+    """A read run on the connection's next trip, right before that trip's statement (``read_on_next_trip``)."""
+
+    sql: str
+    parameters: list[Any]
+    rows: list[dict[str, Any]] | None = None  # set once it ran, on aiosqlite's thread
+
+    def run(self, connection: sqlite3.Connection) -> None:
+        cursor = connection.execute(self.sql, self.parameters)
+        try:
+            self.rows = [dict(row) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
+
+
+def _defer(raw: aiosqlite.Connection, statement: str | DeferredRead) -> None:
     raw.__dict__.setdefault(_DEFERRED, []).append(statement)
 
 
-def deferred_statements(raw: aiosqlite.Connection) -> list[str]:
+def read_on_next_trip(client: Any, sql: str, parameters: list[Any]) -> DeferredRead | None:
+    """Queue the read ``sql`` to run on the next trip of ``client``, a tortoise SQLite transaction, before that
+    trip's statement: its rows (``DeferredRead.rows``) are there once that statement has run. The transaction's lock
+    keeps every other task off the connection meanwhile, so nothing comes between the read and the statement. None
+    when ``client`` is not a SQLite transaction (then read as usual)."""
+    if not isinstance(client, SqliteTransactionWrapper) or client._connection is None or client._finalized:
+        return None
+    read = DeferredRead(sql, parameters)
+    _defer(client._connection, read)
+    return read
+
+
+def deferred_statements(raw: aiosqlite.Connection) -> list[str | DeferredRead]:
     """What waits for ``raw``'s next trip (for tests)."""
     return list(raw.__dict__.get(_DEFERRED, ()))
 
@@ -59,7 +90,10 @@ async def _execute_after_deferred(self: aiosqlite.Connection, fn: Any, *args: An
     def deferred_then_fn() -> Any:
         connection = self._conn
         for statement in deferred:
-            connection.execute(statement).close()
+            if isinstance(statement, DeferredRead):
+                statement.run(connection)
+            else:
+                connection.execute(statement).close()
         return fn(*args, **kwargs)
 
     return await _queue_call(self, deferred_then_fn)

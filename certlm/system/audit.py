@@ -55,11 +55,10 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import orjson
-from tortoise import Tortoise, connections, fields
+from tortoise import connections, fields
 from tortoise.expressions import Q
 from tortoise.models import Model
 from tortoise.queryset import QuerySet
-from tortoise.signals import Signals
 from tortoise.transactions import in_transaction
 
 from certlm.foundation.actors import ADMIN, Actor, current_actor
@@ -67,7 +66,7 @@ from certlm.foundation.hostspec import address_url
 from certlm.storage.migrations import AUDIT_CHAIN_HEAD_CHECK, AUDIT_CHAIN_LOCK
 from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
 from certlm.storage.sql import in_dialect
-from certlm.storage.sqlite_transactions import CommitFailed, insert_then_commit
+from certlm.storage.sqlite_transactions import CommitFailed, DeferredRead, insert_then_commit, read_on_next_trip
 
 log = logging.getLogger(__name__)
 # The anchors go to their own logger, so that a collector can pick them out.
@@ -226,12 +225,10 @@ def _values(instance: Model, names: Iterable[str]) -> dict[str, Any]:
     return {name: getattr(instance, name, None) for name in names}
 
 
-def _snapshot(instance: Model, into: Model | None = None) -> None:
+def _snapshot(instance: Model) -> None:
     values = _values(instance, _recorded_fields(type(instance)))
     # JSON fields may be changed in place; the snapshot keeps the value as it is now.
-    (into or instance).__dict__[_SNAPSHOT] = {
-        k: copy.copy(v) if isinstance(v, dict | list) else v for k, v in values.items()
-    }
+    instance.__dict__[_SNAPSHOT] = {k: copy.copy(v) if isinstance(v, dict | list) else v for k, v in values.items()}
 
 
 def _known_before(instance: Model) -> bool:
@@ -241,10 +238,30 @@ def _known_before(instance: Model) -> bool:
 def _loaded(instance: Model) -> dict[str, Any] | None:
     """The instance's recorded fields as it was loaded in this journal (or last saved in it); None when it was not."""
     found = instance.__dict__
-    if _SNAPSHOT not in found and (row := found.pop(_LOADED_ROW, None)) is not None:
-        # Made again from the row as tortoise made it: a JSON field changed in place since is not in this copy.
-        _snapshot(_original_init_from_db(type(instance), **row), into=instance)
-    return found.get(_SNAPSHOT)
+    snapshot = found.get(_SNAPSHOT)
+    if snapshot is None and (row := found.pop(_LOADED_ROW, None)) is not None:
+        # Read from the row as tortoise made it, not from the instance: a JSON field changed in place since is not in
+        # the row. Only the recorded fields are made Python values, the way tortoise makes them.
+        snapshot = found[_SNAPSHOT] = {
+            name: row[column] if convert is None or row[column] is None else convert(row[column])
+            for name, column, convert in _row_reader(type(instance))
+        }
+    return snapshot
+
+
+@functools.cache
+def _row_reader(model: type[Model]) -> tuple[tuple[str, str, Callable[[Any], Any] | None], ...]:
+    """Each recorded field of ``model``: its name, its column in a row as the database gives it, and what makes the
+    column's value the field's Python value (None: the driver already did), as ``Model._init_from_db`` does."""
+    meta = model._meta
+    converters: dict[str, tuple[str, Callable[[Any], Any] | None]] = {}
+    for column, name, _ in meta.db_native_fields:
+        converters[name] = (column, None)
+    for column, name, found in meta.db_default_fields:
+        converters[name] = (column, found.field_type)
+    for column, name, found in meta.db_complex_fields:
+        converters[name] = (column, found.to_python_value)
+    return tuple((name, *converters[name]) for name in _recorded_fields(model))
 
 
 def _note_entry(journal: Journal, instance: Model) -> None:
@@ -254,10 +271,7 @@ def _note_entry(journal: Journal, instance: Model) -> None:
         journal.touched_entry(instance.entry_id)
 
 
-async def _saved(sender: type[Model], instance: Model, created: bool, using_db: Any, update_fields: Any) -> None:
-    journal = _journal.get()
-    if journal is None or journal.closed:
-        return
+def _saved(journal: Journal, sender: type[Model], instance: Model, created: bool, update_fields: Any) -> None:
     names = _recorded_fields(sender)
     if update_fields:
         given = set(update_fields)
@@ -282,14 +296,13 @@ async def _saved(sender: type[Model], instance: Model, created: bool, using_db: 
         journal.add(change)
 
 
-async def _deleted(sender: type[Model], instance: Model, using_db: Any) -> None:
-    journal = _journal.get()
-    if journal is None or journal.closed:
-        return
+def _deleted(journal: Journal, instance: Model) -> None:
     _note_entry(journal, instance)
     journal.add(_deletion(instance))
-    # What the database removed or cleared with it (``_deleting`` read it before the delete).
-    for change in instance.__dict__.pop(_CASCADED, ()):
+    # What the database removed or cleared with it (``_deleting`` read it before the delete, or had it read on the
+    # DELETE's trip).
+    cascaded = instance.__dict__.pop(_CASCADED, ())
+    for change in cascaded() if callable(cascaded) else cascaded:
         journal.add(change)
 
 
@@ -348,30 +361,74 @@ def _dependents_sql(dependent: type[Model], column: str, dialect: str) -> str:
 async def _cascade_of(instance: Model, using_db: Any, room: int) -> list[dict[str, Any]]:
     """The rows the database deletes (CASCADE, and their own cascades) or clears (SET NULL) when ``instance`` goes,
     as the trail records them: at most ``room`` of them, plus one more when there are more."""
-    cause = f"{instance._meta.db_table} {instance.pk}"
     changes: list[dict[str, Any]] = []
     for dependent, column, on_delete in _referencing(type(instance)):
         if len(changes) > room or on_delete not in (fields.CASCADE, fields.SET_NULL):
             continue
         sql = _dependents_sql(dependent, column, using_db.capabilities.dialect)
         found = await using_db.execute_query_dict(sql, [instance.pk, room + 1 - len(changes)])
-        rows = [dependent._init_from_db(**row) for row in found]
-        for row in rows:
-            if on_delete == fields.SET_NULL:
-                before = {column: shown(column, instance.pk)}
-                change = {"table": row._meta.db_table, "id": row.pk, "op": "update", "before": before}
-                changes.append({**change, "after": {column: None}, "cascade": cause})
-                continue
-            changes.append({**_deletion(row), "cascade": cause})
-            changes.extend(await _cascade_of(row, using_db, room - len(changes)))
+        for change, row in _cascaded(instance, dependent, column, on_delete, found):
+            changes.append(change)
+            if row is not None:
+                changes.extend(await _cascade_of(row, using_db, room - len(changes)))
     return changes
 
 
-async def _deleting(sender: type[Model], instance: Model, using_db: Any) -> None:
-    journal = _journal.get()
-    if journal is None or journal.closed or not _referencing(sender):
+def _cascaded(
+    instance: Model, dependent: type[Model], column: str, on_delete: Any, found: list[dict[str, Any]]
+) -> Iterable[tuple[dict[str, Any], Model | None]]:
+    """The change to each row of ``dependent`` (``found``, as the database gave them) that ``instance``'s delete
+    deletes or clears, with the row when it is deleted (its own dependents go with it)."""
+    cause = f"{instance._meta.db_table} {instance.pk}"
+    for values in found:
+        row = dependent._init_from_db(**values)
+        if on_delete == fields.SET_NULL:
+            before = {column: shown(column, instance.pk)}
+            change = {"table": row._meta.db_table, "id": row.pk, "op": "update", "before": before}
+            yield {**change, "after": {column: None}, "cascade": cause}, None
+        else:
+            yield {**_deletion(row), "cascade": cause}, row
+
+
+@functools.cache
+def _cascade_is_one_level(model: type[Model]) -> bool:
+    """Whether the rows a delete of ``model`` deletes or clears take nothing further with them: then they are known
+    from one read per foreign key, which can ride on the DELETE's own trip."""
+    return all(
+        on_delete == fields.SET_NULL or not _referencing(dependent)
+        for dependent, _, on_delete in _referencing(model)
+        if on_delete in (fields.CASCADE, fields.SET_NULL)
+    )
+
+
+async def _deleting(journal: Journal, instance: Model, using_db: Any) -> None:
+    model = type(instance)
+    if not _referencing(model):
         return
-    instance.__dict__[_CASCADED] = await _cascade_of(instance, using_db, _room(journal))
+    room = _room(journal)
+    if _cascade_is_one_level(model) and using_db.capabilities.dialect == "sqlite":
+        # In a SQLite transaction the reads go on the DELETE's trip (``_deleted`` turns them into changes): a trip
+        # less per delete, and the transaction's lock lets nothing in between.
+        reads = []
+        for dependent, column, on_delete in _referencing(model):
+            if on_delete in (fields.CASCADE, fields.SET_NULL):
+                sql = _dependents_sql(dependent, column, "sqlite")
+                read = read_on_next_trip(using_db, sql, [instance.pk, room + 1])
+                if read is None:
+                    break
+                reads.append((dependent, column, on_delete, read))
+        else:
+            instance.__dict__[_CASCADED] = functools.partial(_cascade_read, instance, reads, room)
+            return
+    instance.__dict__[_CASCADED] = await _cascade_of(instance, using_db, room)
+
+
+def _cascade_read(instance: Model, reads: list[tuple[type[Model], str, Any, DeferredRead]], room: int) -> list[Any]:
+    """The changes ``_cascade_of`` would give, from the reads ``_deleting`` put on the DELETE's trip."""
+    changes: list[dict[str, Any]] = []
+    for dependent, column, on_delete, read in reads:
+        changes.extend(change for change, _ in _cascaded(instance, dependent, column, on_delete, read.rows or []))
+    return changes[: room + 1]
 
 
 async def journaled_update(query: QuerySet, **values: Any) -> int:
@@ -442,10 +499,20 @@ async def journal_created(model: type[Model], ids: Iterable[int], using_db: Any 
         journal.add({"table": model._meta.db_table, "id": row.pk, "op": "create", "before": None, "after": after})
 
 
-_load_hook_installed = False
-
-
+_hooks_installed = False
 _original_init_from_db = Model._init_from_db.__func__  # type: ignore[attr-defined]
+_original_post_save = Model._post_save
+_original_pre_delete = Model._pre_delete
+_original_post_delete = Model._post_delete
+# The trail's own rows: recording them would record the recording.
+_UNWATCHED = frozenset({AuditRecord, AuditChainStart})
+
+
+def _open_journal_of(instance: Model) -> Journal | None:
+    journal = _journal.get()
+    if journal is None or journal.closed or type(instance) in _UNWATCHED:
+        return None
+    return journal
 
 
 def watch_models() -> None:
@@ -453,19 +520,20 @@ def watch_models() -> None:
 
     Tortoise keeps no values as loaded, so the one place rows become instances (``Model._init_from_db``) is wrapped
     to keep each instance's row while a request is being journaled (a context variable's look-up otherwise): the
-    "before" of a change then costs no read of the database, and an instance left unchanged costs nothing more."""
-    global _load_hook_installed
+    "before" of a change then costs no read of the database, and an instance left unchanged costs nothing more.
+
+    A save or delete is journaled by wrapping the methods tortoise calls around it (``_post_save``, ``_pre_delete``,
+    ``_post_delete``), not through its signals: a signal's listeners are run through ``asyncio.gather``, a task and
+    two turns of the event loop per listener and save, about as much as the rest of the journaling of a request. The
+    wrappers call the originals, so signals others registered still fire."""
+    global _hooks_installed
     # Worked out anew for the models now loaded (which plugins' models refer to the host's may differ from before).
     _recorded_fields.cache_clear()
+    _row_reader.cache_clear()
     _referencing.cache_clear()
+    _cascade_is_one_level.cache_clear()
     _dependents_sql.cache_clear()
-    for model in Tortoise.apps.get_models_iterable():
-        if model in (AuditRecord, AuditChainStart):
-            continue
-        model.register_listener(Signals.post_save, _saved)
-        model.register_listener(Signals.pre_delete, _deleting)
-        model.register_listener(Signals.post_delete, _deleted)
-    if _load_hook_installed:
+    if _hooks_installed:
         return
 
     def _init_from_db(cls: type[Model], **kwargs: Any) -> Model:
@@ -475,8 +543,26 @@ def watch_models() -> None:
             instance.__dict__[_LOADED_ROW] = kwargs  # a dict of its own: ``**`` made it for this call
         return instance
 
+    async def _post_save(self: Model, using_db: Any = None, created: bool = False, update_fields: Any = None) -> None:
+        if (journal := _open_journal_of(self)) is not None:
+            _saved(journal, type(self), self, created, update_fields)
+        await _original_post_save(self, using_db, created, update_fields)
+
+    async def _pre_delete(self: Model, using_db: Any = None) -> None:
+        if (journal := _open_journal_of(self)) is not None:
+            await _deleting(journal, self, using_db)
+        await _original_pre_delete(self, using_db)
+
+    async def _post_delete(self: Model, using_db: Any = None) -> None:
+        if (journal := _open_journal_of(self)) is not None:
+            _deleted(journal, self)
+        await _original_post_delete(self, using_db)
+
     Model._init_from_db = classmethod(_init_from_db)  # type: ignore[method-assign,assignment]
-    _load_hook_installed = True
+    Model._post_save = _post_save  # type: ignore[method-assign]
+    Model._pre_delete = _pre_delete  # type: ignore[method-assign]
+    Model._post_delete = _post_delete  # type: ignore[method-assign]
+    _hooks_installed = True
 
 
 # --- the chain -------------------------------------------------------------------------------------------------------

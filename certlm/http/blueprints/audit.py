@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
-from quart import Blueprint, Response, current_app, request, stream_with_context
+from quart import Blueprint, Request, Response, current_app, request, stream_with_context
 from quart.wrappers.response import DataBody
 from quart_schema import validate_querystring, validate_response
 
@@ -165,30 +165,35 @@ async def stop_trail() -> None:
 
 @blueprint.before_app_request
 async def journal_request() -> None:
-    if audit.recording() and request.method in audit.STATE_CHANGING_METHODS and request.url_rule is not None:
-        audit.open_journal()
+    if audit.recording():
+        asked = request._get_current_object()  # the proxy's look-up once, not per attribute
+        if asked.method in audit.STATE_CHANGING_METHODS and asked.url_rule is not None:
+            audit.open_journal()
 
 
 @blueprint.after_app_request
 async def record_request(response: Response) -> Response:
-    status = response.status_code
+    if not audit.recording():
+        return response
+    asked = request._get_current_object()  # the proxy's look-up once, not per attribute
+    method, url_rule, status = asked.method, asked.url_rule, response.status_code
     refused = status in audit.REFUSED_STATUSES
-    changing = request.method in audit.STATE_CHANGING_METHODS and request.url_rule is not None
-    if not audit.recording() or not (changing or refused) or request.method == "OPTIONS":
+    changing = method in audit.STATE_CHANGING_METHODS and url_rule is not None
+    if not (changing or refused) or method == "OPTIONS":
         return response
     journal = audit.current_journal()
     if journal is not None:
         journal.closed = True
     actor = current_actor()
     if actor.source is None:
-        actor = type(actor)(actor.kind, actor.name, actor.role, request.remote_addr)
-    rule = request.url_rule.rule if request.url_rule is not None else request.path[:200]
+        actor = type(actor)(actor.kind, actor.name, actor.role, asked.remote_addr)
+    rule = url_rule.rule if url_rule is not None else asked.path[:200]
     try:
-        target, entry_id, device = await _request_target(journal, body_read=not refused and status != 413)
+        target, entry_id, device = await _request_target(asked, journal, body_read=not refused and status != 413)
         record = partial(
             audit.append,
             actor=actor,
-            action=f"{request.method} {rule}",
+            action=f"{method} {rule}",
             outcome=audit.REFUSED if refused else audit.OK if status < 400 else audit.FAILED,
             status=status,
             target=target,
@@ -206,14 +211,14 @@ async def record_request(response: Response) -> Response:
     except audit.ChangeRolledBack as error:
         # A route whose change shares its record's commit (``audit.commits_with_record``): neither was kept, and the
         # answer must not say the change was made. The failure is recorded on its own.
-        current_app.logger.error("%s %s: %s", request.method, rule, error)
+        current_app.logger.error("%s %s: %s", method, rule, error)
         try:
             await record(outcome=audit.FAILED, status=500, detail=str(error), changes=None)
         except Exception:
-            current_app.logger.exception("the audit trail could not record %s %s", request.method, rule)
+            current_app.logger.exception("the audit trail could not record %s %s", method, rule)
         return Response(json.dumps({"error": str(error)}), status=500, mimetype="application/json")
     except Exception:
-        current_app.logger.exception("the audit trail could not record %s %s", request.method, rule)
+        current_app.logger.exception("the audit trail could not record %s %s", method, rule)
         if await audit.abandon_request_transaction():
             error = "the change was rolled back: its audit record could not be written"
             return Response(json.dumps({"error": error}), status=500, mimetype="application/json")
@@ -233,7 +238,7 @@ async def _record_later(record: Callable[[], Awaitable[Any]], rule: str) -> None
 
 
 async def _request_target(
-    journal: audit.Journal | None, *, body_read: bool
+    asked: Request, journal: audit.Journal | None, *, body_read: bool
 ) -> tuple[str | None, int | None, str | None]:
     """What the request was about: the device entry it changed, else its path parameters (secrets left out), else
     the ``server`` and ``port`` of its JSON body (the body is never stored)."""
@@ -242,9 +247,7 @@ async def _request_target(
         more = len(journal.entries) - 1
         return f"inventory entry {entry_id}" + (f" and {more} more" if more else ""), entry_id, device
     arguments = {
-        name: str(value)[:300]
-        for name, value in (request.view_args or {}).items()
-        if not audit.SECRET_NAME.search(name)
+        name: str(value)[:300] for name, value in (asked.view_args or {}).items() if not audit.SECRET_NAME.search(name)
     }
     device = None
     if "host_or_url" in arguments:
@@ -253,8 +256,8 @@ async def _request_target(
             device = audit.device_key(address.server, address.port)
         except APIError:
             pass
-    elif body_read and request.mimetype == "application/json":
-        body = await _json_body()
+    elif body_read and asked.mimetype == "application/json":
+        body = await _json_body(asked)
         if isinstance(body, dict) and isinstance(body.get("server"), str) and 0 < len(body["server"]) <= 255:
             port = body.get("port")
             port = port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None
@@ -263,11 +266,11 @@ async def _request_target(
     return target, None, device
 
 
-async def _json_body() -> Any:
+async def _json_body(asked: Request) -> Any:
     """The request's JSON body as the route read it (Quart keeps what it parsed: not parsed again); None when it is
     not JSON (or too large: the answer said so)."""
     try:
-        return await request.get_json()
+        return await asked.get_json()
     except Exception:  # not JSON, not UTF-8, over the size limit
         return None
 

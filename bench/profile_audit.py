@@ -1,0 +1,122 @@
+"""What the audit trail costs one request, in this process: bench_audit's mix (rename a device, make a maintenance
+window, delete it) through Quart's test client on one certlm app, with the trail switched on and off in short
+alternating blocks (so that the machine's other load falls on both alike), and the CPU each request took: the event
+loop's thread and the whole process (SQLite's worker thread too). The CPU clock, not the wall clock, so that the other
+processes on a shared machine move it less.
+
+    .venv/bin/python bench/profile_audit.py [--seconds 60] [--block 30] [--profile on|off]
+
+``--profile on`` (or ``off``) also prints a cProfile (CPU clock) of that side's requests, sorted by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from certlm.system import audit
+from certlm.testing.in_process import in_process_settings, licensed_app
+from certlm.testing.licenses import LicenseKeys
+
+DEVICES = 50
+
+
+async def mix(app, requests: int, start: int) -> int:
+    """About ``requests`` calls of the mix, one after another; how many."""
+    done, n = 0, start
+    while done < requests:
+        device = {"server": f"127.0.0.{n % DEVICES + 1}", "port": 1}
+        status, _ = await app.call("PATCH", "/gds/inventory", {**device, "name": f"device {n}"})
+        assert status == 200
+        window = {"name": f"window {n}", "status": "active", "window_type": "one_time", "timezone": "UTC"}
+        status, body = await app.call("POST", "/maintenance/inventory", window)
+        assert status == 201, body
+        status, _ = await app.call("DELETE", f"/maintenance/inventory/{body['id']}")
+        assert status == 200
+        done, n = done + 3, n + 1
+    return done
+
+
+def trail(on: bool) -> None:
+    # The setting ``CERTLM_AUDIT_TRAIL`` sets at start-up, switched while the app runs.
+    audit.configure(on, None, 60)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long to measure, both sides together")
+    parser.add_argument("--block", type=int, default=30, help="requests per block (one side at a time)")
+    parser.add_argument("--clients", type=int, default=1, help="mixes running at once (bench_audit runs 8)")
+    parser.add_argument("--profile", choices=("on", "off"))
+    args = parser.parse_args()
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    profiler = cProfile.Profile(time.thread_time) if args.profile else None
+    spent = {True: [0.0, 0.0, 0, 0.0], False: [0.0, 0.0, 0, 0.0]}  # event loop s, process s, requests, wall s
+    per_block: dict[bool, list[float]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        keys = LicenseKeys.create(root / "keys")
+        async with licensed_app(in_process_settings(root / "data", keys), keys) as app:
+            for n in range(DEVICES):
+                status, body = await app.call("POST", "/gds/inventory", {"server": f"127.0.0.{n + 1}", "port": 1})
+                assert status == 200, body
+            for on in (True, False):  # warm-up: caches, the SQLite page cache
+                trail(on)
+                await mix(app, 150, 0)
+            deadline, number = time.monotonic() + args.seconds, 0
+            while time.monotonic() < deadline:
+                for on in (True, False) if number % 2 == 0 else (False, True):
+                    trail(on)
+                    profiled = profiler if args.profile == ("on" if on else "off") else None
+                    thread0, process0, wall0 = time.thread_time(), time.process_time(), time.monotonic()
+                    if profiled is not None:
+                        profiled.enable()
+                    first = 1000 + number * args.block * args.clients
+                    done = sum(await asyncio.gather(*(
+                        mix(app, args.block, first + c * args.block) for c in range(args.clients)
+                    )))  # fmt: skip
+                    if profiled is not None:
+                        profiled.disable()
+                    thread, process = time.thread_time() - thread0, time.process_time() - process0
+                    spent[on][3] += time.monotonic() - wall0
+                    spent[on][0] += thread
+                    spent[on][1] += process
+                    spent[on][2] += done
+                    per_block[on].append(1000 * process / done)
+                number += 1
+            trail(True)
+            async with app.context():
+                verdict = await audit.verify_chain()
+    for on in (True, False):
+        loop_s, process_s, done, _ = spent[on]
+        print(f"trail {'on' if on else 'off':3}: event loop {1000 * loop_s / done:.3f} ms/request, process "
+              f"{1000 * process_s / done:.3f} ms/request (median block {statistics.median(per_block[on]):.3f}; "
+              f"{done} requests)")  # fmt: skip
+    loop_cost = 1000 * (spent[True][0] / spent[True][2] - spent[False][0] / spent[False][2])
+    process_cost = 1000 * (spent[True][1] / spent[True][2] - spent[False][1] / spent[False][2])
+    median_cost = statistics.median(per_block[True]) - statistics.median(per_block[False])
+    print(f"the trail costs: event loop {loop_cost:.3f} ms, process {process_cost:.3f} ms per request "
+          f"(medians of blocks: {median_cost:.3f} ms)")  # fmt: skip
+    rate = {on: spent[on][2] / spent[on][3] for on in spent}
+    print(f"requests per second: on {rate[True]:.1f}, off {rate[False]:.1f}, ratio {rate[True] / rate[False]:.3f} "
+          f"({args.clients} at once)")
+    print(verdict.message())
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if profiler is not None:
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("tottime").print_stats(45)
+        stats.sort_stats("cumulative").print_stats("audit|sqlite_transactions", 40)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
