@@ -16,6 +16,8 @@ import pytest
 from tortoise import connections
 
 from certlm.storage import sqlite_transactions
+from certlm.storage.models import MaintenanceRule, MaintenanceWindow
+from certlm.system.audit import journaled_delete, open_journal
 from tests.support import InProcessApp, LicenseKeys, RunningService
 
 DEVICE = {"server": "127.0.0.1", "port": 4870}
@@ -229,3 +231,26 @@ def verify_audit_chain(service: RunningService) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "certlm", "audit", "verify", *where], env=env, capture_output=True, text=True, timeout=60
     )
+
+
+async def test_a_journaled_delete_lists_what_the_database_deletes_with_the_row(in_process: InProcessApp) -> None:
+    """``journaled_delete`` (a query's delete, as the API keys' and TLS certificates' routes make) reads the rows a
+    deleted row takes with it on the delete's own connection, as a model's delete does."""
+    app = in_process
+    status, window = await app.call("POST", "/maintenance/inventory", WINDOW)
+    assert status == 201, window
+    rule = {"maintenance_window_id": window["id"], "recurrence_type": "daily", "start_time": "01:00",
+            "end_time": "02:00"}  # fmt: skip
+    status, body = await app.call("POST", "/maintenance/rule", rule)
+    assert status == 201, body
+    async with app.context():
+        journal = open_journal()
+        try:
+            await journaled_delete(MaintenanceWindow.filter(id=window["id"]))
+        finally:
+            journal.closed = True
+        assert not await MaintenanceWindow.exists(id=window["id"])
+        assert not await MaintenanceRule.exists(id=body["id"])
+    tables = {(change["table"], change["id"], change["op"]) for change in journal.changes}
+    assert ("maintenance_window", window["id"], "delete") in tables, journal.changes
+    assert ("maintenance_rule", body["id"], "delete") in tables, journal.changes

@@ -465,10 +465,12 @@ async def journaled_delete(query: QuerySet) -> int:
     if journal is None or journal.closed:
         return await query.delete()
     changes: list[dict[str, Any]] = []
+    # The connection the DELETE runs on (the request's transaction, when it has one): what it cascades to is read there.
+    using_db = query.model._choose_db(for_write=True)
     for row in await query.limit(_room(journal) + 1):
         if len(changes) <= _room(journal):
             changes.append(_deletion(row))
-            changes.extend(await _cascade_of(row, None, _room(journal) - len(changes)))
+            changes.extend(await _cascade_of(row, using_db, _room(journal) - len(changes)))
             _note_entry(journal, row)
     deleted = await query.delete()
     for change in changes:
