@@ -571,18 +571,42 @@ async def _assert_version_21_campaign_fields(service) -> None:
         assert (await client.get(f"/campaigns/{campaign['id']}")).json()["crls_missing"] == []
 
 
-async def test_a_version_20_sqlite_database_gets_crls_missing_and_the_probes_to_revoke(make_service) -> None:
+async def _sqlite_campaign_as_of(make_service, version: int, undo: tuple[str, ...], campaign_sql: str):
+    """A stopped SQLite service whose database is brought back to ``version`` (``undo``) with a campaign holding a CRL
+    probe (``campaign_sql``), started again: its database path and the probe's serial."""
     service = await make_service()
     await service.stop()
     database = service.data_dir / "certlm.sqlite3"
     old, new, _ = _issuers_pem()
     pem, serial = _probe_pem()
     with sqlite3.connect(database) as db:
-        for statement in SINCE_21:
+        for statement in undo:
             db.execute(statement)
-        db.execute(CAMPAIGN_OF_VERSION_20.format(true="1", now="'2026-11-01'", old=old, new=new, pem=pem))
-        db.execute("UPDATE certlm_schema SET version = 20")
+        db.execute(campaign_sql.format(true="1", now="'2026-11-01'", old=old, new=new, pem=pem))
+        db.execute(f"UPDATE certlm_schema SET version = {version}")
     await service.start()
+    return service, database, serial
+
+
+async def _postgres_campaign_as_of(make_service, postgres, version: int, undo: tuple[str, ...], campaign_sql: str):
+    """``_sqlite_campaign_as_of`` on a PostgreSQL database: the service, the database's URL and the probe's serial."""
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await service.stop()
+    old, new, _ = _issuers_pem()
+    pem, serial = _probe_pem()
+    postgres.query(
+        url,
+        "".join(f"{statement};" for statement in undo)
+        + campaign_sql.format(true="TRUE", now="now()", old=old, new=new, pem=pem)
+        + f"; UPDATE certlm_schema SET version = {version};",
+    )
+    await service.start()
+    return service, url, serial
+
+
+async def test_a_version_20_sqlite_database_gets_crls_missing_and_the_probes_to_revoke(make_service) -> None:
+    service, database, serial = await _sqlite_campaign_as_of(make_service, 20, SINCE_21, CAMPAIGN_OF_VERSION_20)
     with sqlite3.connect(database) as db:
         assert "crls_missing" in {row[1] for row in db.execute("PRAGMA table_info(campaign)")}
         assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
@@ -603,18 +627,7 @@ async def test_a_version_20_sqlite_database_gets_crls_missing_and_the_probes_to_
 async def test_a_version_20_postgres_database_gets_crls_missing_and_the_probes_to_revoke(
     make_service, postgres
 ) -> None:
-    url = postgres.create_database()
-    service = await make_service(database_url=url)
-    await service.stop()
-    old, new, _ = _issuers_pem()
-    pem, serial = _probe_pem()
-    postgres.query(
-        url,
-        "".join(f"{statement};" for statement in SINCE_21)
-        + CAMPAIGN_OF_VERSION_20.format(true="TRUE", now="now()", old=old, new=new, pem=pem)
-        + "; UPDATE certlm_schema SET version = 20;",
-    )
-    await service.start()
+    service, url, serial = await _postgres_campaign_as_of(make_service, postgres, 20, SINCE_21, CAMPAIGN_OF_VERSION_20)
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
     assert postgres.query(url, "SELECT crls_missing FROM campaign").strip() == "[]"
     await _assert_version_21_campaign_fields(service)
@@ -652,17 +665,7 @@ async def _assert_probe_left_to_the_operator(service, serial: str) -> None:
 
 
 async def test_a_version_21_sqlite_campaign_gets_the_list_of_probes_left_unrevoked(make_service) -> None:
-    service = await make_service()
-    await service.stop()
-    database = service.data_dir / "certlm.sqlite3"
-    old, new, _ = _issuers_pem()
-    pem, serial = _probe_pem()
-    with sqlite3.connect(database) as db:
-        for statement in SINCE_22:
-            db.execute(statement)
-        db.execute(CAMPAIGN_OF_VERSION_21.format(true="1", now="'2026-11-01'", old=old, new=new, pem=pem))
-        db.execute("UPDATE certlm_schema SET version = 21")
-    await service.start()
+    service, database, serial = await _sqlite_campaign_as_of(make_service, 21, SINCE_22, CAMPAIGN_OF_VERSION_21)
     with sqlite3.connect(database) as db:
         assert "crl_probe_unrevoked" in {row[1] for row in db.execute("PRAGMA table_info(campaign)")}
         assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
@@ -672,18 +675,7 @@ async def test_a_version_21_sqlite_campaign_gets_the_list_of_probes_left_unrevok
 
 
 async def test_a_version_21_postgres_campaign_gets_the_list_of_probes_left_unrevoked(make_service, postgres) -> None:
-    url = postgres.create_database()
-    service = await make_service(database_url=url)
-    await service.stop()
-    old, new, _ = _issuers_pem()
-    pem, serial = _probe_pem()
-    postgres.query(
-        url,
-        "".join(f"{statement};" for statement in SINCE_22)
-        + CAMPAIGN_OF_VERSION_21.format(true="TRUE", now="now()", old=old, new=new, pem=pem)
-        + "; UPDATE certlm_schema SET version = 21;",
-    )
-    await service.start()
+    service, url, serial = await _postgres_campaign_as_of(make_service, postgres, 21, SINCE_22, CAMPAIGN_OF_VERSION_21)
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
     await _assert_probe_left_to_the_operator(service, serial)
     assert postgres.query(url, "SELECT count(*) FROM crl_probe_revocation").strip() == "0"
