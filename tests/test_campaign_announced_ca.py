@@ -795,15 +795,21 @@ async def test_a_probe_revocation_the_pki_was_unreachable_for_is_made_once_it_is
         assert await eventually(revoked, "the CA to revoke the probe once it is back", 90) == [probe.serial_number]
         assert plant.issuing.revocation_reasons == {probe.serial_number: "cessationOfOperation"}
 
-        async def confirmed() -> list[dict[str, Any]] | None:
-            records = await probe_revocations(in_process, campaign_id)
-            return records if records[-1]["outcome"] == "ok" else None
-
-        records = await eventually(confirmed, "the trail to record the revocation", 10)
+        records = await revocation_confirmed(in_process, campaign_id, 10)
         assert [record["outcome"] == "ok" for record in records] == [False, True], records
         assert f"serial {serial_hex(probe)}" in records[-1]["detail"], records
         async with in_process.context():
             assert not await CrlProbeRevocation.exists()
+
+
+async def revocation_confirmed(in_process: InProcessApp, campaign_id: int, within_s: float) -> list[dict[str, Any]]:
+    """The trail's records of the campaign's probe revocation once the last of them is a success."""
+
+    async def confirmed() -> list[dict[str, Any]] | None:
+        records = await probe_revocations(in_process, campaign_id)
+        return records if records[-1]["outcome"] == "ok" else None
+
+    return await eventually(confirmed, "the trail to record the probe revoked", within_s)
 
 
 async def revocation_due(in_process: InProcessApp, campaign_id: int, let_go_ago: timedelta = timedelta(0)) -> None:
@@ -852,11 +858,7 @@ async def test_a_probe_revocation_whose_answer_was_lost_is_confirmed_when_the_ca
         answer.handle = handle  # the proxy fixed
         await revocation_due(in_process, campaign_id)
 
-        async def confirmed() -> list[dict[str, Any]] | None:
-            records = await probe_revocations(in_process, campaign_id)
-            return records if records[-1]["outcome"] == "ok" else None
-
-        records = await eventually(confirmed, "the revocation confirmed", 30)
+        records = await revocation_confirmed(in_process, campaign_id, 30)
         assert [record["outcome"] == "ok" for record in records] == [False, True], records
         assert f"serial {serial_hex(probe)}" in records[-1]["detail"], records
         # The CA revoked it once and said so again; certlm asked twice and asks no more.
