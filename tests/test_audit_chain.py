@@ -14,7 +14,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -100,6 +100,27 @@ async def test_verify_passes_an_intact_chain_and_names_a_changed_removed_or_reor
     wrong = head.group(1)[:-1] + ("0" if head.group(1)[-1] != "0" else "1")
     result = verify("--data-dir", str(tmp_path / "data"), "--anchor", wrong)
     assert result.returncode == 1 and "broken at record 6: its hash is" in result.stdout
+
+
+async def test_records_of_the_same_second_and_of_other_seconds_keep_each_their_own_time(
+    in_process: InProcessApp,
+) -> None:
+    # The time a record is stored and hashed with is worked out once per second (the records of one second share
+    # it): the same instant given in another time zone, and the seconds before and after, are each still their own.
+    second = datetime(2026, 5, 4, 3, 2, 1, tzinfo=UTC)
+    given = [second, second.astimezone(timezone(timedelta(hours=2))), second + timedelta(seconds=1),
+             second - timedelta(seconds=1), second]  # fmt: skip
+    actor = Actor("named_key", "ops", "operator", "10.0.0.5")
+    async with in_process.context():
+        for at in given:
+            await audit.append(actor=actor, action="POST /x", outcome="ok", at=at)
+        rows = await AuditRecord.filter(action="POST /x").order_by("id")
+        assert [row.at for row in rows] == given
+        assert [audit.record_view(row)["at"] for row in rows] == [
+            "2026-05-04T03:02:01+00:00", "2026-05-04T03:02:01+00:00", "2026-05-04T03:02:02+00:00",
+            "2026-05-04T03:02:00+00:00", "2026-05-04T03:02:01+00:00",
+        ]  # fmt: skip
+        assert (await audit.verify_chain()).intact
 
 
 @pytest.mark.parametrize("anchor", ["6", "x:ab", "6:" + "g" * 64, "6:" + "a" * 63, "-1:" + "a" * 64])

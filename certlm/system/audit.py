@@ -196,11 +196,18 @@ def concerns_entry(entry_id: int, device: str | None = None) -> None:
         journal.touched_entry(entry_id, device)
 
 
+@functools.lru_cache(maxsize=4096)
+def is_secret(name: str) -> bool:
+    """Whether a field (or path parameter) of this name holds a secret (``SECRET_NAME``). Kept per name: every
+    recorded field asks, and the names are the models' and routes' few (bounded all the same)."""
+    return SECRET_NAME.search(name) is not None
+
+
 def shown(name: str, value: Any) -> Any:
     """A field's value as the trail keeps it: secrets by name redacted, binary and long values as their digest."""
     if value is None:
         return None
-    if SECRET_NAME.search(name):
+    if is_secret(name):
         return REDACTED
     if isinstance(value, bytes | bytearray | memoryview):
         data = bytes(value)
@@ -587,7 +594,9 @@ def _canonical_bytes(value: Any) -> bytes:
         )
 
 
+@functools.lru_cache(maxsize=4)
 def _moment(at: datetime) -> str:
+    # Kept for the few latest moments, as ``_at_in_database`` is: the records of one second share theirs.
     return at.astimezone(UTC).isoformat(timespec="seconds")
 
 
@@ -659,11 +668,18 @@ def _linked(values: dict[str, Any], head: Link) -> list[Any]:
     """The row of a record that follows ``head``, in ``_ROW_COLUMNS`` order (its id and hash filled in)."""
     record = {**values, "id": head[0] + 1, "prev_hash": head[1]}
     record["hash"] = _hash_of(record)
-    record["at"] = _AT_FIELD.to_db_value(record["at"], AuditRecord)
+    record["at"] = _at_in_database(record["at"])
     return [record[name] for name in _ROW_COLUMNS]
 
 
 _AT_FIELD = AuditRecord._meta.fields_map["at"]
+
+
+@functools.lru_cache(maxsize=4)
+def _at_in_database(at: datetime) -> Any:
+    """A record's time as its column takes it. Records are timed to the second, so under load the records of one
+    second ask for the same moment: worked out once (tortoise's conversion checks the time zone settings each time)."""
+    return _AT_FIELD.to_db_value(at, AuditRecord)
 
 # The chain's head as this process last appended it, per database (tests open several in one process), so that an
 # append need not read it. Kept as soon as the record is inserted, not once its transaction committed: the next

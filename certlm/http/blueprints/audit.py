@@ -247,7 +247,7 @@ async def _request_target(
         more = len(journal.entries) - 1
         return f"inventory entry {entry_id}" + (f" and {more} more" if more else ""), entry_id, device
     arguments = {
-        name: str(value)[:300] for name, value in (asked.view_args or {}).items() if not audit.SECRET_NAME.search(name)
+        name: str(value)[:300] for name, value in (asked.view_args or {}).items() if not audit.is_secret(name)
     }
     device = None
     if "host_or_url" in arguments:
