@@ -46,7 +46,6 @@ from certlm_gds_push.connection import (
     certificate_name,
     explain,
     failure,
-    is_transient,
     open_session,
     server_endpoints,
     server_listens,
@@ -281,17 +280,18 @@ class GdsPushDriver(DeviceDriver):
         """Write ``trust_list`` in ``session`` (``_write_in``) and read it back in the same session: a device that took
         it into use at CloseAndUpdate, or answered ApplyChanges, holds it now. A device that applied changes drops
         every channel a moment later (within ``apply_settle_s``) and listens again: the session is kept until it
-        drops, and the device asked for its endpoints until it answers, so the operation leaves a device that
+        drops, and the device tried until it accepts a connection again, so the operation leaves a device that
         listens (``_reopened``); a device that keeps the channel did not restart. Returns what gives the list read
-        back once the session is closed: the list, or a read in a new session when the drop came before the read
-        did (``_read_back``, on the endpoints this session was opened on: a trust list does not change the
-        device's certificate). ``held`` as for ``_write_in``."""
+        back once the session is closed: the list, or a read in a new session when the read here failed after
+        ApplyChanges, cut off by the drop (``_read_back``, on the endpoints this session was opened on: a trust list
+        does not change the device's certificate). ``held`` as for ``_write_in``."""
         applied_changes = await self._write_in(session, configuration, trust_file, trust_list, held)
         try:
             after = await trust_file.read_if_allowed(TrustList.ALL)
-        except Exception as error:
-            if not applied_changes or not is_transient(error):
+        except Exception:
+            if not applied_changes:
                 raise
+            # Cut off by the device's restart (or refused in a way a new session reports with what was applied).
             announced = session.announced
             return lambda: self._read_back(target, trust_file, announced)
         if applied_changes:
