@@ -279,13 +279,18 @@ class GdsPushDriver(DeviceDriver):
     ) -> Callable[[], Awaitable[TrustList | None]]:
         """Write ``trust_list`` in ``session`` (``_write_in``) and read it back in the same session: a device that took
         it into use at CloseAndUpdate, or answered ApplyChanges, holds it now. A device that applied changes drops
-        every channel a moment later (within ``apply_settle_s``) and listens again: the session is kept until it
-        drops, and the device tried until it accepts a connection again, so the operation leaves a device that
-        listens (``_reopened``); a device that keeps the channel did not restart. Returns what gives the list read
+        every channel a moment later and listens again. Where the driver says within how long (``apply_settle_s``),
+        the session is kept until it drops, and the device tried until it accepts a connection again, so the
+        operation leaves a device that listens (``_reopened``); a device that keeps the channel did not restart.
+        Where it does not, the list is read back in new sessions (``_read_back``). Returns what gives the list read
         back once the session is closed: the list, or a read in a new session when the read here failed after
-        ApplyChanges, cut off by the drop (``_read_back``, on the endpoints this session was opened on: a trust list
-        does not change the device's certificate). ``held`` as for ``_write_in``."""
+        ApplyChanges, cut off by the drop (on the endpoints this session was opened on: a trust list does not change
+        the device's certificate). ``held`` as for ``_write_in``."""
         applied_changes = await self._write_in(session, configuration, trust_file, trust_list, held)
+        if applied_changes and not self.apply_settle_s:
+            # A driver that does not say when its device restarts cannot wait for the drop (node-opcua drops every
+            # channel about 2 s after ApplyChanges): the list is read back in new sessions, tried until one answers.
+            return lambda: self._read_back(target, trust_file)
         try:
             after = await trust_file.read_if_allowed(TrustList.ALL)
         except Exception:
@@ -305,8 +310,8 @@ class GdsPushDriver(DeviceDriver):
     async def _reopened(self, target: DeviceTarget, session: DeviceSession) -> None:
         """After ApplyChanges: until the device dropped ``session``'s channel, within twice ``apply_settle_s`` (the
         time the device needs, doubled for a loaded one), and then until it accepts connections again
-        (``server_listens``). A fixed pause would cost every device the whole settle time whenever it restarts
-        sooner, and a device step holds one of a campaign's concurrent places all along."""
+        (``server_listens``). A fixed pause would cost every device the whole settle time
+        whenever it restarts sooner, and a device step holds one of a campaign's concurrent places all along."""
         async with session.client.uaclient.subscribe_state() as states:
             try:
                 await states.wait_for_state(UaClientState.DISCONNECTED, 2 * self.apply_settle_s)
