@@ -4,10 +4,10 @@ the old issuer any more (remove the old issuer's).
 
 The change is read-modify-write under the device's lease: the device's list is read, the change applied to it (what
 the device holds beside the change stays, so whatever lets certlm in stays too), written only when it differs, and
-read back, in as few sessions as the driver manages (``DeviceDriver.change_trust_list``; over OPC UA one where the
-device takes the list into use at once, and a second one to read back after a device's ApplyChanges dropped the
-first). The write counts as done only when the list read back holds the change. A driver that cannot read the list
-back is reported as such (``verified`` False), never taken on trust.
+read back, in as few sessions as the driver manages (``DeviceDriver.change_trust_list``; over OPC UA one, the list
+read back in it after ApplyChanges too, and a second one only when the device's restart cut that read off). The
+write counts as done only when the list read back holds the change. A driver that cannot read the list back is
+reported as such (``verified`` False), never taken on trust.
 """
 
 from __future__ import annotations

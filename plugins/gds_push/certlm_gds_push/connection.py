@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from asyncua import Client, ua
 from asyncua.client.ua_client import StateSubscription, UaClientState
@@ -54,6 +55,7 @@ logging.getLogger("asyncua.client.ua_client.UASocketProtocol").addFilter(_Withou
 
 _T = TypeVar("_T")
 SESSION_TIMEOUT_MS = 600_000
+DEFAULT_OPC_TCP_PORT = 4840  # IANA's opc-ua-tcp, for a URL without a port
 
 # Strongest first. The None policy has no bit: it is never "within" a policy mask (see ``Endpoint.allowed_by``).
 POLICIES_BY_STRENGTH: tuple[tuple[type[security_policies.SecurityPolicy], int], ...] = (
@@ -238,6 +240,19 @@ async def server_endpoints(url: str, timeouts: DeviceTimeouts) -> list[ua.Endpoi
     return await asyncio.wait_for(client.connect_and_get_server_endpoints(), timeouts.connect_s)
 
 
+async def server_listens(url: str, timeouts: DeviceTimeouts) -> None:
+    """Returns once the device accepts a connection on ``url`` (a TCP connection, closed at once): all a
+    device that restarts its endpoints has to show, without the GetEndpoints that decodes every endpoint it offers
+    (each with its certificate). Raises ``OSError`` or ``TimeoutError`` while it does not."""
+    address = urlsplit(url)
+    _, writer = await asyncio.wait_for(
+        asyncio.open_connection(address.hostname, address.port or DEFAULT_OPC_TCP_PORT), timeouts.connect_s
+    )
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+
+
 ServerCheck = Callable[[x509.Certificate], None]
 """Called with the certificate the device announces, before anything but GetEndpoints was sent; raises
 ``DeviceFailure`` to refuse the device (``DeviceIdentityChanged`` for one that is not the device certlm pinned)."""
@@ -254,6 +269,9 @@ class DeviceSession:
         # Nodes looked up by browse path in this session, by what they are for: a device's address space stays what it
         # is for a session's life, so a second look-up (the description's, then the push's) costs no request.
         self.found: dict[str, list[ua.NodeId | None]] = {}
+        # Every endpoint the device announced when the session was opened (``open_session``): a session of the same
+        # operation opened after it, while the device's certificate cannot have changed, needs no GetEndpoints.
+        self.announced: Sequence[ua.EndpointDescription] = (endpoint.description,)
 
     @functools.cached_property
     def server_certificate(self) -> x509.Certificate:
@@ -365,6 +383,7 @@ async def open_session(
                 "%s rejects certlm's client certificate on %s: reading without security", target.url, endpoint.name
             )
     assert session is not None
+    session.announced = descriptions
     try:
         yield session
     finally:

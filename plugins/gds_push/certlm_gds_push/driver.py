@@ -9,14 +9,14 @@ the small ``read_*``/``after_apply_changes``/``csr_subject`` methods. The simula
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from asyncua import ua
+from asyncua.client.ua_client import UaClientState
 from cryptography import x509
 
 from certlm import (
@@ -38,14 +38,18 @@ from certlm import (
 )
 from certlm_gds_push import identity
 from certlm_gds_push.connection import (
+    DEFAULT_OPC_TCP_PORT,
     DeviceError,
     DeviceSession,
     ServerCheck,
     SessionSecurity,
     certificate_name,
+    explain,
     failure,
     open_session,
     server_endpoints,
+    server_listens,
+    status_name,
     usable_endpoints,
 )
 from certlm_gds_push.push_flow import known_device_check, once_back, run_push
@@ -56,7 +60,7 @@ from certlm_gds_push.server_configuration import (
     part12_subject,
     type_name,
 )
-from certlm_gds_push.trust_list import TrustListFile, check_trust_list, to_data_type
+from certlm_gds_push.trust_list import TrustListFile, check_trust_list, encoded_size, to_data_type
 
 DI_NAMESPACE = "http://opcfoundation.org/UA/DI/"
 # The DI nameplate and identification properties read_plc_info reports for each device of a DeviceSet.
@@ -103,7 +107,7 @@ class GdsPushDriver(DeviceDriver):
     protocol = "gds"
     extra_tables = ("opc",)
     url_scheme = "opc.tcp"
-    default_port = 4840
+    default_port = DEFAULT_OPC_TCP_PORT
     generic = True
 
     # What a specific driver may change.
@@ -122,7 +126,8 @@ class GdsPushDriver(DeviceDriver):
     trusts MaxTrustListSize (0 there means unlimited)."""
     apply_settle_s: ClassVar[float] = 0.0
     """Seconds the device needs after ApplyChanges before it answers with the new certificate. Verification retries
-    until the operation time-out anyway; a device that drops connections half-way through a restart needs this."""
+    until the operation time-out anyway; a device that drops connections half-way through a restart needs this.
+    After a trust list's ApplyChanges the session waits up to twice this for the device to drop it (``_reopened``)."""
     subject_separator: ClassVar[str] = "/"
     """Separator of CreateSigningRequest's subjectName (Part 12: ``/``), for firmware that reads another one;
     override ``csr_subject`` when a device wants the subject in yet another form."""
@@ -232,8 +237,8 @@ class GdsPushDriver(DeviceDriver):
         EraseExisting), Write, CloseAndUpdate, and ApplyChanges when CloseAndUpdate answers that the device needs it
         (one that answers False took the list into use at once). A failure before the list is in use cancels it
         (CancelChanges; closing the session does as well), so the old list stays in force. The list the device holds
-        then is read back in new sessions, since ApplyChanges may close every channel; None when the device does
-        not let it be read (``trust_list.READ_REFUSED_STATUSES``).
+        then is read back (``_written``); None when the device does not let it be read
+        (``trust_list.READ_REFUSED_STATUSES``).
 
         Refused with ``DeviceError`` before anything is sent: a list that would lock certlm out
         (``refuse_lockout``) or holds what is not DER; after the device described itself, one over its limit
@@ -243,18 +248,14 @@ class GdsPushDriver(DeviceDriver):
         refuse_malformed(trust_list)
         async with self._reading(target, "writing the trust list", SessionSecurity.ENCRYPTED) as session:
             configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
-            applied_changes = await self._write_in(session, configuration, trust_file, trust_list)
-        if applied_changes:
-            await asyncio.sleep(self.apply_settle_s)
-        return await self._read_back(target, trust_file)
+            read_back = await self._written(target, session, configuration, trust_file, trust_list)
+        return await read_back()
 
     async def change_trust_list(
         self, target: DeviceTarget, compose: Callable[[TrustList], TrustList | None]
     ) -> TrustList | None:
         """Read, compose and write DefaultApplicationGroup's trust list in one SignAndEncrypt session, refused as
-        ``write_trust_list`` refuses before anything is written. A device that takes the list into use at
-        CloseAndUpdate is read back in the same session; one that needs ApplyChanges drops every channel a moment
-        later, so it is read back in new sessions once it listens again (``_read_back``)."""
+        ``write_trust_list`` refuses before anything is written, and read back (``_written``)."""
         client = await self.client_identity()
         async with self._reading(target, "changing the trust list", SessionSecurity.ENCRYPTED) as session:
             configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
@@ -264,10 +265,65 @@ class GdsPushDriver(DeviceDriver):
                 return current
             refuse_lockout(trust_list, client)
             refuse_malformed(trust_list)
-            if not await self._write_in(session, configuration, trust_file, trust_list):
-                return await trust_file.read_if_allowed(TrustList.ALL)
-        await asyncio.sleep(self.apply_settle_s)
-        return await self._read_back(target, trust_file)
+            read_back = await self._written(target, session, configuration, trust_file, trust_list, current)
+        return await read_back()
+
+    async def _written(
+        self,
+        target: DeviceTarget,
+        session: DeviceSession,
+        configuration: ServerConfiguration,
+        trust_file: TrustListFile,
+        trust_list: TrustList,
+        held: TrustList | None = None,
+    ) -> Callable[[], Awaitable[TrustList | None]]:
+        """Write ``trust_list`` in ``session`` (``_write_in``) and read it back in the same session: a device that took
+        it into use at CloseAndUpdate, or answered ApplyChanges, holds it now. A device that applied changes drops
+        every channel a moment later and listens again. Where the driver says within how long (``apply_settle_s``),
+        the session is kept until it drops, and the device tried until it accepts a connection again, so the
+        operation leaves a device that listens (``_reopened``); a device that keeps the channel did not restart.
+        Where it does not, the list is read back in new sessions (``_read_back``). Returns what gives the list read
+        back once the session is closed: the list, or a read in a new session when the read here failed after
+        ApplyChanges, cut off by the drop (on the endpoints this session was opened on: a trust list does not change
+        the device's certificate). ``held`` as for ``_write_in``."""
+        applied_changes = await self._write_in(session, configuration, trust_file, trust_list, held)
+        if applied_changes and not self.apply_settle_s:
+            # A driver that does not say when its device restarts cannot wait for the drop (node-opcua drops every
+            # channel about 2 s after ApplyChanges): the list is read back in new sessions, tried until one answers.
+            return lambda: self._read_back(target, trust_file)
+        try:
+            after = await trust_file.read_if_allowed(TrustList.ALL)
+        except Exception:
+            if not applied_changes:
+                raise
+            # Cut off by the device's restart (or refused in a way a new session reports with what was applied).
+            announced = session.announced
+            return lambda: self._read_back(target, trust_file, announced)
+        if applied_changes:
+            await self._reopened(target, session)
+
+        async def read_back() -> TrustList | None:
+            return after
+
+        return read_back
+
+    async def _reopened(self, target: DeviceTarget, session: DeviceSession) -> None:
+        """After ApplyChanges: until the device dropped ``session``'s channel, within twice ``apply_settle_s`` (the
+        time the device needs, doubled for a loaded one), and then until it accepts connections again
+        (``server_listens``). A fixed pause would cost every device the whole settle time
+        whenever it restarts sooner, and a device step holds one of a campaign's concurrent places all along."""
+        async with session.client.uaclient.subscribe_state() as states:
+            try:
+                await states.wait_for_state(UaClientState.DISCONNECTED, 2 * self.apply_settle_s)
+            except TimeoutError:
+                return  # the device keeps its channels: it took the changes in without a restart
+        try:
+            await once_back(self.timeouts, lambda: server_listens(target.url, self.timeouts))
+        except Exception as error:
+            raise DeviceError(
+                f"the device took the new trust list into use, but did not listen again: {explain(error)}",
+                status_name(error),
+            ) from error
 
     async def _write_in(
         self,
@@ -275,10 +331,14 @@ class GdsPushDriver(DeviceDriver):
         configuration: ServerConfiguration,
         trust_file: TrustListFile,
         trust_list: TrustList,
+        held: TrustList | None = None,
     ) -> bool:
         """Write ``trust_list`` in ``session`` once it fits the device's limit, and take it into use; whether that
-        took ApplyChanges (after which the device drops every channel)."""
-        check_trust_list(trust_list, await self._trust_list_limit_in(session, configuration), TrustList.ALL)
+        took ApplyChanges (after which the device drops every channel). ``held``: the whole list the device holds,
+        read in this session; a list no larger fits whatever the limit (a campaign's retire takes an issuer out),
+        so the limit is not read for it."""
+        if held is None or encoded_size(trust_list, TrustList.ALL) > encoded_size(held, TrustList.ALL):
+            check_trust_list(trust_list, await self._trust_list_limit_in(session, configuration), TrustList.ALL)
         # node-opcua refuses a certificate in its rejected/ folder whatever the trusted list holds: released first.
         await release_rejected(session, configuration.node_id, trust_file.node_id, trust_list.trusted_certificates)
         applied_changes = await _take_into_use(configuration, trust_file, trust_list)
@@ -296,14 +356,20 @@ class GdsPushDriver(DeviceDriver):
         (max_size,) = await session.read_values([configuration.nodes["MaxTrustListSize"]])
         return int(max_size or 0)
 
-    async def _read_back(self, target: DeviceTarget, written: TrustListFile) -> TrustList | None:
+    async def _read_back(
+        self, target: DeviceTarget, written: TrustListFile, announced: Sequence[ua.EndpointDescription] | None = None
+    ) -> TrustList | None:
         """The whole trust list after a write, None when the device does not let it be read; retried in new
         sessions within the operation time-out, since a device that applied changes drops every channel a moment
         later. The TrustList's nodes are those the write found (``written``): the device's address space is the
-        same after it applied the list."""
+        same after it applied the list. The first session is opened on ``announced`` (the endpoints of the write's
+        session) when given; a try after a failed one asks the device for its endpoints again, as it may have
+        restarted them meanwhile."""
+        endpoints = [announced]
 
         async def read() -> TrustList | None:
-            async with self._reading(target, "reading the trust list back", SessionSecurity.SIGNED) as session:
+            first, endpoints[0] = endpoints[0], None
+            async with self._reading(target, "reading the trust list back", SessionSecurity.SIGNED, first) as session:
                 return await replace(written, session=session).read_if_allowed(TrustList.ALL)
 
         try:

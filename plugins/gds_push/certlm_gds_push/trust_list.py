@@ -68,11 +68,16 @@ def from_data_type(data: ua.TrustListDataType, mask: int) -> TrustList:
 
 def check_trust_list(trust_list: TrustList, limit: int, specified_lists: int) -> None:
     """Refuse a trust list the device cannot hold (``limit`` bytes, 0 for none), before anything is sent."""
-    size = len(encode(to_data_type(trust_list, specified_lists)))
+    size = encoded_size(trust_list, specified_lists)
     if limit and size > limit:
         raise DeviceError(
             f"trust list too large: {size} bytes, the device accepts at most {limit}", "BadRequestTooLarge"
         )
+
+
+def encoded_size(trust_list: TrustList, specified_lists: int) -> int:
+    """The bytes the lists of ``specified_lists`` take as the device is sent them: what its limit counts."""
+    return len(encode(to_data_type(trust_list, specified_lists)))
 
 
 def encode(data: ua.TrustListDataType) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,78 @@ async def test_a_failing_takeover_reports_every_step_and_its_cause(
     ]
     assert failed.value.__cause__ is cause, "the host answers 422 from the cause"
     assert failed.value.presented_certificate == device.certificate
+
+
+def held(trust_list: TrustList | None) -> dict[str, list[bytes]]:
+    """A trust list's lists as the device stores them (in an order of its own)."""
+    assert trust_list is not None
+    return {name: sorted(items) for name, items in vars(trust_list).items()}
+
+
+def adding(ca: OpcUaTestCa) -> Callable[[TrustList], TrustList]:
+    """A trust-list change as a campaign's trust phase makes it: ``ca`` and its CRL added to what the device holds."""
+
+    def compose(current: TrustList) -> TrustList:
+        return replace(
+            current,
+            trusted_certificates=[*current.trusted_certificates, to_der(ca.certificate)],
+            trusted_crls=[*current.trusted_crls, to_der(ca.crl)],
+        )
+
+    return compose
+
+
+async def onboarded_plc(
+    simulated_device: StartDevice, client_identity: ClientIdentity, services: HostServices, ca: OpcUaTestCa, **options
+) -> tuple[Any, GdsPushDriver, DeviceTarget]:
+    """A simulated PLC onboarded by its own driver (which waits for the device to drop its channels after
+    ApplyChanges), the driver and the target pinned to what the device presents."""
+    device = await simulated_device(**options)
+    driver = driver_for(SimulatedPlcDriver, client_identity, services)
+    target = device_target(device, **ADMIN)
+    onboarded = await driver.push(target, PushRequest(onboarding=True, trust_on_first_use=True), ca.material())
+    target.pinned_certificate = to_der(onboarded.certificate)
+    await device.settle()
+    return device, driver, target
+
+
+async def test_a_trust_list_change_is_read_back_in_its_own_session_and_leaves_a_device_that_listens(
+    simulated_device: StartDevice, client_identity: ClientIdentity, services: HostServices, opcua_test_ca: OpcUaTestCa
+) -> None:
+    device, driver, target = await onboarded_plc(simulated_device, client_identity, services, opcua_test_ca)
+    sessions, endpoint_requests, requests = device.sessions_created, device.endpoint_requests, device.session_requests
+    successor = OpcUaTestCa("certlm test CA 2027")
+
+    read_back = await driver.change_trust_list(target, adding(successor))
+
+    # The list read back is what the device holds: the successor beside everything it trusted.
+    assert held(read_back) == held(device.trust_list)
+    assert to_der(successor.certificate) in read_back.trusted_certificates
+    # One session, after one GetEndpoints, read back in it after ApplyChanges: ServerConfiguration's nodes (Translate),
+    # the list read (OpenWithMasks, Read, Close), MaxTrustListSize, the rejected list, the write (Open, Write,
+    # CloseAndUpdate), ApplyChanges, the list read back (OpenWithMasks, Read, Close). Before: a second session, and a
+    # GetEndpoints before it, to read back after a fixed pause.
+    assert (device.sessions_created - sessions, device.endpoint_requests - endpoint_requests) == (1, 1)
+    assert device.session_requests - requests == 13
+    # The device dropped the session and listens again before the change returns: the next operation meets it.
+    assert device._endpoint_task is not None and device._endpoint_task.done()
+    assert (await driver.read_certificate(target, secure_session=False)).certificate == device.certificate
+
+
+async def test_a_device_that_restarts_at_once_after_apply_changes_is_read_back_on_the_endpoints_it_announced(
+    simulated_device: StartDevice, client_identity: ClientIdentity, services: HostServices, opcua_test_ca: OpcUaTestCa
+) -> None:
+    # The device drops every channel as soon as it answered ApplyChanges, before the read back in the same session.
+    device, driver, target = await onboarded_plc(
+        simulated_device, client_identity, services, opcua_test_ca, apply_delay_s=0.0
+    )
+    sessions, endpoint_requests = device.sessions_created, device.endpoint_requests
+    successor = OpcUaTestCa("certlm test CA 2027")
+
+    read_back = await driver.change_trust_list(target, adding(successor))
+
+    assert held(read_back) == held(device.trust_list)
+    assert to_der(successor.certificate) in read_back.trusted_certificates
+    # The read in the write's session is cut off: a second session reads the list back, on the endpoints the first
+    # one was opened on (a trust list does not change the device's certificate), so without another GetEndpoints.
+    assert (device.sessions_created - sessions, device.endpoint_requests - endpoint_requests) == (2, 1)

@@ -312,8 +312,10 @@ async def test_push_keeps_also_trusted_on_the_device_and_reports_it(
 
 # ``change_trust_list``: read, composed and written in one session.
 
-# Sessions a change takes: one to read, compose and write, plus one to read back after ApplyChanges, which drops
-# every channel a moment later; a device that takes the list at CloseAndUpdate is read back in the same one.
+# Sessions a change takes with a driver that does not say when its device restarts after ApplyChanges (the generic
+# one): one to read, compose and write, plus one to read back after the device dropped every channel; a device that
+# takes the list at CloseAndUpdate is read back in the same one. The simulated PLC's driver, which knows, reads back in
+# the same session after ApplyChanges too (test_sessions.py).
 CHANGE_SESSIONS = {"at ApplyChanges": 2, "at CloseAndUpdate": 1}
 
 

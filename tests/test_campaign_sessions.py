@@ -1,0 +1,66 @@
+"""What a campaign costs each device, counted by the simulated devices themselves: secure sessions, GetEndpoints
+requests and the requests in sessions, per phase. Every session is two RSA key exchanges and every request a round
+trip encrypted and signed both ways, on certlm and on the device: on a plant of a thousand devices they are what a
+rollover costs, so each cut is pinned here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from certlm.lifecycle import campaigns
+from certlm.testing.pushes import request
+from certlm.testing.running import eventually
+from tests.conftest import StartDevice
+from tests.support import InProcessApp
+from tests.test_campaigns import PLANT_SIZE, finished, plant
+
+COUNTERS = ("sessions_created", "endpoint_requests", "session_requests")
+
+
+def counts(devices: list[Any]) -> list[tuple[int, ...]]:
+    return [tuple(getattr(device, counter) for counter in COUNTERS) for device in devices]
+
+
+async def test_a_rollover_costs_each_device_its_sessions_and_requests_per_phase(
+    in_process: InProcessApp, simulated_device: StartDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plant_ca, successor, devices = await plant(in_process, simulated_device)
+    # Each phase's cost is what the devices counted between the moments the campaign moved on: the check before a
+    # phase (the retire's reading every device) goes with the phase before it.
+    marks: list[tuple[str, list[tuple[int, ...]]]] = []
+    enter, finish = campaigns._enter, campaigns._finish
+
+    async def entering(runtime: Any, campaign: Any, phase: str) -> None:
+        marks.append((phase, counts(devices)))
+        await enter(runtime, campaign, phase)
+
+    async def finishing(campaign: Any) -> None:
+        marks.append(("done", counts(devices)))
+        await finish(campaign)
+
+    monkeypatch.setattr(campaigns, "_enter", entering)
+    monkeypatch.setattr(campaigns, "_finish", finishing)
+    started = counts(devices)
+    status, created = await request(in_process, "POST", "/campaigns", {
+        "kind": "ca-rollover", "from_pki_id": plant_ca.pki_id, "to_pki_id": successor.pki_id, "concurrency": 2,
+    })  # fmt: skip
+    assert status == 201, created
+    await eventually(lambda: finished(in_process, created["id"]), "the campaign to finish", 120)
+
+    assert [phase for phase, _ in marks] == ["reissue", "retire", "done"]
+    per_phase: dict[str, set[tuple[int, ...]]] = {}
+    before = started
+    for (_, after), name in zip(marks, ("trust", "reissue", "retire"), strict=True):
+        per_phase[name] = {
+            tuple(b - a for a, b in zip(was, now, strict=True)) for was, now in zip(before, after, strict=True)
+        }
+        before = after
+    # (secure sessions, GetEndpoints, requests in sessions), the same for every device. trust: one session, its list
+    # read back in it after ApplyChanges (before: a second session and GetEndpoints, after a fixed pause). reissue:
+    # the push's session; GetEndpoints before it, to verify the issued certificate, and the retire's check reading
+    # each device live. retire: as the trust step, and the device's limit not read for a list smaller than the one it
+    # holds (before: 2, 2, 13).
+    assert per_phase == {"trust": {(1, 1, 13)}, "reissue": {(1, 3, 9)}, "retire": {(1, 1, 12)}}
+    assert len(devices) == PLANT_SIZE
