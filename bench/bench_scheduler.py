@@ -372,9 +372,17 @@ async def measure_renewal(setup: Setup) -> Measurement:
 
 
 def ratio(certlm: Measurement, script: BaselineRun) -> float | None:
-    """certlm's duration over the script's, when both did every device; else None (no ratio: MISSED)."""
+    """certlm's duration over the script's, when both did every device; else None: a round certlm did not complete is
+    a missed target, one the script did not complete (a device that timed out under load) compares nothing."""
     complete = certlm.done == certlm.devices and script.done == script.devices
     return certlm.duration_s / script.wall_s if complete and script.wall_s else None
+
+
+def round_text(certlm: Measurement, script: BaselineRun) -> str:
+    value = ratio(certlm, script)
+    if value is not None:
+        return f"{value:.2f}"
+    return "- (certlm did not do every device)" if certlm.done < certlm.devices else "- (the script failed a device)"
 
 
 @dataclass
@@ -395,10 +403,11 @@ class Result:
             ("monitor scan", self.monitor, self.baseline_monitor),
             ("renewal wave", self.renewal, self.baseline_renewal),
         ):
-            rounds = [ratio(c, b) for c, b in zip(certlm, script, strict=True)]
-            measured = [r for r in rounds if r is not None]
-            median = statistics.median(measured) if len(measured) == len(rounds) else None
-            each = ", ".join("-" if r is None else f"{r:.2f}" for r in rounds)
+            measured = [r for c, b in zip(certlm, script, strict=True) if (r := ratio(c, b)) is not None]
+            # Every device of certlm's in every round, and rounds to compare: else no verdict but MISSED.
+            complete = all(c.done == c.devices for c in certlm)
+            median = statistics.median(measured) if measured and complete else None
+            each = ", ".join(round_text(c, b) for c, b in zip(certlm, script, strict=True))
             verdict = "MISSED" if median is None or median > TARGET_RATIO else "met"
             median_text = "-" if median is None else f"{median:.2f}x"
             lines.append(
@@ -536,11 +545,8 @@ async def run_setup(
                     print(f"  load average {load_average()}")
                 else:
                     script_renewals.append(await script.measure("renewal wave", push))
-            monitor_ratio = ratio(monitors[-1], script_monitors[-1])
-            renewal_ratio = ratio(renewals[-1], script_renewals[-1])
-            print(f"  round {number + 1}: monitor scan {'-' if monitor_ratio is None else f'{monitor_ratio:.2f}'}x, "
-                  f"renewal wave {'-' if renewal_ratio is None else f'{renewal_ratio:.2f}'}x the script",
-                  flush=True)  # fmt: skip
+            print(f"  round {number + 1}: monitor scan {round_text(monitors[-1], script_monitors[-1])}x, renewal wave "
+                  f"{round_text(renewals[-1], script_renewals[-1])}x the script", flush=True)  # fmt: skip
     finally:
         for devices in (simulators, script.simulators):
             if devices is not None:
