@@ -66,6 +66,9 @@ async def onboarded(in_process: InProcessApp, simulated_device: Any, count: int 
 def counted(statements: list[str]) -> dict[str, int]:
     return {
         "all": len(statements),
+        # The gds_push plugin reads certlm's OPC UA client identity again 5 s after its last read (``REFRESH_S``),
+        # once by each visit then under way: on a loaded machine, where a scan takes longer, these come on top.
+        "all but the client identity": len([s for s in statements if '"gds_push_client_identity"' not in s]),
         "schedule writes": len(on_table(statements, "UPDATE", "device_schedule")),
         "schedule reads": len(reads_of(statements, "device_schedule")),
         "entry reads": len(reads_of(statements, "inventory_entry")),
@@ -114,7 +117,7 @@ def check(measured: dict[str, Any]) -> None:
     assert monitor["outcomes"] == {"read": DEVICES} and monitor["seen and released"] == DEVICES, monitor
     assert monitor["schedule writes"] == 2 * DEVICES, monitor["sent"]
     assert monitor["entry reads"] == 1 + DEVICES and monitor["entry writes"] == DEVICES, monitor["sent"]
-    assert monitor["all"] == MONITOR_SCAN + MONITOR_VISIT * DEVICES, "\n".join(monitor["sent"])
+    assert monitor["all but the client identity"] == MONITOR_SCAN + MONITOR_VISIT * DEVICES, "\n".join(monitor["sent"])
 
     assert renewal["outcomes"] == {"renewed": DEVICES}, renewal["outcomes"]
     assert renewal["installed"] == [2] * DEVICES and all(renewal["pinned"]), renewal
