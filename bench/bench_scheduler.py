@@ -133,6 +133,7 @@ class Setup:
     concurrency: int
     renewal_rounds: int = 0  # renewal waves measured so far: each device installed one certificate more in each
     last_scan_end: float | None = None  # time.monotonic() when the last monitor scan measured was seen over
+    last_scan_s: float = 0.0  # how long it took
     counted: dict[str, tuple[list[float], list[dict[str, int]]]] = field(default_factory=dict)
 
     @property
@@ -274,12 +275,17 @@ async def measure_monitor(setup: Setup) -> Measurement:
     # A scan claims a device not read within half its interval (instances sharing a database share the scan): the
     # first scan's interval is long (one scan per measurement), a later round's one and a half times the time since
     # the last scan ended, so that every device is claimable again while the next scan is due long after this one.
+    # A scan right after the last one (the warm-up's, with only the script's scan between) waits until the time since
+    # is at least twice the last scan and 5 s, so that the interval is well beyond this scan's duration.
     gap = None if setup.last_scan_end is None else time.monotonic() - setup.last_scan_end
+    if gap is not None and gap < 2 * setup.last_scan_s + 5:
+        await asyncio.sleep(2 * setup.last_scan_s + 5 - gap)
+        gap = 2 * setup.last_scan_s + 5
     interval = LONG_INTERVAL_S if gap is None else max(int(1.5 * gap), 2)
     switch_on = {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": interval}
     phase = await run_until(setup, switch_on, scanned, 120 + 2.0 * len(setup.ports))
     await setup.switch(monitor_scheduler_active=False)
-    setup.last_scan_end = time.monotonic()
+    setup.last_scan_end, setup.last_scan_s = time.monotonic(), phase.wall_s
     durations, outcomes = await setup.scheduler_metrics("monitor")
     # The scan reads every active entry, onboarded or not (a failed onboarding leaves one). Instances sharing a
     # database split the scan: each device is read by one of them ("read_elsewhere" by the others).
