@@ -1,32 +1,40 @@
 """Scheduler benchmark: a monitor scan and a renewal wave over N simulated OPC UA devices, one instance on SQLite and
 two instances on one PostgreSQL.
 
-    .venv/bin/python bench/bench_scheduler.py [--devices 1000] [--simulators 4] [--concurrency 8]
+    .venv/bin/python bench/bench_scheduler.py [--devices 100] [--simulators 4] [--concurrency 8] [--rounds 3]
         [--skip-postgres | --skip-sqlite]
 
 Each setup starts ``--devices`` simulated devices in ``--simulators`` ``certlm-simulate`` processes and real
 ``certlm serve`` processes with an internal CA, and onboards every device (``POST /gds/push/onboarding``, at most
-``--concurrency`` calls in flight). Then:
+``--concurrency`` calls in flight); the baseline, ``scheduler_baseline.py`` (a plain asyncua script doing the same
+reads and renewals, at the same concurrency: ``scheduler_concurrency`` per instance, so twice that for two instances),
+gets as many devices of its own (same simulator processes and options) and pushes to each once, as certlm onboarded
+its own, so that both sides read devices holding a CA's certificate and trust list. Each side then scans once more,
+not counted (the warm-up). Then ``--rounds`` rounds, the sides taking turns (certlm-script in one round,
+script-certlm in the next, so that the machine's drift and other work fall on both alike), each round a monitor scan
+of every device by each side and then a renewal wave of every device by each side:
 
-- monitor scan: the monitor scheduler is switched on with a long interval on every instance and the benchmark polls
-  ``GET /systeminfo`` until each instance's first scan has finished. The scan's duration is the instance's own
-  ``certlm_scheduler_run_duration_seconds`` (``GET /metrics``), its outcomes ``certlm_scheduler_device_outcomes_total``;
-- renewal wave: a second internal CA replaces the first on every entry (``PATCH /gds/inventory``), which makes every
-  device due, and the renewal scheduler is switched on; the wave lasts until every device was either renewed or
-  failed, as the entries' last operations say (``GET /dashboard/operations``: the scheduler's pushes since the wave
-  began), listed every few seconds, and at every poll once the devices' own count
-  (``<state>/<port>/installed-certificates.log``) says each installed a second certificate. A failure is printed as
+- monitor scan: the monitor scheduler is switched on on every instance and the benchmark polls ``GET /systeminfo``
+  until each instance's scan has finished. The scan's duration is the instance's own
+  ``certlm_scheduler_run_duration_seconds`` (``GET /metrics``, its growth in this scan), its outcomes
+  ``certlm_scheduler_device_outcomes_total``. The first scan's interval is a day; a later round's one and a half times
+  the time since the last scan, so that each device is claimable again (a scan claims devices not read within half
+  its interval) and the next scan is not due before the benchmark switches the scheduler off;
+- renewal wave: a new internal CA replaces the entries' PKI (``PATCH /gds/inventory``), which makes every device
+  due, and the renewal scheduler is switched on; the wave lasts until every device was either renewed or failed, as
+  the entries' last operations say (``GET /dashboard/operations``: the scheduler's pushes since the wave began),
+  listed every few seconds, and at every poll once the devices' own count
+  (``<state>/<port>/installed-certificates.log``) says each installed one certificate more. A failure is printed as
   it happens, with its error; the wave does not wait for a time-out.
 
-For both it prints devices per second, certlm's CPU seconds and peak resident memory (from /proc, per instance)
-and the simulators' CPU seconds. Then the baseline of the same run: ``scheduler_baseline.py``, a plain asyncua script
-doing the same reads and renewals on as many fresh simulated devices (same simulator processes and options) at the
-same concurrency (``scheduler_concurrency`` per instance, so twice that for two instances). The targets are ratios:
-certlm's monitor scan and renewal wave each at most ``TARGET_RATIO`` times the script's wall time. Beside each, the
-CPU each device cost the machine on either side (certlm, PostgreSQL's backends and the simulated devices; the script
-and the simulated devices): with both cores busy, as at twice ``scheduler_concurrency``, wall times follow it. The
-load average is printed before and after each phase: other work on the machine shows in every figure, the ratios
-less. A missed target prints MISSED; the exit code is 0 either way.
+For each it prints devices per second, certlm's CPU seconds and peak resident memory (from /proc, per instance)
+and the simulators' CPU seconds, and the script's figures. The targets are ratios: certlm's monitor scan and renewal
+wave each at most ``TARGET_RATIO`` times the script's wall time, judged on the median of the rounds' ratios (each
+round's printed, and the ratio over all rounds). Beside each, the CPU each device cost the machine on either side
+(certlm, PostgreSQL's backends and the simulated devices; the script and the simulated devices): with both cores
+busy, as at twice ``scheduler_concurrency``, wall times follow it. The load average is printed before and after each
+phase: other work on the machine shows in every figure, the ratios less. A missed target prints MISSED; the exit
+code is 0 either way. At the defaults a run takes about 5 minutes on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -34,13 +42,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
+import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from asyncua_baseline import BaselineCa, push
 from common import (
     ADMIN,
     LicenseKeys,
@@ -50,15 +61,18 @@ from common import (
     Simulators,
     Usage,
     database_cpu_seconds,
+    listening,
     load_average,
     start_certlm,
 )
 from prometheus_client.parser import text_string_to_metric_families
-from scheduler_baseline import BaselineRun, baseline
+from scheduler_baseline import BaselineRun, monitor_read, run
 
 from certlm.foundation.config import Settings
 
 TARGET_RATIO = 1.2  # certlm's monitor scan and renewal wave over the plain script's
+# The defaults: both setups in about 5 minutes on a 2-core machine.
+DEVICES, ROUNDS = 100, 3
 POLL_S = 0.5
 # The wave's outcomes are listed from certlm (a query per page, on certlm's cores) this often while the devices' own
 # count says some are not renewed yet, to print failures as they come; once they all are, at every poll until the
@@ -117,6 +131,10 @@ class Setup:
     simulators: Simulators
     ports: list[int]  # the devices onboarded
     concurrency: int
+    renewal_rounds: int = 0  # renewal waves measured so far: each device installed one certificate more in each
+    last_scan_end: float | None = None  # time.monotonic() when the last monitor scan measured was seen over
+    last_scan_s: float = 0.0  # how long it took
+    counted: dict[str, tuple[list[float], list[dict[str, int]]]] = field(default_factory=dict)
 
     @property
     def main(self) -> RunningService:
@@ -144,6 +162,19 @@ class Setup:
         return answers
 
     async def scheduler_metrics(self, scheduler: str) -> tuple[list[float], list[dict[str, int]]]:
+        """Each instance's scan seconds and device outcomes of ``scheduler`` since the last call (``GET /metrics``
+        counts them since the instance started)."""
+        totals = await self._scheduler_totals(scheduler)
+        before = self.counted.get(scheduler, ([0.0] * len(totals[0]), [{} for _ in totals[1]]))
+        self.counted[scheduler] = totals
+        durations = [now - then for now, then in zip(totals[0], before[0], strict=True)]
+        outcomes = [
+            {name: count - then.get(name, 0) for name, count in now.items() if count - then.get(name, 0)}
+            for now, then in zip(totals[1], before[1], strict=True)
+        ]
+        return durations, outcomes
+
+    async def _scheduler_totals(self, scheduler: str) -> tuple[list[float], list[dict[str, int]]]:
         """Each instance's total scan seconds and device outcomes of ``scheduler``, from ``GET /metrics``."""
         durations, outcomes = [], []
         for instance in self.instances:
@@ -241,9 +272,20 @@ async def measure_monitor(setup: Setup) -> Measurement:
         return all(info["monitor_scheduler_last_run"] and info["monitor_scheduler_status"] == "idle"
                    for info in await setup.systeminfo())  # fmt: skip
 
-    switch_on = {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": LONG_INTERVAL_S}
+    # A scan claims a device not read within half its interval (instances sharing a database share the scan): the
+    # first scan's interval is long (one scan per measurement), a later round's one and a half times the time since
+    # the last scan ended, so that every device is claimable again while the next scan is due long after this one.
+    # A scan right after the last one (the warm-up's, with only the script's scan between) waits until the time since
+    # is at least twice the last scan and 5 s, so that the interval is well beyond this scan's duration.
+    gap = None if setup.last_scan_end is None else time.monotonic() - setup.last_scan_end
+    if gap is not None and gap < 2 * setup.last_scan_s + 5:
+        await asyncio.sleep(2 * setup.last_scan_s + 5 - gap)
+        gap = 2 * setup.last_scan_s + 5
+    interval = LONG_INTERVAL_S if gap is None else max(int(1.5 * gap), 2)
+    switch_on = {"monitor_scheduler_active": True, "monitor_scheduler_scan_interval_sec": interval}
     phase = await run_until(setup, switch_on, scanned, 120 + 2.0 * len(setup.ports))
     await setup.switch(monitor_scheduler_active=False)
+    setup.last_scan_end, setup.last_scan_s = time.monotonic(), phase.wall_s
     durations, outcomes = await setup.scheduler_metrics("monitor")
     # The scan reads every active entry, onboarded or not (a failed onboarding leaves one). Instances sharing a
     # database split the scan: each device is read by one of them ("read_elsewhere" by the others).
@@ -294,8 +336,11 @@ async def measure_renewal(setup: Setup) -> Measurement:
 
         await asyncio.gather(*(move(port) for port in setup.ports))
 
+    setup.renewal_rounds += 1
+    installed = 1 + setup.renewal_rounds  # the onboarding's certificate and one per wave so far
+
     def renewed() -> int:
-        return sum(setup.simulators.installations(port) >= 2 for port in setup.ports)
+        return sum(setup.simulators.installations(port) >= installed for port in setup.ports)
 
     # API timestamps are to the second: a push recorded in the second the wave starts counts.
     since = datetime.now(UTC).replace(microsecond=0).isoformat()
@@ -332,33 +377,77 @@ async def measure_renewal(setup: Setup) -> Measurement:
     )  # fmt: skip
 
 
+def ratio(certlm: Measurement, script: BaselineRun) -> float | None:
+    """certlm's duration over the script's, when both did every device; else None: a round certlm did not complete is
+    a missed target, one the script did not complete (a device that timed out under load) compares nothing."""
+    complete = certlm.done == certlm.devices and script.done == script.devices
+    return certlm.duration_s / script.wall_s if complete and script.wall_s else None
+
+
+def round_text(certlm: Measurement, script: BaselineRun) -> str:
+    value = ratio(certlm, script)
+    if value is not None:
+        return f"{value:.2f}"
+    return "- (certlm did not do every device)" if certlm.done < certlm.devices else "- (the script failed a device)"
+
+
 @dataclass
 class Result:
-    """One setup's figures and its baseline's."""
+    """One setup's rounds: each side's measurements in round order."""
 
     label: str
-    monitor: Measurement
-    renewal: Measurement
-    baseline_monitor: BaselineRun
-    baseline_renewal: BaselineRun
+    monitor: list[Measurement]
+    renewal: list[Measurement]
+    baseline_monitor: list[BaselineRun]
+    baseline_renewal: list[BaselineRun]
     load: tuple[str, str]
 
     def lines(self) -> list[str]:
-        lines = [f"{self.label} (load average before {self.load[0]}, after {self.load[1]}):"]
+        lines = [f"{self.label}, {len(self.monitor)} rounds (load average before {self.load[0]}, after "
+                 f"{self.load[1]}):"]  # fmt: skip
         for what, certlm, script in (
             ("monitor scan", self.monitor, self.baseline_monitor),
             ("renewal wave", self.renewal, self.baseline_renewal),
         ):
-            ratio = certlm.duration_s / script.wall_s if script.wall_s else float("nan")
-            complete = certlm.done == certlm.devices and script.done == script.devices
-            met = complete and ratio <= TARGET_RATIO
+            measured = [r for c, b in zip(certlm, script, strict=True) if (r := ratio(c, b)) is not None]
+            # Every device of certlm's in every round, and rounds to compare: else no verdict but MISSED.
+            complete = all(c.done == c.devices for c in certlm)
+            median = statistics.median(measured) if measured and complete else None
+            each = ", ".join(round_text(c, b) for c, b in zip(certlm, script, strict=True))
+            verdict = "MISSED" if median is None or median > TARGET_RATIO else "met"
+            median_text = "-" if median is None else f"{median:.2f}x"
             lines.append(
-                f"  {what}: certlm {certlm.duration_s:.1f} s ({certlm.done}/{certlm.devices} devices), script "
-                f"{script.wall_s:.1f} s ({script.done}/{script.devices}): {ratio:.2f}x the script (target <= "
-                f"{TARGET_RATIO}x){'' if met else '  MISSED'}"
+                f"  {what}: certlm / script of each round {each}; median {median_text} the script (target <= "
+                f"{TARGET_RATIO}x): {verdict}"
             )
-            lines.append(cpu_budget_line(certlm, script))
+            certlm_s, script_s = sum(m.duration_s for m in certlm), sum(b.wall_s for b in script)
+            lines.append(
+                f"    over all rounds: certlm {certlm_s:.1f} s ({sum(m.done for m in certlm)}/"
+                f"{sum(m.devices for m in certlm)} devices), script {script_s:.1f} s ({sum(b.done for b in script)}/"
+                f"{sum(b.devices for b in script)}): {certlm_s / script_s if script_s else float('nan'):.2f}x"
+            )
+            lines.append(cpu_budget_line(merged_measurement(certlm), merged_baseline(script)))
         return lines
+
+
+def merged_measurement(rounds: list[Measurement]) -> Measurement:
+    """The rounds of one phase as one: devices, durations and CPU added up, the peak the highest."""
+    instances = range(len(rounds[0].certlm_cpu_s))
+    return Measurement(
+        rounds[0].what, sum(m.devices for m in rounds), sum(m.done for m in rounds), sum(m.wall_s for m in rounds),
+        [sum(m.scan_s[i] for m in rounds) for i in instances], [{} for _ in instances],
+        [sum(m.certlm_cpu_s[i] for m in rounds) for i in instances],
+        [max(m.certlm_peak_rss[i] for m in rounds) for i in instances], sum(m.simulators_cpu_s for m in rounds),
+        sum(m.duration_s for m in rounds), sum(m.database_cpu_s for m in rounds),
+    )  # fmt: skip
+
+
+def merged_baseline(rounds: list[BaselineRun]) -> BaselineRun:
+    devices_cpu = [b.devices_cpu_s for b in rounds]
+    return BaselineRun(
+        rounds[0].what, sum(b.devices for b in rounds), sum(b.wall_s for b in rounds), sum(b.cpu_s for b in rounds),
+        [f for b in rounds for f in b.failures], None if None in devices_cpu else sum(devices_cpu),  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 def cpu_budget_line(certlm: Measurement, script: BaselineRun) -> str:
@@ -377,21 +466,35 @@ def cpu_budget_line(certlm: Measurement, script: BaselineRun) -> str:
     )
 
 
-async def measure_baseline(
-    args: argparse.Namespace, workdir: Path, concurrency: int
-) -> tuple[BaselineRun, BaselineRun]:
-    """The plain script on as many fresh simulated devices as the setup had, at ``concurrency``."""
-    simulators = Simulators(args.devices, args.simulators, workdir / "baseline-devices", *SIMULATOR_OPTIONS)
-    try:
-        urls = await simulators.start()
+class Script:
+    """The plain script's side: as many devices of its own (same simulator processes and options), pushed to once
+    first as certlm onboarded its own (so that both sides read devices holding a CA's certificate and trust list),
+    at ``concurrency``."""
+
+    def __init__(self, args: argparse.Namespace, workdir: Path, concurrency: int) -> None:
+        self.args, self.workdir, self.concurrency = args, workdir, concurrency
+        self.simulators: Simulators | None = None
+        self.ca: BaselineCa | None = None
+
+    async def start(self) -> None:
+        self.simulators = await listening(
+            self.args.devices, self.args.simulators, self.workdir / "baseline-devices", *SIMULATOR_OPTIONS
+        )
+        urls = self.simulators.urls
+        # As ``scheduler_baseline.baseline`` runs it: the warnings and dropped-session tracebacks are not failures.
+        logging.getLogger("asyncua").setLevel(logging.CRITICAL)
+        self.ca = await asyncio.to_thread(BaselineCa.create)
+        started = time.monotonic()
+        first = await run("first contact", urls, self.ca, self.concurrency, push, self.simulators.pids)
+        print(f"  the script's first contact (its warm-up, not counted): {first.done}/{first.devices} devices in "
+              f"{time.monotonic() - started:.1f} s")  # fmt: skip
+
+    async def measure(self, what: str, one: Callable[[str, BaselineCa], Awaitable[None]]) -> BaselineRun:
         load = load_average()
-        monitor, renewal = await baseline(urls, concurrency, simulators.pids)
-        print(f"  baseline at concurrency {concurrency} (load average before {load}, after {load_average()}):")
-        print(monitor.line())
-        print(renewal.line())
-        return monitor, renewal
-    finally:
-        simulators.stop()
+        assert self.ca is not None and self.simulators is not None
+        result = await run(what, self.simulators.urls, self.ca, self.concurrency, one, self.simulators.pids)
+        print(f"{result.line()} (load average before {load}, after {load_average()})", flush=True)
+        return result
 
 
 async def run_setup(
@@ -399,11 +502,17 @@ async def run_setup(
     instances: int,
 ) -> Result:  # fmt: skip
     print(f"\n== {label} ==")
-    simulators = Simulators(args.devices, args.simulators, workdir / "devices", *SIMULATOR_OPTIONS)
+    script = Script(args, workdir, Settings.scheduler_concurrency * instances)
+    simulators: Simulators | None = None
     services: list[RunningService] = []
+    monitors: list[Measurement] = []
+    renewals: list[Measurement] = []
+    script_monitors: list[BaselineRun] = []
+    script_renewals: list[BaselineRun] = []
     try:
         started = time.monotonic()
-        urls = await simulators.start()
+        simulators = await listening(args.devices, args.simulators, workdir / "devices", *SIMULATOR_OPTIONS)
+        urls = simulators.urls
         print(f"  {len(urls)} devices listening in {len(simulators.processes)} simulator processes "
               f"after {time.monotonic() - started:.0f} s")  # fmt: skip
         services.append(await start_certlm(workdir / "data-1", license_keys, database_url=database_url))
@@ -412,23 +521,45 @@ async def run_setup(
                                  secrets_from=services[0].data_dir)  # fmt: skip
             services.append(await other)
         setup = Setup(label, services, simulators, [], args.concurrency)
+        # Each side's warm-up, not counted: certlm's onboarding, the script's first contact with its devices, and a
+        # first monitor pass each (the first reads after a push meet devices reopening their endpoints).
         await onboard(setup, urls)
+        await script.start()
+        warm = await measure_monitor(setup)
+        print(f"  certlm's first monitor scan (its warm-up, not counted): {warm.done}/{warm.devices} devices in "
+              f"{warm.duration_s:.1f} s")  # fmt: skip
+        await script.measure("first monitor scan (its warm-up, not counted)", monitor_read)
         load_before = load_average()
         print(f"  load average {load_before}")
-        monitor = await measure_monitor(setup)
-        monitor.print()
-        print(f"  load average {load_average()}")
-        renewal = await measure_renewal(setup)
-        renewal.print()
-        print(f"  load average {load_average()}")
+        # The sides take turns, certlm-script in one round and script-certlm in the next, so that a change of the
+        # machine's speed or load falls on both alike; each round's ratio compares the two turns of that round. Both
+        # sides' devices listen throughout, so the idle ones weigh on both alike too.
+        for number in range(args.rounds):
+            order = ["certlm", "script"] if number % 2 == 0 else ["script", "certlm"]
+            print(f"  round {number + 1} ({'-'.join(order)}):")
+            for side in order:
+                if side == "certlm":
+                    monitors.append(await measure_monitor(setup))
+                    monitors[-1].print()
+                    print(f"  load average {load_average()}")
+                else:
+                    script_monitors.append(await script.measure("monitor scan", monitor_read))
+            for side in order:
+                if side == "certlm":
+                    renewals.append(await measure_renewal(setup))
+                    renewals[-1].print()
+                    print(f"  load average {load_average()}")
+                else:
+                    script_renewals.append(await script.measure("renewal wave", push))
+            print(f"  round {number + 1}: monitor scan {round_text(monitors[-1], script_monitors[-1])}x, renewal wave "
+                  f"{round_text(renewals[-1], script_renewals[-1])}x the script", flush=True)  # fmt: skip
     finally:
-        simulators.stop()
+        for devices in (simulators, script.simulators):
+            if devices is not None:
+                devices.stop()
         for service in services:
             await service.stop()
-    baseline_monitor, baseline_renewal = await measure_baseline(
-        args, workdir, Settings.scheduler_concurrency * instances
-    )
-    return Result(label, monitor, renewal, baseline_monitor, baseline_renewal, (load_before, load_average()))
+    return Result(label, monitors, renewals, script_monitors, script_renewals, (load_before, load_average()))
 
 
 def ratio_line(what: str, two: Measurement, one: Measurement) -> str:
@@ -442,12 +573,15 @@ def ratio_line(what: str, two: Measurement, one: Measurement) -> str:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=1000)
+    parser.add_argument("--devices", type=int, default=DEVICES)
     parser.add_argument("--simulators", type=int, default=4, help="simulator processes the devices are spread over")
     parser.add_argument("--concurrency", type=int, default=8, help="onboarding calls in flight")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternating rounds per setup (at least 1)")
     parser.add_argument("--skip-postgres", action="store_true", help="measure one instance on SQLite only")
     parser.add_argument("--skip-sqlite", action="store_true", help="measure two instances on PostgreSQL only")
     args = parser.parse_args()
+    if args.rounds < 1 or args.devices < 1:
+        parser.error("--rounds and --devices must be at least 1")
     print(f"{args.devices} devices in {args.simulators} simulator processes; onboarding concurrency "
           f"{args.concurrency}; certlm's scheduler_concurrency {Settings.scheduler_concurrency}; "
           f"load average {load_average()}")  # fmt: skip
@@ -475,8 +609,8 @@ async def main() -> None:
             print(line)
     if len(results) == 2:
         one, two = results
-        print(ratio_line("monitor scan", two.monitor, one.monitor))
-        print(ratio_line("renewal wave", two.renewal, one.renewal))
+        print(ratio_line("monitor scan", merged_measurement(two.monitor), merged_measurement(one.monitor)))
+        print(ratio_line("renewal wave", merged_measurement(two.renewal), merged_measurement(one.renewal)))
 
 
 if __name__ == "__main__":

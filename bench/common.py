@@ -30,7 +30,7 @@ ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's adminis
 
 __all__ = [
     "ADMIN", "LicenseKeys", "PostgresServer", "ProcessMeter", "RunningService", "Simulators", "database_cpu_seconds",
-    "load_average", "start_certlm",
+    "listening", "load_average", "start_certlm",
 ]  # fmt: skip
 
 
@@ -189,6 +189,23 @@ class Simulators:
         for process in self.processes:
             stop_process(process, 30)
         self.processes = []
+
+
+async def listening(count: int, processes: int, state_dir: Path, *options: str, attempts: int = 3) -> Simulators:
+    """``count`` fresh simulated devices in ``processes`` processes, listening. Other work on the machine may take a
+    port of the range between the check that it is free and the simulator's bind: then a new range is tried (at most
+    ``attempts`` in all), each in a state folder of its own."""
+    for attempt in range(1, attempts + 1):
+        simulators = Simulators(count, processes, state_dir / f"attempt-{attempt}", *options)
+        try:
+            await simulators.start()
+            return simulators
+        except RuntimeError as error:
+            simulators.stop()
+            print(f"  simulators did not start ({str(error).splitlines()[0]}; {str(error).splitlines()[-1][:200]})")
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def _ready_lines(process: subprocess.Popen, lines: int, timeout: float) -> list[str]:

@@ -24,6 +24,7 @@ from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.system.settings import system_settings
 from certlm.testing import InProcessApp, InternalCa, push
 from tests.test_push_queries import on_table, statements_sent
+from tests.test_rejected_clients_driver import ScadaClient
 
 
 def reads_of(statements: list[str], table: str) -> list[str]:
@@ -197,3 +198,30 @@ async def test_a_scan_turn_on_a_device_another_instance_holds_is_taken_and_the_d
         assert await scan(certlm_in_process, timedelta(0)) == {"leased_elsewhere": 1}
         row = await DeviceSchedule.get(entry_id=entry.id)
     assert row.monitored_at is not None and row.lease_holder == "other:1:x" and row.last_seen is None
+
+
+async def test_a_scan_clears_a_rejected_client_a_device_no_longer_lists_and_writes_nothing_for_a_device_listing_none(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
+) -> None:
+    """The scan reads once which devices have rejected certificates marked listed: a device that lists none and has
+    none marked costs no statement there, and one whose list emptied since still gets its records cleared."""
+    quiet, refusing = await certlm_simulated_device(), await certlm_simulated_device()
+    await asyncio.gather(push(certlm_in_process, quiet), push(certlm_in_process, refusing))
+    scada = ScadaClient()
+    assert await scada.connect(refusing.url) != "Good", "an onboarded device trusts certlm and its CA only"
+    async with certlm_in_process.context():
+        assert await scan(certlm_in_process, timedelta(0)) == {"read": 2}
+    status, page = await certlm_in_process.call("GET", "/gds/rejected")
+    assert status == 200 and [item["listed"] for item in page["rejected"]] == [True], page
+
+    # The device forgets what it refused (its list is kept in its state folder, read when it starts).
+    await refusing.stop()
+    (refusing.config.device_state_dir / "rejected.pem").unlink()
+    await refusing.start()
+    async with certlm_in_process.context():
+        with statements_sent() as statements:
+            assert await scan(certlm_in_process, timedelta(0)) == {"read": 2}
+    cleared = on_table(statements, "UPDATE", "rejected_client")
+    assert len(cleared) == 1, "\n".join(cleared)  # the refusing device's; none for the quiet one
+    status, page = await certlm_in_process.call("GET", "/gds/rejected")
+    assert status == 200 and [item["listed"] for item in page["rejected"]] == [False], page

@@ -2,8 +2,9 @@
 ``certlm.lifecycle.renewal``), counted as ``tests.test_push_queries`` counts them, over a scan of a few simulated
 devices; and that a monitor scan's device slot is not held while a visit stores what it read.
 
-A monitor visit: the lease and the scan's turn claimed in one UPDATE, the entry read once under the lease, the
-credentials, the rejected list's one UPDATE, the entry written once and the lease released with the visit recorded.
+A monitor visit: the lease and the scan's turn claimed in one UPDATE, the entry read once under the lease, the entry
+written once and the lease released with the visit recorded; the devices' credentials and which of them have rejected
+certificates marked listed are read once by the scan (a device listing none, with none marked, writes nothing there).
 A scheduled renewal: the lease claimed, the schedule row, the entry and its PKI read in one joined SELECT under it
 (the push signs with that PKI row), the credentials, the campaigns' trust, the entry written once, the lease
 released; the PKI plugin's own statements (the internal CA's row, read once per push, the issued certificate) come on
@@ -34,9 +35,12 @@ from tests.test_monitor_queries import reads_of
 from tests.test_push_queries import ca_reads_of, on_table, statements_sent
 
 DEVICES = 3
-# A monitor scan's own statements: the calendar, the settings, the active entries, their schedule rows, their PKIs.
-MONITOR_SCAN = 5
-MONITOR_VISIT = 6
+# A monitor scan's own statements: the calendar, the settings, the active entries, their schedule rows, their PKIs,
+# their credentials and the entries with rejected certificates marked listed.
+MONITOR_SCAN = 7
+# Per visit: the claim, the entry read under the lease, the entry's one write and the release (the credentials and the
+# rejected list's UPDATE, one statement each per visit before, are the scan's).
+MONITOR_VISIT = 4
 # A renewal wave's own: the calendar, the settings, the campaigns and PKIs the rollover check reads, the due entries
 # with their PKIs, their schedule rows (two reads), and the new CA's first CRL (its revoked certificates, its row).
 RENEWAL_WAVE = 10
@@ -62,6 +66,9 @@ async def onboarded(in_process: InProcessApp, simulated_device: Any, count: int 
 def counted(statements: list[str]) -> dict[str, int]:
     return {
         "all": len(statements),
+        # The gds_push plugin reads certlm's OPC UA client identity again 5 s after its last read (``REFRESH_S``),
+        # once by each visit then under way: on a loaded machine, where a scan takes longer, these come on top.
+        "all but the client identity": len([s for s in statements if '"gds_push_client_identity"' not in s]),
         "schedule writes": len(on_table(statements, "UPDATE", "device_schedule")),
         "schedule reads": len(reads_of(statements, "device_schedule")),
         "entry reads": len(reads_of(statements, "inventory_entry")),
@@ -110,7 +117,7 @@ def check(measured: dict[str, Any]) -> None:
     assert monitor["outcomes"] == {"read": DEVICES} and monitor["seen and released"] == DEVICES, monitor
     assert monitor["schedule writes"] == 2 * DEVICES, monitor["sent"]
     assert monitor["entry reads"] == 1 + DEVICES and monitor["entry writes"] == DEVICES, monitor["sent"]
-    assert monitor["all"] == MONITOR_SCAN + MONITOR_VISIT * DEVICES, "\n".join(monitor["sent"])
+    assert monitor["all but the client identity"] == MONITOR_SCAN + MONITOR_VISIT * DEVICES, "\n".join(monitor["sent"])
 
     assert renewal["outcomes"] == {"renewed": DEVICES}, renewal["outcomes"]
     assert renewal["installed"] == [2] * DEVICES and all(renewal["pinned"]), renewal

@@ -40,7 +40,7 @@ from certlm.foundation.secretbox import SecretBox
 from certlm.storage import MAX_ID
 from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABLE
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
-from certlm.storage.reads import forget_read, read_once
+from certlm.storage.reads import forget_read, read_once, remember_read
 from certlm.storage.sql import in_dialect, rows_of
 from certlm.system.licensing import LicenseService
 from certlm.system.settings import (
@@ -326,6 +326,20 @@ async def stored_credential(entry_id: int) -> DeviceCredential | None:
         return found[0] if found else None
 
     return await read_once(_credential_key(entry_id), load)
+
+
+async def preload_credentials(entries: list[InventoryEntry]) -> None:
+    """Read the stored credentials of ``entries`` (all of one ``device_status``) in one statement into the read-once
+    scope open (``certlm.storage.reads``), where ``stored_credential`` finds them, None for an entry without one: a
+    scan visiting each of them then reads none on its own."""
+    if not entries:
+        return
+    statuses = {entry.device_status for entry in entries}
+    assert len(statuses) == 1, "one device_status: the credentials are read by it"
+    rows = await DeviceCredential.filter(entry__device_status=statuses.pop())
+    found = {row.entry_id: row for row in rows}  # type: ignore[attr-defined]
+    for entry in entries:
+        remember_read(_credential_key(entry.id), found.get(entry.id))
 
 
 async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:

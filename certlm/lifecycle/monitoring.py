@@ -35,6 +35,7 @@ from certlm.inventory.entries import (
     canonical_server,
     device_entry_at,
     find_entry,
+    preload_credentials,
     trust_list_fields,
 )
 from certlm.inventory.identity import mark_identity_changed
@@ -54,7 +55,8 @@ from certlm.lifecycle.rejected import record_rejected
 from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import ScanContext, ScanReport
 from certlm.pki.revocation import REVOCATION_FIELDS, revocation_of, store_revocation
-from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry, RejectedClient
+from certlm.storage.reads import reads_once
 from certlm.system.audit import journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -216,6 +218,14 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
     report = ScanReport()
     entries = await InventoryEntry.filter(device_status=DEVICE_STATUS_ACTIVE)
     report.devices = len(entries)
+    with reads_once():
+        await _visit_all(runtime, context, entries, report)
+    return report
+
+
+async def _visit_all(
+    runtime: Runtime, context: ScanContext, entries: list[InventoryEntry], report: ScanReport
+) -> None:  # fmt: skip
     await ensure_rows([entry.id for entry in entries])
     limit = asyncio.Semaphore(runtime.settings.scheduler_concurrency)
 
@@ -227,6 +237,12 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
     # start: visits running at once would each miss a row still being read.
     pki_ids = {entry.pki_id for entry in entries if entry.pki_id is not None}  # type: ignore[attr-defined]
     pkis: dict[int, PkiEntry | None] = {pki.id: pki for pki in await PkiEntry.filter(id__in=pki_ids)} if pki_ids else {}
+    # Likewise what each visit read on its own before, one statement each: the devices' stored credentials (into the
+    # scan's read-once scope, where a visit's ``device_target`` finds them) and the entries with rejected client
+    # certificates marked listed (a visit to any other device that lists none has nothing to clear). An operator's
+    # change meanwhile is seen by the next scan, as a change of a PKI row is.
+    await preload_credentials(entries)
+    rejected_listed = set(await RejectedClient.filter(listed=True).distinct().values_list("entry_id", flat=True))
 
     async def watch(entry: InventoryEntry) -> None:
         async with DeviceSlot(limit) as slot:
@@ -238,10 +254,14 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
                 return
             now = context.clock()
             turn = ClaimCondition(free, {"monitored_at": now})
-            report.count(await monitor_device(runtime, entry, now, scan_turn=turn, pkis=pkis, read_done=slot.give_back))
+            report.count(
+                await monitor_device(
+                    runtime, entry, now, scan_turn=turn, pkis=pkis, rejected_listed=rejected_listed,
+                    read_done=slot.give_back,
+                )
+            )  # fmt: skip
 
     await asyncio.gather(*(watch(entry) for entry in entries))
-    return report
 
 
 class DeviceSlot:
@@ -279,6 +299,7 @@ async def monitor_device(
     *,
     scan_turn: ClaimCondition | None = None,
     pkis: dict[int, PkiEntry | None] | None = None,
+    rejected_listed: set[int] | None = None,
     read_done: Callable[[], None] = _nothing,
 ) -> str:
     """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``,
@@ -287,7 +308,9 @@ async def monitor_device(
     when the entry was deleted since the scan listed it, or
     ``leased_elsewhere`` when another instance is operating on the device (its push verifies what the device
     presents), ``inactive`` when the entry was deactivated since the scan listed it, ``read_elsewhere`` when the
-    scan's ``scan_turn`` (claimed with the lease) was taken by another instance. ``pkis``: the scan's PKI rows.
+    scan's ``scan_turn`` (claimed with the lease) was taken by another instance. ``pkis``: the scan's PKI rows;
+    ``rejected_listed``: the entries with rejected certificates marked listed, as the scan read them (None: not
+    known, the visit clears what is marked).
     ``read_done`` is called once the device will not be asked anything more in this visit (``DeviceSlot``)."""
     # Within another operation's lease (a renewal reconciling its device) the lease is that operation's to release.
     owns_lease = not holds(entry.id)
@@ -296,7 +319,9 @@ async def monitor_device(
             assert claim is not None
             if entry.device_status != DEVICE_STATUS_ACTIVE:
                 return "inactive"
-            return await _Visit(runtime, entry, claim, owns_lease, now, trigger, pkis, read_done).run()
+            visit = _Visit(runtime, entry, claim, owns_lease, now, trigger, pkis, read_done)
+            visit.any_listed = rejected_listed is None or entry.id in rejected_listed
+            return await visit.run()
     except ConditionUnmet:
         return "read_elsewhere"
     except DeviceBusy:
@@ -327,6 +352,7 @@ class _Visit:
         self.runtime, self.entry, self.claim, self.now, self.trigger = runtime, entry, claim, now, trigger
         self.pkis, self.read_done = pkis, read_done
         self.owns_lease = owns_lease  # False within another operation's lease, which that operation releases
+        self.any_listed = True  # whether the entry may have rejected certificates marked listed (``record_rejected``)
         self.driver = runtime.drivers.get(entry.service)
 
     async def run(self) -> str:
@@ -365,7 +391,7 @@ class _Visit:
         if isinstance(rest, DeviceIdentityChanged):
             await entry.save(update_fields=[*fields, "updated_at"])  # the certificate read stays stored
             raise rest
-        detail = await _store_rest(entry, target, rest, fields) if rest is not None else None
+        detail = await _store_rest(entry, target, rest, fields, self.any_listed) if rest is not None else None
         if not self.owns_lease:
             await _record_monitor(entry, now, trigger, "read", detail, fields)
             return "read"
@@ -452,7 +478,7 @@ async def _issued_by_entry_pki(runtime: Runtime, entry: InventoryEntry, certific
 
 
 async def _store_rest(
-    entry: InventoryEntry, target: DeviceTarget, rest: DeviceReading | str, fields: list[str]
+    entry: InventoryEntry, target: DeviceTarget, rest: DeviceReading | str, fields: list[str], any_listed: bool = True
 ) -> str | None:
     """Set the trust list, firmware and status the device read gave on ``entry`` (their names added to ``fields``,
     which the caller saves) and record the client certificates it rejected; the visit's detail: the status, or what
@@ -466,7 +492,7 @@ async def _store_rest(
         entry.firmware_version, entry.device_name = rest.firmware.firmware_version, rest.firmware.device_name
         fields += ["firmware_version", "device_name"]
     if rest.rejected_certificates is not None:
-        await record_rejected(entry, target.url, rest.rejected_certificates)
+        await record_rejected(entry, target.url, rest.rejected_certificates, any_listed=any_listed)
     return f"status {rest.status}" if rest.status else None
 
 

@@ -44,17 +44,25 @@ def application_uri(certificate: x509.Certificate) -> str | None:
 
 
 async def record_rejected(
-    entry: InventoryEntry, device: str, certificates: list[x509.Certificate], now: datetime | None = None
+    entry: InventoryEntry,
+    device: str,
+    certificates: list[x509.Certificate],
+    now: datetime | None = None,
+    *,
+    any_listed: bool = True,
 ) -> None:
     """Store what the device listed as rejected on this read: new certificates get a record, known ones their
     ``last_seen``; records of certificates it no longer lists are kept, marked as not listed. Called under the
     device's lease (the monitor's), so one instance at a time records for a device. A device listing nothing costs
-    one UPDATE; one listing certificates certlm knows, a SELECT and two UPDATEs."""
+    one UPDATE, none when ``any_listed`` is False (the caller read that the entry has no record marked listed: the
+    monitor scan reads that of every device at once); one listing certificates certlm knows, a SELECT and two
+    UPDATEs."""
     now = now or datetime.now(UTC)
     listed = {fingerprint(certificate): certificate for certificate in certificates}
     rows = RejectedClient.filter(entry_id=entry.id)
     if not listed:
-        await rows.filter(listed=True).update(listed=False)
+        if any_listed:
+            await rows.filter(listed=True).update(listed=False)
         return
     known = set(await rows.values_list("fingerprint", flat=True))
     if seen_again := list(known & set(listed)):

@@ -49,6 +49,14 @@ async def read_once(key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
     return memo[key]
 
 
+def remember_read(key: Hashable, value: Any) -> None:
+    """Keep ``value`` as what ``read_once`` of ``key`` loads in the scope open (nothing outside a scope): for a caller
+    that read many keys' rows in one statement."""
+    memo = _reads.get()
+    if memo is not None:
+        memo[key] = value
+
+
 def forget_read(key: Hashable) -> None:
     """The next ``read_once`` of ``key`` in this scope loads again: the caller changed what it had read."""
     memo = _reads.get()
