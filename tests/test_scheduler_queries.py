@@ -131,7 +131,8 @@ def check(measured: dict[str, Any]) -> None:
     # The wave's rollover check (both PKIs) and due check (the new one) read the CA rows; each push reads its row once
     # (for its chain, its CRL and the signing), where it read it three times before.
     assert renewal["ca reads"] == 3 + DEVICES, renewal["sent"]
-    assert renewal["all"] <= RENEWAL_WAVE + RENEWAL * DEVICES, "\n".join(renewal["sent"])
+    # The client identity's time-based reads left out as for the scan: a renewal that runs past its 5 s adds one.
+    assert renewal["all but the client identity"] <= RENEWAL_WAVE + RENEWAL * DEVICES, "\n".join(renewal["sent"])
 
 
 async def test_a_monitor_visit_and_a_scheduled_renewal_cost_what_they_did_on_sqlite(
