@@ -4,12 +4,14 @@ PostgreSQL database, and bad backup settings stopping start-up with the setting 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import shutil
 import sqlite3
 import stat
 import subprocess
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -111,6 +113,43 @@ async def test_scheduled_backups_keep_n_generations_here_and_on_sftp(
     assert (tmp_path / "restored" / "secrets" / "certlm_secret.key").read_bytes() == (
         service.data_dir / "secrets" / "certlm_secret.key"
     ).read_bytes()
+
+
+async def test_a_stop_while_a_scheduled_backup_is_written_lets_it_finish_here_and_on_sftp(
+    make_service: StartService, sftp_server, tmp_path: Path
+) -> None:
+    """The operator stops certlm while a scheduled backup is being written: the stop waits for it, so the archive is
+    whole here and on the SFTP server alike, no temporary file is left on either, and its record says it succeeded.
+    Cut off, the archive was kept here only and never recorded."""
+    sftp_env, remote = sftp_server
+    service = await make_service(
+        env={
+            "CERTLM_BACKUP_SCHEDULE": OFTEN,
+            "CERTLM_BACKUP_KEEP": "2",
+            "CERTLM_BACKUP_PASSPHRASE_FILE": str(passphrase_file(tmp_path)),
+            **sftp_env,
+        }
+    )
+    local = service.data_dir / "backups"
+
+    def being_written() -> bool:
+        return local.is_dir() and any(path.name.endswith(".tmp") for path in local.iterdir())
+
+    # Caught while the archive is encrypted (its temporary file lives through the passphrase's scrypt, tenths of a
+    # second): polled more often than ``eventually`` does, within a bound.
+    deadline = time.monotonic() + 60
+    while not being_written():
+        assert time.monotonic() < deadline, "no scheduled backup being written within 60s"
+        await asyncio.sleep(0.005)
+    await service.stop()
+
+    assert generations(local) and generations(local) == generations(remote)
+    assert not [path.name for path in [*local.iterdir(), *remote.iterdir()] if path.name.startswith(".")]
+    with sqlite3.connect(service.data_dir / "certlm.sqlite3") as db:
+        records = db.execute("SELECT ok, locations FROM backup_record ORDER BY taken_at").fetchall()
+    newest = generations(local)[-1]
+    assert records and records[-1][0] == 1 and newest in records[-1][1], records
+    assert "scheduled backup under way: stopping once it is done" in service.log()
 
 
 async def test_a_failed_sftp_copy_is_reported_and_the_local_archive_kept(

@@ -799,6 +799,7 @@ class ScheduledBackups:
         self.settings, self.schedule, self.key_source, self.sftp = settings, schedule, key_source, sftp
         self.directory = backup_directory(settings)
         self._task: asyncio.Task | None = None
+        self._taking: asyncio.Task | None = None  # the backup under way, which a stop lets finish
         self._lock_connection: Any = None
 
     @classmethod
@@ -825,11 +826,23 @@ class ScheduledBackups:
         self._task = asyncio.create_task(self._run(), name="certlm-scheduled-backups")
 
     async def stop(self) -> None:
+        """Stop the schedule. A backup under way is let finish within ``shutdown_grace_s``, as requests and scans
+        are at a stop: cut off, its archive would be kept here but never copied to the SFTP target (the copies
+        would differ, a temporary file left on the server), and no record would say so."""
         if self._task is not None:
             self._task.cancel()
             with suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._taking is not None and not self._taking.done():
+            grace = self.settings.shutdown_grace_s
+            log.info("scheduled backup under way: stopping once it is done (at most %gs)", grace)
+            try:
+                await asyncio.wait_for(self._taking, grace)
+            except TimeoutError:
+                log.warning("scheduled backup cut off at the stop after %gs: unrecorded, its SFTP copy may be missing",
+                            grace)  # fmt: skip
+        self._taking = None
         if self._lock_connection is not None:
             with suppress(Exception):
                 await self._lock_connection.close()
@@ -844,11 +857,9 @@ class ScheduledBackups:
             now = datetime.now(UTC)
             due = self.schedule.next_after(now, last)
             if due is not None and due <= now and await self._leads():
-                try:
-                    await self.take()
-                except Exception:
-                    # Recorded as failed below; the schedule goes on (the next try is one interval later).
-                    log.exception("scheduled backup failed")
+                # Shielded: cancelling the schedule (``stop``) does not cut off the backup under way.
+                self._taking = asyncio.ensure_future(self._take_logged())
+                await asyncio.shield(self._taking)
                 continue
             wait = RECHECK_S if due is None else min(RECHECK_S, max((due - now).total_seconds(), 0.5))
             await asyncio.sleep(wait)
@@ -872,6 +883,13 @@ class ScheduledBackups:
             return True
         await connection.close()
         return False
+
+    async def _take_logged(self) -> None:
+        try:
+            await self.take()
+        except Exception:
+            # Recorded as failed by ``take``; the schedule goes on (the next try is one interval later).
+            log.exception("scheduled backup failed")
 
     async def take(self) -> dict[str, Any]:
         """One scheduled backup now; its record, also when it failed (with the reason)."""
