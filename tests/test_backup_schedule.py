@@ -4,14 +4,12 @@ PostgreSQL database, and bad backup settings stopping start-up with the setting 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pwd
 import shutil
 import sqlite3
 import stat
 import subprocess
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -69,18 +67,21 @@ def generations(directory: Path) -> list[str]:
     return sorted(path.name for path in directory.iterdir() if path.name.endswith(".certlmbk"))
 
 
+def every_two_seconds_keeping_two(tmp_path: Path, sftp_env: dict[str, str]) -> dict[str, str]:
+    """A service's backup settings: a backup every ``OFTEN`` hours, two generations kept here and on SFTP."""
+    return {
+        "CERTLM_BACKUP_SCHEDULE": OFTEN,
+        "CERTLM_BACKUP_KEEP": "2",
+        "CERTLM_BACKUP_PASSPHRASE_FILE": str(passphrase_file(tmp_path)),
+        **sftp_env,
+    }
+
+
 async def test_scheduled_backups_keep_n_generations_here_and_on_sftp(
     make_service: StartService, sftp_server, tmp_path: Path
 ) -> None:
     sftp_env, remote = sftp_server
-    service = await make_service(
-        env={
-            "CERTLM_BACKUP_SCHEDULE": OFTEN,
-            "CERTLM_BACKUP_KEEP": "2",
-            "CERTLM_BACKUP_PASSPHRASE_FILE": str(passphrase_file(tmp_path)),
-            **sftp_env,
-        }
-    )
+    service = await make_service(env=every_two_seconds_keeping_two(tmp_path, sftp_env))
     seen: dict[str, dict] = {}
 
     async def four_backups() -> bool:
@@ -122,25 +123,15 @@ async def test_a_stop_while_a_scheduled_backup_is_written_lets_it_finish_here_an
     whole here and on the SFTP server alike, no temporary file is left on either, and its record says it succeeded.
     Cut off, the archive was kept here only and never recorded."""
     sftp_env, remote = sftp_server
-    service = await make_service(
-        env={
-            "CERTLM_BACKUP_SCHEDULE": OFTEN,
-            "CERTLM_BACKUP_KEEP": "2",
-            "CERTLM_BACKUP_PASSPHRASE_FILE": str(passphrase_file(tmp_path)),
-            **sftp_env,
-        }
-    )
+    service = await make_service(env=every_two_seconds_keeping_two(tmp_path, sftp_env))
     local = service.data_dir / "backups"
 
-    def being_written() -> bool:
+    async def being_written() -> bool:
         return local.is_dir() and any(path.name.endswith(".tmp") for path in local.iterdir())
 
-    # Caught while the archive is encrypted (its temporary file lives through the passphrase's scrypt, tenths of a
-    # second): polled more often than ``eventually`` does, within a bound.
-    deadline = time.monotonic() + 60
-    while not being_written():
-        assert time.monotonic() < deadline, "no scheduled backup being written within 60s"
-        await asyncio.sleep(0.005)
+    # Caught while the archive is encrypted: its temporary file lives through the passphrase's scrypt, tenths of a
+    # second, so it is looked for every 5 ms.
+    await eventually(being_written, "a scheduled backup being written", 60, every=0.005)
     await service.stop()
 
     assert generations(local) and generations(local) == generations(remote)

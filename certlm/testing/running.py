@@ -28,9 +28,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def eventually(condition: Callable[[], Awaitable[T]], what: str, timeout: float = 30) -> T:
-    """Poll ``condition`` until it returns something true, and return that; fail naming ``what`` after ``timeout``
-    seconds."""
+async def eventually(condition: Callable[[], Awaitable[T]], what: str, timeout: float = 30, every: float = 0.2) -> T:
+    """Poll ``condition`` every ``every`` seconds until it returns something true, and return that; fail naming
+    ``what`` after ``timeout`` seconds. A state that lasts only tenths of a second wants a shorter ``every``."""
     deadline = time.monotonic() + timeout
     while True:
         value = await condition()
@@ -38,7 +38,7 @@ async def eventually(condition: Callable[[], Awaitable[T]], what: str, timeout: 
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} within {timeout}s")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(every)
 
 
 def stop_process(process: subprocess.Popen | None, timeout: float) -> None:
