@@ -384,6 +384,24 @@ def ratio(certlm: Measurement, script: BaselineRun) -> float | None:
     return certlm.duration_s / script.wall_s if complete and script.wall_s else None
 
 
+async def take_turns(
+    order: list[str],
+    certlm_side: Callable[[], Awaitable[Measurement]],
+    certlm_runs: list[Measurement],
+    script_side: Callable[[], Awaitable[BaselineRun]],
+    script_runs: list[BaselineRun],
+) -> None:
+    """One round of one measurement: each side in ``order``, its run added to its list (certlm's printed with the
+    load average after it)."""
+    for side in order:
+        if side == "certlm":
+            certlm_runs.append(await certlm_side())
+            certlm_runs[-1].print()
+            print(f"  load average {load_average()}")
+        else:
+            script_runs.append(await script_side())
+
+
 def round_text(certlm: Measurement, script: BaselineRun) -> str:
     value = ratio(certlm, script)
     if value is not None:
@@ -537,20 +555,10 @@ async def run_setup(
         for number in range(args.rounds):
             order = ["certlm", "script"] if number % 2 == 0 else ["script", "certlm"]
             print(f"  round {number + 1} ({'-'.join(order)}):")
-            for side in order:
-                if side == "certlm":
-                    monitors.append(await measure_monitor(setup))
-                    monitors[-1].print()
-                    print(f"  load average {load_average()}")
-                else:
-                    script_monitors.append(await script.measure("monitor scan", monitor_read))
-            for side in order:
-                if side == "certlm":
-                    renewals.append(await measure_renewal(setup))
-                    renewals[-1].print()
-                    print(f"  load average {load_average()}")
-                else:
-                    script_renewals.append(await script.measure("renewal wave", push))
+            await take_turns(order, lambda: measure_monitor(setup), monitors,
+                             lambda: script.measure("monitor scan", monitor_read), script_monitors)  # fmt: skip
+            await take_turns(order, lambda: measure_renewal(setup), renewals,
+                             lambda: script.measure("renewal wave", push), script_renewals)  # fmt: skip
             print(f"  round {number + 1}: monitor scan {round_text(monitors[-1], script_monitors[-1])}x, renewal wave "
                   f"{round_text(renewals[-1], script_renewals[-1])}x the script", flush=True)  # fmt: skip
     finally:
