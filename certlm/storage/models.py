@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from tortoise import fields
 from tortoise.backends.base.client import BaseDBAsyncClient
-from tortoise.models import Model
+from tortoise.models import Model as TortoiseModel
+from tortoise.models import ModelMeta
+
+
+class _WithoutSourceComments(ModelMeta):
+    """tortoise reads each model's source file when the class is made, to find field comments written as ``#:``;
+    certlm documents its fields in docstrings and has none, and the reading was a quarter of every start-up (the
+    service's and each CLI command's)."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any]) -> ModelMeta:
+        attrs.setdefault("_no_comments", True)
+        return super().__new__(mcs, name, bases, attrs)
+
+
+class Model(TortoiseModel, metaclass=_WithoutSourceComments):
+    """The base of the host's tables: a tortoise model that is made without reading its source."""
+
+    class Meta:
+        abstract = True
 
 # The unique index every lookup of an inventory entry by address uses (``certlm.inventory.entries.find_entry_at``).
 SERVER_KEY_UNIQUE = ("server_key", "port", "protocol")
