@@ -72,7 +72,6 @@ from typing import TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
-from pyasn1_alt_modules import rfc9480
 
 from certlm import (
     APIError,
@@ -96,6 +95,7 @@ from certlm import (
     spki_der,
 )
 from certlm_pki_cmp import messages, protection, rollover
+from certlm_pki_cmp.asn1 import rfc9480
 from certlm_pki_cmp.capabilities import LearnedCapabilities, TypeRefused, type_refusal
 from certlm_pki_cmp.transaction import (
     Credentials,

@@ -13,9 +13,9 @@ from cryptography.x509.oid import ExtensionOID
 from pyasn1.codec.der import decoder, encoder
 from pyasn1.error import PyAsn1Error
 from pyasn1.type import char, univ
-from pyasn1_alt_modules import rfc2986, rfc4211, rfc5280, rfc9480
 
 from certlm import with_host_names
+from certlm_pki_cmp.asn1 import rfc2986, rfc4211, rfc5280, rfc9480
 
 # RFC 4210 §5.1.1: pvno 2 (cmp2000) unless a message needs the RFC 9480 features of cmp2021.
 PVNO = 2

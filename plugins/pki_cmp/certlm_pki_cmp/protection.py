@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, Pub
 from pyasn1.codec.der import decoder, encoder
 from pyasn1.error import PyAsn1Error
 from pyasn1.type import univ
-from pyasn1_alt_modules import rfc4210, rfc5280, rfc8018
 
 from certlm import extension_value, issued_by
+from certlm_pki_cmp.asn1 import rfc4210, rfc5280, rfc8018
 
 # Sent: RFC 9481 §6.1 names SHA-256 and HMAC-SHA256; OpenSSL's server accepts up to 100000 PBM iterations.
 MAC_ITERATIONS = 10_000

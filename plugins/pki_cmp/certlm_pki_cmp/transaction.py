@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from cryptography import x509
-from pyasn1_alt_modules import rfc9480
 
 from certlm import APIError, CsrRejected, UpstreamUnavailable, pki_client
 from certlm_pki_cmp import messages, protection
+from certlm_pki_cmp.asn1 import rfc9480
 from certlm_pki_cmp.messages import Status
 from certlm_pki_cmp.protection import MacAlgorithm
 from certlm_pki_cmp.transport import CmpTransport
