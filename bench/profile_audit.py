@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from certlm.storage import sqlite_transactions
 from certlm.system import audit
 from certlm.testing.in_process import in_process_settings, licensed_app
 from certlm.testing.licenses import LicenseKeys
@@ -47,6 +48,21 @@ async def mix(app, requests: int, start: int) -> int:
     return done
 
 
+class Trips:
+    """Counts the trips to aiosqlite's thread (each a queue, a thread wake-up and the event loop's self-pipe: about
+    as much CPU as a simple statement): what the trail adds beside its Python."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        queue_call = sqlite_transactions._queue_call
+
+        async def counted(connection, fn, *args, **kwargs):
+            self.count += 1
+            return await queue_call(connection, fn, *args, **kwargs)
+
+        sqlite_transactions._queue_call = counted
+
+
 def trail(on: bool) -> None:
     # The setting ``CERTLM_AUDIT_TRAIL`` sets at start-up, switched while the app runs.
     audit.configure(on, None, 60)
@@ -62,6 +78,8 @@ async def main() -> None:
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
     spent = {True: [0.0, 0.0, 0, 0.0], False: [0.0, 0.0, 0, 0.0]}  # event loop s, process s, requests, wall s
+    trips = Trips()
+    trips_of = {True: 0, False: 0}
     per_block: dict[bool, list[float]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
@@ -79,6 +97,7 @@ async def main() -> None:
                     trail(on)
                     profiled = profiler if args.profile == ("on" if on else "off") else None
                     thread0, process0, wall0 = time.thread_time(), time.process_time(), time.monotonic()
+                    trips0 = trips.count
                     if profiled is not None:
                         profiled.enable()
                     first = 1000 + number * args.block * args.clients
@@ -89,6 +108,7 @@ async def main() -> None:
                         profiled.disable()
                     thread, process = time.thread_time() - thread0, time.process_time() - process0
                     spent[on][3] += time.monotonic() - wall0
+                    trips_of[on] += trips.count - trips0
                     spent[on][0] += thread
                     spent[on][1] += process
                     spent[on][2] += done
@@ -101,7 +121,7 @@ async def main() -> None:
         loop_s, process_s, done, _ = spent[on]
         print(f"trail {'on' if on else 'off':3}: event loop {1000 * loop_s / done:.3f} ms/request, process "
               f"{1000 * process_s / done:.3f} ms/request (median block {statistics.median(per_block[on]):.3f}; "
-              f"{done} requests)")  # fmt: skip
+              f"{done} requests; {trips_of[on] / done:.2f} trips to SQLite's thread per request)")  # fmt: skip
     loop_cost = 1000 * (spent[True][0] / spent[True][2] - spent[False][0] / spent[False][2])
     process_cost = 1000 * (spent[True][1] / spent[True][2] - spent[False][1] / spent[False][2])
     median_cost = statistics.median(per_block[True]) - statistics.median(per_block[False])
