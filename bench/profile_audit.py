@@ -6,7 +6,10 @@ processes on a shared machine move it less.
 
     .venv/bin/python bench/profile_audit.py [--seconds 60] [--block 30] [--profile on|off]
 
-``--profile on`` (or ``off``) also prints a cProfile (CPU clock) of that side's requests, sorted by own time.
+``--profile on`` (or ``off``) also prints a cProfile (CPU clock) of that side's requests, sorted by own time (which
+inflates the trail's many small calls several times over). ``--pieces`` times the trail's Python alone, each piece on
+real rows of the running app, many times over (the best of five runs): the journal of a save and of a delete, and a
+record's values, row and hash.
 """
 
 from __future__ import annotations
@@ -20,10 +23,15 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from certlm.foundation.actors import ADMIN, Actor
+from certlm.storage import sqlite_transactions
+from certlm.storage.models import InventoryEntry, MaintenanceWindow
 from certlm.system import audit
 from certlm.testing.in_process import in_process_settings, licensed_app
 from certlm.testing.licenses import LicenseKeys
@@ -47,6 +55,87 @@ async def mix(app, requests: int, start: int) -> int:
     return done
 
 
+class Trips:
+    """Counts the trips to aiosqlite's thread (each a queue, a thread wake-up and the event loop's self-pipe: about
+    as much CPU as a simple statement): what the trail adds beside its Python."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        queue_call = sqlite_transactions._queue_call
+
+        async def counted(connection, fn, *args, **kwargs):
+            self.count += 1
+            return await queue_call(connection, fn, *args, **kwargs)
+
+        sqlite_transactions._queue_call = counted
+
+
+def best_of(piece: Callable[[], object], times: int = 3000) -> float:
+    """Microseconds of CPU one call of ``piece`` takes: the best of five runs of ``times`` calls."""
+    runs = []
+    for _ in range(5):
+        started = time.thread_time()
+        for _ in range(times):
+            piece()
+        runs.append((time.thread_time() - started) / times * 1e6)
+    return min(runs)
+
+
+async def time_pieces(app) -> None:
+    """The trail's Python per piece, as a request of the mix runs it (the journal's hooks as tortoise calls them)."""
+    trail(True)
+    async with app.context():
+        journal = audit.open_journal()
+        entry = await InventoryEntry.get(server="127.0.0.1")  # loaded in the journal: it keeps its row
+        row = dict(entry.__dict__[audit._LOADED_ROW])
+        entry.name = "renamed"
+
+        def saved() -> None:  # PATCH /gds/inventory: the entry saved with all its fields
+            entry.__dict__.pop(audit._SNAPSHOT, None)
+            entry.__dict__[audit._LOADED_ROW] = row
+            journal.changes.clear()
+            audit._saved(journal, InventoryEntry, entry, False, None)
+
+        window = MaintenanceWindow(name="w", status="active", window_type="one_time", timezone="UTC")
+        await window.save()
+        window = await MaintenanceWindow.get(id=window.id)
+        window_row = dict(window.__dict__[audit._LOADED_ROW])
+
+        def created() -> None:  # POST /maintenance/inventory
+            window.__dict__.pop(audit._SNAPSHOT, None)
+            journal.changes.clear()
+            audit._saved(journal, MaintenanceWindow, window, True, None)
+
+        def deleted() -> None:  # DELETE /maintenance/inventory/{id} (what it cascades to read before)
+            window.__dict__.pop(audit._SNAPSHOT, None)
+            window.__dict__[audit._LOADED_ROW] = window_row
+            journal.changes.clear()
+            audit._deleted(journal, window)
+
+        actor = Actor("key", "admin", ADMIN, "127.0.0.1")
+        saved()
+        changes = list(journal.changes)
+
+        def record() -> None:  # ``append``'s values, then the row with its hash (``_linked``)
+            values = {
+                "at": datetime.now(UTC).replace(microsecond=0), "actor": audit._clean(actor.name, 255),
+                "actor_kind": actor.kind, "role": actor.role, "source": audit._clean(actor.source, 64),
+                "action": audit._clean("PATCH /gds/inventory", 255), "target": audit._clean("inventory entry 1", 1000),
+                "entry_id": 1, "device": audit._clean("127.0.0.1:1", 300), "status": 200, "outcome": audit.OK,
+                "detail": None, "changes": audit.canonical_json(changes),
+            }  # fmt: skip
+            audit._linked(values, (41, "ab" * 32))
+
+        for what, piece in (
+            ("journal of a save (an entry, all its fields)", saved),
+            ("journal of a create (a window)", created),
+            ("journal of a delete (a window)", deleted),
+            ("a record's values, row and hash", record),
+        ):
+            print(f"  {what}: {best_of(piece):.1f} us")
+        await window.delete()
+
+
 def trail(on: bool) -> None:
     # The setting ``CERTLM_AUDIT_TRAIL`` sets at start-up, switched while the app runs.
     audit.configure(on, None, 60)
@@ -58,10 +147,13 @@ async def main() -> None:
     parser.add_argument("--block", type=int, default=30, help="requests per block (one side at a time)")
     parser.add_argument("--clients", type=int, default=1, help="mixes running at once (bench_audit runs 8)")
     parser.add_argument("--profile", choices=("on", "off"))
+    parser.add_argument("--pieces", action="store_true", help="also time the trail's Python piece by piece")
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
     spent = {True: [0.0, 0.0, 0, 0.0], False: [0.0, 0.0, 0, 0.0]}  # event loop s, process s, requests, wall s
+    trips = Trips()
+    trips_of = {True: 0, False: 0}
     per_block: dict[bool, list[float]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
@@ -79,6 +171,7 @@ async def main() -> None:
                     trail(on)
                     profiled = profiler if args.profile == ("on" if on else "off") else None
                     thread0, process0, wall0 = time.thread_time(), time.process_time(), time.monotonic()
+                    trips0 = trips.count
                     if profiled is not None:
                         profiled.enable()
                     first = 1000 + number * args.block * args.clients
@@ -89,11 +182,15 @@ async def main() -> None:
                         profiled.disable()
                     thread, process = time.thread_time() - thread0, time.process_time() - process0
                     spent[on][3] += time.monotonic() - wall0
+                    trips_of[on] += trips.count - trips0
                     spent[on][0] += thread
                     spent[on][1] += process
                     spent[on][2] += done
                     per_block[on].append(1000 * process / done)
                 number += 1
+            if args.pieces:
+                print("the trail's Python alone (CPU per call, best of five runs):")
+                await time_pieces(app)
             trail(True)
             async with app.context():
                 verdict = await audit.verify_chain()
@@ -101,7 +198,7 @@ async def main() -> None:
         loop_s, process_s, done, _ = spent[on]
         print(f"trail {'on' if on else 'off':3}: event loop {1000 * loop_s / done:.3f} ms/request, process "
               f"{1000 * process_s / done:.3f} ms/request (median block {statistics.median(per_block[on]):.3f}; "
-              f"{done} requests)")  # fmt: skip
+              f"{done} requests; {trips_of[on] / done:.2f} trips to SQLite's thread per request)")  # fmt: skip
     loop_cost = 1000 * (spent[True][0] / spent[True][2] - spent[False][0] / spent[False][2])
     process_cost = 1000 * (spent[True][1] / spent[True][2] - spent[False][1] / spent[False][2])
     median_cost = statistics.median(per_block[True]) - statistics.median(per_block[False])
