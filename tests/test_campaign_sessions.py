@@ -15,6 +15,7 @@ from certlm.testing.running import eventually
 from tests.conftest import StartDevice
 from tests.support import InProcessApp
 from tests.test_campaigns import PLANT_SIZE, finished, plant
+from tests.test_push_queries import _statements, statements_sent
 
 COUNTERS = ("sessions_created", "endpoint_requests", "session_requests")
 
@@ -60,7 +61,60 @@ async def test_a_rollover_costs_each_device_its_sessions_and_requests_per_phase(
     # (secure sessions, GetEndpoints, requests in sessions), the same for every device. trust: one session, its list
     # read back in it after ApplyChanges (before: a second session and GetEndpoints, after a fixed pause). reissue:
     # the push's session; GetEndpoints before it, to verify the issued certificate, and the retire's check reading
-    # each device live. retire: as the trust step, and the device's limit not read for a list smaller than the one it
-    # holds (before: 2, 2, 13).
-    assert per_phase == {"trust": {(1, 1, 13)}, "reissue": {(1, 3, 9)}, "retire": {(1, 1, 12)}}
+    # each device live. retire: as the trust step, and neither the device's limit read for a list smaller than the
+    # one it holds nor its rejected certificates for a list that trusts nothing new (before: 2, 2, 13; then 1, 1, 12).
+    assert per_phase == {"trust": {(1, 1, 13)}, "reissue": {(1, 3, 9)}, "retire": {(1, 1, 11)}}
     assert len(devices) == PLANT_SIZE
+
+
+def own_statements(statements: list[str]) -> list[str]:
+    """A step's statements but the audit trail's record (an insert that is tried again when another step's record came
+    first: steps run side by side) and certlm's client identity (read by the first session, then kept)."""
+    return [
+        statement
+        for statement in statements
+        if not statement.startswith("INSERT INTO audit_record") and '"application_uri"' not in statement
+    ]
+
+
+async def test_a_campaign_step_costs_the_database_its_statements_per_phase(
+    in_process: InProcessApp, simulated_device: StartDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statements each device step sends, counted in its own task: the runner's round and the polls do not
+    count."""
+    plant_ca, successor, _ = await plant(in_process, simulated_device)
+    sent: list[tuple[str, list[str]]] = []
+    step = campaigns._step
+
+    async def counted(runtime: Any, campaign: Any, row: Any, **options: Any) -> bool:
+        # Steps run side by side: each has a list of its own in its task (the one handler below fills it).
+        mine: list[str] = []
+        _statements.set(mine)
+        ran = await step(runtime, campaign, row, **options)
+        if ran:
+            sent.append((campaign.phase, mine))
+        return ran
+
+    monkeypatch.setattr(campaigns, "_step", counted)
+    with statements_sent():
+        status, created = await request(in_process, "POST", "/campaigns", {
+            "kind": "ca-rollover", "from_pki_id": plant_ca.pki_id, "to_pki_id": successor.pki_id, "concurrency": 2,
+        })  # fmt: skip
+        assert status == 201, created
+        await eventually(lambda: finished(in_process, created["id"]), "the campaign to finish", 120)
+
+    assert (
+        sorted(phase for phase, _ in sent)
+        == ["reissue"] * PLANT_SIZE + ["retire"] * PLANT_SIZE + ["trust"] * PLANT_SIZE
+    )
+    for phase, statements in sent:
+        # Whether the step may start (the campaign still running in its phase, the maintenance windows unchanged
+        # since the round loaded them) is one statement; the calendar is not loaded again while no window changed.
+        gates = [statement for statement in statements if statement == campaigns._gate_sql("sqlite")]
+        assert len(gates) == 1, (phase, statements)
+        assert [statement for statement in statements if 'FROM "maintenance_' in statement] == [], (phase, statements)
+    per_phase = {phase: {len(own_statements(statements)) for p, statements in sent if p == phase} for phase, _ in sent}
+    # The gate, the lease claimed, the row and entry read under it, the device's credentials, the entry written with
+    # the outcome, the row, the lease released; the reissue's push reads its PKI entry and CA, what campaigns keep
+    # trusted, writes the issued certificate and the step's "replacing" before the push (before: 8, 16, 8).
+    assert per_phase == {"trust": {7}, "reissue": {15}, "retire": {7}}, per_phase

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Iterable
@@ -40,6 +41,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from tortoise import connections
 from tortoise.expressions import Q
 from tortoise.transactions import in_transaction
 
@@ -88,6 +90,7 @@ from certlm.lifecycle.trust import change_trust_list
 from certlm.pki.client import cdp_urls
 from certlm.pki.material import chain_crls_by_ca, pki_ca_certificates
 from certlm.storage.models import Campaign, CampaignDevice, CrlProbeRevocation, InventoryEntry, PkiEntry
+from certlm.storage.sql import in_dialect
 from certlm.system.audit import journal_created, journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -286,8 +289,12 @@ async def advance(runtime: Runtime, campaign: Campaign, now: datetime) -> bool:
     round got anywhere (a step ran or a phase began), so that the runner goes on at once."""
     if campaign.phase == DONE:
         return False
+    windows = RoundWindows()
     if campaign.respect_windows:
-        suppression = await _suppression_at(now)
+        _, fingerprint = await _gate(campaign)
+        calendar = await windows.calendar_for(fingerprint)
+        # Finding where a suppression ends walks the calendar: off the event loop.
+        suppression = await asyncio.to_thread(calendar.suppression_at, now)
         if suppression is not None:
             await _set_blocked(campaign, f"suppressed: {suppression.describe()}")
             return False
@@ -302,7 +309,7 @@ async def advance(runtime: Runtime, campaign: Campaign, now: datetime) -> bool:
 
     async def step(row: CampaignDevice) -> bool:
         async with limit:
-            return await _step(runtime, campaign, row)
+            return await _step(runtime, campaign, row, windows=windows)
 
     due = [row for row in rows if _due(row, campaign.phase, now) and row.entry_id not in excepted]
     ran = await asyncio.gather(*(step(row) for row in due))
@@ -313,10 +320,44 @@ async def advance(runtime: Runtime, campaign: Campaign, now: datetime) -> bool:
     return any(ran) or campaign.phase != phase
 
 
-async def _suppression_at(now: datetime) -> Suppression | None:
-    calendar = await MaintenanceCalendar.load()
-    # Finding where a suppression ends walks the calendar: off the event loop.
-    return await asyncio.to_thread(calendar.suppression_at, now)
+@dataclass
+class RoundWindows:
+    """The maintenance calendar as one round's steps see it: loaded with the round, and again only by a step that finds
+    the windows changed (``_gate``: a window or rule created, edited or deleted, on any instance), so that a window
+    that opens mid-round, or is made mid-round, holds the next step without every step loading the calendar."""
+
+    fingerprint: tuple | None = None
+    calendar: MaintenanceCalendar | None = None
+
+    async def calendar_for(self, fingerprint: tuple) -> MaintenanceCalendar:
+        """The calendar as of ``fingerprint`` (read before it is loaded: a change in between only loads it again)."""
+        if self.calendar is None or fingerprint != self.fingerprint:
+            self.calendar, self.fingerprint = await MaintenanceCalendar.load(), fingerprint
+        return self.calendar
+
+
+async def _gate(campaign: Campaign) -> tuple[bool, tuple]:
+    """Whether the campaign still runs in its phase, and what the maintenance calendar is made of now (the windows'
+    and rules' count and last change, as ``suppression.calendar_fingerprint`` compares them), in one statement: every
+    device step asks both before it starts."""
+    database = connections.get("default")
+    (row,) = await database.execute_query_dict(
+        _gate_sql(database.capabilities.dialect), [campaign.id, RUNNING, campaign.phase]
+    )
+    windows = (row["windows"], str(row["windows_changed"]), row["rules"], str(row["rules_changed"]))
+    return bool(row["running"]), windows
+
+
+@functools.cache
+def _gate_sql(dialect: str) -> str:
+    return in_dialect(
+        "SELECT (SELECT COUNT(*) FROM campaign WHERE id = {} AND state = {} AND phase = {}) AS running, "
+        "(SELECT COUNT(*) FROM maintenance_window) AS windows, "
+        "(SELECT MAX(updated_at) FROM maintenance_window) AS windows_changed, "
+        "(SELECT COUNT(*) FROM maintenance_rule) AS rules, "
+        "(SELECT MAX(updated_at) FROM maintenance_rule) AS rules_changed",
+        dialect,
+    )
 
 
 def _due(row: CampaignDevice, phase: str, now: datetime) -> bool:
@@ -325,7 +366,9 @@ def _due(row: CampaignDevice, phase: str, now: datetime) -> bool:
 
 
 @journals_automated_work
-async def _step(runtime: Runtime, campaign: Campaign, row: CampaignDevice) -> bool:
+async def _step(
+    runtime: Runtime, campaign: Campaign, row: CampaignDevice, *, windows: RoundWindows | None = None
+) -> bool:
     """The device's step of the phase, if it may start and is still due once this instance holds the device's lease;
     whether it ran.
 
@@ -337,7 +380,7 @@ async def _step(runtime: Runtime, campaign: Campaign, row: CampaignDevice) -> bo
     (``change_trust_list`` writes nothing the device holds already, ``_reissue`` finds what a cut-off push
     installed)."""
     started = datetime.now(UTC)
-    if not await _may_start(campaign, started):
+    if not await _may_start(campaign, started, RoundWindows() if windows is None else windows):
         return False
     try:
         async with device_lease(row.entry_id, wait_s=0, lease_s=runtime.settings.device_lease_s) as claim:
@@ -360,13 +403,15 @@ async def _step(runtime: Runtime, campaign: Campaign, row: CampaignDevice) -> bo
         return False
 
 
-async def _may_start(campaign: Campaign, at: datetime) -> bool:
+async def _may_start(campaign: Campaign, at: datetime, windows: RoundWindows) -> bool:
     """Whether a device step may start at ``at``: the campaign is still running in this phase (not paused, cancelled
     or moved on meanwhile) and, when it respects them, no maintenance window is open. Asked before each step, not once
-    a round: a round over many devices is long, and a window or a pause holds it back from the next device on."""
-    if not await Campaign.filter(id=campaign.id, state=RUNNING, phase=campaign.phase).exists():
+    a round: a round over many devices is long, and a window or a pause holds it back from the next device on. One
+    statement (``_gate``); the calendar is the round's (``windows``) unless the windows changed since it was loaded."""
+    running, fingerprint = await _gate(campaign)
+    if not running:
         return False
-    return not campaign.respect_windows or (await MaintenanceCalendar.load()).window_at(at) is None
+    return not campaign.respect_windows or (await windows.calendar_for(fingerprint)).window_at(at) is None
 
 
 async def _run_step(

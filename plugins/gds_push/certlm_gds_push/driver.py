@@ -336,11 +336,15 @@ class GdsPushDriver(DeviceDriver):
         """Write ``trust_list`` in ``session`` once it fits the device's limit, and take it into use; whether that
         took ApplyChanges (after which the device drops every channel). ``held``: the whole list the device holds,
         read in this session; a list no larger fits whatever the limit (a campaign's retire takes an issuer out),
-        so the limit is not read for it."""
+        so the limit is not read for it, and a list that trusts nothing the device does not trust already releases
+        no rejected certificate (below), so the device is not asked for them."""
         if held is None or encoded_size(trust_list, TrustList.ALL) > encoded_size(held, TrustList.ALL):
             check_trust_list(trust_list, await self._trust_list_limit_in(session, configuration), TrustList.ALL)
-        # node-opcua refuses a certificate in its rejected/ folder whatever the trusted list holds: released first.
-        await release_rejected(session, configuration.node_id, trust_file.node_id, trust_list.trusted_certificates)
+        # node-opcua refuses a certificate in its rejected/ folder whatever the trusted list holds: released first,
+        # when the list trusts what the device did not (a certificate it trusted already was refused before this write
+        # as after it, and is no business of this one).
+        if held is None or set(trust_list.trusted_certificates) - set(held.trusted_certificates):
+            await release_rejected(session, configuration.node_id, trust_file.node_id, trust_list.trusted_certificates)
         applied_changes = await _take_into_use(configuration, trust_file, trust_list)
         if applied_changes:
             await self.after_apply_changes(session)
