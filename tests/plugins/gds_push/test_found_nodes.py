@@ -8,13 +8,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
 from certlm_opcua_simulator import SimulatedDevice
+from certlm_opcua_simulator.driver import SimulatedPlcDriver
 
-from certlm import DeviceReading, DeviceTarget, PushRequest, to_der
+from certlm import DeviceReading, DeviceTarget, HostServices, PushRequest, to_der
 from tests.conftest import StartDevice
-from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target
+from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for
 
 TRANSLATE = "TranslateBrowsePathsToNodeIds"
 
@@ -41,9 +43,15 @@ async def restarted(simulated_device: StartDevice, device: SimulatedDevice, **op
     return await simulated_device(replace(device.config, **options))
 
 
+@pytest.mark.parametrize("driver_class", [GdsPushDriver, SimulatedPlcDriver])
 async def test_a_second_visit_reads_the_device_on_the_nodes_the_first_found(
-    simulated_device: StartDevice, driver: GdsPushDriver, client_identity: ClientIdentity
+    simulated_device: StartDevice,
+    services: HostServices,
+    client_identity: ClientIdentity,
+    driver_class: type[GdsPushDriver],
 ) -> None:
+    # The simulated PLC's driver reads its PLC object's variables too, found by browse path the same way.
+    driver = driver_for(driver_class, client_identity, services)
     device = await trusting_device(simulated_device, client_identity)
     target = device_target(device, **ADMIN)
 
@@ -51,10 +59,11 @@ async def test_a_second_visit_reads_the_device_on_the_nodes_the_first_found(
     after_first = device.requests_by_service
     second = await visit(driver, target)
 
-    assert after_first[TRANSLATE] == 1
+    assert after_first[TRANSLATE] == (2 if driver_class is SimulatedPlcDriver else 1)
     assert TRANSLATE not in requests_since(device, after_first), requests_since(device, after_first)
     assert second == first
     assert second.trust_list.trusted_certificates == [to_der(client_identity.certificate)]
+    assert second.status == ("Running, operating mode run" if driver_class is SimulatedPlcDriver else "Running")
 
 
 async def test_a_device_whose_nodes_moved_is_still_read_and_pushed_to(
