@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import enum
 import functools
-import hashlib
 import logging
 import socket
 from collections import OrderedDict
@@ -318,14 +317,13 @@ def found_nodes(services: HostServices) -> FoundNodes:
 
 
 def device_key(target: DeviceTarget, endpoint: Endpoint) -> Hashable:
-    """A device as ``FoundNodes`` knows it: its address, the application and certificate it announces (another
-    device at the same address is another device), the entry's user and the channel's mode (a device may show a
-    user or a channel less of its address space)."""
-    certificate = hashlib.sha256(endpoint.description.ServerCertificate or b"").digest()
+    """A device as ``FoundNodes`` knows it: its address and the application it announces, the entry's user and the
+    channel's mode (a device may show a user or a channel less of its address space). Its certificate is not part of
+    it, so that what was found outlives a renewal; that it is the same device, the pinned certificate says
+    (``open_session`` reuses what was found only for a device whose certificate it checked)."""
     return (
         target.url,
         endpoint.description.Server.ApplicationUri,
-        certificate,
         user_token_type(target),
         target.username,
         endpoint.mode_bit,
@@ -343,6 +341,7 @@ class DeviceSession:
         timeouts: DeviceTimeouts,
         known: FoundNodes | None = None,
         device: Hashable = None,
+        reuse: bool = False,
     ) -> None:
         self.client = client
         self.endpoint = endpoint
@@ -350,7 +349,7 @@ class DeviceSession:
         # Nodes looked up by browse path, by what they are for (``locate``): a device's address space stays what it
         # is, so a second look-up in this session or a later one (``known``) costs no request.
         self._known, self._device = known, device
-        self.found: dict[str, Located] = known.get(device) if known is not None else {}
+        self.found: dict[str, Located] = known.get(device) if known is not None and reuse else {}
         # What was found in an earlier session and not looked up again in this one, and where the device has those
         # nodes now if they moved (``_relocated``).
         self._reused = set(self.found)
@@ -528,7 +527,9 @@ async def open_session(
         if check_server is not None and endpoint.certificate is not None:
             check_server(endpoint.certificate)
         try:
-            session = await _connect(target, identity, timeouts, endpoint, known)
+            # Only a device that passed ``check_server`` (the certificate certlm pinned) is the one whose nodes were
+            # found before: a device trusted on first use (another one at the same address?) has its nodes found anew.
+            session = await _connect(target, identity, timeouts, endpoint, known, reuse=check_server is not None)
             break
         except Exception as error:
             if not _client_rejected(error):
@@ -582,6 +583,7 @@ async def _connect(
     timeouts: DeviceTimeouts,
     endpoint: Endpoint,
     known: FoundNodes | None = None,
+    reuse: bool = False,
 ) -> DeviceSession:
     # ``timeout``: the bound on each request of the session (DeviceSession's single requests have no other).
     # ``watchdog_intervall``: asyncua reads the server state every second of a session by default and takes a read
@@ -624,7 +626,9 @@ async def _connect(
         except BaseException:
             client.disconnect_socket()
             raise
-    return DeviceSession(client, endpoint, timeouts, known, device_key(target, endpoint) if known is not None else None)
+    if known is None:
+        return DeviceSession(client, endpoint, timeouts)
+    return DeviceSession(client, endpoint, timeouts, known, device_key(target, endpoint), reuse)
 
 
 async def _states_seen(states: StateSubscription) -> list[UaClientState]:
