@@ -296,12 +296,16 @@ class FoundNodes:
         return dict(found)
 
     def put(self, device: Hashable, found: dict[str, Located]) -> None:
-        if len(self._shared) < self._MAX_SHARED:
-            found = {purpose: self._shared.setdefault(located, located) for purpose, located in found.items()}
-        self._devices[device] = found
+        self._devices[device] = {purpose: self._one_of(located) for purpose, located in found.items()}
         self._devices.move_to_end(device)
         while len(self._devices) > self.max_devices:
             self._devices.popitem(last=False)
+
+    def _one_of(self, located: Located) -> Located:
+        shared = self._shared.get(located)
+        if shared is None and len(self._shared) < self._MAX_SHARED:
+            shared = self._shared[located] = located
+        return shared or located
 
 
 _found_nodes: dict[int, tuple[HostServices, FoundNodes]] = {}

@@ -9,6 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from asyncua import ua
+from certlm_gds_push.connection import FoundNodes, Located
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
 from certlm_opcua_simulator import SimulatedDevice
@@ -102,3 +104,21 @@ async def test_a_device_whose_nodes_moved_is_still_read_and_pushed_to(
     assert device.certificate == outcome.certificate
     assert to_der(opcua_test_ca.certificate) in device.trust_list.trusted_certificates
     assert [step.step for step in outcome.steps if not step.ok] == []
+
+
+def test_what_was_found_is_kept_for_the_devices_used_last_and_once_per_distinct_answer() -> None:
+    known = FoundNodes(max_devices=2)
+    server = ua.NodeId(ua.ObjectIds.Server)
+    paths = (("0:ServerConfiguration",),)
+    answer = {"server_configuration": Located(server, paths, (ua.NodeId(ua.ObjectIds.ServerConfiguration),))}
+    for device in ("a", "b", "c"):
+        known.put(device, {purpose: replace(located) for purpose, located in answer.items()})
+    known.get("b")  # used last: "c" is the least recent now
+    known.put("d", answer)
+
+    assert (known.get("a"), known.get("c")) == ({}, {})
+    assert known.get("b") == known.get("d") == answer
+    assert known.get("b")["server_configuration"] is known.get("d")["server_configuration"], "kept once"
+    found = known.get("b")
+    found.clear()  # a session's own copy
+    assert known.get("b") == answer
