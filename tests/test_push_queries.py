@@ -140,24 +140,29 @@ async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
     assert entry.pinned_certificate_der == entry.certificate_der and entry.service
 
 
-async def test_a_renewal_looks_up_the_push_management_nodes_once_per_session(
+async def test_a_renewal_finds_the_push_management_nodes_where_the_onboarding_found_them(
     certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any, monkeypatch
 ) -> None:
-    """ServerConfiguration, its methods and its TrustList in one TranslateBrowsePaths request in the session that
-    describes the device and installs (three before: the description's, the push's, the trust list's)."""
+    """ServerConfiguration, its methods and its TrustList in one TranslateBrowsePaths request at first contact (three
+    before: the description's, the push's, the trust list's), kept for the device: the renewal sends none (one
+    before, in its session)."""
     device = await certlm_simulated_device()
-    await push(certlm_in_process, device)
     sent: list[list[str]] = []
     real = DeviceSession.translate
 
     async def counted(self: Any, start: Any, *paths: Any) -> Any:
-        sent.append(sorted({name for path in paths for name in path}))
+        if paths:  # a translate of nothing sends no request
+            sent.append(sorted({name for path in paths for name in path}))
         return await real(self, start, *paths)
 
     monkeypatch.setattr(DeviceSession, "translate", counted)
-    renewed = await push(certlm_in_process, device, onboarding=False)
-    assert renewed["success"], renewed
+    await push(certlm_in_process, device)
     push_management = [names for names in sent if {"0:TrustList", "0:ServerConfiguration"} & set(names)]
-    # The description's look-up, the push's and its trust list's are one request (the session keeps what it found).
     assert len(push_management) == 1, sent
     assert {"0:ServerConfiguration", "0:TrustList", "0:UpdateCertificate"} <= set(push_management[0]), sent
+    sent.clear()
+
+    renewed = await push(certlm_in_process, device, onboarding=False)
+
+    assert renewed["success"], renewed
+    assert sent == []

@@ -15,9 +15,10 @@ import enum
 import functools
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -34,6 +35,7 @@ from certlm import (
     DeviceFailure,
     DeviceTarget,
     DeviceTimeouts,
+    HostServices,
     UnsupportedOperation,
     UpstreamUnavailable,
     sha1_fingerprint,
@@ -258,17 +260,105 @@ ServerCheck = Callable[[x509.Certificate], None]
 ``DeviceFailure`` to refuse the device (``DeviceIdentityChanged`` for one that is not the device certlm pinned)."""
 
 
+# What a device answers for a request naming a node it does not have (any more), or a method its object does not
+# have: after a firmware update, nodes found in an earlier session may have moved.
+UNKNOWN_NODE_STATUSES = frozenset({"BadNodeIdUnknown", "BadNodeIdInvalid", "BadMethodInvalid", "BadAttributeIdInvalid"})
+
+
+@dataclass(frozen=True)
+class Located:
+    """The nodes at ``paths`` below ``start`` as one TranslateBrowsePathsToNodeIds found them (None: no such node)."""
+
+    start: ua.NodeId
+    paths: tuple[tuple[str, ...], ...]
+    nodes: tuple[ua.NodeId | None, ...]
+
+
+class FoundNodes:
+    """What TranslateBrowsePathsToNodeIds found on each device, kept across its sessions (a monitor visit, a push):
+    a device's address space stays what it is but for a firmware update, which ``DeviceSession`` notices by the
+    device answering that a node is unknown. Bounded: the devices used least recently are forgotten first."""
+
+    MAX_DEVICES = 10_000
+    _MAX_SHARED = 256
+
+    def __init__(self, max_devices: int = MAX_DEVICES) -> None:
+        self.max_devices = max_devices
+        self._devices: OrderedDict[Hashable, dict[str, Located]] = OrderedDict()
+        # Devices of one kind resolve the same paths to the same nodes: each distinct answer is kept once.
+        self._shared: dict[Located, Located] = {}
+
+    def get(self, device: Hashable) -> dict[str, Located]:
+        found = self._devices.get(device)
+        if found is None:
+            return {}
+        self._devices.move_to_end(device)
+        return dict(found)
+
+    def put(self, device: Hashable, found: dict[str, Located]) -> None:
+        self._devices[device] = {purpose: self._one_of(located) for purpose, located in found.items()}
+        self._devices.move_to_end(device)
+        while len(self._devices) > self.max_devices:
+            self._devices.popitem(last=False)
+
+    def _one_of(self, located: Located) -> Located:
+        shared = self._shared.get(located)
+        if shared is None and len(self._shared) < self._MAX_SHARED:
+            shared = self._shared[located] = located
+        return shared or located
+
+
+_found_nodes: dict[int, tuple[HostServices, FoundNodes]] = {}
+
+
+def found_nodes(services: HostServices) -> FoundNodes:
+    """The nodes found on devices by the host that lent ``services`` (an app in a test's process is one host among
+    several)."""
+    held = _found_nodes.get(id(services))
+    if held is None or held[0] is not services:
+        held = _found_nodes[id(services)] = (services, FoundNodes())
+    return held[1]
+
+
+def device_key(target: DeviceTarget, endpoint: Endpoint) -> Hashable:
+    """A device as ``FoundNodes`` knows it: its address and the application it announces, the entry's user and the
+    channel's mode (a device may show a user or a channel less of its address space). Its certificate is not part of
+    it, so that what was found outlives a renewal; that it is the same device, the pinned certificate says
+    (``open_session`` reuses what was found only for a device whose certificate it checked)."""
+    return (
+        target.url,
+        endpoint.description.Server.ApplicationUri,
+        user_token_type(target),
+        target.username,
+        endpoint.mode_bit,
+    )
+
+
 class DeviceSession:
     """An activated session with one device. Every request is bounded by the operation time-out: the client's own
     bound on each request (``_connect``), ``request`` for an operation of several."""
 
-    def __init__(self, client: Client, endpoint: Endpoint, timeouts: DeviceTimeouts) -> None:
+    def __init__(
+        self,
+        client: Client,
+        endpoint: Endpoint,
+        timeouts: DeviceTimeouts,
+        known: FoundNodes | None = None,
+        device: Hashable = None,
+        reuse: bool = False,
+    ) -> None:
         self.client = client
         self.endpoint = endpoint
         self.timeouts = timeouts
-        # Nodes looked up by browse path in this session, by what they are for: a device's address space stays what it
-        # is for a session's life, so a second look-up (the description's, then the push's) costs no request.
-        self.found: dict[str, list[ua.NodeId | None]] = {}
+        # Nodes looked up by browse path, by what they are for (``locate``): a device's address space stays what it
+        # is, so a second look-up in this session or a later one (``known``) costs no request.
+        self._known, self._device = known, device
+        self.found: dict[str, Located] = known.get(device) if known is not None and reuse else {}
+        # What was found in an earlier session and not looked up again in this one, and where the device has those
+        # nodes now if they moved (``_relocated``).
+        self._reused = set(self.found)
+        self._moved: dict[ua.NodeId, ua.NodeId] = {}
+        self._relocated_once = False
         # Every endpoint the device announced when the session was opened (``open_session``): a session of the same
         # operation opened after it, while the device's certificate cannot have changed, needs no GetEndpoints.
         self.announced: Sequence[ua.EndpointDescription] = (endpoint.description,)
@@ -296,14 +386,31 @@ class DeviceSession:
 
     async def call(self, object_id: ua.NodeId, method_id: ua.NodeId, *arguments: ua.Variant) -> list[Any]:
         """Call a method on an object; the output arguments as a list. A Bad result raises its UaStatusCodeError."""
-        result = await call_method_full(self.client.get_node(object_id), method_id, *arguments)
+        object_id, method_id = self._current(object_id), self._current(method_id)
+        try:
+            result = await call_method_full(self.client.get_node(object_id), method_id, *arguments)
+        except ua.UaStatusCodeError as error:
+            # A call naming an unknown node ran nothing: it may be sent again to where the node moved.
+            if status_name(error) in UNKNOWN_NODE_STATUSES and await self._relocated((object_id, method_id)):
+                return await self.call(object_id, method_id, *arguments)
+            raise
         return result.OutputArguments
 
     async def read_values(self, node_ids: Sequence[ua.NodeId]) -> list[Any]:
         """The values of several variables in one Read; ``None`` for each the device answers with a Bad status."""
         if not node_ids:
             return []
-        data_values = await self.client.uaclient.read_attributes(list(node_ids), ua.AttributeIds.Value)
+        asked = [self._current(node_id) for node_id in node_ids]
+        data_values = await self.client.uaclient.read_attributes(asked, ua.AttributeIds.Value)
+        unknown = [
+            node_id
+            for node_id, value in zip(asked, data_values, strict=True)
+            if value.StatusCode is not None
+            and not value.StatusCode.is_good()
+            and value.StatusCode.name in UNKNOWN_NODE_STATUSES
+        ]
+        if unknown and await self._relocated(unknown):
+            return await self.read_values(node_ids)
         return [_good_value(data_value) for data_value in data_values]
 
     async def translate(self, start: ua.NodeId, *paths: Sequence[str]) -> list[ua.NodeId | None]:
@@ -312,16 +419,68 @@ class DeviceSession:
         if not paths:
             return []
         relative_paths = [_relative_path(tuple(path)) for path in paths]
-        results = await self.client.translate_browsepaths(start, relative_paths)
+        results = await self.client.translate_browsepaths(self._current(start), relative_paths)
         return [
             result.Targets[0].TargetId if result.StatusCode.is_good() and result.Targets else None for result in results
         ]
 
+    async def locate(
+        self, purpose: str, start: ua.NodeId, paths: tuple[tuple[str, ...], ...]
+    ) -> tuple[ua.NodeId | None, ...]:
+        """``translate`` of ``paths`` below ``start``, kept by ``purpose`` for this device's later look-ups, in this
+        session and later ones (``FoundNodes``). A request that names a node found so in an earlier session and that
+        the device answers as unknown has the paths translated again, once per session (``_relocated``)."""
+        located = self.found.get(purpose)
+        if located is None or located.start != start or located.paths != paths:
+            located = Located(start, paths, tuple(await self.translate(start, *paths)))
+            self.found[purpose] = located
+            self._reused.discard(purpose)
+            self._keep()
+        return located.nodes
+
+    def _keep(self) -> None:
+        if self._known is not None:
+            self._known.put(self._device, self.found)
+
+    def _current(self, node_id: ua.NodeId) -> ua.NodeId:
+        """Where the device has ``node_id`` now (``_relocated``)."""
+        return self._moved.get(node_id, node_id) if self._moved else node_id
+
+    async def _relocated(self, nodes: Collection[ua.NodeId]) -> bool:
+        """Called when the device answered that some of ``nodes`` are unknown: where one of them was found in an
+        earlier session, what was found then is translated again (once per session: a device answering so for
+        another reason costs one request); whether one of ``nodes`` moved, and requests naming it go to its new
+        place from then on."""
+        reused = {node for purpose in self._reused for node in self.found[purpose].nodes if node is not None}
+        if self._relocated_once or reused.isdisjoint(nodes):
+            return False
+        self._relocated_once = True
+        for purpose in sorted(self._reused):
+            before = self.found[purpose]
+            after = replace(before, nodes=tuple(await self.translate(before.start, *before.paths)))
+            self.found[purpose] = after
+            self._moved |= {
+                old: new for old, new in zip(before.nodes, after.nodes, strict=True) if old is not None and new != old
+            }
+        self._reused.clear()
+        self._keep()
+        moved = [node for node in nodes if self._moved.get(node) is not None]
+        if moved:
+            url = self.client.server_url.geturl()
+            log.info("%s: nodes found in an earlier session moved (a firmware update?): found again", url)
+        return bool(moved)
+
     async def children(self, node_id: ua.NodeId) -> list[ua.ReferenceDescription]:
         """The hierarchical children of a node (each once, however many references lead to it)."""
-        references = await self.request(
-            self.client.get_node(node_id).get_children_descriptions(refs=ua.ObjectIds.HierarchicalReferences)
-        )
+        node_id = self._current(node_id)
+        try:
+            references = await self.request(
+                self.client.get_node(node_id).get_children_descriptions(refs=ua.ObjectIds.HierarchicalReferences)
+            )
+        except ua.UaStatusCodeError as error:
+            if status_name(error) in UNKNOWN_NODE_STATUSES and await self._relocated((node_id,)):
+                return await self.children(node_id)
+            raise
         unique: dict[ua.NodeId, ua.ReferenceDescription] = {}
         for reference in references:
             unique.setdefault(reference.NodeId, reference)
@@ -353,13 +512,15 @@ async def open_session(
     check_server: ServerCheck | None = None,
     on_client_rejected: Callable[[], None] | None = None,
     announced: Sequence[ua.EndpointDescription] | None = None,
+    known: FoundNodes | None = None,
 ) -> AsyncIterator[DeviceSession]:
     """A session on the strongest endpoint the entry's masks allow, as certlm's client application and the entry's
     user. With ``SessionSecurity.ANY`` a device that rejects certlm's client certificate is read without security
     instead, when the masks allow that. ``on_client_rejected`` is called when the device rejects the client
     certificate, whether the session then goes on without security or fails. ``announced``: the endpoints the device
     announced moments ago in the same operation (GetEndpoints is then not asked again); the secure channel verifies
-    the certificate the device presents whatever was announced."""
+    the certificate the device presents whatever was announced. ``known``: the nodes found on devices in earlier
+    sessions (``DeviceSession.locate``)."""
     descriptions = announced if announced is not None else await server_endpoints(target.url, timeouts)
     endpoints = usable_endpoints(descriptions, target, security)
     attempts = endpoints[:1]
@@ -370,7 +531,9 @@ async def open_session(
         if check_server is not None and endpoint.certificate is not None:
             check_server(endpoint.certificate)
         try:
-            session = await _connect(target, identity, timeouts, endpoint)
+            # Only a device that passed ``check_server`` (the certificate certlm pinned) is the one whose nodes were
+            # found before: a device trusted on first use (another one at the same address?) has its nodes found anew.
+            session = await _connect(target, identity, timeouts, endpoint, known, reuse=check_server is not None)
             break
         except Exception as error:
             if not _client_rejected(error):
@@ -419,7 +582,12 @@ def _good_value(data_value: ua.DataValue) -> Any:
 
 
 async def _connect(
-    target: DeviceTarget, identity: ClientIdentity, timeouts: DeviceTimeouts, endpoint: Endpoint
+    target: DeviceTarget,
+    identity: ClientIdentity,
+    timeouts: DeviceTimeouts,
+    endpoint: Endpoint,
+    known: FoundNodes | None = None,
+    reuse: bool = False,
 ) -> DeviceSession:
     # ``timeout``: the bound on each request of the session (DeviceSession's single requests have no other).
     # ``watchdog_intervall``: asyncua reads the server state every second of a session by default and takes a read
@@ -462,7 +630,9 @@ async def _connect(
         except BaseException:
             client.disconnect_socket()
             raise
-    return DeviceSession(client, endpoint, timeouts)
+    if known is None:
+        return DeviceSession(client, endpoint, timeouts)
+    return DeviceSession(client, endpoint, timeouts, known, device_key(target, endpoint), reuse)
 
 
 async def _states_seen(states: StateSubscription) -> list[UaClientState]:

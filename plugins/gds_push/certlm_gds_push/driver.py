@@ -46,6 +46,7 @@ from certlm_gds_push.connection import (
     certificate_name,
     explain,
     failure,
+    found_nodes,
     open_session,
     server_endpoints,
     server_listens,
@@ -161,6 +162,7 @@ class GdsPushDriver(DeviceDriver):
             check_server,
             on_client_rejected=lambda: identity.forget_client_identity(self.services),
             announced=announced,
+            known=found_nodes(self.services),
         ) as session:
             yield session
 

@@ -93,7 +93,7 @@ class GdsClientCertificate:
         self._identity: ClientIdentity | None = None
         self._stored_der: bytes | None = None
         self._read_at = -math.inf
-        self._creation_lock = asyncio.Lock()
+        self._reading_lock = asyncio.Lock()
         self._renewal_lock = asyncio.Lock()
 
     def forget(self) -> None:
@@ -102,17 +102,27 @@ class GdsClientCertificate:
         self._read_at = -math.inf
 
     async def identity(self) -> ClientIdentity:
-        """The identity to present, created when there is none (first start, or after the database was wiped)."""
+        """The identity to present, created when there is none (first start, or after the database was wiped). Once
+        it is due to be read again, the first caller reads it and the callers meanwhile wait for that read rather
+        than each reading it (a monitor scan has a visit or push under way per slot of its concurrency)."""
+        fresh = self._fresh()
+        if fresh is not None:
+            return fresh
+        async with self._reading_lock:
+            return self._fresh() or await self._read()
+
+    def _fresh(self) -> ClientIdentity | None:
+        """The identity in memory while it was read less than ``REFRESH_S`` ago (and not forgotten)."""
         if self._identity is not None and time.monotonic() - self._read_at < REFRESH_S:
             return self._identity
+        return None
+
+    async def _read(self) -> ClientIdentity:
         read_at = time.monotonic()
         stored = await stored_client_identity()
-        if stored is None:
-            async with self._creation_lock:
-                stored = await stored_client_identity()
-                if stored is None:
-                    uri = self.services.settings.extra.get("gds_client_application_uri") or default_application_uri()
-                    stored = await _create(uri, self.services)
+        if stored is None:  # under ``_reading_lock``: created once by this instance (``_create`` for the others)
+            uri = self.services.settings.extra.get("gds_client_application_uri") or default_application_uri()
+            stored = await _create(uri, self.services)
         return self._take(stored, read_at)
 
     def _take(self, stored: OpcUaClientIdentity, read_at: float) -> ClientIdentity:

@@ -48,19 +48,15 @@ class ServerConfiguration:
     @classmethod
     async def locate(cls, session: DeviceSession) -> ServerConfiguration:
         """Resolve every node the push flow uses, DefaultApplicationGroup's CertificateTypes and its TrustList with
-        its methods among them, in one TranslateBrowsePathsToNodeIds request, once per session
-        (``DeviceSession.found``): the group's browse path, not its NodeId, is their start (the same node; a device
-        resolves the paths of one request independently). ``trust_list_file`` makes the TrustList of what was
-        found."""
-        own = cls._browse_paths()
-        found = session.found.get("server_configuration")
-        if found is None:
-            trust_list_paths = TrustListFile.browse_paths(tuple(own[2]))
-            found = await session.translate(ua.NodeId(ua.ObjectIds.Server), *own, *trust_list_paths)
-            session.found["server_configuration"] = found
+        its methods among them, in one TranslateBrowsePathsToNodeIds request, once per device (``DeviceSession.locate``
+        keeps them across sessions and finds them again where the device's nodes moved): the group's browse path, not
+        its NodeId, is their start (the same node; a device resolves the paths of one request independently).
+        ``trust_list_file`` makes the TrustList of what was found."""
+        own, paths = _OWN_PATHS
+        found = await session.locate("server_configuration", _SERVER, paths)
         configuration = cls(session)
-        configuration._set_found(found[: len(own)])
-        configuration.trust_list_nodes = found[len(own) :]
+        configuration._set_found(found[:own])
+        configuration.trust_list_nodes = list(found[own:])
         return configuration
 
     @classmethod
@@ -77,19 +73,21 @@ class ServerConfiguration:
         return TrustListFile.from_found(self.session, self.group_id, self.trust_list_nodes)
 
     @classmethod
-    def _browse_paths(cls) -> list[list[str]]:
+    def _browse_paths(cls) -> tuple[int, tuple[tuple[str, ...], ...]]:
         """From the Server object: ServerConfiguration, its CertificateGroups, DefaultApplicationGroup, each of
-        ``METHODS`` and ``PROPERTIES``, then DefaultApplicationGroup's CertificateTypes."""
-        group = ["0:ServerConfiguration", "0:CertificateGroups", "0:DefaultApplicationGroup"]
-        return [
-            ["0:ServerConfiguration"],
-            ["0:ServerConfiguration", "0:CertificateGroups"],
+        ``METHODS`` and ``PROPERTIES``, then DefaultApplicationGroup's CertificateTypes (how many: the first number);
+        then DefaultApplicationGroup's TrustList with its methods (``TrustListFile.browse_paths``)."""
+        group = ("0:ServerConfiguration", "0:CertificateGroups", "0:DefaultApplicationGroup")
+        own = (
+            ("0:ServerConfiguration",),
+            ("0:ServerConfiguration", "0:CertificateGroups"),
             group,
-            *(["0:ServerConfiguration", f"0:{name}"] for name in cls.METHODS + cls.PROPERTIES),
-            [*group, "0:CertificateTypes"],
-        ]
+            *(("0:ServerConfiguration", f"0:{name}") for name in cls.METHODS + cls.PROPERTIES),
+            (*group, "0:CertificateTypes"),
+        )
+        return len(own), own + tuple(tuple(path) for path in TrustListFile.browse_paths(group))
 
-    def _set_found(self, found: list[ua.NodeId | None]) -> None:
+    def _set_found(self, found: Sequence[ua.NodeId | None]) -> None:
         configuration, names = self, self.METHODS + self.PROPERTIES
         configuration.present = found[0] is not None
         configuration.node_id = found[0] or configuration.node_id
@@ -193,6 +191,10 @@ class ServerConfiguration:
             log.info("CancelChanges on %s: %s", url, status_name(error))
             return False
         return True
+
+
+_SERVER = ua.NodeId(ua.ObjectIds.Server)
+_OWN_PATHS = ServerConfiguration._browse_paths()  # built once: ``DeviceSession.locate`` compares them
 
 
 def type_name(node_id: ua.NodeId) -> str:

@@ -12,7 +12,7 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from functools import cache
 from importlib.metadata import version
 from pathlib import Path
@@ -92,3 +92,41 @@ class CopyOnReadNodes(MutableMapping[ua.NodeId, NodeData]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+# The references that lead from a node to the nodes that belong to it.
+_BELOW = frozenset({ua.ObjectIds.HasComponent, ua.ObjectIds.HasOrderedComponent, ua.ObjectIds.HasProperty})
+
+
+def renumber(
+    aspace: AddressSpace, root: ua.NodeId, new_id: Callable[[ua.NodeId], ua.NodeId]
+) -> dict[ua.NodeId, ua.NodeId]:
+    """Give ``root`` and the nodes that belong to it (components and properties, all the way down) the NodeIds
+    ``new_id`` makes, every reference to them following: the same nodes under the same browse names, as a firmware
+    that numbers its address space anew shows them. What each node does (a method's call, a value's callback) stays
+    with it. The old NodeId -> the new one."""
+    moved: dict[ua.NodeId, ua.NodeId] = {}
+    pending = [root]
+    while pending:
+        node_id = pending.pop()
+        if node_id in moved:
+            continue
+        moved[node_id] = new_id(node_id)
+        pending.extend(
+            reference.NodeId
+            for reference in aspace[node_id].references
+            if reference.IsForward and reference.ReferenceTypeId.Identifier in _BELOW
+        )
+    neighbours = {reference.NodeId for node_id in moved for reference in aspace[node_id].references}
+    for node_id in neighbours - moved.keys():
+        for reference in aspace[node_id].references:
+            reference.NodeId = moved.get(reference.NodeId, reference.NodeId)
+    for old, new in moved.items():
+        node = aspace[old]
+        del aspace[old]
+        node.nodeid = new
+        node.attributes[ua.AttributeIds.NodeId].value = ua.DataValue(ua.Variant(new, ua.VariantType.NodeId))
+        for reference in node.references:
+            reference.NodeId = moved.get(reference.NodeId, reference.NodeId)
+        aspace[new] = node
+    return moved

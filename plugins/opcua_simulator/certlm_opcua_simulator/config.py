@@ -166,6 +166,10 @@ class SimulatorConfig:
     apply_delay_s: float = 0.5
     """Time between answering ApplyChanges (or an UpdateCertificate applied at once) and dropping every channel to
     present the new certificate."""
+    node_generation: int = 0
+    """0: DefaultApplicationGroup's TrustList, its methods and properties have the well-known ns=0 NodeIds. N >= 1:
+    they have NodeIds of the device's own namespace, other ones for each N, and a client finds them by browse path
+    only (a device restarted with another N models a firmware update that moved them)."""
     operating_mode: str = "run"
     program_name: str = "Main"
     certificate_days: int = 365
@@ -186,6 +190,8 @@ class SimulatorConfig:
             FailurePoint.parse(self.fail_at)
         if self.drop_at is not None:
             DropPoint.parse(self.drop_at)
+        if self.node_generation < 0:
+            raise ValueError("node_generation must be 0 or more")
         if self.max_rejected < 1:
             raise ValueError("max_rejected must be at least 1")
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -99,6 +100,7 @@ class _DeviceInternalServer(InternalServer):
         self.sessions_created = 0
         self.endpoint_requests = 0
         self.session_requests = 0  # counted by ChannelRuleset, which sees each of them
+        self.requests_by_service: Counter[str] = Counter()
 
     async def get_endpoints(
         self, params: ua.GetEndpointsParameters | None = None, sockname: tuple[str, int] | None = None
@@ -124,6 +126,14 @@ class _DeviceInternalServer(InternalServer):
         )
 
 
+# A request's type (``ReadRequest_Encoding_DefaultBinary``) by its service's name (``Read``).
+_SERVICE_NAMES = {
+    identifier: name.removesuffix("Request_Encoding_DefaultBinary")
+    for identifier, name in ua.ObjectIdNames.items()
+    if name.endswith("Request_Encoding_DefaultBinary")
+}
+
+
 class ChannelRuleset(PermissionRuleset):
     """asyncua's per-request permission hook, one per endpoint: records who calls over which security mode, and
     counts the request for the device (``_DeviceInternalServer.session_requests``)."""
@@ -134,6 +144,7 @@ class ChannelRuleset(PermissionRuleset):
 
     def check_validity(self, user: User, action_type_id: ua.NodeId, body: Any) -> bool:
         self.iserver.session_requests += 1
+        self.iserver.requests_by_service[_SERVICE_NAMES.get(action_type_id.Identifier, str(action_type_id))] += 1
         # asyncua runs this in the connection's task just before it processes the request, so the
         # method callbacks of that request see the caller (push_management.current_caller).
         current_caller.set(Caller(user, self.mode))
@@ -197,6 +208,11 @@ class SimulatedDevice:
         """Requests answered in sessions since the device started: every service call but those that create,
         activate and close a session (each Read, Browse, TranslateBrowsePathsToNodeIds, Call, ...)."""
         return self._started_iserver().session_requests
+
+    @property
+    def requests_by_service(self) -> dict[str, int]:
+        """``session_requests`` by service (``Read``, ``Call``, ``TranslateBrowsePathsToNodeIds``, ...)."""
+        return dict(self._started_iserver().requests_by_service)
 
     def _started_iserver(self) -> _DeviceInternalServer:
         if self._server is None:

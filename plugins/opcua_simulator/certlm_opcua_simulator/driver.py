@@ -16,6 +16,7 @@ from certlm import SupportedDevice
 
 SIMULATOR_NAMESPACE = "urn:certlm:simulator"
 PLC_VARIABLES = ("OperatingMode", "ProgramName", "CycleTimeMs")
+_OBJECTS = ua.NodeId(ua.ObjectIds.ObjectsFolder)
 
 
 class SimulatedPlcDriver(GdsPushDriver):
@@ -32,8 +33,9 @@ class SimulatedPlcDriver(GdsPushDriver):
         if SIMULATOR_NAMESPACE not in namespaces:
             return None
         index = namespaces.index(SIMULATOR_NAMESPACE)
-        nodes = await session.translate(
-            ua.NodeId(ua.ObjectIds.ObjectsFolder), *([f"{index}:PLC", f"{index}:{name}"] for name in PLC_VARIABLES)
+        # Found once per device, as the ServerConfiguration's nodes are: a visit reads them without a Translate.
+        nodes = await session.locate(
+            "plc_variables", _OBJECTS, tuple((f"{index}:PLC", f"{index}:{name}") for name in PLC_VARIABLES)
         )
         if all(node is None for node in nodes):
             return None

@@ -21,6 +21,7 @@ from asyncua.ua import uaerrors
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from .address_space import renumber
 from .config import DropPoint, FailurePoint, SimulatorConfig
 from .pki import (
     TrustList,
@@ -132,6 +133,8 @@ class PushManagement:
         self._last_handle = 0
         # How a test counts the writes that reached the device (two operators approving at once: one write).
         self.trust_list_changes = 0
+        # Well-known NodeId -> the one the device gives the node (``SimulatorConfig.node_generation``).
+        self._node_ids: dict[ua.NodeId, ua.NodeId] = {}
 
     async def install(self) -> None:
         """Publish the ServerConfiguration and TrustList properties and bind the methods."""
@@ -166,6 +169,12 @@ class PushManagement:
         for method in self._methods():
             node = self._server.get_node(ua.NodeId(method.node))
             self._server.link_method(node, self._dispatcher(method, await _input_arguments(node)))
+        if generation := self._config.node_generation:
+            self._node_ids = renumber(
+                self._server.iserver.aspace,
+                _TRUST_LIST,
+                lambda old: ua.NodeId(f"TrustList.{generation}.{old.Identifier}", 1, ua.NodeIdType.String),
+            )
 
     def _methods(self) -> list[_Method]:
         ids, config = ua.ObjectIds, _SERVER_CONFIGURATION
@@ -219,7 +228,7 @@ class PushManagement:
         async def call(object_id: ua.NodeId, *inputs: ua.Variant) -> Any:
             caller = current_caller.get()
             user = getattr(caller.user, "name", None) if caller else None
-            if object_id != method.owner:
+            if object_id != self._node_id(method.owner):
                 return self._result(method.name, user, ua.StatusCodes.BadMethodInvalid)
             mismatch = _argument_mismatch(arguments, inputs)
             if mismatch is not None:
@@ -694,7 +703,12 @@ class PushManagement:
         return ua.DataValue(ua.Variant(len(self._files), ua.VariantType.UInt16))
 
     async def _write(self, node_id: int, value: Any, variant_type: ua.VariantType | None = None) -> None:
-        await self._server.get_node(ua.NodeId(node_id)).write_value(ua.Variant(value, variant_type))
+        node = self._server.get_node(self._node_id(ua.NodeId(node_id)))
+        await node.write_value(ua.Variant(value, variant_type))
+
+    def _node_id(self, well_known: ua.NodeId) -> ua.NodeId:
+        """The NodeId this device gives the node ``well_known`` names (``SimulatorConfig.node_generation``)."""
+        return self._node_ids.get(well_known, well_known)
 
     async def _hide_unsupported_certificate_groups(self) -> None:
         # Like the OPC Foundation's reference server, a device lists only the groups it manages. Unlinking

@@ -1194,3 +1194,27 @@ async def test_command_line_says_when_trust_client_cert_is_ignored(tmp_path: Pat
         f"--trust-client-cert ignored for 127.0.0.1:{port}: its state folder {state_dir / str(port)} already "
         "exists (delete it to start in factory state)"
     ) in await run_until_ready()
+
+
+async def test_a_device_of_another_node_generation_has_its_trust_list_elsewhere(
+    config: SimulatorConfig, admin: Identity
+) -> None:
+    with pytest.raises(ValueError, match="node_generation"):
+        replace(config, node_generation=-1)
+    async with SimulatedDevice(replace(config, node_generation=3)) as device, connect(device, admin) as client:
+        paths = [
+            ua.RelativePath.from_string(f"/0:ServerConfiguration/0:CertificateGroups/0:DefaultApplicationGroup{rest}")
+            for rest in ("/0:TrustList", "/0:TrustList/0:Open", "/0:TrustList/0:Close", "/0:TrustList/0:Size")
+        ]
+        found = await client.translate_browsepaths(ua.NodeId(ua.ObjectIds.Server), paths)
+        trust_list_id, open_id, close_id, size_id = (result.Targets[0].TargetId for result in found)
+        assert trust_list_id == ua.NodeId(f"TrustList.3.{TRUST_LIST.Identifier}", 1)
+        assert {node_id.NamespaceIndex for node_id in (open_id, close_id, size_id)} == {1}
+        assert await client.get_node(size_id).read_value() == len(device.trust_list.encode())
+
+        with pytest.raises(uaerrors.BadNodeIdInvalid):  # the well-known NodeIds name nothing on this device
+            await call_trust_list(client, "Open", ua.Variant(READ, ua.VariantType.Byte))
+        with pytest.raises(uaerrors.BadMethodInvalid):  # its methods belong to its TrustList, not another object
+            await client.get_node(SERVER_CONFIGURATION).call_method(open_id, ua.Variant(READ, ua.VariantType.Byte))
+        file = await client.get_node(trust_list_id).call_method(open_id, ua.Variant(READ, ua.VariantType.Byte))
+        await client.get_node(trust_list_id).call_method(close_id, handle(file))
