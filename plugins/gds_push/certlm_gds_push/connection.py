@@ -35,12 +35,12 @@ from certlm import (
     DeviceFailure,
     DeviceTarget,
     DeviceTimeouts,
-    HostServices,
     UnsupportedOperation,
     UpstreamUnavailable,
     sha1_fingerprint,
 )
 from certlm_gds_push.identity import ClientIdentity
+from certlm_gds_push.per_host import PerHost
 
 log = logging.getLogger(__name__)
 
@@ -308,16 +308,8 @@ class FoundNodes:
         return shared or located
 
 
-_found_nodes: dict[int, tuple[HostServices, FoundNodes]] = {}
-
-
-def found_nodes(services: HostServices) -> FoundNodes:
-    """The nodes found on devices by the host that lent ``services`` (an app in a test's process is one host among
-    several)."""
-    held = _found_nodes.get(id(services))
-    if held is None or held[0] is not services:
-        held = _found_nodes[id(services)] = (services, FoundNodes())
-    return held[1]
+found_nodes = PerHost(lambda services: FoundNodes())
+"""``found_nodes(services)``: the nodes found on devices by the host that lent ``services``."""
 
 
 def device_key(target: DeviceTarget, endpoint: Endpoint) -> Hashable:

@@ -32,6 +32,7 @@ from tortoise.transactions import in_transaction
 
 from certlm import APIError, ClientCertificateIssuer, HostServices, PresentedClientCertificate, serial_hex
 from certlm_gds_push.models import OpcUaClientIdentity
+from certlm_gds_push.per_host import PerHost
 
 log = logging.getLogger(__name__)
 
@@ -163,16 +164,9 @@ class GdsClientCertificate:
         return PresentedClientCertificate(identity.certificate, identity.chain, _everywhere_from(stored))
 
 
-_holders: dict[int, GdsClientCertificate] = {}
-
-
-def client_certificate(services: HostServices) -> GdsClientCertificate:
-    """The one holder of certlm's OPC UA client identity for the host that lent ``services`` (an app in a test's
-    process is one host among several)."""
-    holder = _holders.get(id(services))
-    if holder is None or holder.services is not services:
-        holder = _holders[id(services)] = GdsClientCertificate(services)
-    return holder
+client_certificate = PerHost(GdsClientCertificate)
+"""``client_certificate(services)``: the one holder of certlm's OPC UA client identity for the host that lent
+``services``."""
 
 
 async def client_identity(services: HostServices) -> ClientIdentity:
