@@ -99,8 +99,7 @@ class _DeviceInternalServer(InternalServer):
         self.session_closed: Callable[[Any], None] = lambda user: None
         self.sessions_created = 0
         self.endpoint_requests = 0
-        self.session_requests = 0  # counted by ChannelRuleset, which sees each of them
-        self.requests_by_service: Counter[str] = Counter()
+        self.requests_by_service: Counter[str] = Counter()  # counted by ChannelRuleset, which sees each request
 
     async def get_endpoints(
         self, params: ua.GetEndpointsParameters | None = None, sockname: tuple[str, int] | None = None
@@ -136,14 +135,13 @@ _SERVICE_NAMES = {
 
 class ChannelRuleset(PermissionRuleset):
     """asyncua's per-request permission hook, one per endpoint: records who calls over which security mode, and
-    counts the request for the device (``_DeviceInternalServer.session_requests``)."""
+    counts the request for the device by service (``_DeviceInternalServer.requests_by_service``)."""
 
     def __init__(self, mode: ua.MessageSecurityMode, iserver: _DeviceInternalServer) -> None:
         self.mode = mode
         self.iserver = iserver
 
     def check_validity(self, user: User, action_type_id: ua.NodeId, body: Any) -> bool:
-        self.iserver.session_requests += 1
         self.iserver.requests_by_service[_SERVICE_NAMES.get(action_type_id.Identifier, str(action_type_id))] += 1
         # asyncua runs this in the connection's task just before it processes the request, so the
         # method callbacks of that request see the caller (push_management.current_caller).
@@ -207,7 +205,7 @@ class SimulatedDevice:
     def session_requests(self) -> int:
         """Requests answered in sessions since the device started: every service call but those that create,
         activate and close a session (each Read, Browse, TranslateBrowsePathsToNodeIds, Call, ...)."""
-        return self._started_iserver().session_requests
+        return self._started_iserver().requests_by_service.total()
 
     @property
     def requests_by_service(self) -> dict[str, int]:
