@@ -8,9 +8,11 @@ import asyncio
 import contextlib
 import json
 import signal
+import subprocess
 import time
 
 import httpx
+import pytest
 
 from certlm.http.server import DRAINING_ERROR
 from certlm.lifecycle.push import INTERRUPTED
@@ -28,7 +30,11 @@ def leases_held(service: RunningService) -> list[str]:
 
 async def exit_status(service: RunningService, timeout: float) -> int:
     assert service.process is not None
-    return await asyncio.to_thread(service.process.wait, timeout)
+    try:
+        return await asyncio.to_thread(service.process.wait, timeout)
+    except subprocess.TimeoutExpired:
+        # What the service was doing when it did not stop says more than the time-out: keep its log's end.
+        pytest.fail(f"certlm did not exit within {timeout} s; the end of its log:\n{service.log()[-6000:]}")
 
 
 async def test_sigterm_during_a_push_finishes_it_then_exits_cleanly(
