@@ -27,6 +27,7 @@ class RoundTrips:
 
     def __init__(self) -> None:
         self.seen: list[tuple[object, str]] = []
+        self.queries: list[str] = []  # each in full
         connection = asyncpg.connection.Connection
         execute, run = connection.execute, connection._execute
 
@@ -36,16 +37,19 @@ class RoundTrips:
         async def counted_execute(con, query, *args, **kwargs):
             if not args:  # with parameters it goes through ``_execute``
                 self.seen.append((con, words(query)))
+                self.queries.append(query)
             return await execute(con, query, *args, **kwargs)
 
         async def counted_run(con, query, *args, **kwargs):
             self.seen.append((con, words(query)))
+            self.queries.append(query)
             return await run(con, query, *args, **kwargs)
 
         connection.execute, connection._execute = counted_execute, counted_run
 
     def start(self) -> None:
         self.seen.clear()
+        self.queries.clear()
 
     def transaction(self) -> list[str]:
         """The round trips of the one transaction seen, BEGIN to COMMIT, on its connection."""
@@ -134,11 +138,34 @@ async def failed_statement() -> dict[str, Any]:
     return {"refused": refused, "servers": await _servers("dup-")}
 
 
+async def concurrent_renames(app: Any, trips: RoundTrips) -> dict[str, Any]:
+    """Eight recorded renames at once (each its own request transaction, appending to the chain): how many read the
+    chain's head rather than inserting after the one this process knew."""
+    servers = [f"127.0.1.{n}" for n in range(1, 9)]
+    for server in servers:
+        status, body = await app.call("POST", "/gds/inventory", {"server": server, "port": 4840})
+        assert status == 200, body
+    audit.configure(True, None, 60)
+    status, _ = await app.call("PATCH", "/gds/inventory", {"server": servers[0], "port": 4840, "name": "first"})
+    assert status == 200  # the head known from here on
+    trips.start()
+    answers = await asyncio.gather(*(
+        app.call("PATCH", "/gds/inventory", {"server": server, "port": 4840, "name": "at once"}) for server in servers
+    ))  # fmt: skip
+    head_reads = sum(1 for query in trips.queries if query == audit.HEAD_SQL)
+    records = await audit.AuditRecord.filter(action="PATCH /gds/inventory", outcome=audit.OK).count()
+    return {
+        "statuses": [status for status, _ in answers], "head_reads": head_reads, "records": records,
+        "intact": (await audit.verify_chain()).intact,
+    }  # fmt: skip
+
+
 async def main(database_url: str, directory: Path) -> None:
     keys = LicenseKeys.create(directory / "license-keys")
     trips = RoundTrips()
     async with licensed_app(in_process_settings(directory / "data", keys, database_url=database_url), keys) as app:
         seen = {"rename": await _outcome(rename(app, trips))}
+        seen["concurrent_renames"] = await _outcome(concurrent_renames(app, trips))
         async with app.context():
             seen["nested"] = await _outcome(nested(trips))
             seen["rolled_back"] = await _outcome(rolled_back())
