@@ -4,12 +4,13 @@ alternating blocks (so that the machine's other load falls on both alike), and t
 loop's thread and the whole process (SQLite's worker thread too). The CPU clock, not the wall clock, so that the other
 processes on a shared machine move it less.
 
-    .venv/bin/python bench/profile_audit.py [--seconds 60] [--block 30] [--profile on|off]
+    .venv/bin/python bench/profile_audit.py [--seconds 60] [--block 30] [--profile on|off] [--postgres]
 
 ``--profile on`` (or ``off``) also prints a cProfile (CPU clock) of that side's requests, sorted by own time (which
 inflates the trail's many small calls several times over). ``--pieces`` times the trail's Python alone, each piece on
 real rows of the running app, many times over (the best of five runs): the journal of a save and of a delete, and a
-record's values, row and hash.
+record's values, row and hash. ``--postgres`` runs the app on a throw-away PostgreSQL cluster and counts round trips
+to it per request (each statement asyncpg sends, the pool's reset query included) instead of trips to SQLite's thread.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import asyncpg
 
 from certlm.foundation.actors import ADMIN, Actor
 from certlm.storage import sqlite_transactions
@@ -68,6 +71,27 @@ class Trips:
             return await queue_call(connection, fn, *args, **kwargs)
 
         sqlite_transactions._queue_call = counted
+
+
+class RoundTrips:
+    """Counts the messages asyncpg sends PostgreSQL and waits for (a statement with or without parameters, several
+    statements in one simple query, the pool's reset query at each release): each a round trip to a backend."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        connection = asyncpg.connection.Connection
+        execute, run = connection.execute, connection._execute
+
+        async def counted_execute(con, query, *args, **kwargs):
+            if not args:  # a simple query; with parameters it goes through ``_execute``
+                self.count += 1
+            return await execute(con, query, *args, **kwargs)
+
+        async def counted_run(con, *args, **kwargs):
+            self.count += 1
+            return await run(con, *args, **kwargs)
+
+        connection.execute, connection._execute = counted_execute, counted_run
 
 
 def best_of(piece: Callable[[], object], times: int = 3000) -> float:
@@ -148,17 +172,34 @@ async def main() -> None:
     parser.add_argument("--clients", type=int, default=1, help="mixes running at once (bench_audit runs 8)")
     parser.add_argument("--profile", choices=("on", "off"))
     parser.add_argument("--pieces", action="store_true", help="also time the trail's Python piece by piece")
+    parser.add_argument("--postgres", action="store_true", help="on a throw-away PostgreSQL cluster, not SQLite")
     args = parser.parse_args()
+    postgres = None
+    if args.postgres:
+        from tests.support import PostgresServer
+
+        postgres = PostgresServer()
+        postgres.start()
+    try:
+        await measure(args, postgres)
+    finally:
+        if postgres is not None:
+            postgres.stop()
+
+
+async def measure(args: argparse.Namespace, postgres) -> None:
+    database = {} if postgres is None else {"database_url": postgres.create_database()}
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
     spent = {True: [0.0, 0.0, 0, 0.0], False: [0.0, 0.0, 0, 0.0]}  # event loop s, process s, requests, wall s
-    trips = Trips()
+    trips = Trips() if postgres is None else RoundTrips()
+    where = "SQLite's thread" if postgres is None else "PostgreSQL (round trips)"
     trips_of = {True: 0, False: 0}
     per_block: dict[bool, list[float]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
         keys = LicenseKeys.create(root / "keys")
-        async with licensed_app(in_process_settings(root / "data", keys), keys) as app:
+        async with licensed_app(in_process_settings(root / "data", keys, **database), keys) as app:
             for n in range(DEVICES):
                 status, body = await app.call("POST", "/gds/inventory", {"server": f"127.0.0.{n + 1}", "port": 1})
                 assert status == 200, body
@@ -198,15 +239,17 @@ async def main() -> None:
         loop_s, process_s, done, _ = spent[on]
         print(f"trail {'on' if on else 'off':3}: event loop {1000 * loop_s / done:.3f} ms/request, process "
               f"{1000 * process_s / done:.3f} ms/request (median block {statistics.median(per_block[on]):.3f}; "
-              f"{done} requests; {trips_of[on] / done:.2f} trips to SQLite's thread per request)")  # fmt: skip
+              f"{done} requests; {trips_of[on] / done:.2f} trips to {where} per request)")  # fmt: skip
     loop_cost = 1000 * (spent[True][0] / spent[True][2] - spent[False][0] / spent[False][2])
     process_cost = 1000 * (spent[True][1] / spent[True][2] - spent[False][1] / spent[False][2])
     median_cost = statistics.median(per_block[True]) - statistics.median(per_block[False])
     print(f"the trail costs: event loop {loop_cost:.3f} ms, process {process_cost:.3f} ms per request "
           f"(medians of blocks: {median_cost:.3f} ms)")  # fmt: skip
     rate = {on: spent[on][2] / spent[on][3] for on in spent}
-    print(f"requests per second: on {rate[True]:.1f}, off {rate[False]:.1f}, ratio {rate[True] / rate[False]:.3f} "
-          f"({args.clients} at once)")
+    print(
+        f"requests per second: on {rate[True]:.1f}, off {rate[False]:.1f}, ratio {rate[True] / rate[False]:.3f} "
+        f"({args.clients} at once)"
+    )
     print(verdict.message())
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     if profiler is not None:

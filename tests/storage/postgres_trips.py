@@ -1,0 +1,186 @@
+"""The round trips and outcomes of nested transactions on PostgreSQL (``tests.storage.test_postgres_trips``), as a
+process of its own (tortoise caches SQL per model, so the test process, which runs certlm on SQLite, cannot switch
+engines): ``python -m tests.storage.postgres_trips DATABASE_URL DIRECTORY``, which prints what it saw as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from tortoise.exceptions import IntegrityError
+from tortoise.transactions import in_transaction
+
+from certlm.storage.models import InventoryEntry
+from certlm.system import audit
+from certlm.testing import LicenseKeys, in_process_settings, licensed_app
+
+DEVICE = {"server": "127.0.0.1", "port": 4840}
+
+
+class RoundTrips:
+    """Every message asyncpg sends and waits for (a round trip each), from ``start()`` on: the connection and the
+    SQL's first word (of each statement of a simple query of several, joined by '; ')."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[object, str]] = []
+        self.queries: list[str] = []  # each in full
+        connection = asyncpg.connection.Connection
+        execute, run = connection.execute, connection._execute
+
+        def words(query: str) -> str:
+            return "; ".join(part.split()[0] for part in query.split(";") if part.strip())
+
+        async def counted_execute(con, query, *args, **kwargs):
+            if not args:  # with parameters it goes through ``_execute``
+                self.seen.append((con, words(query)))
+                self.queries.append(query)
+            return await execute(con, query, *args, **kwargs)
+
+        async def counted_run(con, query, *args, **kwargs):
+            self.seen.append((con, words(query)))
+            self.queries.append(query)
+            return await run(con, query, *args, **kwargs)
+
+        connection.execute, connection._execute = counted_execute, counted_run
+
+    def start(self) -> None:
+        self.seen.clear()
+        self.queries.clear()
+
+    def transaction(self) -> list[str]:
+        """The round trips of the one transaction seen, BEGIN to COMMIT, on its connection."""
+        begins = [n for n, (_, sql) in enumerate(self.seen) if sql == "BEGIN"]
+        assert len(begins) == 1, self.seen
+        connection = self.seen[begins[0]][0]
+        mine = [sql for con, sql in self.seen[begins[0] :] if con is connection]
+        return mine[: mine.index("COMMIT") + 1]
+
+    def all(self) -> list[str]:
+        return [sql for _, sql in self.seen]
+
+
+def _entry(name: str) -> dict[str, Any]:
+    return {"protocol": "gds", "service": "gds-push-generic", "server": name, "port": 4840}
+
+
+async def _servers(prefix: str) -> list[str]:
+    return sorted(e.server for e in await InventoryEntry.filter(server__startswith=prefix))
+
+
+async def nested(trips: RoundTrips) -> dict[str, Any]:
+    entry = await InventoryEntry.create(**_entry("nested"))
+    trips.start()
+    async with in_transaction("default"), in_transaction("default"), in_transaction("default"):
+        entry.name = "renamed"
+        await entry.save(update_fields=["name"])
+    return {"trips": trips.transaction(), "name": (await InventoryEntry.get(id=entry.id)).name}
+
+
+async def rename(app: Any, trips: RoundTrips) -> dict[str, Any]:
+    status, body = await app.call("POST", "/gds/inventory", DEVICE)
+    assert status == 200, body
+    audit.configure(True, None, 60)
+    trips.start()
+    status, body = await app.call("PATCH", "/gds/inventory", {**DEVICE, "name": "Press 4"})
+    assert status == 200, body
+    records = await audit.AuditRecord.filter(action="PATCH /gds/inventory")
+    return {
+        "trips": trips.transaction(),
+        "records": [{"outcome": r.outcome, "changes": json.loads(r.changes)} for r in records],
+        "intact": (await audit.verify_chain()).intact,
+    }
+
+
+async def rolled_back() -> list[str]:
+    async with in_transaction("default"):
+        await InventoryEntry.create(**_entry("undo-1"))
+        async with in_transaction("default"):  # released, its RELEASE deferred: its row stays
+            await InventoryEntry.create(**_entry("undo-2"))
+        try:
+            async with in_transaction("default"):
+                await InventoryEntry.create(**_entry("undo-3"))
+                async with in_transaction("default"):
+                    await InventoryEntry.create(**_entry("undo-4"))
+                raise RuntimeError("the inner block fails")
+        except RuntimeError:
+            pass
+        await InventoryEntry.create(**_entry("undo-5"))
+    return await _servers("undo-")
+
+
+async def rolled_back_before_any_statement(trips: RoundTrips) -> dict[str, Any]:
+    trips.start()
+    async with in_transaction("default"):
+        await InventoryEntry.create(**_entry("early-1"))
+        try:
+            async with in_transaction("default"):
+                raise RuntimeError("fails before its first statement")
+        except RuntimeError:
+            pass
+        await InventoryEntry.create(**_entry("early-2"))
+    return {"servers": await _servers("early-"), "trips": trips.all()}
+
+
+async def failed_statement() -> dict[str, Any]:
+    refused = False
+    async with in_transaction("default"):
+        await InventoryEntry.create(**_entry("dup-1"))
+        try:
+            async with in_transaction("default"):
+                await InventoryEntry.create(**_entry("dup-1"))  # the same server and port: refused by PostgreSQL
+        except IntegrityError:
+            refused = True
+        await InventoryEntry.create(**_entry("dup-2"))
+    return {"refused": refused, "servers": await _servers("dup-")}
+
+
+async def concurrent_renames(app: Any, trips: RoundTrips) -> dict[str, Any]:
+    """Eight recorded renames at once (each its own request transaction, appending to the chain): how many read the
+    chain's head rather than inserting after the one this process knew."""
+    servers = [f"127.0.1.{n}" for n in range(1, 9)]
+    for server in servers:
+        status, body = await app.call("POST", "/gds/inventory", {"server": server, "port": 4840})
+        assert status == 200, body
+    audit.configure(True, None, 60)
+    status, _ = await app.call("PATCH", "/gds/inventory", {"server": servers[0], "port": 4840, "name": "first"})
+    assert status == 200  # the head known from here on
+    trips.start()
+    answers = await asyncio.gather(*(
+        app.call("PATCH", "/gds/inventory", {"server": server, "port": 4840, "name": "at once"}) for server in servers
+    ))  # fmt: skip
+    head_reads = sum(1 for query in trips.queries if query == audit.HEAD_SQL)
+    records = await audit.AuditRecord.filter(action="PATCH /gds/inventory", outcome=audit.OK).count()
+    return {
+        "statuses": [status for status, _ in answers], "head_reads": head_reads, "records": records,
+        "intact": (await audit.verify_chain()).intact,
+    }  # fmt: skip
+
+
+async def main(database_url: str, directory: Path) -> None:
+    keys = LicenseKeys.create(directory / "license-keys")
+    trips = RoundTrips()
+    async with licensed_app(in_process_settings(directory / "data", keys, database_url=database_url), keys) as app:
+        seen = {"rename": await _outcome(rename(app, trips))}
+        seen["concurrent_renames"] = await _outcome(concurrent_renames(app, trips))
+        async with app.context():
+            seen["nested"] = await _outcome(nested(trips))
+            seen["rolled_back"] = await _outcome(rolled_back())
+            seen["rolled_back_before_any_statement"] = await _outcome(rolled_back_before_any_statement(trips))
+            seen["failed_statement"] = await _outcome(failed_statement())
+    print(json.dumps(seen), flush=True)
+
+
+async def _outcome(scenario: Any) -> Any:
+    """What a scenario gave, or the error it raised (each test then fails on its own scenario only)."""
+    try:
+        return await scenario
+    except Exception as error:
+        return {"error": repr(error)}
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], Path(sys.argv[2])))

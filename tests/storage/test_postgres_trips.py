@@ -1,0 +1,72 @@
+"""Nested transactions on PostgreSQL with fewer round trips (``certlm.storage.postgres_transactions``): a SAVEPOINT
+is sent with the others waiting, right before the first statement inside it, and a RELEASE rides with the next
+SAVEPOINT or is dropped at the COMMIT; each still takes effect where it did (a savepoint rolled back to undoes what
+ran inside it and nothing before, a failed statement inside one leaves the transaction usable), on a real PostgreSQL.
+The scenarios run in a process of their own (``tests.storage.postgres_trips``: this one runs certlm on SQLite)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def seen(postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What ``tests.storage.postgres_trips`` saw, run once on a new database."""
+    directory = tmp_path_factory.mktemp("postgres-trips")
+    command = [sys.executable, "-m", "tests.storage.postgres_trips", postgres.create_database(), str(directory)]
+
+    async def run() -> tuple[int | None, bytes, bytes]:
+        process = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=Path(__file__).parent.parent.parent,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(), 300)
+        return process.returncode, out, err
+
+    code, out, err = asyncio.run(run())
+    assert code == 0, err.decode()[-3000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def test_nested_savepoints_go_in_one_round_trip_with_no_release(seen: dict[str, Any]) -> None:
+    # tortoise alone: BEGIN, SAVEPOINT, SAVEPOINT, UPDATE, RELEASE SAVEPOINT, RELEASE SAVEPOINT, COMMIT.
+    assert seen["nested"]["trips"] == ["BEGIN", "SAVEPOINT; SAVEPOINT", "UPDATE", "COMMIT"]
+    assert seen["nested"]["name"] == "renamed"
+
+
+def test_a_recorded_rename_costs_no_round_trip_for_its_routes_savepoints(seen: dict[str, Any]) -> None:
+    # The request's transaction (``commits_with_record``) puts the route's two nested transactions a level deeper:
+    # their savepoints go in one simple query, and their releases are dropped at the COMMIT (tortoise sent four).
+    rename = seen["rename"]
+    assert rename["trips"] == ["BEGIN", "SELECT", "SAVEPOINT; SAVEPOINT", "UPDATE", "SELECT", "INSERT", "COMMIT"]
+    assert [record["outcome"] for record in rename["records"]] == ["ok"]
+    (change,) = rename["records"][0]["changes"]
+    assert (change["before"], change["after"]) == ({"name": None}, {"name": "Press 4"})
+    assert rename["intact"]
+
+
+def test_a_savepoint_rolled_back_to_undoes_only_what_ran_inside_it(seen: dict[str, Any]) -> None:
+    assert seen["rolled_back"] == ["undo-1", "undo-2", "undo-5"]
+
+
+def test_a_savepoint_rolled_back_to_before_any_statement_ran_in_it_is_never_sent(seen: dict[str, Any]) -> None:
+    early = seen["rolled_back_before_any_statement"]
+    assert early["servers"] == ["early-1", "early-2"]
+    assert not any("SAVEPOINT" in trip or "ROLLBACK" in trip for trip in early["trips"]), early["trips"]
+
+
+def test_a_failed_statement_inside_a_savepoint_leaves_the_transaction_usable(seen: dict[str, Any]) -> None:
+    assert seen["failed_statement"] == {"refused": True, "servers": ["dup-1", "dup-2"]}
+
+
+def test_renames_recorded_at_once_each_insert_after_the_head_the_one_before_inserted(seen: dict[str, Any]) -> None:
+    # This process's appends take turns up to their INSERT: none finds the head it named stale and reads it again
+    # (before, most of eight at once did: two more round trips each).
+    at_once = seen["concurrent_renames"]
+    assert at_once == {"statuses": [200] * 8, "head_reads": 0, "records": 10, "intact": True}
