@@ -56,6 +56,7 @@ from certlm.lifecycle.schedulers import ScanContext, ScanReport
 from certlm.pki.revocation import REVOCATION_FIELDS, revocation_of, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry, RejectedClient
 from certlm.storage.reads import reads_once
+from certlm.storage.sql import rows_of
 from certlm.system.audit import journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -120,13 +121,23 @@ async def reading(
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
     async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s, condition=condition) as claim:
         if refresh:
-            await entry.refresh_from_db()
+            await _refresh(entry)
         try:
             yield claim
         except DeviceIdentityChanged as changed:
             # Whoever read the device, an operator or the monitor: the entry is marked until an operator re-pins.
             await mark_identity_changed(entry.id, changed.message, datetime.now(UTC))
             raise
+
+
+async def _refresh(entry: InventoryEntry) -> None:
+    """``entry`` as the database has it now (tortoise's ``refresh_from_db``, but its statement built once: every
+    monitor visit reads its entry under the lease). A lease is held: the entry is not deleted under it."""
+    rows = await rows_of(InventoryEntry, '"id" = {}', entry.id)
+    if not rows:
+        raise EntryDeleted(entry.id)
+    for field in entry._meta.db_fields:
+        setattr(entry, field, getattr(rows[0], field))
 
 
 async def read_certificate_and_store(
