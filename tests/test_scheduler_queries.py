@@ -186,3 +186,39 @@ async def test_the_next_device_is_read_while_the_last_one_read_is_stored(
         report = await monitor_scan(certlm_in_process.host.runtime, await scan_context(timedelta(hours=1)))
     assert report.outcomes == {"read": 2}, report.outcomes
     assert len(set(reads)) == 2, reads
+
+
+@pytest.mark.parametrize("certlm_settings", [{**TEST_DEVICE_TIMEOUTS, "scheduler_concurrency": 1}])
+async def test_the_next_device_is_read_while_the_certificate_of_the_last_one_read_is_checked(
+    certlm_in_process: InProcessApp,
+    certlm_internal_ca: InternalCa,
+    certlm_simulated_device: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one device at a time, the first visit's revocation check (a thread's turn, on the PKI's CRL) waits until
+    the second device is being read: a scan that held the device's place until the check was done would never start
+    that read."""
+    await onboarded(certlm_in_process, certlm_simulated_device, 2)
+    reads: list[str] = []
+    driver = certlm_gds_push.driver.GdsPushDriver
+    read_certificate, checked = driver.read_certificate, certlm.lifecycle.monitoring._certificate_read
+
+    async def counted_read(self: Any, target: Any, **options: Any) -> Any:
+        reads.append(target.url)
+        return await read_certificate(self, target, **options)
+
+    async def check_once_the_next_is_read(runtime: Any, entry: InventoryEntry, *args: Any, **options: Any) -> Any:
+        if reads[0] == f"opc.tcp://{entry.server}:{entry.port}":
+
+            async def next_device_read() -> bool:
+                return len(reads) == 2
+
+            await eventually(next_device_read, "the next device read while the first one's certificate is checked", 15)
+        return await checked(runtime, entry, *args, **options)
+
+    monkeypatch.setattr(driver, "read_certificate", counted_read)
+    monkeypatch.setattr(certlm.lifecycle.monitoring, "_certificate_read", check_once_the_next_is_read)
+    async with certlm_in_process.context():
+        report = await monitor_scan(certlm_in_process.host.runtime, await scan_context(timedelta(hours=1)))
+    assert report.outcomes == {"read": 2}, report.outcomes
+    assert len(set(reads)) == 2, reads

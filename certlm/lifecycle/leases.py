@@ -87,9 +87,14 @@ class Claim:
 class ClaimCondition:
     """What else the claim of a lease needs of the device's ``device_schedule`` row (``where``), with the columns it
     then sets (``sets``): one conditional UPDATE claims both, as the monitor scan claims its turn at a device (not
-    read by another instance within half an interval) with the device's lease."""
+    read by another instance within half an interval) with the device's lease.
 
-    where: Q
+    ``where`` is SQL over the row's columns with ``{}`` for each of ``values`` (the columns' Python values, as
+    ``sets`` are), the same words at every claim: its statement is built once, not through the ORM at every visit."""
+
+    where: str
+    values: tuple[tuple[str, Any], ...]
+    """(column, value) for each ``{}`` of ``where``: the column says how the value is stored."""
     sets: dict[str, Any]
 
 
@@ -150,8 +155,10 @@ async def try_claim(
             return Claim(entry_id, None, marked=_marked(claimed[0]))
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     elif condition is not None:
-        free = DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=True)
-        if await free.filter(condition.where).update(**condition.sets, lease_holder=holder, lease_until=until):
+        claimed = await _update_where(
+            condition, {**condition.sets, "lease_holder": holder, "lease_until": until}, entry_id, lease_free=True
+        )
+        if claimed:
             return Claim(entry_id, None)
         await _meet(entry_id, condition)
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
@@ -214,8 +221,46 @@ def _release_sql(dialect: str) -> str:
 
 async def _meet(entry_id: int, condition: ClaimCondition) -> None:
     """Set the condition's columns where the row meets it; ``ConditionUnmet`` where it does not (or is gone)."""
-    if not await DeviceSchedule.filter(Q(entry_id=entry_id) & condition.where).update(**condition.sets):
+    if not await _update_where(condition, condition.sets, entry_id, lease_free=False):
         raise ConditionUnmet(entry_id)
+
+
+def _db_value(column: str, value: Any) -> Any:
+    return _FIELDS[column].to_db_value(value, None)
+
+
+_FIELDS = DeviceSchedule._meta.fields_map
+
+
+async def _update_where(condition: ClaimCondition, sets: dict[str, Any], entry_id: int, *, lease_free: bool) -> bool:
+    """Set ``sets`` on the entry's row where it meets ``condition`` (and its lease is free, with ``lease_free``);
+    whether it did."""
+    database = DeviceSchedule._meta.db
+    sql = _conditional_update_sql(database.capabilities.dialect, tuple(sets), condition.where, lease_free)
+    values = [_db_value(column, value) for column, value in sets.items()]
+    values += [entry_id, *(_db_value(column, value) for column, value in condition.values)]
+    # Rows through execute_query_dict: tortoise's execute_query answers no rows for an UPDATE on PostgreSQL.
+    return bool(await database.execute_query_dict(sql, values))
+
+
+@functools.cache
+def _conditional_update_sql(dialect: str, columns: tuple[str, ...], where: str, lease_free: bool) -> str:
+    assignments = ", ".join(f'"{column}" = {{}}' for column in columns)
+    free = ' AND "lease_holder" IS NULL' if lease_free else ""
+    return in_dialect(
+        f'UPDATE "device_schedule" SET {assignments} WHERE "entry_id" = {{}}{free} AND ({where}) RETURNING "entry_id"',
+        dialect,
+    )
+
+
+@functools.cache
+def _release_with_sql(dialect: str, columns: tuple[str, ...]) -> str:
+    assignments = "".join(f'"{column}" = {{}}, ' for column in columns)
+    return in_dialect(
+        f'UPDATE "device_schedule" SET {assignments}"lease_holder" = NULL, "lease_until" = NULL '
+        'WHERE "entry_id" = {} AND "lease_holder" = {}',
+        dialect,
+    )
 
 
 async def extend(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S) -> bool:
@@ -227,14 +272,15 @@ async def extend(entry_id: int, holder: str = INSTANCE, lease_s: float = LEASE_S
 
 
 async def release(entry_id: int, holder: str = INSTANCE, **columns: Any) -> None:
-    """Release the lease, setting ``columns`` of the row in the same UPDATE."""
-    if not columns:  # a push's release: plain SQL built once
-        database = DeviceSchedule._meta.db
-        await database.execute_query(_release_sql(database.capabilities.dialect), [entry_id, holder])
+    """Release the lease, setting ``columns`` of the row in the same UPDATE: plain SQL built once (for each set of
+    columns: a push's release sets none, a monitor visit's the same three), as every push and visit releases one."""
+    database = DeviceSchedule._meta.db
+    dialect = database.capabilities.dialect
+    if not columns:
+        await database.execute_query(_release_sql(dialect), [entry_id, holder])
         return
-    await DeviceSchedule.filter(entry_id=entry_id, lease_holder=holder).update(
-        **columns, lease_holder=None, lease_until=None
-    )
+    values = [_db_value(column, value) for column, value in columns.items()]
+    await database.execute_query(_release_with_sql(dialect, tuple(columns)), [*values, entry_id, holder])
 
 
 def holds(entry_id: int) -> bool:

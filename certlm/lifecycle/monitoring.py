@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
-from tortoise.expressions import Q
 from tortoise.transactions import in_transaction
 
 from certlm.contracts.drivers import (
@@ -57,6 +56,7 @@ from certlm.lifecycle.schedulers import ScanContext, ScanReport
 from certlm.pki.revocation import REVOCATION_FIELDS, revocation_of, store_revocation
 from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry, RejectedClient
 from certlm.storage.reads import reads_once
+from certlm.storage.sql import rows_of
 from certlm.system.audit import journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -121,13 +121,23 @@ async def reading(
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
     async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s, condition=condition) as claim:
         if refresh:
-            await entry.refresh_from_db()
+            await _refresh(entry)
         try:
             yield claim
         except DeviceIdentityChanged as changed:
             # Whoever read the device, an operator or the monitor: the entry is marked until an operator re-pins.
             await mark_identity_changed(entry.id, changed.message, datetime.now(UTC))
             raise
+
+
+async def _refresh(entry: InventoryEntry) -> None:
+    """``entry`` as the database has it now (tortoise's ``refresh_from_db``, but its statement built once: every
+    monitor visit reads its entry under the lease). A lease is held: the entry is not deleted under it."""
+    rows = await rows_of(InventoryEntry, '"id" = {}', entry.id)
+    if not rows:
+        raise EntryDeleted(entry.id)
+    for field in entry._meta.db_fields:
+        setattr(entry, field, getattr(rows[0], field))
 
 
 async def read_certificate_and_store(
@@ -232,7 +242,7 @@ async def _visit_all(
     # Instances sharing the database share the scan: each device goes to the instance that claims it first, and is
     # not claimed again within half an interval. The scan's turn at a device is claimed with the device's lease.
     claimable_before = context.started - context.interval / 2
-    free = Q(monitored_at__isnull=True) | Q(monitored_at__lt=claimable_before)
+    free = '"monitored_at" IS NULL OR "monitored_at" < {}'
     # The PKI rows the revocation checks need, read once per scan (the entries share a few PKIs), before the visits
     # start: visits running at once would each miss a row still being read.
     pki_ids = {entry.pki_id for entry in entries if entry.pki_id is not None}  # type: ignore[attr-defined]
@@ -253,7 +263,7 @@ async def _visit_all(
                 report.count("suppressed")
                 return
             now = context.clock()
-            turn = ClaimCondition(free, {"monitored_at": now})
+            turn = ClaimCondition(free, (("monitored_at", claimable_before),), {"monitored_at": now})
             report.count(
                 await monitor_device(
                     runtime, entry, now, scan_turn=turn, pkis=pkis, rejected_listed=rejected_listed,
@@ -374,8 +384,12 @@ class _Visit:
             reading = error
         presents_pin = isinstance(reading, CertificateReading) and _presents_pin(entry, reading.certificate)
         rest = await self._read_rest(target) if presents_pin else None
-        if isinstance(reading, APIError):
+        if rest is not None or isinstance(reading, APIError):
+            # The device will not be asked anything more: the revocation check (a thread's turn) and the writes below
+            # go on without the scan's place, which the next device takes (as the script a scan is measured against
+            # holds a place only while it reads).
             self.read_done()
+        if isinstance(reading, APIError):
             return await self._unreachable(reading)
         fields = await _certificate_read(self.runtime, entry, reading, check_revocation=True, pkis=self.pkis)
         unexpected = await unexpected_certificate(self.runtime, entry, reading.certificate)
