@@ -40,7 +40,7 @@ from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for, host_services
 
 DEVICE_TIMEOUTS = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20"}
-ONBOARDING_REQUESTS = 12
+ONBOARDING_REQUESTS = 11
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +68,11 @@ async def test_first_contact_onboarding_opens_one_session_to_push_and_one_to_ver
     # The push's session: the ServerConfiguration's nodes (one Translate), the description (one Read with BuildInfo,
     # one Browse of the groups), CreateSigningRequest, the trust list written unread at first contact (Open, Write,
     # CloseAndUpdate), UpdateCertificate, ApplyChanges; the verification's: the trust list read back on the nodes
-    # found before (OpenWithMasks, Read, Close). Before: 19, with a Read, Translate and Read more to describe, the
-    # list read before it was written, and a Translate to find it again.
+    # found before (OpenWithMasks, then Read and Close in one Call request). Before: 12 with Read and Close apart, 19
+    # with a Read, Translate and Read more to describe, the list read before it was written, and a Translate to find
+    # it again.
     assert device.session_requests == ONBOARDING_REQUESTS
+    assert device.requests_by_service.get("Call") == 8, device.requests_by_service
     entry = (await api.get(f"/gds/inventory/127.0.0.1:{device.config.port}")).json()
     assert entry["service"] == "gds-push-certlm-simulated-plc"
 
@@ -82,9 +84,9 @@ async def test_first_contact_onboarding_opens_one_session_to_push_and_one_to_ver
     # issued certificate (GetEndpoints) verifies it.
     assert (device.sessions_created, device.endpoint_requests) == (3, 4)
     # Described as at first contact but on the nodes the onboarding found (a Read with BuildInfo, a Browse of the
-    # groups), CreateSigningRequest, the trust list read to find it held (OpenWithMasks, Read, Close),
-    # UpdateCertificate, ApplyChanges. Before: 12, then 9 with a Translate.
-    assert device.session_requests - ONBOARDING_REQUESTS == 8
+    # groups), CreateSigningRequest, the trust list read to find it held (OpenWithMasks, then Read and Close in one
+    # Call request), UpdateCertificate, ApplyChanges. Before: 8 with Read and Close apart, 12, then 9 with a Translate.
+    assert device.session_requests - ONBOARDING_REQUESTS == 7
 
 
 def counting(calls: list[str], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
