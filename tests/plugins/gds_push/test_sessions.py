@@ -334,11 +334,12 @@ async def test_a_trust_list_change_is_read_back_in_its_own_session_and_leaves_a_
     assert held(read_back) == held(device.trust_list)
     assert to_der(successor.certificate) in read_back.trusted_certificates
     # One session, after one GetEndpoints, read back in it after ApplyChanges: on the ServerConfiguration's nodes the
-    # onboarding found (before: a Translate), the list read (OpenWithMasks, Read, Close), MaxTrustListSize, the
-    # rejected list, the write (Open, Write, CloseAndUpdate), ApplyChanges, the list read back (OpenWithMasks, Read,
-    # Close). Before: a second session, and a GetEndpoints before it, to read back after a fixed pause.
+    # onboarding found (before: a Translate), the list read (OpenWithMasks, then Read and Close in one request),
+    # MaxTrustListSize, the rejected list, the write (Open, Write, CloseAndUpdate), ApplyChanges, the list read back
+    # (OpenWithMasks, Read and Close). Before: 12 with each Read and Close apart; a second session, and a GetEndpoints
+    # before it, to read back after a fixed pause.
     assert (device.sessions_created - sessions, device.endpoint_requests - endpoint_requests) == (1, 1)
-    assert device.session_requests - requests == 12
+    assert device.session_requests - requests == 10
     # The device dropped the session and listens again before the change returns: the next operation meets it.
     assert device._endpoint_task is not None and device._endpoint_task.done()
     assert (await driver.read_certificate(target, secure_session=False)).certificate == device.certificate
