@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -35,8 +36,13 @@ __all__ = [
 
 
 def free_port_range(count: int) -> int:
-    """The first of ``count`` consecutive free ports below the ephemeral range, so no outgoing connection takes one."""
-    for first in range(20000, 32000 - count, count):
+    """The first of ``count`` consecutive free ports below the ephemeral range, so no outgoing connection takes one.
+    The search starts at a random range: benchmarks and tests running beside each other on the machine, each
+    starting from the same port, took each other's ranges between the check and the simulator's bind (a push
+    benchmark stopped at its first size when all its tries met the same taken range)."""
+    ranges = list(range(20000, 32000 - count, count))
+    start = random.randrange(len(ranges))
+    for first in ranges[start:] + ranges[:start]:
         try:
             for port in range(first, first + count):
                 with socket.socket() as sock:

@@ -388,6 +388,25 @@ class DeviceSession:
             raise
         return result.OutputArguments
 
+    async def call_in_one(
+        self, *calls: tuple[ua.NodeId, ua.NodeId, Sequence[ua.Variant]]
+    ) -> list[list[Any] | ua.UaStatusCodeError]:
+        """Several method calls (object, method, arguments) in one Call request, one round trip; each call's output
+        arguments, or the error of its Bad result. The device is asked for nothing again where it answers a node as
+        unknown: a caller that needs that falls back to ``call``."""
+        requests = [
+            ua.CallMethodRequest(
+                ObjectId=self._current(object_id), MethodId=self._current(method_id), InputArguments=list(arguments)
+            )
+            for object_id, method_id, arguments in calls
+        ]
+        return [
+            [variant.Value for variant in result.OutputArguments or []]
+            if result.StatusCode.is_good()
+            else ua.UaStatusCodeError(result.StatusCode.value)
+            for result in await self.client.uaclient.call(requests)
+        ]
+
     async def read_values(self, node_ids: Sequence[ua.NodeId]) -> list[Any]:
         """The values of several variables in one Read; ``None`` for each the device answers with a Bad status."""
         if not node_ids:

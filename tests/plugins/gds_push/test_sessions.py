@@ -40,7 +40,7 @@ from tests.conftest import StartDevice
 from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for, host_services
 
 DEVICE_TIMEOUTS = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20"}
-ONBOARDING_REQUESTS = 12
+ONBOARDING_REQUESTS = 11
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +68,11 @@ async def test_first_contact_onboarding_opens_one_session_to_push_and_one_to_ver
     # The push's session: the ServerConfiguration's nodes (one Translate), the description (one Read with BuildInfo,
     # one Browse of the groups), CreateSigningRequest, the trust list written unread at first contact (Open, Write,
     # CloseAndUpdate), UpdateCertificate, ApplyChanges; the verification's: the trust list read back on the nodes
-    # found before (OpenWithMasks, Read, Close). Before: 19, with a Read, Translate and Read more to describe, the
-    # list read before it was written, and a Translate to find it again.
+    # found before (OpenWithMasks, then Read and Close in one Call request). Before: 12 with Read and Close apart, 19
+    # with a Read, Translate and Read more to describe, the list read before it was written, and a Translate to find
+    # it again.
     assert device.session_requests == ONBOARDING_REQUESTS
+    assert device.requests_by_service.get("Call") == 8, device.requests_by_service
     entry = (await api.get(f"/gds/inventory/127.0.0.1:{device.config.port}")).json()
     assert entry["service"] == "gds-push-certlm-simulated-plc"
 
@@ -82,9 +84,9 @@ async def test_first_contact_onboarding_opens_one_session_to_push_and_one_to_ver
     # issued certificate (GetEndpoints) verifies it.
     assert (device.sessions_created, device.endpoint_requests) == (3, 4)
     # Described as at first contact but on the nodes the onboarding found (a Read with BuildInfo, a Browse of the
-    # groups), CreateSigningRequest, the trust list read to find it held (OpenWithMasks, Read, Close),
-    # UpdateCertificate, ApplyChanges. Before: 12, then 9 with a Translate.
-    assert device.session_requests - ONBOARDING_REQUESTS == 8
+    # groups), CreateSigningRequest, the trust list read to find it held (OpenWithMasks, then Read and Close in one
+    # Call request), UpdateCertificate, ApplyChanges. Before: 8 with Read and Close apart, 12, then 9 with a Translate.
+    assert device.session_requests - ONBOARDING_REQUESTS == 7
 
 
 def counting(calls: list[str], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -332,11 +334,12 @@ async def test_a_trust_list_change_is_read_back_in_its_own_session_and_leaves_a_
     assert held(read_back) == held(device.trust_list)
     assert to_der(successor.certificate) in read_back.trusted_certificates
     # One session, after one GetEndpoints, read back in it after ApplyChanges: on the ServerConfiguration's nodes the
-    # onboarding found (before: a Translate), the list read (OpenWithMasks, Read, Close), MaxTrustListSize, the
-    # rejected list, the write (Open, Write, CloseAndUpdate), ApplyChanges, the list read back (OpenWithMasks, Read,
-    # Close). Before: a second session, and a GetEndpoints before it, to read back after a fixed pause.
+    # onboarding found (before: a Translate), the list read (OpenWithMasks, then Read and Close in one request),
+    # MaxTrustListSize, the rejected list, the write (Open, Write, CloseAndUpdate), ApplyChanges, the list read back
+    # (OpenWithMasks, Read and Close). Before: 12 with each Read and Close apart; a second session, and a GetEndpoints
+    # before it, to read back after a fixed pause.
     assert (device.sessions_created - sessions, device.endpoint_requests - endpoint_requests) == (1, 1)
-    assert device.session_requests - requests == 12
+    assert device.session_requests - requests == 10
     # The device dropped the session and listens again before the change returns: the next operation meets it.
     assert device._endpoint_task is not None and device._endpoint_task.done()
     assert (await driver.read_certificate(target, secure_session=False)).certificate == device.certificate

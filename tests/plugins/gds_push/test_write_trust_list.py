@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from certlm_gds_push.connection import DeviceError
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
+from certlm_gds_push.trust_list import CHUNK_BYTES, encoded_size
 from certlm_opcua_simulator import SimulatedDevice
 from certlm_opcua_simulator.store import StateFolder
 from cryptography import x509
@@ -477,3 +479,45 @@ async def test_node_opcua_takes_a_change_composed_from_its_list(peer: NodeOpcuaP
     read_back = await driver.change_trust_list(target, lambda current: plus(current, new_ca))
     assert read_back is not None and lists(read_back) == on_disk(peer)
     assert to_der(new_ca.certificate) in on_disk(peer)[0] and to_der(own_issuer.certificate) in on_disk(peer)[2]
+
+
+def many_certificates(count: int) -> list[bytes]:
+    """``count`` certificates (DER) of one throw-away issuer: a trust list larger than one Read of the file."""
+    key = OpcUaTestCa("bulk issuer").key
+    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "bulk issuer")])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .not_valid_before(datetime(2026, 1, 1, tzinfo=UTC))
+        .not_valid_after(datetime(2036, 1, 1, tzinfo=UTC))
+    )
+    return [to_der(builder.serial_number(serial).sign(key, hashes.SHA256())) for serial in range(1, count + 1)]
+
+
+async def test_a_trust_list_is_read_in_two_requests_and_one_over_a_read_chunk_whole(
+    simulated_device: StartDevice, driver: GdsPushDriver, client_identity: ClientIdentity
+) -> None:
+    device = await trusting_certlm(simulated_device, client_identity)
+    target = pinned(device)
+    calls = device.requests_by_service.get("Call", 0)
+
+    before = await driver.read_trust_list(target, TrustList.ALL)
+
+    # OpenWithMasks, then Read and Close in one Call request (three requests before).
+    assert device.requests_by_service["Call"] - calls == 2
+    assert lists(before) == held_by(device)
+
+    large = TrustList(
+        trusted_certificates=[*before.trusted_certificates, *many_certificates(60)],
+        trusted_crls=before.trusted_crls,
+    )
+    assert encoded_size(large, TrustList.ALL) > CHUNK_BYTES
+    read_back = await driver.write_trust_list(target, large)
+    assert read_back is not None and lists(read_back) == lists(large) == held_by(device)
+    calls = device.requests_by_service["Call"]
+
+    assert lists(await driver.read_trust_list(target, TrustList.ALL)) == lists(large)
+    # The first Read did not hold it whole: read again in chunks (OpenWithMasks, two Reads, Close).
+    assert device.requests_by_service["Call"] - calls == 2 + 4
