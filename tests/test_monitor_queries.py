@@ -111,14 +111,14 @@ async def test_a_monitor_visit_claims_releases_and_writes_the_entry_once_and_ask
     assert stored.trustlist["trustlist_trusted_ca"] and stored.firmware_version
 
 
-async def test_a_monitor_visit_asks_the_device_for_its_endpoints_once_and_seven_requests_in_one_session(
+async def test_a_monitor_visit_asks_the_device_for_its_endpoints_once_and_six_requests_in_one_session(
     certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
 ) -> None:
     """What a visit asks a simulated PLC, counted by the device itself, once the nodes it uses were found: one
-    GetEndpoints, one session, and in it the trust list (OpenWithMasks, one Read of it, Close), BuildInfo with
-    ServerStatus.State in one Read, the PLC's namespace array and operating state (a Read each), GetRejectedList. The
-    plain script of ``bench/scheduler_baseline.py`` asks the same in nine: it reads the trust list until a Read answers
-    nothing, and translates the PLC's browse paths each time."""
+    GetEndpoints, one session, and in it the trust list (OpenWithMasks, then its Read and Close in one Call),
+    BuildInfo with ServerStatus.State in one Read, the PLC's namespace array and operating state (a Read each),
+    GetRejectedList. The plain script of ``bench/scheduler_baseline.py`` asks the same in nine requests: it reads the
+    trust list until a Read answers nothing, and translates the PLC's browse paths each time."""
     device = await certlm_simulated_device()
     await push(certlm_in_process, device)
     async with certlm_in_process.context():
@@ -128,7 +128,7 @@ async def test_a_monitor_visit_asks_the_device_for_its_endpoints_once_and_seven_
         assert await monitor_device(certlm_in_process.host.runtime, entry, datetime.now(UTC)) == "read"
     asked = {name: count - requests.get(name, 0) for name, count in device.requests_by_service.items()}
     assert (device.sessions_created - sessions, device.endpoint_requests - endpoints) == (1, 1)
-    assert {name: count for name, count in asked.items() if count} == {"Read": 3, "Call": 4}, asked
+    assert {name: count for name, count in asked.items() if count} == {"Read": 3, "Call": 3}, asked
 
 
 async def test_a_device_that_stopped_answering_is_marked_unreachable_and_its_lease_released(
