@@ -153,6 +153,27 @@ async def test_a_monitor_visit_and_a_scheduled_renewal_cost_what_they_did_on_pos
     check(json.loads(out.decode().strip().splitlines()[-1]))
 
 
+def device_reads_counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The URLs of the devices whose certificate the gds_push driver reads, in order, from now on."""
+    reads: list[str] = []
+    driver = certlm_gds_push.driver.GdsPushDriver
+    read_certificate = driver.read_certificate
+
+    async def counted_read(self: Any, target: Any, **options: Any) -> Any:
+        reads.append(target.url)
+        return await read_certificate(self, target, **options)
+
+    monkeypatch.setattr(driver, "read_certificate", counted_read)
+    return reads
+
+
+async def the_next_device_read(reads: list[str], what: str) -> None:
+    async def next_device_read() -> bool:
+        return len(reads) == 2
+
+    await eventually(next_device_read, what, 15)
+
+
 @pytest.mark.parametrize("certlm_settings", [{**TEST_DEVICE_TIMEOUTS, "scheduler_concurrency": 1}])
 async def test_the_next_device_is_read_while_the_last_one_read_is_stored(
     certlm_in_process: InProcessApp,
@@ -163,24 +184,14 @@ async def test_the_next_device_is_read_while_the_last_one_read_is_stored(
     """With one device at a time, the first visit's store waits until the second device is being read: a scan that
     held the device's place while storing would never start that read."""
     await onboarded(certlm_in_process, certlm_simulated_device, 2)
-    reads: list[str] = []
-    driver = certlm_gds_push.driver.GdsPushDriver
-    read_certificate, store = driver.read_certificate, certlm.lifecycle.monitoring._store_rest
-
-    async def counted_read(self: Any, target: Any, **options: Any) -> Any:
-        reads.append(target.url)
-        return await read_certificate(self, target, **options)
+    reads = device_reads_counted(monkeypatch)
+    store = certlm.lifecycle.monitoring._store_rest
 
     async def store_once_the_next_is_read(entry: InventoryEntry, target: Any, *args: Any) -> Any:
         if reads[0] == target.url:
-
-            async def next_device_read() -> bool:
-                return len(reads) == 2
-
-            await eventually(next_device_read, "read of the next device while the first one's result is stored", 15)
+            await the_next_device_read(reads, "read of the next device while the first one's result is stored")
         return await store(entry, target, *args)
 
-    monkeypatch.setattr(driver, "read_certificate", counted_read)
     monkeypatch.setattr(certlm.lifecycle.monitoring, "_store_rest", store_once_the_next_is_read)
     async with certlm_in_process.context():
         report = await monitor_scan(certlm_in_process.host.runtime, await scan_context(timedelta(hours=1)))
@@ -199,24 +210,14 @@ async def test_the_next_device_is_read_while_the_certificate_of_the_last_one_rea
     the second device is being read: a scan that held the device's place until the check was done would never start
     that read."""
     await onboarded(certlm_in_process, certlm_simulated_device, 2)
-    reads: list[str] = []
-    driver = certlm_gds_push.driver.GdsPushDriver
-    read_certificate, checked = driver.read_certificate, certlm.lifecycle.monitoring._certificate_read
-
-    async def counted_read(self: Any, target: Any, **options: Any) -> Any:
-        reads.append(target.url)
-        return await read_certificate(self, target, **options)
+    reads = device_reads_counted(monkeypatch)
+    checked = certlm.lifecycle.monitoring._certificate_read
 
     async def check_once_the_next_is_read(runtime: Any, entry: InventoryEntry, *args: Any, **options: Any) -> Any:
         if reads[0] == f"opc.tcp://{entry.server}:{entry.port}":
-
-            async def next_device_read() -> bool:
-                return len(reads) == 2
-
-            await eventually(next_device_read, "the next device read while the first one's certificate is checked", 15)
+            await the_next_device_read(reads, "the next device read while the first one's certificate is checked")
         return await checked(runtime, entry, *args, **options)
 
-    monkeypatch.setattr(driver, "read_certificate", counted_read)
     monkeypatch.setattr(certlm.lifecycle.monitoring, "_certificate_read", check_once_the_next_is_read)
     async with certlm_in_process.context():
         report = await monitor_scan(certlm_in_process.host.runtime, await scan_context(timedelta(hours=1)))
