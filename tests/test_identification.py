@@ -90,12 +90,14 @@ async def test_registering_many_silent_devices_holds_at_most_the_concurrency_in_
         answered_within = time.monotonic() - started
         tried_by_then = [entry.last_result for entry in await InventoryEntry.filter(protocol="gds").all()]
 
-        assert statuses == [200] * DEVICES
+        assert statuses == [200] * DEVICES, sorted(set(statuses))
         # A registration waits for its own identification (at most three connect time-outs), never for the queue:
         # the workers need QUEUE_S to try every silent device, and all registrations had answered while most of
-        # the devices were still untried.
-        assert sum("identify" in (result or {}) for result in tried_by_then) < DEVICES / 2
-        assert answered_within < QUEUE_S / 2
+        # the devices were still untried. (Idle: answered in about 1 s, 8 of 200 devices tried by then.)
+        tried = sum("identify" in (result or {}) for result in tried_by_then)
+        race = f"all {DEVICES} registrations answered in {answered_within:.1f} s, {tried} devices tried by then"
+        assert tried < DEVICES / 2, race
+        assert answered_within < QUEUE_S / 2, race
 
         async def every_entry_tried() -> bool:
             entries = await InventoryEntry.filter(protocol="gds").all()
@@ -103,7 +105,7 @@ async def test_registering_many_silent_devices_holds_at_most_the_concurrency_in_
 
         await eventually(every_entry_tried, "every entry tried", timeout=60)
         assert devices.accepted >= DEVICES, "every device was dialled"
-        assert 1 <= devices.most_open <= CONCURRENCY
+        assert 1 <= devices.most_open <= CONCURRENCY, f"{devices.most_open} connections open at once"
         entries = await InventoryEntry.filter(protocol="gds").all()
         assert {entry.last_result["identify"]["success"] for entry in entries} == {False}
         assert {entry.service for entry in entries} == {"gds-push-generic"}
