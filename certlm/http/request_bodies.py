@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 from quart import Quart, request
-from werkzeug.exceptions import RequestTimeout
 
 from certlm.foundation.errors import APIError
 
@@ -31,11 +30,11 @@ def install_body_checks(app: Quart) -> None:
             raise APIError(f"request body: charset {charset!r} is not accepted; send JSON in UTF-8")
         try:
             # Quart's get_data bounds the wait with asyncio.wait_for, a task of its own per request on Python 3.11;
-            # asyncio.timeout bounds it as well without one (its 408 likewise).
+            # asyncio.timeout bounds it as well without one.
             async with asyncio.timeout(request.body_timeout):
                 data = await request.body
         except TimeoutError:
-            raise RequestTimeout() from None
+            raise APIError(f"request body: not received within {request.body_timeout:g} s", 408) from None
         if not data:
             return
         try:
