@@ -3,7 +3,9 @@ is stored or deleted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -82,6 +84,23 @@ async def test_a_body_is_parsed_once(in_process: InProcessApp, monkeypatch: pyte
     assert status in (200, 201)
     assert len(parses) == 1
     assert [w["name"] for w in await windows(in_process)] == ["parsed once"]
+
+
+async def test_a_body_that_stops_arriving_answers_408_and_stores_nothing(in_process: InProcessApp) -> None:
+    # A client that sends part of its body and then nothing more is answered once the body timeout has passed.
+    app = in_process.client.app
+    app.config["BODY_TIMEOUT"] = 0.3
+    started = time.monotonic()
+    headers = {**in_process.headers, "Content-Type": "application/json", "Content-Length": "200"}
+    async with in_process.client.request("/maintenance/inventory", method="POST", headers=headers) as connection:
+        await connection.send(b'{"name": "Line 3')
+        async with asyncio.timeout(10):
+            first = await connection.receive()  # the answer's body begins: its status is in
+        response = await connection.as_response()
+    assert response.status_code == 408
+    assert json.loads(first + await response.get_data()) == {"error": "request body: not received within 0.3 s"}
+    assert 0.3 <= time.monotonic() - started < 10
+    assert await windows(in_process) == []
 
 
 @pytest.mark.parametrize(

@@ -277,3 +277,18 @@ def test_serials_are_shown_as_openssl_shows_them(serial: int, tmp_path) -> None:
     assert shown == f"serial={serial_hex(certificate)}"
     assert len(serial_hex(certificate)) % 2 == 0 and int(serial_hex(certificate), 16) == serial
     assert certificate_detail(certificate)["serial_number"] == serial_hex(certificate)
+
+
+def test_signature_answers_are_remembered_per_certificate_never_per_name() -> None:
+    # A push asks the same questions of the same certificates again (the answers are remembered): a CA of the same
+    # name with another key, and what it signed, still get their own answers, in whichever order they are asked.
+    real, impostor = make_ca("Plant CA"), make_ca("Plant CA")
+    device_key = ec_key()
+    genuine = real.issue("plc-1", device_key.public_key())
+    forged = impostor.issue("plc-1", device_key.public_key())
+    for _ in range(2):
+        assert issued_by(genuine, real.certificate) and issued_by(forged, impostor.certificate)
+        assert not issued_by(forged, real.certificate) and not issued_by(genuine, impostor.certificate)
+        assert is_self_signed(real.certificate) and is_self_signed(impostor.certificate)
+        assert crl_signed_by(real.crl(), [real.certificate]) and not crl_signed_by(impostor.crl(), [real.certificate])
+        assert crl_signed_by(impostor.crl(), [real.certificate, impostor.certificate])

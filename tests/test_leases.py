@@ -172,3 +172,20 @@ async def test_a_bounded_wait_in_this_instance_s_queue_answers_409(entry_id: int
 
 async def _leased(entry_id: int) -> bool:
     return await DeviceSchedule.filter(entry_id=entry_id, lease_holder__isnull=False).exists()
+
+
+async def test_a_lease_held_past_its_length_is_kept_until_released(entry_id: int) -> None:
+    # An operation longer than the lease (a slow device) keeps it: its expiry moves on while the block runs, so no
+    # other instance takes the device over, and it is released at the end.
+    lease_s = 0.4
+    async with device_lease(entry_id, wait_s=0, lease_s=lease_s):
+        first = (await DeviceSchedule.get(entry_id=entry_id)).lease_until
+
+        async def extended() -> datetime | None:
+            until = (await DeviceSchedule.get(entry_id=entry_id)).lease_until
+            return until if until > first + timedelta(seconds=lease_s) else None
+
+        await eventually(extended, "the lease extended past its first expiry", timeout=5, every=0.05)
+        assert await try_claim(entry_id, holder="other-instance") is None
+    row = await DeviceSchedule.get(entry_id=entry_id)
+    assert row.lease_holder is None and row.lease_until is None

@@ -201,6 +201,14 @@ def common_name(name: x509.Name) -> str | None:
 
 def issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
     """Whether ``issuer`` directly issued ``certificate``: names match and its key verifies the signature."""
+    return _issued_by(certificate, issuer)
+
+
+# A push asks the same of the same certificates several times, and every push asks again of the CA's own (is the root
+# self-signed, did the CA issue the certificate the last push installed): each answer is remembered. A certificate
+# equals another only with the same DER bytes, so a remembered answer is the one the signature gives.
+@functools.lru_cache(maxsize=512)
+def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
     try:
         certificate.verify_directly_issued_by(issuer)
     except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
@@ -232,13 +240,19 @@ def issuer_chain(certificate: x509.Certificate, pool: Iterable[x509.Certificate]
 
 def crl_signed_by(crl: x509.CertificateRevocationList, issuers: Iterable[x509.Certificate]) -> bool:
     """Whether one of ``issuers`` issued ``crl``: names match and its key verifies the signature."""
-    for issuer in issuers:
-        try:
-            if crl.issuer == issuer.subject and crl.is_signature_valid(issuer.public_key()):  # type: ignore[arg-type]
-                return True
-        except (TypeError, ValueError, UnsupportedAlgorithm):
-            continue
-    return False
+    der = crl.public_bytes(serialization.Encoding.DER)
+    return any(_crl_signed_by(der, issuer) for issuer in issuers)
+
+
+# As ``_issued_by``: every push checks the CA's current CRL again. Few answers kept, as a CRL may be large; a miss
+# parses the DER again, which costs little beside the signature check.
+@functools.lru_cache(maxsize=32)
+def _crl_signed_by(der: bytes, issuer: x509.Certificate) -> bool:
+    crl = x509.load_der_x509_crl(der)
+    try:
+        return crl.issuer == issuer.subject and crl.is_signature_valid(issuer.public_key())  # type: ignore[arg-type]
+    except (TypeError, ValueError, UnsupportedAlgorithm):
+        return False
 
 
 def spki_der(public_key: PublicKeyTypes) -> bytes:

@@ -8,6 +8,7 @@ character is refused by PostgreSQL (SQLite stores it, so the two engines would d
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -27,7 +28,13 @@ def install_body_checks(app: Quart) -> None:
         charset = request.mimetype_params.get("charset")
         if charset is not None and charset.lower().replace("_", "-") not in ("utf-8", "utf8"):
             raise APIError(f"request body: charset {charset!r} is not accepted; send JSON in UTF-8")
-        data = await request.get_data(cache=True)
+        try:
+            # Quart's get_data bounds the wait with asyncio.wait_for, a task of its own per request on Python 3.11;
+            # asyncio.timeout bounds it as well without one.
+            async with asyncio.timeout(request.body_timeout):
+                data = await request.body
+        except TimeoutError:
+            raise APIError(f"request body: not received within {request.body_timeout:g} s", 408) from None
         if not data:
             return
         try:

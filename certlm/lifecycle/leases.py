@@ -296,10 +296,31 @@ async def release_now(claim: Claim, holder: str = INSTANCE) -> None:
     claim.released = True
 
 
-async def _heartbeat(entry_id: int, lease_s: float) -> None:
-    while True:
-        await asyncio.sleep(lease_s / 4)
-        await extend(entry_id, lease_s=lease_s)
+class _Heartbeat:
+    """Extends a held lease every quarter of its length until stopped. Most operations (a push, a monitor visit) end
+    well within the first quarter: until it is due there is only a timer, and the task that extends the lease is
+    made then, not for every operation."""
+
+    def __init__(self, entry_id: int, lease_s: float) -> None:
+        self._entry_id, self._interval_s = entry_id, lease_s / 4
+        self._task: asyncio.Task[None] | None = None
+        # The timer's callback runs in a copy of this context, as a task made here would: the holder's leases.
+        self._timer = asyncio.get_running_loop().call_later(self._interval_s, self._start, lease_s)
+
+    def _start(self, lease_s: float) -> None:
+        self._task = asyncio.create_task(self._beat(lease_s))
+
+    async def _beat(self, lease_s: float) -> None:
+        while True:
+            await extend(self._entry_id, lease_s=lease_s)
+            await asyncio.sleep(self._interval_s)
+
+    async def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 @contextlib.asynccontextmanager
@@ -355,13 +376,11 @@ async def device_lease(
                 )
             await asyncio.sleep(POLL_S)
         token = _held.set(MappingProxyType({**held, entry_id: claim}))
-        heartbeat = asyncio.create_task(_heartbeat(entry_id, lease_s))
+        heartbeat = _Heartbeat(entry_id, lease_s)
         try:
             yield claim
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await heartbeat.stop()
             _held.reset(token)
             if not claim.released:
                 await release(entry_id, **claim.on_release)

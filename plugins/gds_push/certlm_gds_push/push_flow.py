@@ -103,7 +103,9 @@ async def once_back(timeouts: DeviceTimeouts, attempt: Callable[[], Awaitable[_T
     bound = min(RECONNECT_ATTEMPT_FIRST_S, timeouts.connect_s)
     while True:
         try:
-            return await asyncio.wait_for(attempt(), bound)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the attempt as a task of its own.
+            async with asyncio.timeout(bound):
+                return await attempt()
         except DeviceIdentityChanged:
             raise
         except Exception as error:
