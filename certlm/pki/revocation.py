@@ -23,9 +23,9 @@ through the entry's PKI backend, cached per PKI entry until the CRL's nextUpdate
 13. ``revoked`` (with the CRL entry's CRLReason, ``unspecified`` without one) or ``not_revoked``, by the newest
     current CRL. An entry with reason removeFromCRL (delta CRLs only, RFC 5280 5.3.1) counts as not revoked.
 
-The signatures among a PKI's CA certificates and CRLs are verified once per fetch of them (``SignatureMemo``, kept
-with them in ``CrlCache``); the rest, the device certificate's signature, its place on the CRL and the CRL's time,
-is decided at every check.
+A CRL's signature is verified once per fetch of it (``SignatureMemo``, kept with it in ``CrlCache``); the rest, the
+certificates' signatures (whose answers ``issued_by`` remembers by their DER), the device's place on the CRL and the
+CRL's time, is decided at every check.
 """
 
 from __future__ import annotations
@@ -86,11 +86,11 @@ CrlInput = x509.CertificateRevocationList | bytes | str
 
 
 class SignatureMemo:
-    """Whether a CA certificate or CRL verifies with a CA's key, remembered for the objects given (a PKI's parsed CA
-    chain and CRLs), which the memo's owner keeps alive: they are known by identity, so a lookup hashes nothing (a
-    CRL of a large PKI is megabytes). Any other object, such as a device's certificate parsed for one check, is
-    verified every time: its identity may be reused by the next one once it is gone. Built when the CA chain and
-    CRLs are fetched and dropped with them, so a CRL fetched anew is verified anew. A check running in one thread
+    """Whether a CRL verifies with a CA's key, remembered for the objects given (a PKI's parsed CA chain and CRLs),
+    which the memo's owner keeps alive: they are known by identity, so a lookup hashes nothing (a CRL of a large PKI
+    is megabytes; ``certlm.foundation.certs.issued_by`` remembers certificates' answers by their DER). Any other
+    object is verified every time: its identity may be reused by the next one once it is gone. Built when the CA chain
+    and CRLs are fetched and dropped with them, so a CRL fetched anew is verified anew. A check running in one thread
     and another in the next set the same answer: no lock."""
 
     def __init__(self, objects: Iterable[object] = ()) -> None:
@@ -99,10 +99,7 @@ class SignatureMemo:
         self.checked = False  # whether a check ran with the memo: the signatures it needed are known
 
     def signed_by(
-        self,
-        signed: x509.Certificate | x509.CertificateRevocationList,
-        signer: x509.Certificate,
-        verify: Callable[[], bool],
+        self, signed: x509.CertificateRevocationList, signer: x509.Certificate, verify: Callable[[], bool]
     ) -> bool:
         """``verify()``'s answer: remembered when ``signed`` and ``signer`` are both the memo's objects."""
         if id(signed) not in self._kept or id(signer) not in self._kept:
@@ -127,7 +124,7 @@ def check(
 ) -> RevocationCheck:
     """The revocation status of ``certificate`` against its PKI's ``ca_chain`` and ``crls`` at ``now``; ``crls`` None
     when there is no source of CRLs at all. The order of the checks is the module's docstring. ``memo``: the
-    signatures among ``ca_chain`` and ``crls`` (parsed objects) verified already."""
+    CRL signatures among ``ca_chain`` and ``crls`` (parsed objects) verified already."""
     subject = _subject_certificate(certificate)
     if isinstance(subject, RevocationCheck):
         return subject
@@ -170,7 +167,7 @@ def _against_pki(
     now: datetime,
     memo: SignatureMemo,
 ) -> RevocationCheck:
-    issuer = _verified_issuer(certificate, ca_chain, memo)
+    issuer = _verified_issuer(certificate, ca_chain)
     if isinstance(issuer, RevocationCheck):
         return issuer
     usage = extension_value(issuer, x509.KeyUsage)
@@ -198,7 +195,7 @@ def _against_pki(
 
 
 def _verified_issuer(
-    certificate: x509.Certificate, ca_chain: list[x509.Certificate], memo: SignatureMemo
+    certificate: x509.Certificate, ca_chain: list[x509.Certificate]
 ) -> x509.Certificate | RevocationCheck:
     """The CA of ``ca_chain`` that issued ``certificate``, once the path above it verifies."""
     named = [ca for ca in ca_chain if ca.subject == certificate.issuer]
@@ -219,12 +216,12 @@ def _verified_issuer(
             return RevocationCheck(
                 crl_status.CERT_CHAIN_INVALID, f"{_name(current.subject)} is not a CA (basicConstraints)"
             )
-        if _issued_by(current, current, memo):
+        if issued_by(current, current):
             return issuer
         parents = [ca for ca in ca_chain if ca.subject == current.issuer and ca not in path]
         if not parents:
             return issuer  # the last CA the PKI provides is a trust anchor
-        parent = next((ca for ca in parents if _issued_by(current, ca, memo)), None)
+        parent = next((ca for ca in parents if issued_by(current, ca)), None)
         if parent is None:
             return RevocationCheck(
                 crl_status.CERT_CHAIN_INVALID,
@@ -288,10 +285,6 @@ def _same_key_identifier(crl: x509.CertificateRevocationList, issuer: x509.Certi
     return crl_key_id is None or issuer_key_id is None or crl_key_id == issuer_key_id.digest
 
 
-def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate, memo: SignatureMemo) -> bool:
-    return memo.signed_by(certificate, issuer, lambda: issued_by(certificate, issuer))
-
-
 def _crl_signed_by(crl: x509.CertificateRevocationList, issuer: x509.Certificate, memo: SignatureMemo) -> bool:
     return memo.signed_by(crl, issuer, lambda: _signature_valid(crl, issuer))
 
@@ -330,7 +323,7 @@ class PkiRevocationSources:
     ca_chain: tuple[x509.Certificate, ...]
     crls: tuple[x509.CertificateRevocationList, ...] | None
     problems: tuple[str, ...] = ()
-    # The signatures among ``ca_chain`` and ``crls`` verified so far: kept, and dropped, with them.
+    # The CRLs' signatures verified so far: kept, and dropped, with them.
     verified: SignatureMemo = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -453,7 +446,7 @@ async def revocation_of(
     sources = await cache.sources(pki, backends.get(pki.pki_type))
     arguments = (subject, sources.ca_chain, sources.crls, now or datetime.now(UTC), sources.verified)
     if sources.verified.checked and sum(len(crl) for crl in sources.crls or ()) <= INLINE_CRL_ENTRIES:
-        # The CA chain's and the CRL's signatures are known: left are the device certificate's signature and a look-up
+        # The CRL's and the CA chain's signatures are known: left are the device certificate's signature and a look-up
         # in a short CRL, a fraction of a millisecond, less than a thread's turn costs (0.16 ms of CPU).
         outcome = check(*arguments)
     else:
