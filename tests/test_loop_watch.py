@@ -38,6 +38,22 @@ async def test_a_held_loop_is_seen_as_a_stall_of_about_that_long() -> None:
     assert watch.longest_s == 0
 
 
+async def test_a_stopped_watch_observes_nothing_more() -> None:
+    stopped, running = LoopWatch(), LoopWatch()
+    await stopped.start()
+    await running.start()
+    try:
+        await ticked(stopped, 0)
+        await stopped.stop()
+        ticks = stopped.ticks
+        # The watch still running as the clock: several of its ticks later, the stopped one has not ticked again.
+        await ticked(running, running.ticks + 5)
+        assert stopped.ticks == ticks
+    finally:
+        await running.stop()
+        await stopped.stop()
+
+
 async def stall_samples(client, headers: dict[str, str]) -> dict[str, float]:
     response = await client.get("/metrics", headers=headers)
     assert response.status_code == 200

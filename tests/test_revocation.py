@@ -5,6 +5,7 @@ certificate is revoked, as monitoring and the certificate detail show it."""
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,11 +17,20 @@ from certlm_opcua_simulator import SimulatedDevice, SimulatorConfig
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
+import certlm.pki.revocation
 from certlm.contracts.pki_backends import PkiBackend
+from certlm.contracts.registry import PkiBackendRegistry
 from certlm.foundation import crl_status
 from certlm.foundation.certs import key_usage, serial_hex
 from certlm.foundation.errors import UpstreamUnavailable
-from certlm.pki.revocation import CrlCache, RevocationCheck, check, revocation_of, store_revocation
+from certlm.pki.revocation import (
+    INLINE_CRL_ENTRIES,
+    CrlCache,
+    RevocationCheck,
+    check,
+    revocation_of,
+    store_revocation,
+)
 from certlm.storage.models import InventoryEntry, PkiEntry
 from tests.crypto_factory import Credential, certificate, ec_key, make_ca
 from tests.support import InProcessApp, free_port, serving
@@ -332,6 +342,138 @@ async def test_an_unreachable_pki_is_asked_again_after_a_few_minutes(root: Crede
     clock.now = NOW + timedelta(minutes=6)
     backend.current = crl_of(root)
     assert (await cache.sources(pki_entry(), backend)).crls == (backend.current,)
+
+
+# The signatures of a fetched CA chain and CRL are verified once per fetch; the rest of the check at every visit.
+
+
+def registry_of(ca: Credential) -> tuple[PkiBackendRegistry, CountingPki]:
+    class Counting(CountingPki):
+        def __init__(self, services: object) -> None:
+            super().__init__(ca)
+
+    registry = PkiBackendRegistry()
+    registry.add(Counting)
+    registry.instantiate(None)  # type: ignore[arg-type]
+    return registry, registry.get(CountingPki.pki_type)  # type: ignore[return-value]
+
+
+class Checker:
+    """``revocation_of`` for one entry of PKI entry 7 (``CountingPki``), with the CRL cache a monitor uses."""
+
+    def __init__(self, ca: Credential) -> None:
+        self.backends, self.pki = registry_of(ca)
+        self.cache = CrlCache(clock=Clock())
+        self.entry = SimpleNamespace(id=1, pki_id=7)  # all of an inventory entry that the check reads
+
+    async def __call__(self, certificate: x509.Certificate, now: datetime = NOW) -> str:
+        outcome = await revocation_of(
+            self.entry,  # type: ignore[arg-type]
+            certificate,
+            self.backends,
+            self.cache,
+            now,
+            pkis={7: pki_entry()},
+        )
+        return status_name(outcome)
+
+
+@pytest.fixture
+def threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The checks that ran off the event loop, by the name of what ran."""
+    ran: list[str] = []
+    real = asyncio.to_thread
+
+    async def counted(function, *args, **kwargs):
+        ran.append(function.__name__)
+        return await real(function, *args, **kwargs)
+
+    monkeypatch.setattr(certlm.pki.revocation.asyncio, "to_thread", counted)
+    return ran
+
+
+@pytest.fixture
+def verifications(monkeypatch: pytest.MonkeyPatch) -> list[x509.CertificateRevocationList]:
+    """The CRLs whose signature the checks verify, one item per verification."""
+    verified: list[x509.CertificateRevocationList] = []
+    real = certlm.pki.revocation._signature_valid
+
+    def counted(crl: x509.CertificateRevocationList, issuer: x509.Certificate) -> bool:
+        verified.append(crl)
+        return real(crl, issuer)
+
+    monkeypatch.setattr(certlm.pki.revocation, "_signature_valid", counted)
+    return verified
+
+
+async def test_a_crl_s_signature_is_verified_once_while_each_check_still_decides(
+    root: Credential, device: x509.Certificate, verifications: list, threads: list
+) -> None:
+    checker = Checker(root)
+    checker.pki.current = crl_of(root, {device: x509.ReasonFlags.key_compromise})
+    other = device_of(root)
+    assert [await checker(device), await checker(other), await checker(device)] == [
+        "revoked",
+        "not_revoked",
+        "revoked",
+    ]
+    assert verifications == [checker.pki.current]
+    # The first check verified the signatures off the event loop; the others, with little left to do, ran on it.
+    assert threads == ["check"]
+
+
+async def test_a_crl_replaced_by_a_new_one_is_used_at_once(
+    root: Credential, device: x509.Certificate, verifications: list
+) -> None:
+    checker = Checker(root)
+    assert await checker(device) == "not_revoked"
+    # The device's key leaked: the CA publishes a CRL listing it, and the cache is told to fetch again.
+    checker.pki.current = crl_of(root, {device: x509.ReasonFlags.key_compromise})
+    checker.cache.forget(7)
+    assert await checker(device) == "revoked"
+    assert len(verifications) == 2 and verifications[-1] is checker.pki.current
+
+
+async def test_a_forged_crl_is_refused_after_a_good_one_of_the_same_issuer_was_verified(
+    root: Credential, device: x509.Certificate
+) -> None:
+    checker = Checker(root)
+    good = checker.pki.current
+    assert [await checker(device), await checker(device)] == ["not_revoked", "not_revoked"]
+    # The same bytes signed by another key, naming the root and its key: no answer about the good CRL applies to it.
+    checker.pki.current = crl_of(root, signed_by=make_ca("Plant Root CA"), names_key_of=root)
+    checker.cache.forget(7)
+    assert [await checker(device), await checker(device)] == ["crl_signature_invalid"] * 2
+    # Whichever came first: a check of the forged CRL alone, and one of both, where the good one decides.
+    assert status_name(check(device, [root.certificate], [checker.pki.current], NOW)) == "crl_signature_invalid"
+    assert status_name(check(device, [root.certificate], [checker.pki.current, good], NOW)) == "not_revoked"
+
+
+async def test_a_crl_verified_before_is_reported_expired_once_its_next_update_passed(
+    root: Credential, device: x509.Certificate, verifications: list
+) -> None:
+    checker = Checker(root)
+    checker.pki.current = crl_of(root, {device: None}, next_update=NOW + timedelta(hours=1))
+    assert await checker(device) == "revoked"
+    # The cache still holds the CRL (its clock stands still); the check's time is past the CRL's nextUpdate.
+    assert await checker(device, NOW + timedelta(hours=2)) == "crl_time_invalid"
+    assert len(verifications) == 1
+
+
+Listed = collections.namedtuple("Listed", "serial_number")
+
+
+async def test_a_long_crl_is_searched_off_the_event_loop_every_time(
+    root: Credential, verifications: list, threads: list
+) -> None:
+    devices = [device_of(root) for _ in range(3)]
+    padding = [Listed(serial) for serial in range(1, INLINE_CRL_ENTRIES + 1)]  # device serials are 159-bit random
+    revoked: dict = {devices[0]: x509.ReasonFlags.superseded, **dict.fromkeys(padding, None)}
+    checker = Checker(root)
+    checker.pki.current = crl_of(root, revoked)
+    assert len(checker.pki.current) > INLINE_CRL_ENTRIES
+    assert [await checker(device) for device in devices] == ["revoked", "not_revoked", "not_revoked"]
+    assert len(verifications) == 1 and threads == ["check"] * 3
 
 
 # Through the app: an entry without a PKI, and a device of the internal CA revoked for a compromised key.

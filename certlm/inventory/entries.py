@@ -328,6 +328,15 @@ async def stored_credential(entry_id: int) -> DeviceCredential | None:
     return await read_once(_credential_key(entry_id), load)
 
 
+async def credential_as_of(entry_id: int, updated_at: datetime | None) -> None:
+    """Make the entry's credential read once in this scope (``stored_credential``) the one last changed at
+    ``updated_at`` (None: the entry has none), as a read of the entry just found it: one read before (a scan's, when
+    it began) and changed since, by an operator on any instance, is read again, so the new one is used."""
+    held = await stored_credential(entry_id)
+    if (held.updated_at if held is not None else None) != updated_at:
+        forget_read(_credential_key(entry_id))
+
+
 async def preload_credentials(entries: list[InventoryEntry]) -> None:
     """Read the stored credentials of ``entries`` (all of one ``device_status``) in one statement into the read-once
     scope open (``certlm.storage.reads``), where ``stored_credential`` finds them, None for an entry without one: a

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from certlm.inventory.entries import (
     GDS,
     Tables,
     canonical_server,
+    credential_as_of,
     device_entry_at,
     find_entry,
     preload_credentials,
@@ -54,9 +56,9 @@ from certlm.lifecycle.rejected import record_rejected
 from certlm.lifecycle.runtime import Runtime
 from certlm.lifecycle.schedulers import ScanContext, ScanReport
 from certlm.pki.revocation import REVOCATION_FIELDS, revocation_of, store_revocation
-from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry, RejectedClient
+from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry, PkiEntry, RejectedClient
 from certlm.storage.reads import reads_once
-from certlm.storage.sql import rows_of
+from certlm.storage.sql import in_dialect
 from certlm.system.audit import journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,7 @@ async def reading(
     wait_s: float | None = None,
     refresh: bool = True,
     condition: ClaimCondition | None = None,
+    credentials_read_before: bool = False,
 ) -> AsyncIterator[Claim | None]:
     """Hold the device's lease while reading it and storing what was read, with ``entry`` as the database has it once
     the lease is held. A push to the device (a REST call or the renewal scheduler, on any instance) holds the same
@@ -114,14 +117,19 @@ async def reading(
     stored. Waits up to ``wait_s`` (default: a device operation's time-out) for another instance's operation
     (``DeviceBusy``, 409, after that); re-entrant, so a push may read within its own lease. ``refresh`` False: the
     caller holds the lease already and read ``entry`` under it, so it is not read again. ``condition`` is claimed with
-    the lease (``device_lease``). Yields the lease's claim (None without an entry)."""
+    the lease (``device_lease``). ``credentials_read_before``: the entry's credentials were read in the read-once
+    scope before the lease was held (a scan reads every device's when it begins); ones changed since (by an operator,
+    on any instance) are read again, so that the new ones are used. Yields the lease's claim (None without an
+    entry)."""
     if entry is None:
         yield None
         return
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
     async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s, condition=condition) as claim:
         if refresh:
-            await _refresh(entry)
+            credential_changed = await _refresh(entry)
+            if credentials_read_before:
+                await credential_as_of(entry.id, credential_changed)
         try:
             yield claim
         except DeviceIdentityChanged as changed:
@@ -130,14 +138,36 @@ async def reading(
             raise
 
 
-async def _refresh(entry: InventoryEntry) -> None:
+# The column of ``_refresh``'s statement that tells when the entry's credential last changed, and its field.
+_CREDENTIAL_CHANGED = "credential_updated_at"
+_CREDENTIAL_UPDATED_AT = DeviceCredential._meta.fields_map["updated_at"]
+
+
+@functools.cache
+def _refresh_sql(dialect: str) -> str:
+    return in_dialect(
+        f'SELECT "inventory_entry".*, "device_credential"."updated_at" AS "{_CREDENTIAL_CHANGED}" '
+        'FROM "inventory_entry" LEFT JOIN "device_credential" '
+        'ON "device_credential"."entry_id" = "inventory_entry"."id" '
+        'WHERE "inventory_entry"."id" = {}',
+        dialect,
+    )
+
+
+async def _refresh(entry: InventoryEntry) -> datetime | None:
     """``entry`` as the database has it now (tortoise's ``refresh_from_db``, but its statement built once: every
-    monitor visit reads its entry under the lease). A lease is held: the entry is not deleted under it."""
-    rows = await rows_of(InventoryEntry, '"id" = {}', entry.id)
+    monitor visit reads its entry under the lease). A lease is held: the entry is not deleted under it. Answers when
+    the entry's credential last changed (None: it has none), which the same statement tells."""
+    database = InventoryEntry._meta.db
+    rows = await database.execute_query_dict(_refresh_sql(database.capabilities.dialect), [entry.id])
     if not rows:
         raise EntryDeleted(entry.id)
+    row = dict(rows[0])
+    credential_changed = _CREDENTIAL_UPDATED_AT.to_python_value(row.pop(_CREDENTIAL_CHANGED))
+    fresh = InventoryEntry._init_from_db(**row)
     for field in entry._meta.db_fields:
-        setattr(entry, field, getattr(rows[0], field))
+        setattr(entry, field, getattr(fresh, field))
+    return credential_changed
 
 
 async def read_certificate_and_store(
@@ -248,9 +278,10 @@ async def _visit_all(
     pki_ids = {entry.pki_id for entry in entries if entry.pki_id is not None}  # type: ignore[attr-defined]
     pkis: dict[int, PkiEntry | None] = {pki.id: pki for pki in await PkiEntry.filter(id__in=pki_ids)} if pki_ids else {}
     # Likewise what each visit read on its own before, one statement each: the devices' stored credentials (into the
-    # scan's read-once scope, where a visit's ``device_target`` finds them) and the entries with rejected client
-    # certificates marked listed (a visit to any other device that lists none has nothing to clear). An operator's
-    # change meanwhile is seen by the next scan, as a change of a PKI row is.
+    # scan's read-once scope, where a visit's ``device_target`` finds them; read again by a visit that finds them
+    # changed since, ``_refresh``) and the entries with rejected client certificates marked listed (a visit to any
+    # other device that lists none has nothing to clear). An operator's change of the latter is seen by the next
+    # scan, as a change of a PKI row is.
     await preload_credentials(entries)
     rejected_listed = set(await RejectedClient.filter(listed=True).distinct().values_list("entry_id", flat=True))
 
@@ -267,7 +298,7 @@ async def _visit_all(
             report.count(
                 await monitor_device(
                     runtime, entry, now, scan_turn=turn, pkis=pkis, rejected_listed=rejected_listed,
-                    read_done=slot.give_back,
+                    read_done=slot.give_back, credentials_read_before=True,
                 )
             )  # fmt: skip
 
@@ -311,6 +342,7 @@ async def monitor_device(
     pkis: dict[int, PkiEntry | None] | None = None,
     rejected_listed: set[int] | None = None,
     read_done: Callable[[], None] = _nothing,
+    credentials_read_before: bool = False,
 ) -> str:
     """One device's monitor read; the outcome's name: ``read``, ``unreachable``, ``certificate_changed``,
     ``identity_changed`` (its SSH host key or TLS certificate is not the pinned one: ``certlm.inventory.identity``),
@@ -321,11 +353,14 @@ async def monitor_device(
     scan's ``scan_turn`` (claimed with the lease) was taken by another instance. ``pkis``: the scan's PKI rows;
     ``rejected_listed``: the entries with rejected certificates marked listed, as the scan read them (None: not
     known, the visit clears what is marked).
-    ``read_done`` is called once the device will not be asked anything more in this visit (``DeviceSlot``)."""
+    ``read_done`` is called once the device will not be asked anything more in this visit (``DeviceSlot``).
+    ``credentials_read_before``: the scan read the device's credentials when it began (``reading``)."""
     # Within another operation's lease (a renewal reconciling its device) the lease is that operation's to release.
     owns_lease = not holds(entry.id)
     try:
-        async with reading(runtime.settings, entry, wait_s=0, condition=scan_turn) as claim:
+        async with reading(
+            runtime.settings, entry, wait_s=0, condition=scan_turn, credentials_read_before=credentials_read_before
+        ) as claim:
             assert claim is not None
             if entry.device_status != DEVICE_STATUS_ACTIVE:
                 return "inactive"

@@ -22,6 +22,10 @@ through the entry's PKI backend, cached per PKI entry until the CRL's nextUpdate
 12. ``crl_time_invalid``: every CRL whose signature verifies has thisUpdate in the future or nextUpdate passed.
 13. ``revoked`` (with the CRL entry's CRLReason, ``unspecified`` without one) or ``not_revoked``, by the newest
     current CRL. An entry with reason removeFromCRL (delta CRLs only, RFC 5280 5.3.1) counts as not revoked.
+
+A CRL's signature is verified once per fetch of it (``SignatureMemo``, kept with it in ``CrlCache``); the rest, the
+certificates' signatures (whose answers ``issued_by`` remembers by their DER), the device's place on the CRL and the
+CRL's time, is decided at every check.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
@@ -51,6 +55,9 @@ CRL_CACHE_MAX_AGE = timedelta(hours=1)
 # How long a CRL without a future nextUpdate, or a failed fetch, is kept: a few minutes spare an unreachable PKI
 # one request per device of a monitor scan.
 CRL_CACHE_SHORT_AGE = timedelta(minutes=5)
+# Up to how many entries (all CRLs of a PKI together) a check whose CA and CRL signatures are known runs on the event
+# loop: a look-up in a CRL of 1,000 entries takes about 0.05 ms.
+INLINE_CRL_ENTRIES = 1000
 
 
 @dataclass(frozen=True)
@@ -78,14 +85,46 @@ CertificateInput = x509.Certificate | bytes | str
 CrlInput = x509.CertificateRevocationList | bytes | str
 
 
+class SignatureMemo:
+    """Whether a CRL verifies with a CA's key, remembered for the objects given (a PKI's parsed CA chain and CRLs),
+    which the memo's owner keeps alive: they are known by identity, so a lookup hashes nothing (a CRL of a large PKI
+    is megabytes; ``certlm.foundation.certs.issued_by`` remembers certificates' answers by their DER). Any other
+    object is verified every time: its identity may be reused by the next one once it is gone. Built when the CA chain
+    and CRLs are fetched and dropped with them, so a CRL fetched anew is verified anew. A check running in one thread
+    and another in the next set the same answer: no lock."""
+
+    def __init__(self, objects: Iterable[object] = ()) -> None:
+        self._kept = {id(item) for item in objects}
+        self._known: dict[tuple[int, int], bool] = {}
+        self.checked = False  # whether a check ran with the memo: the signatures it needed are known
+
+    def signed_by(
+        self, signed: x509.CertificateRevocationList, signer: x509.Certificate, verify: Callable[[], bool]
+    ) -> bool:
+        """``verify()``'s answer: remembered when ``signed`` and ``signer`` are both the memo's objects."""
+        if id(signed) not in self._kept or id(signer) not in self._kept:
+            return verify()
+        key = (id(signed), id(signer))
+        known = self._known.get(key)
+        if known is None:
+            known = self._known[key] = verify()
+        return known
+
+
+# Remembers nothing: for checks of objects that are not kept (``check`` without a memo).
+_NO_MEMO = SignatureMemo()
+
+
 def check(
     certificate: CertificateInput | None,
     ca_chain: Iterable[CertificateInput],
     crls: Iterable[CrlInput] | None,
     now: datetime,
+    memo: SignatureMemo = _NO_MEMO,
 ) -> RevocationCheck:
     """The revocation status of ``certificate`` against its PKI's ``ca_chain`` and ``crls`` at ``now``; ``crls`` None
-    when there is no source of CRLs at all. The order of the checks is the module's docstring."""
+    when there is no source of CRLs at all. The order of the checks is the module's docstring. ``memo``: the
+    CRL signatures among ``ca_chain`` and ``crls`` (parsed objects) verified already."""
     subject = _subject_certificate(certificate)
     if isinstance(subject, RevocationCheck):
         return subject
@@ -94,7 +133,7 @@ def check(
     try:
         parsed_chain = [_parsed(item, load_certificate) for item in ca_chain]
         parsed_crls = [_parsed(item, load_crl) for item in crls]
-        return _against_pki(subject, parsed_chain, parsed_crls, now)
+        return _against_pki(subject, parsed_chain, parsed_crls, now, memo)
     except ValueError as error:  # cryptography parses extensions lazily, on first use
         return RevocationCheck(crl_status.PARSING_ERROR, f"a certificate or CRL does not parse: {error}")
 
@@ -126,6 +165,7 @@ def _against_pki(
     ca_chain: list[x509.Certificate],
     crls: list[x509.CertificateRevocationList],
     now: datetime,
+    memo: SignatureMemo,
 ) -> RevocationCheck:
     issuer = _verified_issuer(certificate, ca_chain)
     if isinstance(issuer, RevocationCheck):
@@ -135,7 +175,7 @@ def _against_pki(
         return RevocationCheck(
             crl_status.CA_CRLSIGN_MISSING, f"the issuing CA {_name(issuer.subject)} may not sign CRLs (keyUsage)"
         )
-    crl = _current_crl(certificate, issuer, crls, now)
+    crl = _current_crl(certificate, issuer, crls, now, memo)
     if isinstance(crl, RevocationCheck):
         return crl
     serial = serial_hex(certificate)
@@ -191,7 +231,11 @@ def _verified_issuer(
 
 
 def _current_crl(
-    certificate: x509.Certificate, issuer: x509.Certificate, crls: list[x509.CertificateRevocationList], now: datetime
+    certificate: x509.Certificate,
+    issuer: x509.Certificate,
+    crls: list[x509.CertificateRevocationList],
+    now: datetime,
+    memo: SignatureMemo,
 ) -> x509.CertificateRevocationList | RevocationCheck:
     """The newest CRL of ``issuer`` that verifies and is current at ``now``."""
     if not crls:
@@ -209,7 +253,7 @@ def _current_crl(
             crl_status.CRL_ISSUER_MISMATCH,
             f"the CRL of {_name(issuer.subject)} was issued for another key of that name (authorityKeyIdentifier)",
         )
-    signed = [crl for crl in of_issuer_key if _signature_valid(crl, issuer)]
+    signed = [crl for crl in of_issuer_key if _crl_signed_by(crl, issuer, memo)]
     if not signed:
         return RevocationCheck(
             crl_status.CRL_SIGNATURE_INVALID,
@@ -239,6 +283,10 @@ def _same_key_identifier(crl: x509.CertificateRevocationList, issuer: x509.Certi
         return True
     issuer_key_id = extension_value(issuer, x509.SubjectKeyIdentifier)
     return crl_key_id is None or issuer_key_id is None or crl_key_id == issuer_key_id.digest
+
+
+def _crl_signed_by(crl: x509.CertificateRevocationList, issuer: x509.Certificate, memo: SignatureMemo) -> bool:
+    return memo.signed_by(crl, issuer, lambda: _signature_valid(crl, issuer))
 
 
 def _signature_valid(crl: x509.CertificateRevocationList, issuer: x509.Certificate) -> bool:
@@ -275,6 +323,11 @@ class PkiRevocationSources:
     ca_chain: tuple[x509.Certificate, ...]
     crls: tuple[x509.CertificateRevocationList, ...] | None
     problems: tuple[str, ...] = ()
+    # The CRLs' signatures verified so far: kept, and dropped, with them.
+    verified: SignatureMemo = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verified", SignatureMemo((*self.ca_chain, *(self.crls or ()))))
 
 
 @dataclass
@@ -391,8 +444,15 @@ async def revocation_of(
     if not backends.known(pki.pki_type):
         return RevocationCheck(crl_status.UNKNOWN, f"no installed plugin provides PKI type {pki.pki_type}")
     sources = await cache.sources(pki, backends.get(pki.pki_type))
-    # Verifying the chain and the CRL's signature and looking the serial up in a long CRL: off the event loop.
-    outcome = await asyncio.to_thread(check, subject, sources.ca_chain, sources.crls, now or datetime.now(UTC))
+    arguments = (subject, sources.ca_chain, sources.crls, now or datetime.now(UTC), sources.verified)
+    if sources.verified.checked and sum(len(crl) for crl in sources.crls or ()) <= INLINE_CRL_ENTRIES:
+        # The CRL's and the CA chain's signatures are known: left are the device certificate's signature and a look-up
+        # in a short CRL, a fraction of a millisecond, less than a thread's turn costs (0.16 ms of CPU).
+        outcome = check(*arguments)
+    else:
+        # Verifying the chain and the CRL's signature, or looking the serial up in a long CRL: off the event loop.
+        outcome = await asyncio.to_thread(check, *arguments)
+        sources.verified.checked = True
     if sources.problems and outcome.status_id in STATUSES_EXPLAINED_BY_THE_FETCH:
         return RevocationCheck(outcome.status_id, f"{outcome.detail}: {'; '.join(sources.problems)}")
     return outcome
