@@ -239,7 +239,10 @@ def usable_endpoints(
 async def server_endpoints(url: str, timeouts: DeviceTimeouts) -> list[ua.EndpointDescription]:
     """GetEndpoints over a channel without security, as every OPC UA client starts."""
     client = Client(url, timeout=timeouts.connect_s)
-    return await asyncio.wait_for(client.connect_and_get_server_endpoints(), timeouts.connect_s)
+    # Bounds here are ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` runs what it bounds in a task
+    # of its own, five more per renewal (and per monitor visit) for the same bound.
+    async with asyncio.timeout(timeouts.connect_s):
+        return await client.connect_and_get_server_endpoints()
 
 
 async def server_listens(url: str, timeouts: DeviceTimeouts) -> None:
@@ -247,9 +250,8 @@ async def server_listens(url: str, timeouts: DeviceTimeouts) -> None:
     device that restarts its endpoints has to show, without the GetEndpoints that decodes every endpoint it offers
     (each with its certificate). Raises ``OSError`` or ``TimeoutError`` while it does not."""
     address = urlsplit(url)
-    _, writer = await asyncio.wait_for(
-        asyncio.open_connection(address.hostname, address.port or DEFAULT_OPC_TCP_PORT), timeouts.connect_s
-    )
+    async with asyncio.timeout(timeouts.connect_s):
+        _, writer = await asyncio.open_connection(address.hostname, address.port or DEFAULT_OPC_TCP_PORT)
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
@@ -374,7 +376,8 @@ class DeviceSession:
         """``operation`` of several requests (a Browse and its BrowseNext), bounded as a whole by the operation
         time-out. A single request needs no such bound: the client bounds each request by it (``_connect``), and a
         second bound costs a task and a timer on every request of a push."""
-        return await asyncio.wait_for(operation, self.timeouts.operation_s)
+        async with asyncio.timeout(self.timeouts.operation_s):
+            return await operation
 
     async def call(self, object_id: ua.NodeId, method_id: ua.NodeId, *arguments: ua.Variant) -> list[Any]:
         """Call a method on an object; the output arguments as a list. A Bad result raises its UaStatusCodeError."""
@@ -500,7 +503,8 @@ class DeviceSession:
     async def close(self) -> None:
         """Close the session; a device that is gone or restarting is not an error here."""
         try:
-            await asyncio.wait_for(self.client.disconnect(), self.timeouts.connect_s)
+            async with asyncio.timeout(self.timeouts.connect_s):
+                await self.client.disconnect()
         except Exception as error:
             log.debug("closing the session with %s: %s", self.client.server_url.geturl(), status_name(error))
         finally:
@@ -626,7 +630,8 @@ async def _connect(
     _set_user(client, target)
     async with client.uaclient.subscribe_state() as states:
         try:
-            await asyncio.wait_for(client.connect(), timeouts.connect_s)
+            async with asyncio.timeout(timeouts.connect_s):
+                await client.connect()
         except ConnectionError as error:
             client.disconnect_socket()
             if endpoint.secure and UaClientState.CHANNEL_OPEN not in await _states_seen(states):
