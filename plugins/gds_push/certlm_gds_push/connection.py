@@ -240,7 +240,7 @@ async def server_endpoints(url: str, timeouts: DeviceTimeouts) -> list[ua.Endpoi
     """GetEndpoints over a channel without security, as every OPC UA client starts."""
     client = Client(url, timeout=timeouts.connect_s)
     # Bounds here are ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` runs what it bounds in a task
-    # of its own, five more per renewal (and per monitor visit) for the same bound.
+    # of its own, four more per renewal (and per monitor visit) for the same bound.
     async with asyncio.timeout(timeouts.connect_s):
         return await client.connect_and_get_server_endpoints()
 
@@ -503,8 +503,10 @@ class DeviceSession:
     async def close(self) -> None:
         """Close the session; a device that is gone or restarting is not an error here."""
         try:
-            async with asyncio.timeout(self.timeouts.connect_s):
-                await self.client.disconnect()
+            # In a task of its own (``wait_for``), once per session: a device that restarts its endpoints as soon
+            # as it answered ApplyChanges listens again by the time the next session is opened on them (opened a
+            # turn of the event loop sooner, it found nothing listening and asked GetEndpoints again: test_sessions).
+            await asyncio.wait_for(self.client.disconnect(), self.timeouts.connect_s)
         except Exception as error:
             log.debug("closing the session with %s: %s", self.client.server_url.geturl(), status_name(error))
         finally:
