@@ -58,8 +58,10 @@ def assert_is_a_sentence(message: str | None) -> None:
 
 
 NOT_A_LICENSE = "the license is not a certlm license file: "
-PAST = (date.today() - timedelta(days=30), date.today() - timedelta(days=1))
-FUTURE = (date.today() + timedelta(days=1), date.today() + timedelta(days=30))
+# Days away from today, not one: worked out when the module is imported, they must still be past and future when a
+# run that started before midnight reaches these tests after it (a license valid from "tomorrow" then was valid).
+PAST = (date.today() - timedelta(days=30), date.today() - timedelta(days=7))
+FUTURE = (date.today() + timedelta(days=7), date.today() + timedelta(days=30))
 
 
 @pytest.mark.parametrize(
