@@ -15,14 +15,15 @@ from tortoise.backends.base.config_generator import expand_db_url
 
 from certlm.foundation.secretbox import PRIVATE_FILE_MODE, open_private_file
 from certlm.storage.migrations import PluginMigration, migrate, migrate_plugins
-from certlm.storage.postgres_transactions import make_postgres_savepoints_lean
+from certlm.storage.postgres_transactions import make_postgres_round_trips_lean
 from certlm.storage.sqlite_transactions import make_sqlite_transactions_cancel_safe_and_lean
 
 log = logging.getLogger(__name__)
 # A task cancelled while it starts a SQLite transaction must not leave the connection locked for good.
 make_sqlite_transactions_cancel_safe_and_lean()
-# Savepoints on PostgreSQL sent only with what runs inside them (a round trip each otherwise).
-make_postgres_savepoints_lean()
+# Savepoints on PostgreSQL sent only with what runs inside them (a round trip each otherwise), and no reset query
+# after each statement outside a transaction.
+make_postgres_round_trips_lean()
 
 HOST_MODEL_MODULES = ("certlm.storage.models",)
 # Ids are 32-bit columns on both engines: a larger id cannot exist, and PostgreSQL refuses to compare with one.

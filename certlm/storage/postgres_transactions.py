@@ -17,8 +17,16 @@ two more of these trips per level (a rename of an inventory entry: four). Here t
 - A ``ROLLBACK TO`` a savepoint that was sent, sent at once (the statements since are undone; deferred ones after it
   dropped).
 
+And a statement outside a transaction is one round trip, not two: asyncpg's pool resets a connection it gets back
+(``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``, a round trip of its own) after every
+statement run outside a transaction. Nothing certlm runs on a pooled connection leaves session state behind: its
+advisory locks are transaction-scoped (``pg_advisory_xact_lock``; the backup leader's session lock is held on a
+connection of its own, outside the pool), it declares no cursor outside a transaction, listens to nothing and sets
+no session variable. ``LeanResetConnection`` keeps what asyncpg always does on release (an open transaction rolled
+back, listeners removed) and sends no reset query.
+
 ``tests/storage/test_postgres_trips.py`` counts the round trips and shows a savepoint rolled back to still undoes
-what it should, on a real PostgreSQL. ``make_postgres_savepoints_lean()`` installs it, once, when storage is imported;
+what it should, on a real PostgreSQL. ``make_postgres_round_trips_lean()`` installs it, once, when storage is imported;
 an asyncpg or tortoise-orm release that changes these internals fails those tests rather than a plant.
 """
 
@@ -26,7 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tortoise.backends.asyncpg.client import TransactionWrapper
+import asyncpg
+from tortoise.backends.asyncpg.client import AsyncpgDBClient, TransactionWrapper
 from tortoise.backends.base.client import ConnectionWrapper
 from tortoise.backends.sqlite.client import _gen_savepoint_name
 from tortoise.exceptions import TransactionManagementError
@@ -125,7 +134,15 @@ async def _rollback(self: TransactionWrapper) -> None:
     await _original_rollback(self)
 
 
-def make_postgres_savepoints_lean() -> None:
+class LeanResetConnection(asyncpg.Connection):
+    """A pooled connection given back without a reset query (see the module's docstring for why none is needed)."""
+
+    def get_reset_query(self) -> str:
+        return ""
+
+
+def make_postgres_round_trips_lean() -> None:
+    AsyncpgDBClient.connection_class = LeanResetConnection
     TransactionWrapper.acquire_connection = _acquire_connection  # type: ignore[method-assign]
     TransactionWrapper.savepoint = _savepoint  # type: ignore[method-assign]
     TransactionWrapper.release_savepoint = _release_savepoint  # type: ignore[method-assign]

@@ -160,6 +160,24 @@ async def concurrent_renames(app: Any, trips: RoundTrips) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def outside_a_transaction(trips: RoundTrips) -> dict[str, Any]:
+    """Statements outside a transaction, each on a pooled connection given back after it; and whether a connection
+    given back with a transaction left open (a task cancelled inside one) still comes back without it."""
+    await InventoryEntry.create(**_entry("autocommit-1"))
+    trips.start()
+    await InventoryEntry.filter(server="autocommit-1").update(name="renamed")
+    names = await InventoryEntry.filter(server="autocommit-1").values_list("name", flat=True)
+    statements = trips.all()
+    pool = InventoryEntry._meta.db._pool
+    async with pool.acquire() as connection:
+        await connection.execute("BEGIN")
+        await connection.execute("UPDATE inventory_entry SET name = 'never' WHERE server = 'autocommit-1'")
+    async with pool.acquire() as connection:
+        in_transaction_after = connection.is_in_transaction()
+        left = await connection.fetchval("SELECT name FROM inventory_entry WHERE server = 'autocommit-1'")
+    return {"trips": statements, "names": list(names), "in_transaction_after": in_transaction_after, "left": left}
+
+
 async def main(database_url: str, directory: Path) -> None:
     keys = LicenseKeys.create(directory / "license-keys")
     trips = RoundTrips()
@@ -171,6 +189,7 @@ async def main(database_url: str, directory: Path) -> None:
             seen["rolled_back"] = await _outcome(rolled_back())
             seen["rolled_back_before_any_statement"] = await _outcome(rolled_back_before_any_statement(trips))
             seen["failed_statement"] = await _outcome(failed_statement())
+            seen["outside_a_transaction"] = await _outcome(outside_a_transaction(trips))
     print(json.dumps(seen), flush=True)
 
 

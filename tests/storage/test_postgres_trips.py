@@ -65,6 +65,17 @@ def test_a_failed_statement_inside_a_savepoint_leaves_the_transaction_usable(see
     assert seen["failed_statement"] == {"refused": True, "servers": ["dup-1", "dup-2"]}
 
 
+def test_a_statement_outside_a_transaction_is_one_round_trip_and_a_connection_comes_back_clean(
+    seen: dict[str, Any],
+) -> None:
+    # asyncpg's pool sent its reset query (advisory unlock, CLOSE ALL, UNLISTEN, RESET ALL) after each of these.
+    outside = seen["outside_a_transaction"]
+    assert outside["trips"] == ["UPDATE", "SELECT"]
+    assert outside["names"] == ["renamed"]
+    # A transaction left open on a connection given back is still rolled back before the next acquirer has it.
+    assert (outside["in_transaction_after"], outside["left"]) == (False, "renamed")
+
+
 def test_renames_recorded_at_once_each_insert_after_the_head_the_one_before_inserted(seen: dict[str, Any]) -> None:
     # This process's appends take turns up to their INSERT: none finds the head it named stale and reads it again
     # (before, most of eight at once did: two more round trips each).
