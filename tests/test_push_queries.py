@@ -14,7 +14,9 @@ from contextvars import ContextVar
 from typing import Any
 
 from certlm_gds_push.connection import DeviceSession
+from cryptography import x509
 
+from certlm.foundation.certs import certificate_detail
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.testing import InProcessApp, InternalCa, push
 
@@ -166,3 +168,44 @@ async def test_a_renewal_finds_the_push_management_nodes_where_the_onboarding_fo
 
     assert renewed["success"], renewed
     assert sent == []
+
+
+async def test_an_onboarding_that_registers_the_device_asks_nothing_about_campaigns(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
+) -> None:
+    """An entry the push made just now is in no campaign that could have pushed to it: its first contact sends no
+    statement about campaigns. A push to an entry that was there before asks, as every renewal does."""
+    device = await certlm_simulated_device()
+
+    with statements_sent() as statements:
+        onboarded = await push(certlm_in_process, device)
+
+    assert onboarded["success"], onboarded
+    assert not [s for s in statements if "campaign" in s], "\n".join(statements)
+
+    with statements_sent() as statements:
+        renewed = await push(certlm_in_process, device, onboarding=False)
+        onboarded_again = await push(certlm_in_process, device)
+
+    assert renewed["success"] and onboarded_again["success"], (renewed, onboarded_again)
+    assert len([s for s in statements if "campaign_device" in s]) == 2, "\n".join(statements)
+
+
+async def test_a_push_result_summarises_the_issued_certificate_as_its_detail_has_it(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
+) -> None:
+    """The result's ``certificate``: the fields of the spec's Certificate detail of the certificate the device now
+    holds, as ``GET /gds/inventory`` details it."""
+    device = await certlm_simulated_device()
+
+    onboarded = await push(certlm_in_process, device)
+
+    assert onboarded["success"], onboarded
+    async with certlm_in_process.context():
+        entry = await InventoryEntry.get(port=device.config.port)
+    assert entry.certificate_der is not None
+    detail = certificate_detail(x509.load_der_x509_certificate(entry.certificate_der))
+    summary = onboarded["result"]["certificate"]
+    fields = ("subject_dn", "issuer_dn", "serial_number", "valid_from", "valid_to", "sha1_thumbprint")
+    assert summary == {field: detail[field] for field in fields}
+    assert all(summary.values()), summary

@@ -27,6 +27,7 @@ from certlm.contracts.drivers import (
     PushOptions,
     PushOutcome,
     PushRequest,
+    TrustList,
 )
 from certlm.contracts.enrollment import Enrollment
 from certlm.contracts.registry import DeviceDriverRegistry
@@ -203,7 +204,7 @@ async def _push_certificate(
         unmarked = claim.fresh and not outer_lease
         started = api_now()
         try:
-            result = await _push_locked(runtime, entry, order, unmarked=unmarked)
+            result = await _push_locked(runtime, entry, order, unmarked=unmarked, registered=registered)
         except APIError as error:
             failed = {"url": runtime.inventory.entry_url(entry), "steps": [], **error.details.get("result", {})}
             await _record_push(entry, order, started, failed, error.message)
@@ -264,10 +265,11 @@ async def _record_push(
 
 
 async def _push_locked(
-    runtime: Runtime, entry: InventoryEntry, order: PushOrder, *, unmarked: bool = False
+    runtime: Runtime, entry: InventoryEntry, order: PushOrder, *, unmarked: bool = False, registered: bool = False
 ) -> dict[str, Any]:
     """The push under the device's lease; ``unmarked``: the entry's schedule row has no mark yet (the lease's claim
-    made it), so a re-pin has no changed identity to clear."""
+    made it), so a re-pin has no changed identity to clear; ``registered``: this push made the entry, which no
+    campaign has yet."""
     target = await runtime.inventory.device_target(entry)
     if order.username is not None:
         target.username, target.pkcs12, target.pkcs12_password = order.username, None, None
@@ -296,8 +298,11 @@ async def _push_locked(
         trusted_cas=material.ca_certificates,
         trust_on_first_use=first_contact,
         identify=partial(_select_driver, runtime.drivers, entry, described) if first_contact else None,
-        # A fleet campaign's issuers stay trusted through every push until it retires the old one on this device.
-        also_trusted=await trust_kept_by_campaigns(entry.id),
+        # A fleet campaign's issuers stay trusted through every push until it retires the old one on this device. An
+        # entry this push registered is in no campaign that could have pushed to it yet (its first contact asks no
+        # statement about campaigns): a campaign made meanwhile, with the entry in its scope, pushes to it only once
+        # this push released the lease it holds since the entry was made, and that push writes what it keeps.
+        also_trusted=TrustList() if registered else await trust_kept_by_campaigns(entry.id),
     )
     contact_note: str | None = None
     try:

@@ -347,11 +347,13 @@ async def obtain_and_install(
     # What certlm can refuse on its own it refuses before the device is asked for anything.
     identity = await driver.client_identity()
     if progress.enrollment is None or progress.private_key is None:
-        trust_list = planned_trust_list(request, pki, identity)
-        try:
-            check_trust_list(trust_list, driver.trust_list_limit(description), written_lists(trust_list))
-        except DeviceError as error:
-            run.fail("write_trust_list", error)
+        # Planned here only to be measured against the device's limit: a device without one has nothing to refuse.
+        if limit := driver.trust_list_limit(description):
+            trust_list = planned_trust_list(request, pki, identity)
+            try:
+                check_trust_list(trust_list, limit, written_lists(trust_list))
+            except DeviceError as error:
+                run.fail("write_trust_list", error)
         progress.enrollment, progress.private_key, progress.key_format = await obtain_certificate(
             run, driver, session, configuration, certificate_type, description, target, request, pki
         )

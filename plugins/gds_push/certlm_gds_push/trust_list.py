@@ -67,9 +67,12 @@ def from_data_type(data: ua.TrustListDataType, mask: int) -> TrustList:
 
 
 def check_trust_list(trust_list: TrustList, limit: int, specified_lists: int) -> None:
-    """Refuse a trust list the device cannot hold (``limit`` bytes, 0 for none), before anything is sent."""
+    """Refuse a trust list the device cannot hold (``limit`` bytes, 0 for none), before anything is sent. Without a
+    limit the list is not encoded to be measured: nothing would compare its size (twice a push)."""
+    if not limit:
+        return
     size = encoded_size(trust_list, specified_lists)
-    if limit and size > limit:
+    if size > limit:
         raise DeviceError(
             f"trust list too large: {size} bytes, the device accepts at most {limit}", "BadRequestTooLarge"
         )
