@@ -16,7 +16,15 @@ import pytest
 
 from certlm.foundation.config import Settings
 from certlm.lifecycle import leases
-from certlm.lifecycle.leases import DeviceBusy, EntryDeleted, device_lease, extend, try_claim
+from certlm.lifecycle.leases import (
+    ClaimCondition,
+    ConditionUnmet,
+    DeviceBusy,
+    EntryDeleted,
+    device_lease,
+    extend,
+    try_claim,
+)
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from tests.support import LicenseKeys, eventually, licensed_app_in_process
 
@@ -189,3 +197,45 @@ async def test_a_lease_held_past_its_length_is_kept_until_released(entry_id: int
         assert await try_claim(entry_id, holder="other-instance") is None
     row = await DeviceSchedule.get(entry_id=entry_id)
     assert row.lease_holder is None and row.lease_until is None
+
+
+async def test_a_claim_with_a_condition_sets_its_columns_where_met_and_takes_only_a_free_lease(entry_id: int) -> None:
+    """The monitor scan's claim (its turn at a device with the lease) is one statement: the condition's columns set
+    where the row meets it whether or not the lease is free; the lease taken only if free, an expired one taken over
+    from its holder (who is named), this holder's own left behind by a failed release taken over too."""
+    now = datetime.now(UTC)
+
+    def turn(at: datetime) -> ClaimCondition:
+        free = '"monitored_at" IS NULL OR "monitored_at" < {}'
+        return ClaimCondition(free, (("monitored_at", at - timedelta(minutes=5)),), {"monitored_at": at})
+
+    async def row() -> DeviceSchedule:
+        return await DeviceSchedule.get(entry_id=entry_id)
+
+    first = await try_claim(entry_id, holder="instance-a")  # makes the row, holding the lease
+    assert first is not None
+    # Held by a: b's turn is claimed (so no third instance reads the device), the lease stays a's.
+    assert await try_claim(entry_id, holder="instance-b", condition=turn(now)) is None
+    assert ((await row()).monitored_at, (await row()).lease_holder) == (now, "instance-a")
+    # Not met (read within the interval): nothing set, nothing claimed.
+    with pytest.raises(ConditionUnmet):
+        await try_claim(entry_id, holder="instance-b", condition=turn(now + timedelta(minutes=1)))
+    assert ((await row()).monitored_at, (await row()).lease_holder) == (now, "instance-a")
+    # Free: claimed with the turn.
+    await leases.release(entry_id, holder="instance-a")
+    later = now + timedelta(minutes=10)
+    claim = await try_claim(entry_id, holder="instance-b", condition=turn(later))
+    assert claim is not None and claim.interrupted_holder is None
+    assert ((await row()).monitored_at, (await row()).lease_holder) == (later, "instance-b")
+    # b's own lease, not released (its release failed) and unexpired: b waits as anyone would; once expired, b takes
+    # it over, naming no one interrupted.
+    again = later + timedelta(minutes=10)
+    assert await try_claim(entry_id, holder="instance-b", condition=turn(again)) is None
+    await DeviceSchedule.filter(entry_id=entry_id).update(lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    taken = await try_claim(entry_id, holder="instance-b", condition=turn(again + timedelta(minutes=10)))
+    assert taken is not None and taken.interrupted_holder is None
+    # Expired and another's: taken over, its holder named.
+    await DeviceSchedule.filter(entry_id=entry_id).update(lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    taken = await try_claim(entry_id, holder="instance-c", condition=turn(again + timedelta(minutes=20)))
+    assert taken is not None and taken.interrupted_holder == "instance-b"
+    assert (await row()).lease_holder == "instance-c"
