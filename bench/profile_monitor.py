@@ -29,6 +29,7 @@ from profile_push import QueryCounter, wave
 
 import certlm.lifecycle.monitoring
 from certlm.lifecycle.monitoring import monitor_scan
+from certlm.lifecycle.renewal import renewal_scan
 from certlm.lifecycle.schedulers import ScanContext
 from certlm.lifecycle.suppression import MaintenanceCalendar
 from certlm.system.settings import system_settings
@@ -88,6 +89,9 @@ async def main() -> None:
     parser.add_argument("--scans", type=int, default=1, help="scans measured, one after the other")
     parser.add_argument("--dump", help="also write the profile to DUMP")
     parser.add_argument("--no-profile", action="store_true", help="only the CPU and the queries, without cProfile")
+    parser.add_argument(
+        "--renewal", action="store_true", help="a renewal wave instead (every entry moved to a new internal CA)"
+    )
     args = parser.parse_args()
     logging.getLogger("asyncua").setLevel(logging.ERROR)
     counter = QueryCounter()
@@ -119,7 +123,14 @@ async def main() -> None:
                     outcomes: dict[str, int] = {}
                     with counter.counting(db_log), trips.counting():
                         for _ in range(args.scans):
-                            for name, count in (await scan(app, timedelta(seconds=0))).outcomes.items():
+                            if args.renewal:
+                                profile.disable()
+                                await due_everywhere(app, simulators.ports)
+                                if not args.no_profile:
+                                    profile.enable()
+                            run = renewal_scan if args.renewal else monitor_scan
+                            found = await scan(app, timedelta(seconds=0), run)
+                            for name, count in found.outcomes.items():
                                 outcomes[name] = outcomes.get(name, 0) + count
                     profile.disable()
                     cpu, wall = time.process_time() - started, time.monotonic() - wall
@@ -128,7 +139,8 @@ async def main() -> None:
                     in_flight.change(0)
                     visits = args.devices * args.scans
                     per_visit = 1000 * wall * args.concurrency / visits
-                    print(f"\n=== monitor: {outcomes} in {wall:.2f} s, {cpu:.2f} s CPU = {1000 * cpu / visits:.1f} ms "
+                    what = "renewal" if args.renewal else "monitor"
+                    print(f"\n=== {what}: {outcomes} in {wall:.2f} s, {cpu:.2f} s CPU = {1000 * cpu / visits:.1f} ms "
                           f"per visit ({1000 * loop_cpu / visits:.1f} ms on the event loop's thread, the rest in "
                           f"others: aiosqlite, to_thread); {counter.total() / visits:.2f} database queries and "
                           f"{trips.count / visits:.2f} trips to aiosqlite's thread per visit; "
@@ -144,11 +156,19 @@ async def main() -> None:
             simulators.stop()
 
 
-async def scan(app, interval: timedelta):
+async def scan(app, interval: timedelta, run=monitor_scan):
     now = datetime.now(UTC)
     context = ScanContext(now, await MaintenanceCalendar.load(), interval, lambda: datetime.now(UTC),
                           await system_settings())  # fmt: skip
-    return await monitor_scan(app.host.runtime, context)
+    return await run(app.host.runtime, context)
+
+
+async def due_everywhere(app, ports: list[int]) -> None:
+    """Every entry moved to a new internal CA: each device is due for renewal (its certificate is not of its PKI)."""
+    pki_id = await app.create_internal_ca()
+    for port in ports:
+        status, body = await app.call("PATCH", "/gds/inventory", {"server": "127.0.0.1", "port": port, "pki": pki_id})
+        assert status == 200, body
 
 
 if __name__ == "__main__":
