@@ -55,6 +55,28 @@ async def test_a_lease_has_one_holder_until_it_is_released_or_expires(entry_id: 
     assert (await try_claim(entry_id, holder="instance-c")).interrupted_holder is None
 
 
+async def test_a_device_another_instance_works_on_answers_409_at_once_without_a_second_read(
+    entry_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler that does not wait (``wait_s`` 0) gives up on a device another instance works on after its claim:
+    the holder it names is the one the claim read, not read again (a wave of two instances gives up on half its
+    devices)."""
+    assert await try_claim(entry_id, holder="other-instance") is not None
+    reads = 0
+    real_get_or_none = DeviceSchedule.get_or_none
+
+    def counted_get_or_none(*args, **kwargs):
+        nonlocal reads
+        reads += 1
+        return real_get_or_none(*args, **kwargs)
+
+    monkeypatch.setattr(DeviceSchedule, "get_or_none", counted_get_or_none)
+    with pytest.raises(DeviceBusy, match=r"\(other-instance\) is operating on this device until"):
+        async with device_lease(entry_id, wait_s=0):
+            pytest.fail("a lease another instance holds was granted")
+    assert reads == 1  # the claim's own read of the row it found held
+
+
 async def test_a_device_another_instance_works_on_answers_409_after_the_wait(entry_id: int) -> None:
     assert await try_claim(entry_id, holder="other-instance") is not None
     started = time.monotonic()
@@ -138,13 +160,15 @@ async def test_an_entry_deleted_while_its_device_is_awaited_ends_the_wait_with_4
     assert await try_claim(entry_id, holder="other-instance") is not None
     refused = asyncio.Event()
 
+    claim_or_holder = leases._claim_or_holder
+
     async def counted_claim(*args, **kwargs):
-        claim = await try_claim(*args, **kwargs)
+        claim, row = await claim_or_holder(*args, **kwargs)
         if claim is None:
             refused.set()
-        return claim
+        return claim, row
 
-    monkeypatch.setattr(leases, "try_claim", counted_claim)
+    monkeypatch.setattr(leases, "_claim_or_holder", counted_claim)
 
     async def push() -> None:
         async with device_lease(entry_id, wait_s=30):

@@ -145,6 +145,15 @@ async def try_claim(
     (the entry's first operation: made holding the lease) or to take over an expired lease, learning whose it was.
     ``new_entry`` (without a condition): the caller made the entry just now, so its row is made at once, holding the
     lease (a scheduler that made it meanwhile makes this the usual claim)."""
+    claim, _ = await _claim_or_holder(entry_id, holder, lease_s, condition, new_entry=new_entry)
+    return claim
+
+
+async def _claim_or_holder(
+    entry_id: int, holder: str, lease_s: float, condition: ClaimCondition | None, *, new_entry: bool
+) -> tuple[Claim | None, DeviceSchedule | None]:
+    """``try_claim``'s claim, or None with the row it read that showed the lease held (None when it read none): a
+    caller that gives up at once names the holder from it rather than reading the row again."""
     now = _now()
     until = now + timedelta(seconds=lease_s)
     row: DeviceSchedule | None = None
@@ -155,11 +164,11 @@ async def try_claim(
             _free_claim_sql(database.capabilities.dialect), [holder, _UNTIL.to_db_value(until, None), entry_id]
         )
         if claimed:
-            return Claim(entry_id, None, marked=_marked(claimed[0]))
+            return Claim(entry_id, None, marked=_marked(claimed[0])), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     elif condition is not None:
         if await _claim_meeting(condition, entry_id, holder, until):
-            return Claim(entry_id, None)
+            return Claim(entry_id, None), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:  # the entry's first operation: its row is made now, holding the lease
         try:
@@ -168,22 +177,22 @@ async def try_claim(
             await DeviceSchedule.bulk_create(
                 [DeviceSchedule(entry_id=entry_id, lease_holder=holder, lease_until=until)]
             )
-            return Claim(entry_id, None, fresh=True)
+            return Claim(entry_id, None, fresh=True), None
         except IntegrityError:
             # Another claimant made the row first (it is read below), or the entry is gone (no row to read).
             row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:
         raise EntryDeleted(entry_id)
     if row.lease_holder is not None and row.lease_until is not None and row.lease_until > now:
-        return None
+        return None, row
     # The condition is evaluated by the database on the row as it is when the UPDATE runs: a lease another
     # claimant took, or its holder extended, since the read above is left alone.
     free = Q(lease_holder__isnull=True) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     claimed = await DeviceSchedule.filter(Q(entry_id=entry_id) & free).update(lease_holder=holder, lease_until=until)
     if claimed != 1:
-        return None
+        return None, None  # another claimant came first: the row read shows the lease as it was before
     interrupted = row.lease_holder if row.lease_holder not in (None, holder) else None
-    return Claim(entry_id, interrupted)
+    return Claim(entry_id, interrupted), None
 
 
 _UNTIL = DeviceSchedule._meta.fields_map["lease_until"]
@@ -411,11 +420,16 @@ async def device_lease(
         return
     async with _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
-        while (claim := await try_claim(entry_id, lease_s=lease_s, condition=condition, new_entry=new_entry)) is None:
+        while True:
+            claim, row = await _claim_or_holder(entry_id, INSTANCE, lease_s, condition, new_entry=new_entry)
+            if claim is not None:
+                break
             condition = None  # met (its columns set) by the claim that found the lease held
             new_entry = False  # its row is there: the usual claim from now on
             if asyncio.get_running_loop().time() >= deadline:
-                row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+                # The holder as the claim just read it (a scheduler that does not wait, wait_s 0, gives up on every
+                # device another instance works on: no second read for a message it drops); read only if it did not.
+                row = row or await DeviceSchedule.get_or_none(entry_id=entry_id)
                 if row is None:
                     raise EntryDeleted(entry_id)
                 raise DeviceBusy(
