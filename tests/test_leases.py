@@ -16,7 +16,15 @@ import pytest
 
 from certlm.foundation.config import Settings
 from certlm.lifecycle import leases
-from certlm.lifecycle.leases import DeviceBusy, EntryDeleted, device_lease, extend, try_claim
+from certlm.lifecycle.leases import (
+    ClaimCondition,
+    ConditionUnmet,
+    DeviceBusy,
+    EntryDeleted,
+    device_lease,
+    extend,
+    try_claim,
+)
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from tests.support import LicenseKeys, eventually, licensed_app_in_process
 
@@ -45,6 +53,28 @@ async def test_a_lease_has_one_holder_until_it_is_released_or_expires(entry_id: 
     assert taken is not None and taken.interrupted_holder == "instance-a"
     await leases.release(entry_id, holder="instance-b")
     assert (await try_claim(entry_id, holder="instance-c")).interrupted_holder is None
+
+
+async def test_a_device_another_instance_works_on_answers_409_at_once_without_a_second_read(
+    entry_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler that does not wait (``wait_s`` 0) gives up on a device another instance works on after its claim:
+    the holder it names is the one the claim read, not read again (a wave of two instances gives up on half its
+    devices)."""
+    assert await try_claim(entry_id, holder="other-instance") is not None
+    reads = 0
+    real_get_or_none = DeviceSchedule.get_or_none
+
+    def counted_get_or_none(*args, **kwargs):
+        nonlocal reads
+        reads += 1
+        return real_get_or_none(*args, **kwargs)
+
+    monkeypatch.setattr(DeviceSchedule, "get_or_none", counted_get_or_none)
+    with pytest.raises(DeviceBusy, match=r"\(other-instance\) is operating on this device until"):
+        async with device_lease(entry_id, wait_s=0):
+            pytest.fail("a lease another instance holds was granted")
+    assert reads == 1  # the claim's own read of the row it found held
 
 
 async def test_a_device_another_instance_works_on_answers_409_after_the_wait(entry_id: int) -> None:
@@ -130,13 +160,15 @@ async def test_an_entry_deleted_while_its_device_is_awaited_ends_the_wait_with_4
     assert await try_claim(entry_id, holder="other-instance") is not None
     refused = asyncio.Event()
 
+    claim_or_holder = leases._claim_or_holder
+
     async def counted_claim(*args, **kwargs):
-        claim = await try_claim(*args, **kwargs)
+        claim, row = await claim_or_holder(*args, **kwargs)
         if claim is None:
             refused.set()
-        return claim
+        return claim, row
 
-    monkeypatch.setattr(leases, "try_claim", counted_claim)
+    monkeypatch.setattr(leases, "_claim_or_holder", counted_claim)
 
     async def push() -> None:
         async with device_lease(entry_id, wait_s=30):
@@ -189,3 +221,45 @@ async def test_a_lease_held_past_its_length_is_kept_until_released(entry_id: int
         assert await try_claim(entry_id, holder="other-instance") is None
     row = await DeviceSchedule.get(entry_id=entry_id)
     assert row.lease_holder is None and row.lease_until is None
+
+
+async def test_a_claim_with_a_condition_sets_its_columns_where_met_and_takes_only_a_free_lease(entry_id: int) -> None:
+    """The monitor scan's claim (its turn at a device with the lease) is one statement: the condition's columns set
+    where the row meets it whether or not the lease is free; the lease taken only if free, an expired one taken over
+    from its holder (who is named), this holder's own left behind by a failed release taken over too."""
+    now = datetime.now(UTC)
+
+    def turn(at: datetime) -> ClaimCondition:
+        free = '"monitored_at" IS NULL OR "monitored_at" < {}'
+        return ClaimCondition(free, (("monitored_at", at - timedelta(minutes=5)),), {"monitored_at": at})
+
+    async def row() -> DeviceSchedule:
+        return await DeviceSchedule.get(entry_id=entry_id)
+
+    first = await try_claim(entry_id, holder="instance-a")  # makes the row, holding the lease
+    assert first is not None
+    # Held by a: b's turn is claimed (so no third instance reads the device), the lease stays a's.
+    assert await try_claim(entry_id, holder="instance-b", condition=turn(now)) is None
+    assert ((await row()).monitored_at, (await row()).lease_holder) == (now, "instance-a")
+    # Not met (read within the interval): nothing set, nothing claimed.
+    with pytest.raises(ConditionUnmet):
+        await try_claim(entry_id, holder="instance-b", condition=turn(now + timedelta(minutes=1)))
+    assert ((await row()).monitored_at, (await row()).lease_holder) == (now, "instance-a")
+    # Free: claimed with the turn.
+    await leases.release(entry_id, holder="instance-a")
+    later = now + timedelta(minutes=10)
+    claim = await try_claim(entry_id, holder="instance-b", condition=turn(later))
+    assert claim is not None and claim.interrupted_holder is None
+    assert ((await row()).monitored_at, (await row()).lease_holder) == (later, "instance-b")
+    # b's own lease, not released (its release failed) and unexpired: b waits as anyone would; once expired, b takes
+    # it over, naming no one interrupted.
+    again = later + timedelta(minutes=10)
+    assert await try_claim(entry_id, holder="instance-b", condition=turn(again)) is None
+    await DeviceSchedule.filter(entry_id=entry_id).update(lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    taken = await try_claim(entry_id, holder="instance-b", condition=turn(again + timedelta(minutes=10)))
+    assert taken is not None and taken.interrupted_holder is None
+    # Expired and another's: taken over, its holder named.
+    await DeviceSchedule.filter(entry_id=entry_id).update(lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    taken = await try_claim(entry_id, holder="instance-c", condition=turn(again + timedelta(minutes=20)))
+    assert taken is not None and taken.interrupted_holder == "instance-b"
+    assert (await row()).lease_holder == "instance-c"

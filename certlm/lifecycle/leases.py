@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+from tortoise.backends.base.client import TransactionalDBClient
 from tortoise.exceptions import IntegrityError
 from tortoise.expressions import Q
 
@@ -38,7 +39,9 @@ from certlm.foundation.certs import api_timestamp
 from certlm.foundation.config import Settings
 from certlm.foundation.errors import APIError, NotFound
 from certlm.storage.models import DeviceSchedule, InventoryEntry
+from certlm.storage.postgres_transactions import one_statement
 from certlm.storage.sql import in_dialect
+from certlm.storage.sqlite_transactions import writes_in_one_trip
 
 # The default lease (``Settings.device_lease_s``): long enough to outlive a database hiccup, short enough that a crashed
 # instance's devices are taken over soon. The holder extends it every quarter of it.
@@ -142,6 +145,15 @@ async def try_claim(
     (the entry's first operation: made holding the lease) or to take over an expired lease, learning whose it was.
     ``new_entry`` (without a condition): the caller made the entry just now, so its row is made at once, holding the
     lease (a scheduler that made it meanwhile makes this the usual claim)."""
+    claim, _ = await _claim_or_holder(entry_id, holder, lease_s, condition, new_entry=new_entry)
+    return claim
+
+
+async def _claim_or_holder(
+    entry_id: int, holder: str, lease_s: float, condition: ClaimCondition | None, *, new_entry: bool
+) -> tuple[Claim | None, DeviceSchedule | None]:
+    """``try_claim``'s claim, or None with the row it read that showed the lease held (None when it read none): a
+    caller that gives up at once names the holder from it rather than reading the row again."""
     now = _now()
     until = now + timedelta(seconds=lease_s)
     row: DeviceSchedule | None = None
@@ -152,15 +164,11 @@ async def try_claim(
             _free_claim_sql(database.capabilities.dialect), [holder, _UNTIL.to_db_value(until, None), entry_id]
         )
         if claimed:
-            return Claim(entry_id, None, marked=_marked(claimed[0]))
+            return Claim(entry_id, None, marked=_marked(claimed[0])), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     elif condition is not None:
-        claimed = await _update_where(
-            condition, {**condition.sets, "lease_holder": holder, "lease_until": until}, entry_id, lease_free=True
-        )
-        if claimed:
-            return Claim(entry_id, None)
-        await _meet(entry_id, condition)
+        if await _claim_meeting(condition, entry_id, holder, until):
+            return Claim(entry_id, None), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:  # the entry's first operation: its row is made now, holding the lease
         try:
@@ -169,22 +177,22 @@ async def try_claim(
             await DeviceSchedule.bulk_create(
                 [DeviceSchedule(entry_id=entry_id, lease_holder=holder, lease_until=until)]
             )
-            return Claim(entry_id, None, fresh=True)
+            return Claim(entry_id, None, fresh=True), None
         except IntegrityError:
             # Another claimant made the row first (it is read below), or the entry is gone (no row to read).
             row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:
         raise EntryDeleted(entry_id)
     if row.lease_holder is not None and row.lease_until is not None and row.lease_until > now:
-        return None
+        return None, row
     # The condition is evaluated by the database on the row as it is when the UPDATE runs: a lease another
     # claimant took, or its holder extended, since the read above is left alone.
     free = Q(lease_holder__isnull=True) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     claimed = await DeviceSchedule.filter(Q(entry_id=entry_id) & free).update(lease_holder=holder, lease_until=until)
     if claimed != 1:
-        return None
+        return None, None  # another claimant came first: the row read shows the lease as it was before
     interrupted = row.lease_holder if row.lease_holder not in (None, holder) else None
-    return Claim(entry_id, interrupted)
+    return Claim(entry_id, interrupted), None
 
 
 _UNTIL = DeviceSchedule._meta.fields_map["lease_until"]
@@ -219,9 +227,46 @@ def _release_sql(dialect: str) -> str:
     )
 
 
+async def _claim_meeting(condition: ClaimCondition, entry_id: int, holder: str, until: datetime) -> bool:
+    """Where the row meets ``condition``, set its columns and claim the lease if it is free, in one conditional
+    UPDATE; whether the lease was claimed. ``ConditionUnmet`` where the row does not meet it (or is gone). One
+    statement, not a claim and then the condition alone when the claim found the lease held: a scan of several
+    instances finds half its devices read by another, and each answer is a round trip with the scan's place held."""
+    database = DeviceSchedule._meta.db
+    sql = _claim_meeting_sql(database.capabilities.dialect, tuple(condition.sets), condition.where)
+    values = [_db_value(column, value) for column, value in condition.sets.items()]
+    values += [holder, _UNTIL.to_db_value(until, None), entry_id]
+    values += [_db_value(column, value) for column, value in condition.values]
+    rows = await database.execute_query_dict(sql, values)
+    if not rows:
+        raise ConditionUnmet(entry_id)
+    # RETURNING answers the row as updated: ours when it holds this holder and this expiry (a lease of this holder
+    # left behind, by a release that failed, holds another expiry).
+    row = rows[0]
+    return row["lease_holder"] == holder and _UNTIL.to_python_value(row["lease_until"]) == until
+
+
+@functools.cache
+def _claim_meeting_sql(dialect: str, columns: tuple[str, ...], where: str) -> str:
+    # Every SET expression sees the row as it was (SQLite and PostgreSQL alike): the lease is taken only if free.
+    assignments = "".join(f'"{column}" = {{}}, ' for column in columns)
+    return in_dialect(
+        f'UPDATE "device_schedule" SET {assignments}'
+        '"lease_holder" = CASE WHEN "lease_holder" IS NULL THEN {} ELSE "lease_holder" END, '
+        '"lease_until" = CASE WHEN "lease_holder" IS NULL THEN {} ELSE "lease_until" END '
+        f'WHERE "entry_id" = {{}} AND ({where}) RETURNING "lease_holder", "lease_until"',
+        dialect,
+    )
+
+
 async def _meet(entry_id: int, condition: ClaimCondition) -> None:
     """Set the condition's columns where the row meets it; ``ConditionUnmet`` where it does not (or is gone)."""
-    if not await _update_where(condition, condition.sets, entry_id, lease_free=False):
+    database = DeviceSchedule._meta.db
+    sql = _conditional_update_sql(database.capabilities.dialect, tuple(condition.sets), condition.where)
+    values = [_db_value(column, value) for column, value in condition.sets.items()]
+    values += [entry_id, *(_db_value(column, value) for column, value in condition.values)]
+    # Rows through execute_query_dict: tortoise's execute_query answers no rows for an UPDATE on PostgreSQL.
+    if not await database.execute_query_dict(sql, values):
         raise ConditionUnmet(entry_id)
 
 
@@ -232,34 +277,25 @@ def _db_value(column: str, value: Any) -> Any:
 _FIELDS = DeviceSchedule._meta.fields_map
 
 
-async def _update_where(condition: ClaimCondition, sets: dict[str, Any], entry_id: int, *, lease_free: bool) -> bool:
-    """Set ``sets`` on the entry's row where it meets ``condition`` (and its lease is free, with ``lease_free``);
-    whether it did."""
-    database = DeviceSchedule._meta.db
-    sql = _conditional_update_sql(database.capabilities.dialect, tuple(sets), condition.where, lease_free)
-    values = [_db_value(column, value) for column, value in sets.items()]
-    values += [entry_id, *(_db_value(column, value) for column, value in condition.values)]
-    # Rows through execute_query_dict: tortoise's execute_query answers no rows for an UPDATE on PostgreSQL.
-    return bool(await database.execute_query_dict(sql, values))
-
-
 @functools.cache
-def _conditional_update_sql(dialect: str, columns: tuple[str, ...], where: str, lease_free: bool) -> str:
+def _conditional_update_sql(dialect: str, columns: tuple[str, ...], where: str) -> str:
     assignments = ", ".join(f'"{column}" = {{}}' for column in columns)
-    free = ' AND "lease_holder" IS NULL' if lease_free else ""
     return in_dialect(
-        f'UPDATE "device_schedule" SET {assignments} WHERE "entry_id" = {{}}{free} AND ({where}) RETURNING "entry_id"',
+        f'UPDATE "device_schedule" SET {assignments} WHERE "entry_id" = {{}} AND ({where}) RETURNING "entry_id"',
         dialect,
     )
 
 
 @functools.cache
 def _release_with_sql(dialect: str, columns: tuple[str, ...]) -> str:
+    return in_dialect(_release_with_braces(columns), dialect)
+
+
+def _release_with_braces(columns: tuple[str, ...]) -> str:
     assignments = "".join(f'"{column}" = {{}}, ' for column in columns)
-    return in_dialect(
+    return (
         f'UPDATE "device_schedule" SET {assignments}"lease_holder" = NULL, "lease_until" = NULL '
-        'WHERE "entry_id" = {} AND "lease_holder" = {}',
-        dialect,
+        'WHERE "entry_id" = {} AND "lease_holder" = {}'
     )
 
 
@@ -293,6 +329,27 @@ async def release_now(claim: Claim, holder: str = INSTANCE) -> None:
     that its last writes and the release are committed at once. Only for the holder that claimed it (not a re-entrant
     ``device_lease``, whose outer holder goes on). The block goes on without the lease: it writes nothing more."""
     await release(claim.entry_id, holder, **claim.on_release)
+    claim.released = True
+
+
+async def release_with_write(claim: Claim, write: str, values: list[Any], holder: str = INSTANCE) -> None:
+    """Release the lease of ``claim`` now (with its ``on_release`` columns, as ``release_now``) together with the
+    holder's last write ``write``, an UPDATE of another table (``{}`` for each of ``values``): both or neither, in one
+    round trip on PostgreSQL (one statement) and one trip to SQLite's thread, not a transaction's four (BEGIN, the
+    write, the release, COMMIT). Outside a transaction only; within one, the two statements run in it."""
+    database = DeviceSchedule._meta.db
+    dialect = database.capabilities.dialect
+    columns = claim.on_release
+    release_values = [*(_db_value(column, value) for column, value in columns.items()), claim.entry_id, holder]
+    if isinstance(database, TransactionalDBClient):
+        await database.execute_query(in_dialect(write, dialect), values)
+        await database.execute_query(_release_with_sql(dialect, tuple(columns)), release_values)
+    elif dialect == "postgres":
+        sql = in_dialect(one_statement([write, _release_with_braces(tuple(columns))]), dialect)
+        await database.execute_query(sql, [*values, *release_values])
+    else:
+        release_sql = _release_with_sql(dialect, tuple(columns))
+        await writes_in_one_trip(database, [(in_dialect(write, dialect), values), (release_sql, release_values)])
     claim.released = True
 
 
@@ -363,11 +420,16 @@ async def device_lease(
         return
     async with _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
-        while (claim := await try_claim(entry_id, lease_s=lease_s, condition=condition, new_entry=new_entry)) is None:
+        while True:
+            claim, row = await _claim_or_holder(entry_id, INSTANCE, lease_s, condition, new_entry=new_entry)
+            if claim is not None:
+                break
             condition = None  # met (its columns set) by the claim that found the lease held
             new_entry = False  # its row is there: the usual claim from now on
             if asyncio.get_running_loop().time() >= deadline:
-                row = await DeviceSchedule.get_or_none(entry_id=entry_id)
+                # The holder as the claim just read it (a scheduler that does not wait, wait_s 0, gives up on every
+                # device another instance works on: no second read for a message it drops); read only if it did not.
+                row = row or await DeviceSchedule.get_or_none(entry_id=entry_id)
                 if row is None:
                     raise EntryDeleted(entry_id)
                 raise DeviceBusy(

@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
-from tortoise.transactions import in_transaction
 
 from certlm.contracts.drivers import (
     CertificateReading,
@@ -49,7 +48,7 @@ from certlm.lifecycle.leases import (
     device_lease,
     ensure_rows,
     holds,
-    release_now,
+    release_with_write,
 )
 from certlm.lifecycle.push import record_operation, trust_list_record
 from certlm.lifecycle.rejected import record_rejected
@@ -444,10 +443,10 @@ class _Visit:
         if not self.owns_lease:
             await _record_monitor(entry, now, trigger, "read", detail, fields)
             return "read"
-        # The entry's one write and the lease's release (which records the visit in the schedule row): one commit.
-        async with in_transaction("default"):
-            await _record_monitor(entry, now, trigger, "read", detail, fields)
-            await release_now(self.claim)
+        # The entry's one write and the lease's release (which records the visit in the schedule row): both or
+        # neither, in one round trip. No audit record follows a plain read, so the save is not journaled.
+        _note_monitor(entry, now, trigger, "read", detail)
+        await release_with_write(self.claim, *_entry_write(entry, [*fields, "last_result", "updated_at"]))
         return "read"
 
     async def _read_rest(self, target: DeviceTarget) -> DeviceReading | str | DeviceIdentityChanged:
@@ -551,6 +550,12 @@ async def _record_monitor(
     """Record the visit's outcome in the entry and save it, with ``fields`` the visit set on it."""
     if outcome in ("identity_changed", "certificate_changed"):  # a finding that changes the device's state
         await record_automated(f"monitor {outcome}", entry=entry, detail=detail)
+    _note_monitor(entry, now, trigger, outcome, detail)
+    await entry.save(update_fields=list(dict.fromkeys([*fields, "last_result", "updated_at"])))
+
+
+def _note_monitor(entry: InventoryEntry, now: datetime, trigger: str, outcome: str, detail: str | None) -> None:
+    """Record the visit's outcome in the entry (its ``last_result``), not saved yet."""
     record_operation(
         entry,
         "monitor",
@@ -562,4 +567,21 @@ async def _record_monitor(
             "trigger": trigger,
         },
     )
-    await entry.save(update_fields=list(dict.fromkeys([*fields, "last_result", "updated_at"])))
+
+
+_ENTRY_FIELDS = InventoryEntry._meta.fields_map
+
+
+def _entry_write(entry: InventoryEntry, fields: Iterable[str]) -> tuple[str, list[Any]]:
+    """The UPDATE that saves ``fields`` of ``entry`` (as ``entry.save(update_fields=...)`` would, ``updated_at``
+    set to now when named), with ``{}`` for each of its values, and the values."""
+    names = tuple(dict.fromkeys(fields))
+    values = [_ENTRY_FIELDS[name].to_db_value(getattr(entry, name), entry) for name in names]
+    return _entry_update_sql(names), [*values, entry.id]
+
+
+@functools.cache
+def _entry_update_sql(names: tuple[str, ...]) -> str:
+    columns = InventoryEntry._meta.fields_db_projection
+    assignments = ", ".join(f'"{columns[name]}" = {{}}' for name in names)
+    return f'UPDATE "inventory_entry" SET {assignments} WHERE "id" = {{}}'

@@ -149,3 +149,13 @@ def make_postgres_round_trips_lean() -> None:
     TransactionWrapper.savepoint_rollback = _savepoint_rollback  # type: ignore[method-assign]
     TransactionWrapper.commit = _commit  # type: ignore[method-assign]
     TransactionWrapper.rollback = _rollback  # type: ignore[method-assign]
+
+
+def one_statement(updates: list[str]) -> str:
+    """The data-modifying statements ``updates`` (each written with ``{}`` for its parameters, in order) as one
+    statement: all but the last in a ``WITH`` before it. One round trip, atomic on its own, outside a transaction,
+    rather than BEGIN, each statement and COMMIT (four for two): a monitor visit's entry write and the lease's
+    release. The statements run on one snapshot, so none may read what another changes (each writes its own table)."""
+    *before, last = updates
+    clauses = ", ".join(f'"write_{number}" AS ({update})' for number, update in enumerate(before))
+    return f"WITH {clauses} {last}" if before else last

@@ -209,3 +209,33 @@ def make_sqlite_transactions_cancel_safe_and_lean() -> None:
     SqliteTransactionWrapper.savepoint = _savepoint  # type: ignore[method-assign]
     SqliteTransactionWrapper.release_savepoint = _release_savepoint  # type: ignore[method-assign]
     aiosqlite.Connection._execute = _execute_after_deferred  # type: ignore[method-assign]
+
+
+async def writes_in_one_trip(client: Any, statements: list[tuple[str, list[Any]]]) -> list[int]:
+    """Run ``statements`` (SQL with their parameters) in a transaction of their own on tortoise's SQLite ``client``,
+    outside any transaction: BEGIN, each statement and COMMIT in one trip to aiosqlite's thread rather than one trip
+    each (a monitor visit's entry write and the lease's release); rolled back, and the error raised, when one fails.
+    The rows each statement changed."""
+    for sql, parameters in statements:
+        client.log.debug("%s: %s", sql, parameters)  # as tortoise logs each statement it sends
+    async with client.acquire_connection() as raw:  # the client's lock: no other statement or transaction meanwhile
+
+        def write_all() -> list[int]:
+            connection = raw._conn
+            changed = []
+            if connection.in_transaction:  # left open by a COMMIT that failed (as ``_begin`` finds it)
+                connection.rollback()
+            connection.execute("BEGIN").close()
+            try:
+                for sql, parameters in statements:
+                    cursor = connection.execute(sql, parameters)
+                    changed.append(cursor.rowcount)
+                    cursor.close()
+                connection.commit()
+            except BaseException:
+                if connection.in_transaction:
+                    connection.rollback()
+                raise
+            return changed
+
+        return await raw._execute(write_all)
