@@ -57,8 +57,8 @@ class BackendClock:
     which reaps them: its children's CPU (``cutime`` + ``cstime``) grows by theirs, whole lives, less what they had at
     the turn's start. Other children that end meanwhile (an autovacuum worker) are counted too."""
 
-    def __init__(self, postgres: PostgresServer, service: RunningService) -> None:
-        self.database = f" {service.database_url.rsplit('/', 1)[1]} "
+    def __init__(self, postgres: PostgresServer, database_url: str) -> None:
+        self.database = f" {database_url.rsplit('/', 1)[1]} "
         pid_file = postgres.directory / "data" / "postmaster.pid"
         self.postmaster = int(pid_file.read_text().split()[0])
         self.ended = 0  # backends that ended during the turns measured
@@ -173,7 +173,9 @@ async def main() -> None:
             totals = {side: [0, 0.0, Counter()] for side in services}
             cpu = dict.fromkeys(services, 0.0)
             database_cpu = dict.fromkeys(services, 0.0)
-            clocks = {side: BackendClock(postgres, service) for side, service in services.items() if postgres}
+            clocks = {
+                side: BackendClock(postgres, service.database_url) for side, service in services.items() if postgres
+            }
             generator_cpu = dict.fromkeys(services, 0.0)
             round_ratios = []
             for round_number in range(args.rounds):

@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg
+from bench_audit import BackendClock
 
 from certlm.foundation.actors import ADMIN, Actor
 from certlm.storage import sqlite_transactions
@@ -224,6 +225,9 @@ async def main() -> None:
 
 async def measure(args: argparse.Namespace, postgres) -> None:
     database = {} if postgres is None else {"database_url": postgres.create_database()}
+    # PostgreSQL's backends serving the app's database: their CPU per request, which the trail's statements cost too.
+    backends = None if postgres is None else BackendClock(postgres, database["database_url"])
+    backend_cpu = {True: 0.0, False: 0.0}
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
     spent = {True: [0.0, 0.0, 0, 0.0], False: [0.0, 0.0, 0, 0.0]}  # event loop s, process s, requests, wall s
@@ -254,6 +258,7 @@ async def measure(args: argparse.Namespace, postgres) -> None:
                     thread0, process0, wall0 = time.thread_time(), time.process_time(), time.monotonic()
                     trips0 = trips.count
                     collector.start()
+                    backends_before = backends.read() if backends is not None else None
                     if profiled is not None:
                         profiled.enable()
                     first = 1000 + number * args.block * args.clients
@@ -264,6 +269,8 @@ async def measure(args: argparse.Namespace, postgres) -> None:
                         profiled.disable()
                     thread, process = time.thread_time() - thread0, time.process_time() - process0
                     collections, collecting = collector.stop()
+                    if backends is not None:
+                        backend_cpu[on] += backends.spent_since(backends_before)
                     gc_of[on][0] += collections
                     gc_of[on][1] += collecting
                     spent[on][3] += time.monotonic() - wall0
@@ -285,6 +292,10 @@ async def measure(args: argparse.Namespace, postgres) -> None:
               f"{1000 * process_s / done:.3f} ms/request (median block {statistics.median(per_block[on]):.3f}; "
               f"{done} requests; {trips_of[on] / done:.2f} trips to {where} per request; garbage collector "
               f"{gc_of[on][0] / done:.3f} collections, {1e6 * gc_of[on][1] / done:.1f} us per request)")  # fmt: skip
+    if backends is not None:
+        per_request = {on: 1000 * backend_cpu[on] / spent[on][2] for on in spent}
+        print(f"PostgreSQL backends: on {per_request[True]:.3f} ms/request, off {per_request[False]:.3f} ms/request "
+              f"(the trail costs them {per_request[True] - per_request[False]:.3f} ms)")  # fmt: skip
     loop_cost = 1000 * (spent[True][0] / spent[True][2] - spent[False][0] / spent[False][2])
     process_cost = 1000 * (spent[True][1] / spent[True][2] - spent[False][1] / spent[False][2])
     median_cost = statistics.median(per_block[True]) - statistics.median(per_block[False])
