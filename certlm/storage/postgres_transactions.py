@@ -25,9 +25,6 @@ connection of its own, outside the pool), it declares no cursor outside a transa
 no session variable. ``LeanResetConnection`` keeps what asyncpg always does on release (an open transaction rolled
 back, listeners removed) and sends no reset query.
 
-And ``insert_then_commit`` puts an INSERT (the audit trail's record) and the COMMIT after it in one simple query: one
-round trip rather than two.
-
 ``tests/storage/test_postgres_trips.py`` counts the round trips and shows a savepoint rolled back to still undoes
 what it should, on a real PostgreSQL. ``make_postgres_round_trips_lean()`` installs it, once, when storage is imported;
 an asyncpg or tortoise-orm release that changes these internals fails those tests rather than a plant.
@@ -38,13 +35,10 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-from asyncpg.transaction import TransactionState
 from tortoise.backends.asyncpg.client import AsyncpgDBClient, TransactionWrapper
 from tortoise.backends.base.client import ConnectionWrapper
 from tortoise.backends.sqlite.client import _gen_savepoint_name
 from tortoise.exceptions import TransactionManagementError
-
-from certlm.storage.sqlite_transactions import CommitFailed
 
 # On the outermost TransactionWrapper of a transaction: what waits to be sent, in order ("SAVEPOINT x" or
 # "RELEASE SAVEPOINT x"), and the names of the savepoints among them not sent yet.
@@ -138,45 +132,6 @@ async def _commit(self: TransactionWrapper) -> None:
 async def _rollback(self: TransactionWrapper) -> None:
     self.__dict__.pop(_PENDING, None)
     await _original_rollback(self)
-
-
-class InsertFailed(Exception):
-    """The statements ``insert_then_commit`` ran before its COMMIT failed: they are undone, the transaction is open."""
-
-
-# Set before the statements ``insert_then_commit`` runs, so that their failure undoes them and nothing else.
-_BEFORE_INSERT = "certlm_before_insert"
-
-
-async def insert_then_commit(transaction: TransactionWrapper, sql: str) -> None:
-    """Run ``sql`` (statements without parameters: one simple query carries them all) and COMMIT ``transaction``, the
-    outermost level of a tortoise transaction, in one round trip rather than two. When ``sql`` fails, PostgreSQL
-    skips the COMMIT: the transaction is rolled back to a savepoint set just before ``sql`` (a round trip more), left
-    open, and ``InsertFailed`` raised. When the COMMIT fails, PostgreSQL has rolled the transaction back:
-    ``CommitFailed``, the transaction finished."""
-    xact = transaction.transaction
-    raw = xact._connection  # asyncpg's connection itself, not the pool's proxy of it
-    # COMMIT ends every savepoint: those deferred are never sent, as at ``_commit``.
-    transaction.__dict__.pop(_PENDING, None)
-    async with ConnectionWrapper(transaction._lock, transaction) as connection:
-        # What asyncpg's own commit does: the connection no longer has a transaction of asyncpg's open.
-        if raw._top_xact is xact:
-            raw._top_xact = None
-        try:
-            await connection.execute(f"SAVEPOINT {_BEFORE_INSERT}; {sql}; COMMIT")
-        except Exception as error:
-            if not raw.is_in_transaction():
-                xact._state = TransactionState.FAILED
-                transaction._finalized = True
-                raise CommitFailed(str(error)) from error
-            raw._top_xact = xact
-            await connection.execute(f"ROLLBACK TO SAVEPOINT {_BEFORE_INSERT}")
-            raise InsertFailed(str(error)) from error
-        except BaseException:
-            raw._top_xact = xact  # cancelled: rolled back as any transaction its task left open
-            raise
-    xact._state = TransactionState.COMMITTED
-    transaction._finalized = True
 
 
 class LeanResetConnection(asyncpg.Connection):

@@ -47,7 +47,6 @@ import hashlib
 import json
 import logging
 import re
-import secrets
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextvars import ContextVar
@@ -66,8 +65,6 @@ from certlm.foundation.actors import ADMIN, Actor, current_actor
 from certlm.foundation.hostspec import address_url
 from certlm.storage.migrations import AUDIT_CHAIN_HEAD_CHECK, AUDIT_CHAIN_LOCK
 from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
-from certlm.storage.postgres_transactions import InsertFailed
-from certlm.storage.postgres_transactions import insert_then_commit as insert_then_commit_postgres
 from certlm.storage.sql import in_dialect
 from certlm.storage.sqlite_transactions import CommitFailed, DeferredRead, insert_then_commit, read_on_next_trip
 
@@ -667,51 +664,6 @@ def _insert_sql(dialect: str, checked: bool) -> str:
     )
 
 
-def _literal(value: Any, tag: str) -> str:
-    """A value of a record's row as PostgreSQL SQL text: text dollar-quoted with ``tag`` (``_quote_tag``), never
-    escaped by hand."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool) or not isinstance(value, int | str | datetime):
-        raise TypeError(f"no literal for a record's {type(value).__name__}")
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, datetime):
-        return f"{tag}{value.isoformat()}{tag}::timestamptz"
-    return f"{tag}{value}{tag}"
-
-
-def _quote_tag(texts: Iterable[str]) -> str:
-    """A dollar-quote tag of random letters that none of ``texts`` holds, nor ends with the start of: nothing in them
-    can end the quote."""
-    while True:
-        tag = f"$q{secrets.token_hex(8)}$"
-        if all((text + tag).find(tag) == len(text) for text in texts):
-            return tag
-
-
-# What the checked INSERT of ``_literal_insert`` raises when the head moved: a cast that fails, made of a volatile
-# value so that PostgreSQL cannot fold it while planning (a constant ``1/0`` would fail every INSERT).
-_HEAD_MOVED = "('certlm: the audit chain head moved ' || random())::int IS NULL"
-
-
-def _literal_insert(row: list[Any], head: Link) -> str:
-    """PostgreSQL: ``_insert_sql(checked=True)`` with its values as literals, for a simple query (which takes no
-    parameters), that fails rather than inserts nothing when the chain's head is no longer ``head``: then the COMMIT
-    sent with it does not run. PostgreSQL plans it each time (a prepared INSERT is planned once); a round trip costs
-    more."""
-    tag = _quote_tag([value for value in (*row, head[1]) if isinstance(value, str)])
-    values = ", ".join(_literal(value, tag) for value in row)
-    check = f"{AUDIT_CHAIN_HEAD_CHECK}({head[0]}, {head[0]}, {_literal(head[1], tag)})"
-    return f"{_literal_insert_start()} SELECT {values} WHERE CASE WHEN {check} THEN true ELSE {_HEAD_MOVED} END"
-
-
-@functools.cache
-def _literal_insert_start() -> str:
-    columns = ", ".join(f'"{AuditRecord._meta.fields_db_projection[name]}"' for name in _ROW_COLUMNS)
-    return f"INSERT INTO {AuditRecord._meta.db_table} ({columns})"
-
-
 def _linked(values: dict[str, Any], head: Link) -> list[Any]:
     """The row of a record that follows ``head``, in ``_ROW_COLUMNS`` order (its id and hash filled in)."""
     record = {**values, "id": head[0] + 1, "prev_hash": head[1]}
@@ -794,15 +746,12 @@ async def _append(connection: Any, batch: list[dict[str, Any]]) -> list[Link]:
     transaction's end): in the checked INSERT of the head this process knows, else before it reads the head."""
     if _is_sqlite(connection):
         return await _append_in_turn(connection, batch)
-    async with _append_turn(_database(connection)):
-        return await _append_in_turn(connection, batch)
-
-
-def _append_turn(database: Any) -> asyncio.Lock:
+    database = _database(connection)
     turn = _append_turns.get(database)
     if turn is None:
         turn = _append_turns[database] = asyncio.Lock()
-    return turn
+    async with turn:
+        return await _append_in_turn(connection, batch)
 
 
 async def _append_in_turn(connection: Any, batch: list[dict[str, Any]]) -> list[Link]:
@@ -945,9 +894,7 @@ class RequestTransaction:
         """SQLite, with the head this process committed last: the record inserted after it if it is still the head,
         and the transaction committed, in one trip to SQLite's thread; its link, or None when the head was not known
         or not the head any more (nothing inserted, the transaction still open)."""
-        if not _is_sqlite(self.connection):
-            return await self._insert_and_commit_postgres(values)
-        head = known_head(self.connection)
+        head = known_head(self.connection) if _is_sqlite(self.connection) else None
         if head is None:
             return None
         row = _linked(values, head)
@@ -956,27 +903,6 @@ class RequestTransaction:
             return None
         await self.context.__aexit__(None, None, None)  # committed: only gives the connection back
         return row[0], row[-1]
-
-    async def _insert_and_commit_postgres(self, values: dict[str, Any]) -> Link | None:
-        """PostgreSQL, with the head this process appended last: the record inserted after it if it is still the head
-        and the transaction committed, in one round trip rather than two (one simple query: ``_literal_insert``); its
-        link, or None when the head was not known or not the head any more (nothing inserted, the transaction still
-        open). In this process's turn (``_append_turns``), held to the COMMIT."""
-        database = _database(self.connection)
-        async with _append_turn(database):
-            head = _known_heads.get(database)
-            if head is None:
-                return None
-            row = _linked(values, head)
-            try:
-                await insert_then_commit_postgres(self.connection, _literal_insert(row, head))
-            except InsertFailed:
-                # The head moved (another instance appended), or the INSERT failed: read the head, insert again.
-                _known_heads.pop(database, None)
-                return None
-            _known_heads[database] = link = (row[0], row[-1])
-        await self.context.__aexit__(None, None, None)  # committed: only gives the connection back
-        return link
 
     async def _append_then_commit(self, values: dict[str, Any]) -> Link:
         try:
