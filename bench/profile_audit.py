@@ -6,11 +6,16 @@ processes on a shared machine move it less.
 
     .venv/bin/python bench/profile_audit.py [--seconds 60] [--block 30] [--profile on|off] [--postgres]
 
+After the warm-up the collector is frozen (``gc.freeze()``), as ``certlm serve`` does once started, and each side's
+garbage collections are counted with the CPU they took (the trail's journals and records are objects too).
+
 ``--profile on`` (or ``off``) also prints a cProfile (CPU clock) of that side's requests, sorted by own time (which
-inflates the trail's many small calls several times over). ``--pieces`` times the trail's Python alone, each piece on
-real rows of the running app, many times over (the best of five runs): the journal of a save and of a delete, and a
-record's values, row and hash. ``--postgres`` runs the app on a throw-away PostgreSQL cluster and counts round trips
-to it per request (each statement asyncpg sends, the pool's reset query included) instead of trips to SQLite's thread.
+inflates the trail's many small calls several times over); ``--stats FILE`` also writes it to ``FILE`` (pstats), so
+that a profile of each side can be compared function by function per request (the calls are counted, not timed: the
+count does not move with the machine's load). ``--pieces`` times the trail's Python alone, each piece on real rows of
+the running app, many times over (the best of five runs): the journal of a save and of a delete, and a record's
+values, row and hash. ``--postgres`` runs the app on a throw-away PostgreSQL cluster and counts round trips to it per
+request (each statement asyncpg sends) instead of trips to SQLite's thread.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import os
 import pstats
 import statistics
@@ -31,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg
+from bench_audit import BackendClock
 
 from certlm.foundation.actors import ADMIN, Actor
 from certlm.storage import sqlite_transactions
@@ -75,7 +82,8 @@ class Trips:
 
 class RoundTrips:
     """Counts the messages asyncpg sends PostgreSQL and waits for (a statement with or without parameters, several
-    statements in one simple query, the pool's reset query at each release): each a round trip to a backend."""
+    statements in one simple query, a pool's reset query if one is sent at a release): each a round trip to a
+    backend."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -92,6 +100,33 @@ class RoundTrips:
             return await run(con, *args, **kwargs)
 
         connection.execute, connection._execute = counted_execute, counted_run
+
+
+class Collections:
+    """The garbage collector's runs and the CPU (this thread's clock) they took, between ``start`` and ``stop``: the
+    trail's journals and records are objects too, so more of them may mean more and longer collections."""
+
+    def __init__(self) -> None:
+        self.count, self.spent, self._began, self._on = 0, 0.0, 0.0, False
+        self.by_generation: dict[int, int] = {}
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if not self._on:
+            return
+        if phase == "start":
+            self._began = time.thread_time()
+        else:
+            self.count += 1
+            self.spent += time.thread_time() - self._began
+            self.by_generation[info["generation"]] = self.by_generation.get(info["generation"], 0) + 1
+
+    def start(self) -> None:
+        self.count, self.spent, self._on = 0, 0.0, True
+
+    def stop(self) -> tuple[int, float]:
+        self._on = False
+        return self.count, self.spent
 
 
 def best_of(piece: Callable[[], object], times: int = 3000) -> float:
@@ -171,6 +206,7 @@ async def main() -> None:
     parser.add_argument("--block", type=int, default=30, help="requests per block (one side at a time)")
     parser.add_argument("--clients", type=int, default=1, help="mixes running at once (bench_audit runs 8)")
     parser.add_argument("--profile", choices=("on", "off"))
+    parser.add_argument("--stats", help="with --profile: also write the profile to this file (pstats), to compare")
     parser.add_argument("--pieces", action="store_true", help="also time the trail's Python piece by piece")
     parser.add_argument("--postgres", action="store_true", help="on a throw-away PostgreSQL cluster, not SQLite")
     args = parser.parse_args()
@@ -189,12 +225,17 @@ async def main() -> None:
 
 async def measure(args: argparse.Namespace, postgres) -> None:
     database = {} if postgres is None else {"database_url": postgres.create_database()}
+    # PostgreSQL's backends serving the app's database: their CPU per request, which the trail's statements cost too.
+    backends = None if postgres is None else BackendClock(postgres, database["database_url"])
+    backend_cpu = {True: 0.0, False: 0.0}
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
     spent = {True: [0.0, 0.0, 0, 0.0], False: [0.0, 0.0, 0, 0.0]}  # event loop s, process s, requests, wall s
     trips = Trips() if postgres is None else RoundTrips()
     where = "SQLite's thread" if postgres is None else "PostgreSQL (round trips)"
     trips_of = {True: 0, False: 0}
+    gc_of = {True: [0, 0.0], False: [0, 0.0]}  # collections, CPU seconds in them
+    collector = Collections()
     per_block: dict[bool, list[float]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
@@ -206,6 +247,9 @@ async def measure(args: argparse.Namespace, postgres) -> None:
             for on in (True, False):  # warm-up: caches, the SQLite page cache
                 trail(on)
                 await mix(app, 150, 0)
+            # As ``certlm serve`` does once started: what start-up made is out of the collector's sight.
+            gc.collect()
+            gc.freeze()
             deadline, number = time.monotonic() + args.seconds, 0
             while time.monotonic() < deadline:
                 for on in (True, False) if number % 2 == 0 else (False, True):
@@ -213,6 +257,8 @@ async def measure(args: argparse.Namespace, postgres) -> None:
                     profiled = profiler if args.profile == ("on" if on else "off") else None
                     thread0, process0, wall0 = time.thread_time(), time.process_time(), time.monotonic()
                     trips0 = trips.count
+                    collector.start()
+                    backends_before = backends.read() if backends is not None else None
                     if profiled is not None:
                         profiled.enable()
                     first = 1000 + number * args.block * args.clients
@@ -222,6 +268,11 @@ async def measure(args: argparse.Namespace, postgres) -> None:
                     if profiled is not None:
                         profiled.disable()
                     thread, process = time.thread_time() - thread0, time.process_time() - process0
+                    collections, collecting = collector.stop()
+                    if backends is not None:
+                        backend_cpu[on] += backends.spent_since(backends_before)
+                    gc_of[on][0] += collections
+                    gc_of[on][1] += collecting
                     spent[on][3] += time.monotonic() - wall0
                     trips_of[on] += trips.count - trips0
                     spent[on][0] += thread
@@ -239,7 +290,12 @@ async def measure(args: argparse.Namespace, postgres) -> None:
         loop_s, process_s, done, _ = spent[on]
         print(f"trail {'on' if on else 'off':3}: event loop {1000 * loop_s / done:.3f} ms/request, process "
               f"{1000 * process_s / done:.3f} ms/request (median block {statistics.median(per_block[on]):.3f}; "
-              f"{done} requests; {trips_of[on] / done:.2f} trips to {where} per request)")  # fmt: skip
+              f"{done} requests; {trips_of[on] / done:.2f} trips to {where} per request; garbage collector "
+              f"{gc_of[on][0] / done:.3f} collections, {1e6 * gc_of[on][1] / done:.1f} us per request)")  # fmt: skip
+    if backends is not None:
+        per_request = {on: 1000 * backend_cpu[on] / spent[on][2] for on in spent}
+        print(f"PostgreSQL backends: on {per_request[True]:.3f} ms/request, off {per_request[False]:.3f} ms/request "
+              f"(the trail costs them {per_request[True] - per_request[False]:.3f} ms)")  # fmt: skip
     loop_cost = 1000 * (spent[True][0] / spent[True][2] - spent[False][0] / spent[False][2])
     process_cost = 1000 * (spent[True][1] / spent[True][2] - spent[False][1] / spent[False][2])
     median_cost = statistics.median(per_block[True]) - statistics.median(per_block[False])
@@ -253,6 +309,8 @@ async def measure(args: argparse.Namespace, postgres) -> None:
     print(verdict.message())
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     if profiler is not None:
+        if args.stats:
+            profiler.dump_stats(args.stats)
         stats = pstats.Stats(profiler)
         stats.sort_stats("tottime").print_stats(45)
         stats.sort_stats("cumulative").print_stats("audit|sqlite_transactions", 40)
