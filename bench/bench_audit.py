@@ -38,6 +38,7 @@ from pathlib import Path
 
 from common import (
     ROOT,
+    BackendClock,
     LicenseKeys,
     PostgresServer,
     RunningService,
@@ -47,52 +48,6 @@ from common import (
 
 # The trail costs at most 10 % of the requests per second.
 TARGET_RATIO = 0.90
-
-
-class BackendClock:
-    """CPU seconds of the PostgreSQL backends serving one service's database, over a turn, counting the backends that
-    ended during it. asyncpg's pool closes a connection after 50 000 queries and opens another: a backend that ends
-    takes its CPU out of /proc with it, and a sum over the live backends then loses it (a side's figure fell to
-    0.01 ms per request while the other's stayed 0.30). What ended backends used comes back through the postmaster,
-    which reaps them: its children's CPU (``cutime`` + ``cstime``) grows by theirs, whole lives, less what they had at
-    the turn's start. Other children that end meanwhile (an autovacuum worker) are counted too."""
-
-    def __init__(self, postgres: PostgresServer, database_url: str) -> None:
-        self.database = f" {database_url.rsplit('/', 1)[1]} "
-        pid_file = postgres.directory / "data" / "postmaster.pid"
-        self.postmaster = int(pid_file.read_text().split()[0])
-        self.ended = 0  # backends that ended during the turns measured
-
-    def _backends(self) -> dict[int, float]:
-        found = {}
-        for process in Path("/proc").iterdir():
-            if not process.name.isdigit():
-                continue
-            try:
-                title = (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if title.startswith("postgres: ") and self.database in title:
-                    found[int(process.name)] = cpu_seconds(int(process.name))
-            except OSError:  # ended meanwhile
-                continue
-        return found
-
-    def _reaped(self) -> float:
-        fields = Path(f"/proc/{self.postmaster}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-
-    def read(self) -> tuple[dict[int, float], float]:
-        return self._backends(), self._reaped()
-
-    def spent_since(self, before: tuple[dict[int, float], float]) -> float:
-        backends, reaped = before
-        now, reaped_now = self.read()
-        gone = [pid for pid in backends if pid not in now]
-        self.ended += len(gone)
-        return (
-            sum(cpu - backends.get(pid, 0.0) for pid, cpu in now.items())
-            + (reaped_now - reaped)
-            - sum(backends[pid] for pid in gone)
-        )
 
 
 async def prepare(service: RunningService, devices: int) -> None:

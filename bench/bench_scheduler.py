@@ -54,13 +54,13 @@ from pathlib import Path
 from asyncua_baseline import BaselineCa, push
 from common import (
     ADMIN,
+    BackendClock,
     LicenseKeys,
     PostgresServer,
     ProcessMeter,
     RunningService,
     Simulators,
     Usage,
-    database_cpu_seconds,
     listening,
     load_average,
     start_certlm,
@@ -131,6 +131,8 @@ class Setup:
     simulators: Simulators
     ports: list[int]  # the devices onboarded
     concurrency: int
+    # PostgreSQL's backends serving the instances' one database (None on SQLite, whose work is in certlm's CPU)
+    database_clock: BackendClock | None = None
     renewal_rounds: int = 0  # renewal waves measured so far: each device installed one certificate more in each
     last_scan_end: float | None = None  # time.monotonic() when the last monitor scan measured was seen over
     last_scan_s: float = 0.0  # how long it took
@@ -222,7 +224,8 @@ async def run_until(
 ) -> PhaseUsage:
     """Switch a scheduler on with ``settings`` and poll until ``condition`` (at most ``timeout`` seconds)."""
     certlm, simulators = setup.meters()
-    database_before = database_cpu_seconds(setup.main)  # the instances share one database: its backends counted once
+    # The instances share one database: its backends counted once.
+    database_before = setup.database_clock.read() if setup.database_clock else None
     started = time.monotonic()
     await setup.switch(**settings)
     finished = await poll_until(condition, timeout, (certlm, simulators))
@@ -230,7 +233,7 @@ async def run_until(
     usage = certlm.usage()
     return PhaseUsage(
         finished, wall, usage, sum(u.cpu_s for u in simulators.usage().values()),
-        database_cpu_seconds(setup.main) - database_before,
+        setup.database_clock.spent_since(database_before) if setup.database_clock and database_before else 0.0,
     )  # fmt: skip
 
 
@@ -516,10 +519,11 @@ class Script:
 
 
 async def run_setup(
-    label: str, args: argparse.Namespace, workdir: Path, license_keys: LicenseKeys, database_url: str | None,
+    label: str, args: argparse.Namespace, workdir: Path, license_keys: LicenseKeys, postgres: PostgresServer | None,
     instances: int,
 ) -> Result:  # fmt: skip
     print(f"\n== {label} ==")
+    database_url = postgres.create_database() if postgres else None
     script = Script(args, workdir, Settings.scheduler_concurrency * instances)
     simulators: Simulators | None = None
     services: list[RunningService] = []
@@ -538,7 +542,8 @@ async def run_setup(
             other = start_certlm(workdir / f"data-{index}", license_keys, database_url=database_url,
                                  secrets_from=services[0].data_dir)  # fmt: skip
             services.append(await other)
-        setup = Setup(label, services, simulators, [], args.concurrency)
+        clock = BackendClock(postgres, database_url) if postgres and database_url else None
+        setup = Setup(label, services, simulators, [], args.concurrency, clock)
         # Each side's warm-up, not counted: certlm's onboarding, the script's first contact with its devices, and a
         # first monitor pass each (the first reads after a push meet devices reopening their endpoints).
         await onboard(setup, urls)
@@ -605,8 +610,7 @@ async def main() -> None:
             try:
                 results.append(
                     await run_setup(
-                        "two instances, one PostgreSQL", args, workdir / "postgres", license_keys,
-                        postgres.create_database(), 2,
+                        "two instances, one PostgreSQL", args, workdir / "postgres", license_keys, postgres, 2,
                     )
                 )  # fmt: skip
             finally:

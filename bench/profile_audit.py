@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg
-from bench_audit import BackendClock
+from common import BackendClock
 
 from certlm.foundation.actors import ADMIN, Actor
 from certlm.storage import sqlite_transactions
