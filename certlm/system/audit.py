@@ -717,7 +717,12 @@ def _committed(head: Link | None, connection: Any = None) -> None:
     """After the transaction that appended up to ``head`` ended: keep it, or forget what was kept (None: the
     transaction failed or was rolled back, so the database's head is not known)."""
     if head is not None:
-        _known_heads[_database(connection)] = head
+        database = _database(connection)
+        # Never back: on PostgreSQL the next request in turn may have inserted after this record (kept at its INSERT)
+        # while this transaction committed; keeping this older link would make that one's successor read the head.
+        known = _known_heads.get(database)
+        if known is None or head[0] >= known[0]:
+            _known_heads[database] = head
     else:
         _known_heads.pop(_database(connection), None)
 
