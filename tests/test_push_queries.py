@@ -17,6 +17,7 @@ from certlm_gds_push.connection import DeviceSession
 from cryptography import x509
 
 from certlm.foundation.certs import certificate_detail
+from certlm.storage import sqlite_transactions
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.testing import InProcessApp, InternalCa, push
 
@@ -46,6 +47,24 @@ def statements_sent() -> Iterator[list[str]]:
         _statements.reset(token)
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+@contextmanager
+def trips_taken(monkeypatch: Any) -> Iterator[list[list[str]]]:
+    """The trips to aiosqlite's thread taken by the code in this block (and the tasks it starts), each as the
+    statements tortoise logged for it (logged before it is sent, so the ones logged since the trip before)."""
+    trips: list[list[str]] = []
+    queue_call = sqlite_transactions._queue_call
+
+    async def counted(connection: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if (statements := _statements.get()) is not None:
+            taken = sum(len(trip) for trip in trips)
+            trips.append(statements[taken:])
+        return await queue_call(connection, fn, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite_transactions, "_queue_call", counted)
+    with statements_sent():
+        yield trips
 
 
 def on_table(statements: list[str], verb: str, table: str) -> list[str]:
@@ -110,6 +129,41 @@ async def test_a_renewal_claims_and_releases_the_lease_once_and_writes_the_entry
     schedule = [statement for statement in statements if "device_schedule" in statement]
     assert len(schedule) == 2, schedule
     assert len(statements) <= 11, "\n".join(statements)
+
+
+async def test_a_push_writes_the_entry_and_releases_the_lease_on_one_trip(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any, monkeypatch
+) -> None:
+    """The entry's write with the record of the push and the lease's release: both or neither, on one trip to
+    SQLite's thread (two before), for a renewal and an onboarding; what the audit trail lists of the push's change to
+    the entry stays as it was when the entry was saved on its own."""
+    device = await certlm_simulated_device()
+
+    with trips_taken(monkeypatch) as trips:
+        onboarded = await push(certlm_in_process, device)
+
+    assert onboarded["success"], onboarded
+    ending = [trip for trip in trips if any(s.startswith('UPDATE "inventory_entry"') for s in trip)]
+    assert len(ending) == 1 and any('"lease_holder" = NULL' in s for s in ending[0]), trips
+    # 21 trips before (a statement may take several: its cursor's execute, fetch and close).
+    assert len(trips) <= 20, "\n".join(map(str, trips))
+
+    with trips_taken(monkeypatch) as trips:
+        renewed = await push(certlm_in_process, device, onboarding=False)
+
+    assert renewed["success"], renewed
+    ending = [trip for trip in trips if any(s.startswith('UPDATE "inventory_entry"') for s in trip)]
+    assert len(ending) == 1 and any('"lease_holder" = NULL' in s for s in ending[0]), trips
+    assert len([trip for trip in trips if any("device_schedule" in s for s in trip)]) == 2, trips
+    # 12 trips before.
+    assert len(trips) <= 11, "\n".join(map(str, trips))
+    async with certlm_in_process.context():
+        entry = await InventoryEntry.get(port=device.config.port)
+        row = await DeviceSchedule.get(entry_id=entry.id)
+    assert row.lease_holder is None and row.lease_until is None
+    assert entry.last_result["push"]["success"] and entry.certificate_der == entry.pinned_certificate_der
+    # Every column written, the PKI the push enrolled from (a relation's column) too.
+    assert entry.pki_id == certlm_internal_ca.pki_id and entry.device_name and entry.service != "gds-push-generic"
 
 
 async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(

@@ -9,7 +9,7 @@ import contextlib
 import functools
 import ipaddress
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -800,3 +800,38 @@ async def forget_stored_trust_lists(mask: int) -> int:
         if await forget_stored_trust_list(entry, mask):
             changed += 1
     return changed
+
+
+# --- an entry's write on another statement's trip ---------------------------------------------------------------------
+
+
+def saved_fields() -> tuple[str, ...]:
+    """Every field ``entry.save()`` writes: all but the key (the entry has no generated column). Asked of the models
+    as loaded: a relation's column (``pki_id``) is there only once tortoise is initialised."""
+    fields = InventoryEntry._meta.fields_map
+    return tuple(name for name in InventoryEntry._meta.fields_db_projection if not fields[name].pk)
+
+
+def entry_write(entry: InventoryEntry, fields: Iterable[str]) -> tuple[str, list[Any]]:
+    """The UPDATE that saves ``fields`` of ``entry`` (as ``entry.save(update_fields=...)`` would, ``updated_at``
+    set to now when named; ``saved_fields()``: every column, as ``entry.save()``), with ``{}`` for each of its
+    values, and the values: for a write sent with another (``certlm.lifecycle.leases.release_with_write``). A write
+    the audit trail lists is followed by ``entry_written``."""
+    names = tuple(dict.fromkeys(fields))
+    fields_map = InventoryEntry._meta.fields_map
+    values = [fields_map[name].to_db_value(getattr(entry, name), entry) for name in names]
+    return _entry_update_sql(names), [*values, entry.id]
+
+
+@functools.cache
+def _entry_update_sql(names: tuple[str, ...]) -> str:
+    columns = InventoryEntry._meta.fields_db_projection
+    assignments = ", ".join(f'"{columns[name]}" = {{}}' for name in names)
+    return f'UPDATE "inventory_entry" SET {assignments} WHERE "id" = {{}}'
+
+
+async def entry_written(entry: InventoryEntry, fields: Iterable[str]) -> None:
+    """Once the UPDATE ``entry_write`` made has run: what tortoise's save does after its own UPDATE, so that the
+    request's audit journal lists the change as for ``entry.save(update_fields=fields)`` (``certlm.system.audit``
+    hooks on it) and post-save signals fire. (Nothing in certlm listens before a save.)"""
+    await entry._post_save(None, False, list(dict.fromkeys(fields)))

@@ -34,6 +34,7 @@ from certlm.inventory.entries import (
     canonical_server,
     credential_as_of,
     device_entry_at,
+    entry_write,
     find_entry,
     preload_credentials,
     trust_list_fields,
@@ -446,7 +447,7 @@ class _Visit:
         # The entry's one write and the lease's release (which records the visit in the schedule row): both or
         # neither, in one round trip. No audit record follows a plain read, so the save is not journaled.
         _note_monitor(entry, now, trigger, "read", detail)
-        await release_with_write(self.claim, *_entry_write(entry, [*fields, "last_result", "updated_at"]))
+        await release_with_write(self.claim, *entry_write(entry, [*fields, "last_result", "updated_at"]))
         return "read"
 
     async def _read_rest(self, target: DeviceTarget) -> DeviceReading | str | DeviceIdentityChanged:
@@ -567,21 +568,3 @@ def _note_monitor(entry: InventoryEntry, now: datetime, trigger: str, outcome: s
             "trigger": trigger,
         },
     )
-
-
-_ENTRY_FIELDS = InventoryEntry._meta.fields_map
-
-
-def _entry_write(entry: InventoryEntry, fields: Iterable[str]) -> tuple[str, list[Any]]:
-    """The UPDATE that saves ``fields`` of ``entry`` (as ``entry.save(update_fields=...)`` would, ``updated_at``
-    set to now when named), with ``{}`` for each of its values, and the values."""
-    names = tuple(dict.fromkeys(fields))
-    values = [_ENTRY_FIELDS[name].to_db_value(getattr(entry, name), entry) for name in names]
-    return _entry_update_sql(names), [*values, entry.id]
-
-
-@functools.cache
-def _entry_update_sql(names: tuple[str, ...]) -> str:
-    columns = InventoryEntry._meta.fields_db_projection
-    assignments = ", ".join(f'"{columns[name]}" = {{}}' for name in names)
-    return f'UPDATE "inventory_entry" SET {assignments} WHERE "id" = {{}}'

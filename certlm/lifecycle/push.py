@@ -42,10 +42,10 @@ from certlm.foundation.errors import (
     CsrRejected,
 )
 from certlm.foundation.logs import log_operation
-from certlm.inventory.entries import Inventory, device_entry_at
+from certlm.inventory.entries import Inventory, device_entry_at, entry_write, entry_written, saved_fields
 from certlm.inventory.identity import identity_repinned, mark_identity_changed
 from certlm.lifecycle.issuers import trust_kept_by_campaigns
-from certlm.lifecycle.leases import EntryDeleted, device_lease, holds
+from certlm.lifecycle.leases import Claim, EntryDeleted, device_lease, holds, release_with_write
 from certlm.lifecycle.operations import (
     certificate_summary,
     description_record,
@@ -202,12 +202,14 @@ async def _push_certificate(
     async with lease as claim:
         # The entry's first operation made its schedule row just now: there is no mark on it to look for and clear.
         unmarked = claim.fresh and not outer_lease
+        # The record's write releases the lease this push claimed (an outer holder's goes on after it).
+        own_claim = None if outer_lease else claim
         started = api_now()
         try:
             result = await _push_locked(runtime, entry, order, unmarked=unmarked, registered=registered)
         except APIError as error:
             failed = {"url": runtime.inventory.entry_url(entry), "steps": [], **error.details.get("result", {})}
-            await _record_push(entry, order, started, failed, error.message)
+            await _record_push(entry, order, started, failed, error.message, release=own_claim)
             raise
         except asyncio.CancelledError:
             # certlm stopping past its grace period (or the request dropped): the record says so, not the push
@@ -231,7 +233,7 @@ async def _push_certificate(
                 renewal_retry_at=None,
             )
         # The success's changes to the entry (``_record_success``) are saved with the record, in one UPDATE.
-        return await _record_push(entry, order, started, result, save_entry=True)
+        return await _record_push(entry, order, started, result, save_entry=True, release=own_claim)
 
 
 async def _record_push(
@@ -242,9 +244,12 @@ async def _record_push(
     error: str = "",
     *,
     save_entry: bool = False,
+    release: Claim | None = None,
 ) -> dict[str, Any]:
     """The push as an operation result, filed as the entry's last push or onboarding with when it ran and what
-    triggered it. Only the record is saved, unless ``save_entry`` (a success): the whole entry with it."""
+    triggered it. Only the record is saved, unless ``save_entry`` (a success): the whole entry with it. The lease
+    ``release`` is released with that write, both or neither in one round trip (one trip to SQLite's thread), rather
+    than by its own UPDATE after it; the audit trail lists the entry's change as for a save."""
     what = "onboarding" if order.onboarding else "certificate push"
     outcome = {
         "success": not error,
@@ -253,7 +258,12 @@ async def _record_push(
         "result": {**result, "at": started, "trigger": order.trigger},
     }
     record_operation(entry, order.operation, outcome)
-    await (entry.save() if save_entry else entry.save(update_fields=["last_result", "updated_at"]))
+    fields = saved_fields() if save_entry else ("last_result", "updated_at")
+    if release is None:
+        await entry.save(update_fields=None if save_entry else fields)
+    else:
+        await release_with_write(release, *entry_write(entry, fields))
+        await entry_written(entry, fields)
     steps = result.get("steps") or []
     failed = [step for step in steps if not step.get("ok")]
     last_step = (failed or steps or [{"step": "start"}])[-1]["step"]
