@@ -5,6 +5,10 @@ makes.
 
     .venv/bin/python bench/profile_monitor.py [--devices 40] [--concurrency 8] [--top 40] [--sort tottime]
 
+``--driver-only``: only the driver's reads of each visit, then the script's same reads
+(``scheduler_baseline.monitor_read``) of the same devices at the same concurrency, as certlm's client application:
+CPU per visit and OPC UA connections and requests per visit of each, side by side.
+
 A tool for finding waste, not a benchmark: cProfile slows Python code several times, so its figures are only compared
 with each other (``--no-profile`` gives the CPU per device without it).
 """
