@@ -5,6 +5,10 @@ makes.
 
     .venv/bin/python bench/profile_monitor.py [--devices 40] [--concurrency 8] [--top 40] [--sort tottime]
 
+``--driver-only``: only the driver's reads of each visit, then the script's same reads
+(``scheduler_baseline.monitor_read``) of the same devices at the same concurrency, as certlm's client application:
+CPU per visit and OPC UA connections and requests per visit of each, side by side.
+
 A tool for finding waste, not a benchmark: cProfile slows Python code several times, so its figures are only compared
 with each other (``--no-profile`` gives the CPU per device without it).
 """
@@ -15,15 +19,22 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import functools
 import logging
 import pstats
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiosqlite
+import asyncua_baseline
+import scheduler_baseline
+from asyncua.client import ua_client
+from certlm_gds_push import identity
 from common import ADMIN, LicenseKeys, Simulators
 from profile_push import QueryCounter, wave
 
@@ -32,6 +43,7 @@ from certlm.lifecycle.monitoring import monitor_scan
 from certlm.lifecycle.renewal import renewal_scan
 from certlm.lifecycle.schedulers import ScanContext
 from certlm.lifecycle.suppression import MaintenanceCalendar
+from certlm.storage.models import InventoryEntry
 from certlm.system.settings import system_settings
 from certlm.testing import in_process_settings, licensed_app
 
@@ -56,6 +68,41 @@ class ThreadTrips:
             yield
         finally:
             aiosqlite.Connection._execute = real
+
+
+class OpcRequests:
+    """The OPC UA requests certlm sends (asyncua's ``UASocketProtocol._send_request``, by request type) and the
+    connections it opens (``connect_socket``): what a visit costs the device and the channel's crypto, to set beside
+    the script's (``scheduler_baseline.monitor_read``: two connections, one session, 11 requests in it)."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self.connections = 0
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        protocol, client = ua_client.UASocketProtocol, ua_client.UaClient
+        real_send, real_connect = protocol._send_request, client.connect_socket
+
+        def send(protocol_self, request, *args, **kwargs):
+            self.requests[type(request).__name__] += 1
+            return real_send(protocol_self, request, *args, **kwargs)
+
+        async def connect(client_self, *args, **kwargs):
+            self.connections += 1
+            return await real_connect(client_self, *args, **kwargs)
+
+        protocol._send_request, client.connect_socket = send, connect
+        try:
+            yield
+        finally:
+            protocol._send_request, client.connect_socket = real_send, real_connect
+
+    def line(self, visits: int) -> str:
+        each = ", ".join(f"{name.removesuffix('Request')} {count / visits:.2f}" for name, count in
+                         self.requests.most_common())  # fmt: skip
+        requests = self.requests.total() / visits
+        return f"{self.connections / visits:.2f} connections and {requests:.2f} OPC UA requests per visit: {each}"
 
 
 class InFlight:
@@ -90,6 +137,11 @@ async def main() -> None:
     parser.add_argument("--dump", help="also write the profile to DUMP")
     parser.add_argument("--no-profile", action="store_true", help="only the CPU and the queries, without cProfile")
     parser.add_argument(
+        "--driver-only", action="store_true",
+        help="only the driver's reads of a visit (read_certificate, read_device), one device at a time: CPU per visit "
+             "and OPC UA requests, without the host's lease, revocation and storing",
+    )  # fmt: skip
+    parser.add_argument(
         "--renewal", action="store_true", help="a renewal wave instead (every entry moved to a new internal CA)"
     )
     args = parser.parse_args()
@@ -97,6 +149,7 @@ async def main() -> None:
     counter = QueryCounter()
     db_log = logging.getLogger("tortoise.db_client")
     trips = ThreadTrips()
+    opc = OpcRequests()
     with tempfile.TemporaryDirectory(prefix="certlm-profile-") as tmp:
         workdir = Path(tmp)
         keys = LicenseKeys.create(workdir / "license")
@@ -109,6 +162,9 @@ async def main() -> None:
                 failures = await wave(app, "/gds/push/onboarding", ADMIN, simulators.ports, 8)
                 assert not failures, failures
                 async with app.context():
+                    if args.driver_only:
+                        await driver_reads(app, args.scans, args.concurrency, opc, args.dump)
+                        return
                     profile = cProfile.Profile(time.process_time)  # CPU, not wall: a loaded machine preempts any call
                     # A first scan warms the CRL cache and the client identity, as a running instance has them.
                     await scan(app, timedelta(seconds=0))
@@ -121,7 +177,7 @@ async def main() -> None:
                     if not args.no_profile:
                         profile.enable()
                     outcomes: dict[str, int] = {}
-                    with counter.counting(db_log), trips.counting():
+                    with counter.counting(db_log), trips.counting(), opc.counting():
                         for _ in range(args.scans):
                             if args.renewal:
                                 profile.disable()
@@ -146,6 +202,7 @@ async def main() -> None:
                           f"{trips.count / visits:.2f} trips to aiosqlite's thread per visit; "
                           f"{in_flight.area / wall:.2f} visits in flight on average ({args.concurrency} allowed), "
                           f"{per_visit:.0f} ms per visit at that concurrency")  # fmt: skip
+                    print(f"  {opc.line(visits)}")
                     for shape, count in counter.shapes.most_common(25):
                         print(f"  {count / visits:6.2f}  {shape}")
                     if not args.no_profile:
@@ -154,6 +211,85 @@ async def main() -> None:
                         pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
         finally:
             simulators.stop()
+
+
+@contextlib.contextmanager
+def profiling(profile: cProfile.Profile, dump: str | None) -> Iterator[None]:
+    """``profile`` on, written to ``dump``, where one is asked for; else nothing."""
+    if not dump:
+        yield
+        return
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(dump)
+
+
+async def driver_reads(app, scans: int, concurrency: int, opc: OpcRequests, dump: str | None = None) -> None:
+    """The driver's reads of each device's visit (``read_certificate`` from GetEndpoints, then ``read_device``),
+    ``concurrency`` devices at once and nothing else running, so that the process's CPU during them is theirs; after
+    one warm-up round. Then the script's reads of the same devices in the same way. ``dump``: each one's cProfile to
+    ``<dump>.driver`` and ``<dump>.script``."""
+    runtime = app.host.runtime
+    entries = await InventoryEntry.all()
+    targets = [(runtime.drivers.get(entry.service), await runtime.inventory.device_target(entry)) for entry in entries]
+
+    gate = asyncio.Semaphore(concurrency)
+
+    async def visit(driver, target) -> None:
+        async with gate:
+            await driver.read_certificate(target, secure_session=False)
+            await driver.read_device(target)
+
+    async def round_of_reads() -> None:
+        await asyncio.gather(*(visit(driver, target) for driver, target in targets))
+
+    await round_of_reads()
+    profile = cProfile.Profile(time.process_time)
+    started, wall = time.process_time(), time.monotonic()
+    with opc.counting(), profiling(profile, dump and f"{dump}.driver"):
+        for _ in range(scans):
+            await round_of_reads()
+    cpu, wall = time.process_time() - started, time.monotonic() - wall
+    visits = len(targets) * scans
+
+    async def certificate_only(driver, target) -> None:
+        async with gate:
+            await driver.read_certificate(target, secure_session=False)
+
+    started_alone = time.process_time()
+    for _ in range(scans):
+        await asyncio.gather(*(certificate_only(driver, target) for driver, target in targets))
+    alone = time.process_time() - started_alone
+    print(f"\n=== read_certificate alone (GetEndpoints): {1000 * alone / visits:.2f} ms CPU per visit")
+    print(
+        f"=== driver reads: {visits} visits, {concurrency} at once, in {wall:.2f} s, "
+        f"{1000 * cpu / visits:.2f} ms CPU per visit"
+    )
+    print(f"  {opc.line(visits)}")
+
+    # The script's reads (``scheduler_baseline.monitor_read``) of the same devices in the same way, as certlm's client
+    # application (the devices trust it) and the same user: what the driver's reads are measured against.
+    client = await identity.client_identity(runtime.services)
+    as_certlm = SimpleNamespace(client_certificate=client.certificate, client_key=client.private_key)
+    asyncua_baseline.APPLICATION_URI = client.application_uri
+    urls = [target.url for _, target in targets]
+    run_script = functools.partial(scheduler_baseline.run, "monitor", urls, as_certlm, concurrency,
+                                   scheduler_baseline.monitor_read)  # fmt: skip
+    await run_script()
+    script = OpcRequests()
+    started, wall = time.process_time(), time.monotonic()
+    with script.counting(), profiling(cProfile.Profile(time.process_time), dump and f"{dump}.script"):
+        for _ in range(scans):
+            assert not (await run_script()).failures
+    cpu, wall = time.process_time() - started, time.monotonic() - wall
+    print(
+        f"=== script reads: {visits} visits, {concurrency} at once, in {wall:.2f} s, "
+        f"{1000 * cpu / visits:.2f} ms CPU per visit"
+    )
+    print(f"  {script.line(visits)}")
 
 
 async def scan(app, interval: timedelta, run=monitor_scan):

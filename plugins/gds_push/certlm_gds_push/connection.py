@@ -206,12 +206,25 @@ def user_token_type(target: DeviceTarget) -> ua.UserTokenType:
     return ua.UserTokenType.Anonymous
 
 
-def usable_endpoints(
-    descriptions: Sequence[ua.EndpointDescription], target: DeviceTarget, security: SessionSecurity
-) -> list[Endpoint]:
+Announced = Sequence[ua.EndpointDescription | Endpoint]
+"""The endpoints a device announced (GetEndpoints), as it sent them or already made ``Endpoint``s (``endpoints_of``)."""
+
+
+def endpoints_of(descriptions: Announced) -> list[Endpoint]:
+    """``descriptions`` as ``Endpoint``s, those asyncua can use; an ``Endpoint`` is kept as it is, with the
+    certificate it parsed already (a monitor visit reads the announced certificate, then opens its session on the
+    same endpoints: the device's certificate is parsed once)."""
+    return [
+        endpoint
+        for d in descriptions
+        if (endpoint := d if isinstance(d, Endpoint) else Endpoint.from_description(d)) is not None
+    ]
+
+
+def usable_endpoints(descriptions: Announced, target: DeviceTarget, security: SessionSecurity) -> list[Endpoint]:
     """The endpoints an operation may use, strongest first; a secure endpoint always ranks before one without."""
     token_type = user_token_type(target)
-    endpoints = [endpoint for d in descriptions if (endpoint := Endpoint.from_description(d)) is not None]
+    endpoints = endpoints_of(descriptions)
     usable = [
         endpoint
         for endpoint in endpoints
@@ -355,7 +368,7 @@ class DeviceSession:
         self._relocated_once = False
         # Every endpoint the device announced when the session was opened (``open_session``): a session of the same
         # operation opened after it, while the device's certificate cannot have changed, needs no GetEndpoints.
-        self.announced: Sequence[ua.EndpointDescription] = (endpoint.description,)
+        self.announced: Announced = (endpoint,)
 
     @functools.cached_property
     def server_certificate(self) -> x509.Certificate:
@@ -528,7 +541,7 @@ async def open_session(
     security: SessionSecurity = SessionSecurity.ANY,
     check_server: ServerCheck | None = None,
     on_client_rejected: Callable[[], None] | None = None,
-    announced: Sequence[ua.EndpointDescription] | None = None,
+    announced: Announced | None = None,
     known: FoundNodes | None = None,
 ) -> AsyncIterator[DeviceSession]:
     """A session on the strongest endpoint the entry's masks allow, as certlm's client application and the entry's
@@ -538,8 +551,8 @@ async def open_session(
     announced moments ago in the same operation (GetEndpoints is then not asked again); the secure channel verifies
     the certificate the device presents whatever was announced. ``known``: the nodes found on devices in earlier
     sessions (``DeviceSession.locate``)."""
-    descriptions = announced if announced is not None else await server_endpoints(target.url, timeouts)
-    endpoints = usable_endpoints(descriptions, target, security)
+    offered = endpoints_of(announced if announced is not None else await server_endpoints(target.url, timeouts))
+    endpoints = usable_endpoints(offered, target, security)
     attempts = endpoints[:1]
     if security is SessionSecurity.ANY and endpoints[0].secure and not endpoints[-1].secure:
         attempts.append(endpoints[-1])
@@ -563,7 +576,7 @@ async def open_session(
                 "%s rejects certlm's client certificate on %s: reading without security", target.url, endpoint.name
             )
     assert session is not None
-    session.announced = descriptions
+    session.announced = offered
     try:
         yield session
     finally:

@@ -9,7 +9,7 @@ the small ``read_*``/``after_apply_changes``/``csr_subject`` methods. The simula
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import replace
@@ -39,11 +39,13 @@ from certlm import (
 from certlm_gds_push import identity
 from certlm_gds_push.connection import (
     DEFAULT_OPC_TCP_PORT,
+    Announced,
     DeviceError,
     DeviceSession,
     ServerCheck,
     SessionSecurity,
     certificate_name,
+    endpoints_of,
     explain,
     failure,
     found_nodes,
@@ -84,9 +86,7 @@ DI_PROPERTIES = (
 # The endpoints a device announced to ``read_certificate``, by URL, in the task (one device's monitor visit) that
 # read them: the ``read_device`` that follows in the same visit opens its session on them rather than asking the
 # device for them again. Taken once, so no later session of the task relies on them.
-_announced: ContextVar[tuple[str, Sequence[ua.EndpointDescription]] | None] = ContextVar(
-    "certlm_gds_announced_endpoints", default=None
-)
+_announced: ContextVar[tuple[str, Announced] | None] = ContextVar("certlm_gds_announced_endpoints", default=None)
 _UNREAD = object()  # a value not read yet
 _BUILD_INFO = {
     "manufacturer": ua.ObjectIds.Server_ServerStatus_BuildInfo_ManufacturerName,
@@ -147,7 +147,7 @@ class GdsPushDriver(DeviceDriver):
         target: DeviceTarget,
         security: SessionSecurity = SessionSecurity.ANY,
         check_server: ServerCheck | None = None,
-        announced: Sequence[ua.EndpointDescription] | None = None,
+        announced: Announced | None = None,
     ) -> AsyncIterator[DeviceSession]:
         """A session with the device as certlm's client application and the entry's user. A device that rejects
         certlm's client certificate has certlm read its identity again at the next session, not only once the
@@ -172,7 +172,7 @@ class GdsPushDriver(DeviceDriver):
         target: DeviceTarget,
         action: str,
         security: SessionSecurity = SessionSecurity.ANY,
-        announced: Sequence[ua.EndpointDescription] | None = None,
+        announced: Announced | None = None,
     ) -> AsyncIterator[DeviceSession]:
         # A read with the entry's credentials goes only to the device certlm pinned.
         pinned = known_device_check(
@@ -219,9 +219,10 @@ class GdsPushDriver(DeviceDriver):
             async with self._reading(target, "reading the device certificate", SessionSecurity.SIGNED) as session:
                 return CertificateReading(session.server_certificate, session.security_policy, session.security_mode)
         try:
-            descriptions = await server_endpoints(target.url, self.timeouts)
-            _announced.set((target.url, descriptions))
-            endpoints = usable_endpoints(descriptions, target, SessionSecurity.ANY)
+            # Made ``Endpoint``s once: the session of ``read_device`` uses the certificates parsed here.
+            announced = endpoints_of(await server_endpoints(target.url, self.timeouts))
+            _announced.set((target.url, announced))
+            endpoints = usable_endpoints(announced, target, SessionSecurity.ANY)
         except Exception as error:
             raise failure("reading the device certificate", error) from error
         certificate = next((e.certificate for e in endpoints if e.certificate is not None), None)
@@ -363,7 +364,7 @@ class GdsPushDriver(DeviceDriver):
         return int(max_size or 0)
 
     async def _read_back(
-        self, target: DeviceTarget, written: TrustListFile, announced: Sequence[ua.EndpointDescription] | None = None
+        self, target: DeviceTarget, written: TrustListFile, announced: Announced | None = None
     ) -> TrustList | None:
         """The whole trust list after a write, None when the device does not let it be read; retried in new
         sessions within the operation time-out, since a device that applied changes drops every channel a moment

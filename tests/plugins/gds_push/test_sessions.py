@@ -362,3 +362,37 @@ async def test_a_device_that_restarts_at_once_after_apply_changes_is_read_back_o
     # The read in the write's session is cut off: a second session reads the list back, on the endpoints the first
     # one was opened on (a trust list does not change the device's certificate), so without another GetEndpoints.
     assert (device.sessions_created - sessions, device.endpoint_requests - endpoint_requests) == (2, 1)
+
+
+async def test_a_monitor_visit_parses_the_certificate_the_device_announces_once(
+    simulated_device: StartDevice,
+    driver: GdsPushDriver,
+    opcua_test_ca: OpcUaTestCa,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The visit reads the announced certificate (GetEndpoints), then opens its session on the same endpoints: the
+    # endpoint certlm checks the pin against and builds the channel's policy from is the one it parsed for the read.
+    device = await simulated_device()
+    target = device_target(device, **ADMIN)
+    onboarded = await driver.push(
+        target, PushRequest(onboarding=True, trust_on_first_use=True), opcua_test_ca.material()
+    )
+    target.pinned_certificate = to_der(onboarded.certificate)
+    parsed: list[bytes] = []
+    real = uacrypto.x509_from_der
+
+    def counted(der: bytes | None) -> x509.Certificate | None:
+        parsed.append(der)
+        return real(der)
+
+    monkeypatch.setattr(uacrypto, "x509_from_der", counted)
+    sessions = device.sessions_created
+
+    reading = await driver.read_certificate(target, secure_session=False)
+    device_reading = await driver.read_device(target)
+
+    assert reading.certificate == onboarded.certificate
+    assert device_reading.trust_list.trusted_certificates and device_reading.status.startswith("Running")
+    assert device.sessions_created - sessions == 1
+    # (The simulated device, in this process, parses what certlm sends it: only the device's certificate counts.)
+    assert parsed.count(target.pinned_certificate) == 1
