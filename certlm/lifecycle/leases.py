@@ -340,11 +340,13 @@ async def release_with_write(claim: Claim, write: str, values: list[Any], holder
     database = DeviceSchedule._meta.db
     dialect = database.capabilities.dialect
     columns = claim.on_release
-    release_values = [*(_db_value(column, value) for column, value in columns.items()), claim.entry_id, holder]
     if isinstance(database, TransactionalDBClient):
         await database.execute_query(in_dialect(write, dialect), values)
-        await database.execute_query(_release_with_sql(dialect, tuple(columns)), release_values)
-    elif dialect == "postgres":
+        await release(claim.entry_id, holder, **columns)
+        claim.released = True
+        return
+    release_values = [*(_db_value(column, value) for column, value in columns.items()), claim.entry_id, holder]
+    if dialect == "postgres":
         sql = in_dialect(one_statement([write, _release_with_braces(tuple(columns))]), dialect)
         await database.execute_query(sql, [*values, *release_values])
     else:
