@@ -242,3 +242,29 @@ async def test_a_scan_clears_a_rejected_client_a_device_no_longer_lists_and_writ
     assert len(cleared) == 1, "\n".join(cleared)  # the refusing device's; none for the quiet one
     status, page = await certlm_in_process.call("GET", "/gds/rejected")
     assert status == 200 and [item["listed"] for item in page["rejected"]] == [False], page
+
+
+async def test_a_device_holding_the_certificate_an_interrupted_renewal_installed_is_read_on_it_and_pinned(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
+) -> None:
+    """A renewal cut off after ApplyChanges left the device on a new certificate of the entry's PKI that the entry
+    does not pin: the visit pins it (``unexpected_certificate``) and reads the rest of the device on it, not on the pin
+    the visit's target was made with (which found the device's identity changed)."""
+    device = await certlm_simulated_device()
+    await push(certlm_in_process, device)
+    async with certlm_in_process.context():
+        entry = await InventoryEntry.get(port=device.config.port)
+        before_renewal = entry.pinned_certificate_der
+    await push(certlm_in_process, device, onboarding=False)
+    async with certlm_in_process.context():
+        # As the renewal's instance left the entry when it crashed after the device took the new certificate in.
+        await InventoryEntry.filter(id=entry.id).update(pinned_certificate_der=before_renewal, trustlist=None)
+        entry = await InventoryEntry.get(id=entry.id)
+        outcome = await monitor_device(certlm_in_process.host.runtime, entry, datetime.now(UTC))
+        stored = await InventoryEntry.get(id=entry.id)
+        row = await DeviceSchedule.get(entry_id=entry.id)
+    assert outcome == "read", stored.last_result
+    assert stored.pinned_certificate_der != before_renewal
+    assert stored.pinned_certificate_der == stored.certificate_der
+    assert stored.trustlist and stored.trustlist["trustlist_trusted_ca"], "the rest was read on the new pin"
+    assert row.identity_changed_at is None and row.lease_holder is None and row.last_seen is not None

@@ -435,6 +435,8 @@ class _Visit:
         # for a plain read), so the row is not read but set by the lease's release, in its UPDATE.
         self.claim.on_release.update(last_seen=now, unreachable_since=None, unreachable_reason=None)
         if rest is None and entry.pinned_certificate_der:  # pinned just now (``unexpected_certificate``)
+            # The target was made before the pin moved: its session checks the device against the new one.
+            target.pinned_certificate = entry.pinned_certificate_der
             rest = await self._read_rest(target)
         self.read_done()
         if isinstance(rest, DeviceIdentityChanged):
