@@ -23,7 +23,7 @@ from certlm.lifecycle.suppression import MaintenanceCalendar
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.system.settings import system_settings
 from certlm.testing import InProcessApp, InternalCa, push
-from tests.test_push_queries import on_table, statements_sent
+from tests.test_push_queries import on_table, statements_sent, trips_taken
 from tests.test_rejected_clients_driver import ScadaClient
 
 
@@ -268,3 +268,28 @@ async def test_a_device_holding_the_certificate_an_interrupted_renewal_installed
     assert stored.pinned_certificate_der == stored.certificate_der
     assert stored.trustlist and stored.trustlist["trustlist_trusted_ca"], "the rest was read on the new pin"
     assert row.identity_changed_at is None and row.lease_holder is None and row.last_seen is not None
+
+
+async def test_a_visit_in_a_scan_takes_two_trips_to_sqlites_thread_the_claim_with_the_entrys_read_and_the_release(
+    certlm_in_process: InProcessApp,
+    certlm_internal_ca: InternalCa,
+    certlm_simulated_device: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On SQLite the claim of the device's lease (with the scan's turn) and the read of its entry under it share one
+    trip to aiosqlite's thread (``device_lease``'s ``then_read``), and the entry's write shares the lease's release:
+    two trips a visit (three before), beside what the scan reads once for all its devices."""
+    devices = [await certlm_simulated_device() for _ in range(3)]
+    await asyncio.gather(*(push(certlm_in_process, device) for device in devices))
+    async with certlm_in_process.context():
+        assert await scan(certlm_in_process, timedelta(0)) == {"read": 3}
+        with trips_taken(monkeypatch) as trips:
+            assert await scan(certlm_in_process, timedelta(0)) == {"read": 3}
+
+    # Trips are counted exactly; their statements only roughly (a statement is logged before its trip, and the scan's
+    # visits run at once). 7 trips the scan takes once: the maintenance windows, the settings, the entries, their
+    # schedule rows, the PKI, the credentials, the entries with rejected certificates listed.
+    statements = [statement for trip in trips for statement in trip]
+    assert len(on_table(statements, "UPDATE", "device_schedule")) == 2 * 3, statements
+    assert len(reads_of(statements, "inventory_entry")) == 1 + 3, statements
+    assert len(trips) <= 7 + 2 * 3, "\n".join(map(str, trips))  # 7 + 3 * 3 before
