@@ -419,7 +419,7 @@ async def test_a_crl_s_signature_is_verified_once_while_each_check_still_decides
     ]
     assert verifications == [checker.pki.current]
     # The first check verified the signatures off the event loop; the others, with little left to do, ran on it.
-    assert threads == ["check"]
+    assert threads == ["check_subject"]
 
 
 async def test_a_crl_replaced_by_a_new_one_is_used_at_once(
@@ -504,7 +504,7 @@ async def test_a_long_crl_is_searched_off_the_event_loop_every_time(
     checker.pki.current = crl_of(root, revoked)
     assert len(checker.pki.current) > INLINE_CRL_ENTRIES
     assert [await checker(device) for device in devices] == ["revoked", "not_revoked", "not_revoked"]
-    assert len(verifications) == 1 and threads == ["check"] * 3
+    assert len(verifications) == 1 and threads == ["check_subject"] * 3
 
 
 # Through the app: an entry without a PKI, and a device of the internal CA revoked for a compromised key.

@@ -172,8 +172,9 @@ def _refresh(entry: InventoryEntry, rows: list[dict[str, Any]]) -> datetime | No
     row = dict(rows[0])
     credential_changed = _CREDENTIAL_UPDATED_AT.to_python_value(row.pop(_CREDENTIAL_CHANGED))
     fresh = InventoryEntry._init_from_db(**row)
-    for field in entry._meta.db_fields:
-        setattr(entry, field, getattr(fresh, field))
+    # Set as tortoise's loading sets them, past its ``__setattr__`` (which checks a relation's type: none of these).
+    loaded = vars(fresh)
+    vars(entry).update((field, loaded[field]) for field in entry._meta.db_fields)
     return credential_changed
 
 

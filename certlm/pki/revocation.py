@@ -144,6 +144,18 @@ def check(
     subject = _subject_certificate(certificate)
     if isinstance(subject, RevocationCheck):
         return subject
+    return check_subject(subject, ca_chain, crls, now, memo)
+
+
+def check_subject(
+    subject: x509.Certificate,
+    ca_chain: Iterable[CertificateInput],
+    crls: Iterable[CrlInput] | None,
+    now: datetime,
+    memo: SignatureMemo = _NO_MEMO,
+) -> RevocationCheck:
+    """``check`` of a certificate its first checks passed (parsed, not self-signed: ``_subject_certificate``), which
+    ``revocation_of`` made before it looked for the PKI: they are not made twice."""
     if crls is None:
         return RevocationCheck(crl_status.UNKNOWN, "no PKI publishes CRLs for this certificate")
     try:
@@ -491,10 +503,10 @@ async def revocation_of(
     if sources.verified.checked and sum(len(crl) for crl in sources.crls or ()) <= INLINE_CRL_ENTRIES:
         # The CRL's and the CA chain's signatures are known: left are the device certificate's signature and a look-up
         # in a short CRL, a fraction of a millisecond, less than a thread's turn costs (0.16 ms of CPU).
-        outcome = check(*arguments)
+        outcome = check_subject(*arguments)
     else:
         # Verifying the chain and the CRL's signature, or looking the serial up in a long CRL: off the event loop.
-        outcome = await asyncio.to_thread(check, *arguments)
+        outcome = await asyncio.to_thread(check_subject, *arguments)
         sources.verified.checked = True
     if sources.problems and outcome.status_id in STATUSES_EXPLAINED_BY_THE_FETCH:
         return RevocationCheck(outcome.status_id, f"{outcome.detail}: {'; '.join(sources.problems)}")
