@@ -9,6 +9,10 @@ makes.
 (``scheduler_baseline.monitor_read``) of the same devices at the same concurrency, as certlm's client application:
 CPU per visit and OPC UA connections and requests per visit of each, side by side.
 
+``--host-only``: the host's share of a visit alone: the scan as ever, but each driver read answered with what the
+device answered in the warm-up scan (``DriverReplay``), so no device is asked and the CPU and the profile are the
+lease, the revocation check, the credentials and the writes.
+
 A tool for finding waste, not a benchmark: cProfile slows Python code several times, so its figures are only compared
 with each other (``--no-profile`` gives the CPU per device without it).
 """
@@ -144,6 +148,11 @@ async def main() -> None:
     parser.add_argument(
         "--renewal", action="store_true", help="a renewal wave instead (every entry moved to a new internal CA)"
     )
+    parser.add_argument(
+        "--host-only", action="store_true",
+        help="the host's share of a monitor visit: the driver's reads answered with what each device answered in the "
+             "warm-up scan, no device asked",
+    )  # fmt: skip
     args = parser.parse_args()
     logging.getLogger("asyncua").setLevel(logging.ERROR)
     counter = QueryCounter()
@@ -166,8 +175,11 @@ async def main() -> None:
                         await driver_reads(app, args.scans, args.concurrency, opc, args.dump)
                         return
                     profile = cProfile.Profile(time.process_time)  # CPU, not wall: a loaded machine preempts any call
+                    replay = DriverReplay(app) if args.host_only else None
                     # A first scan warms the CRL cache and the client identity, as a running instance has them.
                     await scan(app, timedelta(seconds=0))
+                    if replay is not None:
+                        replay.replaying = True
                     counter.shapes.clear()
                     in_flight = InFlight()
                     real_visit = certlm.lifecycle.monitoring.monitor_device
@@ -211,6 +223,27 @@ async def main() -> None:
                         pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
         finally:
             simulators.stop()
+
+
+class DriverReplay:
+    """``--host-only``: each driver's ``read_certificate`` and ``read_device`` record what each device answered
+    (by URL) until ``replaying``, and answer that from then on without asking the device."""
+
+    def __init__(self, app) -> None:
+        self.replaying = False
+        self.answers: dict[tuple[str, str], object] = {}
+        for driver in {app.host.runtime.drivers.get(service) for service in app.host.runtime.drivers.services()}:
+            for name in ("read_certificate", "read_device"):
+                setattr(driver, name, self._wrap(name, getattr(driver, name)))
+
+    def _wrap(self, name: str, real):
+        async def answer(target, **options):
+            key = (name, target.url)
+            if not self.replaying:
+                self.answers[key] = await real(target, **options)
+            return self.answers[key]
+
+        return answer
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from certlm.lifecycle.leases import (
 )
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from tests.support import LicenseKeys, eventually, licensed_app_in_process
+from tests.test_push_queries import trips_taken
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -263,3 +264,36 @@ async def test_a_claim_with_a_condition_sets_its_columns_where_met_and_takes_onl
     taken = await try_claim(entry_id, holder="instance-c", condition=turn(again + timedelta(minutes=20)))
     assert taken is not None and taken.interrupted_holder == "instance-b"
     assert (await row()).lease_holder == "instance-c"
+
+
+async def test_a_read_then_read_is_done_once_the_lease_is_held_in_the_claims_trip_where_it_is_free(
+    entry_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``device_lease(then_read=...)``: on SQLite the claim of a free lease and the read share one trip to aiosqlite's
+    thread (a monitor visit's claim and the read of its entry); a lease taken over, or held re-entrantly, has the read
+    made after the claim. Every way, the claim's ``read`` holds the rows as they are under the lease."""
+    read = ('SELECT "server", "port" FROM "inventory_entry" WHERE "id" = ?', [entry_id])
+    turn = ClaimCondition('"monitored_at" IS NULL', (), {"monitored_at": datetime.now(UTC)})
+    for condition in (None, turn):
+        with trips_taken(monkeypatch) as trips:
+            async with device_lease(entry_id, wait_s=0, condition=condition, then_read=read) as claim:
+                assert claim.read == [{"server": "plc-1", "port": 4840}]
+                await InventoryEntry.filter(id=entry_id).update(port=4841)
+                async with device_lease(entry_id, wait_s=0, then_read=read) as again:  # re-entrant: read anew
+                    assert again.read == [{"server": "plc-1", "port": 4841}]
+                await InventoryEntry.filter(id=entry_id).update(port=4840)
+        assert len(trips[0]) == 2 and trips[0][0].startswith('UPDATE "device_schedule"'), trips
+        assert trips[0][1] == read[0], trips
+
+    # Another holder's lease expired: taken over in more than one statement, then read.
+    await DeviceSchedule.filter(entry_id=entry_id).update(
+        lease_holder="crashed", lease_until=datetime.now(UTC) - timedelta(seconds=1)
+    )
+    async with device_lease(entry_id, wait_s=0, then_read=read) as claim:
+        assert claim.interrupted_holder == "crashed" and claim.read == [{"server": "plc-1", "port": 4840}]
+
+    # Held by another instance: nothing is claimed, and the read's rows go nowhere.
+    assert await try_claim(entry_id, holder="other") is not None
+    with pytest.raises(DeviceBusy):
+        async with device_lease(entry_id, wait_s=0, then_read=read):
+            pytest.fail("the lease of another instance was granted")

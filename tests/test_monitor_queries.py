@@ -23,7 +23,7 @@ from certlm.lifecycle.suppression import MaintenanceCalendar
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.system.settings import system_settings
 from certlm.testing import InProcessApp, InternalCa, push
-from tests.test_push_queries import on_table, statements_sent
+from tests.test_push_queries import on_table, statements_sent, trips_taken
 from tests.test_rejected_clients_driver import ScadaClient
 
 
@@ -242,3 +242,54 @@ async def test_a_scan_clears_a_rejected_client_a_device_no_longer_lists_and_writ
     assert len(cleared) == 1, "\n".join(cleared)  # the refusing device's; none for the quiet one
     status, page = await certlm_in_process.call("GET", "/gds/rejected")
     assert status == 200 and [item["listed"] for item in page["rejected"]] == [False], page
+
+
+async def test_a_device_holding_the_certificate_an_interrupted_renewal_installed_is_read_on_it_and_pinned(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any
+) -> None:
+    """A renewal cut off after ApplyChanges left the device on a new certificate of the entry's PKI that the entry
+    does not pin: the visit pins it (``unexpected_certificate``) and reads the rest of the device on it, not on the pin
+    the visit's target was made with (which found the device's identity changed)."""
+    device = await certlm_simulated_device()
+    await push(certlm_in_process, device)
+    async with certlm_in_process.context():
+        entry = await InventoryEntry.get(port=device.config.port)
+        before_renewal = entry.pinned_certificate_der
+    await push(certlm_in_process, device, onboarding=False)
+    async with certlm_in_process.context():
+        # As the renewal's instance left the entry when it crashed after the device took the new certificate in.
+        await InventoryEntry.filter(id=entry.id).update(pinned_certificate_der=before_renewal, trustlist=None)
+        entry = await InventoryEntry.get(id=entry.id)
+        outcome = await monitor_device(certlm_in_process.host.runtime, entry, datetime.now(UTC))
+        stored = await InventoryEntry.get(id=entry.id)
+        row = await DeviceSchedule.get(entry_id=entry.id)
+    assert outcome == "read", stored.last_result
+    assert stored.pinned_certificate_der != before_renewal
+    assert stored.pinned_certificate_der == stored.certificate_der
+    assert stored.trustlist and stored.trustlist["trustlist_trusted_ca"], "the rest was read on the new pin"
+    assert row.identity_changed_at is None and row.lease_holder is None and row.last_seen is not None
+
+
+async def test_a_visit_in_a_scan_takes_two_trips_to_sqlites_thread_the_claim_with_the_entrys_read_and_the_release(
+    certlm_in_process: InProcessApp,
+    certlm_internal_ca: InternalCa,
+    certlm_simulated_device: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On SQLite the claim of the device's lease (with the scan's turn) and the read of its entry under it share one
+    trip to aiosqlite's thread (``device_lease``'s ``then_read``), and the entry's write shares the lease's release:
+    two trips a visit (three before), beside what the scan reads once for all its devices."""
+    devices = [await certlm_simulated_device() for _ in range(3)]
+    await asyncio.gather(*(push(certlm_in_process, device) for device in devices))
+    async with certlm_in_process.context():
+        assert await scan(certlm_in_process, timedelta(0)) == {"read": 3}
+        with trips_taken(monkeypatch) as trips:
+            assert await scan(certlm_in_process, timedelta(0)) == {"read": 3}
+
+    # Trips are counted exactly; their statements only roughly (a statement is logged before its trip, and the scan's
+    # visits run at once). 7 trips the scan takes once: the maintenance windows, the settings, the entries, their
+    # schedule rows, the PKI, the credentials, the entries with rejected certificates listed.
+    statements = [statement for trip in trips for statement in trip]
+    assert len(on_table(statements, "UPDATE", "device_schedule")) == 2 * 3, statements
+    assert len(reads_of(statements, "inventory_entry")) == 1 + 3, statements
+    assert len(trips) <= 7 + 2 * 3, "\n".join(map(str, trips))  # 7 + 3 * 3 before

@@ -419,7 +419,7 @@ async def test_a_crl_s_signature_is_verified_once_while_each_check_still_decides
     ]
     assert verifications == [checker.pki.current]
     # The first check verified the signatures off the event loop; the others, with little left to do, ran on it.
-    assert threads == ["check"]
+    assert threads == ["check_subject"]
 
 
 async def test_a_crl_replaced_by_a_new_one_is_used_at_once(
@@ -460,6 +460,37 @@ async def test_a_crl_verified_before_is_reported_expired_once_its_next_update_pa
     assert len(verifications) == 1
 
 
+async def test_what_every_device_of_an_issuer_is_decided_by_alike_is_decided_once_per_fetch(
+    root: Credential, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The path above the issuing CA, its keyUsage and which of its CRLs verify are decided once per fetch of the CA
+    chain and CRL (``SignatureMemo.of_issuer``), not once per device: left for each device are its own signature, its
+    place on the CRL and the CRL's time, and the answers stay each device's own."""
+    decided: list[x509.Certificate] = []
+    real = certlm.pki.revocation._issuer_crls
+
+    def counted(issuer: x509.Certificate, *args: object) -> object:
+        decided.append(issuer)
+        return real(issuer, *args)
+
+    monkeypatch.setattr(certlm.pki.revocation, "_issuer_crls", counted)
+    devices = [device_of(root) for _ in range(4)]
+    checker = Checker(root)
+    checker.pki.current = crl_of(
+        root, {devices[1]: x509.ReasonFlags.key_compromise}, next_update=NOW + timedelta(hours=1)
+    )
+    assert [await checker(device) for device in devices] == ["not_revoked", "revoked", "not_revoked", "not_revoked"]
+    assert await checker(devices[0], NOW + timedelta(hours=2)) == "crl_time_invalid"
+    assert decided == [root.certificate]
+    # Copies of that chain and CRL are not the memo's objects (their identities may be reused): decided every time.
+    memo = checker.cache._cached[7].sources.verified
+    ca_copy = x509.load_der_x509_certificate(root.certificate.public_bytes(serialization.Encoding.DER))
+    crl_copy = x509.load_der_x509_crl(checker.pki.current.public_bytes(serialization.Encoding.DER))
+    assert status_name(check(devices[1], [ca_copy], [crl_copy], NOW, memo)) == "revoked"
+    assert status_name(check(devices[1], [ca_copy], [crl_copy], NOW, memo)) == "revoked"
+    assert len(decided) == 3
+
+
 Listed = collections.namedtuple("Listed", "serial_number")
 
 
@@ -473,7 +504,7 @@ async def test_a_long_crl_is_searched_off_the_event_loop_every_time(
     checker.pki.current = crl_of(root, revoked)
     assert len(checker.pki.current) > INLINE_CRL_ENTRIES
     assert [await checker(device) for device in devices] == ["revoked", "not_revoked", "not_revoked"]
-    assert len(verifications) == 1 and threads == ["check"] * 3
+    assert len(verifications) == 1 and threads == ["check_subject"] * 3
 
 
 # Through the app: an entry without a PKI, and a device of the internal CA revoked for a compromised key.

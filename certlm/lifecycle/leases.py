@@ -41,7 +41,7 @@ from certlm.foundation.errors import APIError, NotFound
 from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.storage.postgres_transactions import one_statement
 from certlm.storage.sql import in_dialect
-from certlm.storage.sqlite_transactions import writes_in_one_trip
+from certlm.storage.sqlite_transactions import update_then_read, writes_in_one_trip
 
 # The default lease (``Settings.device_lease_s``): long enough to outlive a database hiccup, short enough that a crashed
 # instance's devices are taken over soon. The holder extends it every quarter of it.
@@ -84,6 +84,8 @@ class Claim:
     marked: bool | None = field(default=None, compare=False)
     """Whether the row held a mark when it was claimed (a changed certificate, renewal failures, a retry time; none
     can be set but by the lease's holder): what the free lease's claim learnt with it; None when it did not ask."""
+    read: list[dict[str, Any]] | None = field(default=None, compare=False)
+    """The rows of ``device_lease``'s ``then_read``, read once the lease was held (None without one)."""
 
 
 @dataclass(frozen=True)
@@ -150,25 +152,36 @@ async def try_claim(
 
 
 async def _claim_or_holder(
-    entry_id: int, holder: str, lease_s: float, condition: ClaimCondition | None, *, new_entry: bool
+    entry_id: int,
+    holder: str,
+    lease_s: float,
+    condition: ClaimCondition | None,
+    *,
+    new_entry: bool,
+    then_read: Read | None = None,
 ) -> tuple[Claim | None, DeviceSchedule | None]:
     """``try_claim``'s claim, or None with the row it read that showed the lease held (None when it read none): a
-    caller that gives up at once names the holder from it rather than reading the row again."""
+    caller that gives up at once names the holder from it rather than reading the row again. ``then_read``: read in
+    the trip of a claim made with one statement, where the database allows (``_claim_then_read``); its rows are the
+    claim's ``read`` (None where it was not read so)."""
     now = _now()
     until = now + timedelta(seconds=lease_s)
     row: DeviceSchedule | None = None
     if condition is None and not new_entry:
         database = DeviceSchedule._meta.db
-        # Rows through execute_query_dict: tortoise's execute_query answers no rows for an UPDATE on PostgreSQL.
-        claimed = await database.execute_query_dict(
-            _free_claim_sql(database.capabilities.dialect), [holder, _UNTIL.to_db_value(until, None), entry_id]
+        claimed, read = await _claim_then_read(
+            database,
+            _free_claim_sql(database.capabilities.dialect),
+            [holder, _UNTIL.to_db_value(until, None), entry_id],
+            then_read,
         )
         if claimed:
-            return Claim(entry_id, None, marked=_marked(claimed[0])), None
+            return Claim(entry_id, None, marked=_marked(claimed[0]), read=read), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     elif condition is not None:
-        if await _claim_meeting(condition, entry_id, holder, until):
-            return Claim(entry_id, None), None
+        claimed_meeting, read = await _claim_meeting(condition, entry_id, holder, until, then_read)
+        if claimed_meeting:
+            return Claim(entry_id, None, read=read), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
     if row is None:  # the entry's first operation: its row is made now, holding the lease
         try:
@@ -227,23 +240,26 @@ def _release_sql(dialect: str) -> str:
     )
 
 
-async def _claim_meeting(condition: ClaimCondition, entry_id: int, holder: str, until: datetime) -> bool:
+async def _claim_meeting(
+    condition: ClaimCondition, entry_id: int, holder: str, until: datetime, then_read: Read | None = None
+) -> tuple[bool, list[dict[str, Any]] | None]:
     """Where the row meets ``condition``, set its columns and claim the lease if it is free, in one conditional
-    UPDATE; whether the lease was claimed. ``ConditionUnmet`` where the row does not meet it (or is gone). One
-    statement, not a claim and then the condition alone when the claim found the lease held: a scan of several
-    instances finds half its devices read by another, and each answer is a round trip with the scan's place held."""
+    UPDATE; whether the lease was claimed, and the rows of ``then_read`` (``_claim_then_read``). ``ConditionUnmet``
+    where the row does not meet it (or is gone). One statement, not a claim and then the condition alone when the
+    claim found the lease held: a scan of several instances finds half its devices read by another, and each answer is
+    a round trip with the scan's place held."""
     database = DeviceSchedule._meta.db
     sql = _claim_meeting_sql(database.capabilities.dialect, tuple(condition.sets), condition.where)
     values = [_db_value(column, value) for column, value in condition.sets.items()]
     values += [holder, _UNTIL.to_db_value(until, None), entry_id]
     values += [_db_value(column, value) for column, value in condition.values]
-    rows = await database.execute_query_dict(sql, values)
+    rows, read = await _claim_then_read(database, sql, values, then_read)
     if not rows:
         raise ConditionUnmet(entry_id)
     # RETURNING answers the row as updated: ours when it holds this holder and this expiry (a lease of this holder
     # left behind, by a release that failed, holds another expiry).
     row = rows[0]
-    return row["lease_holder"] == holder and _UNTIL.to_python_value(row["lease_until"]) == until
+    return row["lease_holder"] == holder and _UNTIL.to_python_value(row["lease_until"]) == until, read
 
 
 @functools.cache
@@ -408,23 +424,32 @@ async def device_lease(
     queue_wait_s: float | None = None,
     condition: ClaimCondition | None = None,
     new_entry: bool = False,
+    then_read: Read | None = None,
 ) -> AsyncIterator[Claim]:
     """Hold the device's lease for the block: queue behind this instance's other callers (at most ``queue_wait_s``
     when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
     ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task. A ``condition`` is
     claimed first, in the lease's claim where the lease is free (``try_claim``); ``ConditionUnmet`` when the row does
-    not meet it. ``new_entry``: the caller made the entry just now (``try_claim``)."""
+    not meet it. ``new_entry``: the caller made the entry just now (``try_claim``). ``then_read``: a read (SQL in the
+    database's dialect, its values) whose rows the claim's ``read`` holds, read once the lease is held: on SQLite in
+    the trip of a free lease's claim (one trip to aiosqlite's thread, not two), else after the claim."""
     held = _held.get()
     if entry_id in held:
         if condition is not None:
             await _meet(entry_id, condition)
+        if then_read is not None:
+            held[entry_id].read = await DeviceSchedule._meta.db.execute_query_dict(*then_read)
         yield held[entry_id]  # the holder's claim: what is set on its release is released with it
         return
     async with _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
-            claim, row = await _claim_or_holder(entry_id, INSTANCE, lease_s, condition, new_entry=new_entry)
+            claim, row = await _claim_or_holder(
+                entry_id, INSTANCE, lease_s, condition, new_entry=new_entry, then_read=then_read
+            )
             if claim is not None:
+                if then_read is not None and claim.read is None:
+                    claim.read = await DeviceSchedule._meta.db.execute_query_dict(*then_read)
                 break
             condition = None  # met (its columns set) by the claim that found the lease held
             new_entry = False  # its row is there: the usual claim from now on
@@ -448,3 +473,20 @@ async def device_lease(
             _held.reset(token)
             if not claim.released:
                 await release(entry_id, **claim.on_release)
+
+
+Read = tuple[str, list[Any]]
+"""A read to run once a lease is held (``device_lease``'s ``then_read``): SQL in the database's dialect, its values."""
+
+
+async def _claim_then_read(
+    database: Any, claim_sql: str, values: list[Any], then_read: Read | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The rows of the claim ``claim_sql`` (an UPDATE ... RETURNING) and, where it claimed a row and ``then_read`` is
+    given, those of ``then_read`` read right after it: in the same trip to aiosqlite's thread on SQLite outside a
+    transaction (``update_then_read``); None for them elsewhere (the caller reads them once the lease is held)."""
+    if then_read is None or database.capabilities.dialect != "sqlite" or isinstance(database, TransactionalDBClient):
+        # Rows through execute_query_dict: tortoise's execute_query answers no rows for an UPDATE on PostgreSQL.
+        return await database.execute_query_dict(claim_sql, values), None
+    claimed, read = await update_then_read(database, claim_sql, values, *then_read)
+    return claimed, read if claimed else None

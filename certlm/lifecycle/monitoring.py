@@ -125,9 +125,12 @@ async def reading(
         yield None
         return
     wait = settings.device_operation_timeout_s if wait_s is None else wait_s
-    async with device_lease(entry.id, wait_s=wait, lease_s=settings.device_lease_s, condition=condition) as claim:
+    # The entry is read with the lease's claim (in its trip where the database allows: ``device_lease``).
+    then_read = _refresh_read(entry) if refresh else None
+    lease_s = settings.device_lease_s
+    async with device_lease(entry.id, wait_s=wait, lease_s=lease_s, condition=condition, then_read=then_read) as claim:
         if refresh:
-            credential_changed = await _refresh(entry)
+            credential_changed = _refresh(entry, claim.read or [])
             if credentials_read_before:
                 await credential_as_of(entry.id, credential_changed)
         try:
@@ -154,19 +157,24 @@ def _refresh_sql(dialect: str) -> str:
     )
 
 
-async def _refresh(entry: InventoryEntry) -> datetime | None:
-    """``entry`` as the database has it now (tortoise's ``refresh_from_db``, but its statement built once: every
-    monitor visit reads its entry under the lease). A lease is held: the entry is not deleted under it. Answers when
-    the entry's credential last changed (None: it has none), which the same statement tells."""
-    database = InventoryEntry._meta.db
-    rows = await database.execute_query_dict(_refresh_sql(database.capabilities.dialect), [entry.id])
+def _refresh_read(entry: InventoryEntry) -> tuple[str, list[Any]]:
+    """The read ``_refresh`` takes the entry from (tortoise's ``refresh_from_db``, but its statement built once: every
+    monitor visit reads its entry under the lease)."""
+    return _refresh_sql(InventoryEntry._meta.db.capabilities.dialect), [entry.id]
+
+
+def _refresh(entry: InventoryEntry, rows: list[dict[str, Any]]) -> datetime | None:
+    """Set ``entry`` as the database has it now, from the ``rows`` of ``_refresh_read`` read under its lease (the
+    entry is not deleted under it). Answers when the entry's credential last changed (None: it has none), which the
+    same statement tells."""
     if not rows:
         raise EntryDeleted(entry.id)
     row = dict(rows[0])
     credential_changed = _CREDENTIAL_UPDATED_AT.to_python_value(row.pop(_CREDENTIAL_CHANGED))
     fresh = InventoryEntry._init_from_db(**row)
-    for field in entry._meta.db_fields:
-        setattr(entry, field, getattr(fresh, field))
+    # Set as tortoise's loading sets them, past its ``__setattr__`` (which checks a relation's type: none of these).
+    loaded = vars(fresh)
+    vars(entry).update((field, loaded[field]) for field in entry._meta.db_fields)
     return credential_changed
 
 
@@ -435,6 +443,8 @@ class _Visit:
         # for a plain read), so the row is not read but set by the lease's release, in its UPDATE.
         self.claim.on_release.update(last_seen=now, unreachable_since=None, unreachable_reason=None)
         if rest is None and entry.pinned_certificate_der:  # pinned just now (``unexpected_certificate``)
+            # The target was made before the pin moved: its session checks the device against the new one.
+            target.pinned_certificate = entry.pinned_certificate_der
             rest = await self._read_rest(target)
         self.read_done()
         if isinstance(rest, DeviceIdentityChanged):

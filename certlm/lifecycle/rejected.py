@@ -57,13 +57,13 @@ async def record_rejected(
     one UPDATE, none when ``any_listed`` is False (the caller read that the entry has no record marked listed: the
     monitor scan reads that of every device at once); one listing certificates certlm knows, a SELECT and two
     UPDATEs."""
+    if not certificates:  # what most devices list on most visits: nothing to build for it
+        if any_listed:
+            await RejectedClient.filter(entry_id=entry.id, listed=True).update(listed=False)
+        return
     now = now or datetime.now(UTC)
     listed = {fingerprint(certificate): certificate for certificate in certificates}
     rows = RejectedClient.filter(entry_id=entry.id)
-    if not listed:
-        if any_listed:
-            await rows.filter(listed=True).update(listed=False)
-        return
     known = set(await rows.values_list("fingerprint", flat=True))
     if seen_again := list(known & set(listed)):
         await rows.filter(fingerprint__in=seen_again).update(last_seen=now, listed=True, device=device)

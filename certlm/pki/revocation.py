@@ -23,9 +23,10 @@ through the entry's PKI backend, cached per PKI entry until the CRL's nextUpdate
 13. ``revoked`` (with the CRL entry's CRLReason, ``unspecified`` without one) or ``not_revoked``, by the newest
     current CRL. An entry with reason removeFromCRL (delta CRLs only, RFC 5280 5.3.1) counts as not revoked.
 
-A CRL's signature is verified once per fetch of it (``SignatureMemo``, kept with it in ``CrlCache``); the rest, the
-certificates' signatures (whose answers ``issued_by`` remembers by their DER), the device's place on the CRL and the
-CRL's time, is decided at every check.
+A CRL's signature is verified once per fetch of it (``SignatureMemo``, kept with it in ``CrlCache``), and so is what
+every certificate of one issuing CA is decided by alike (checks 7 above the issuer to 11: ``SignatureMemo.of_issuer``);
+the rest, the certificate's own signature (whose answers ``issued_by`` remembers by their DER), the device's place on
+the CRL and the CRL's time, is decided at every check.
 """
 
 from __future__ import annotations
@@ -96,7 +97,22 @@ class SignatureMemo:
     def __init__(self, objects: Iterable[object] = ()) -> None:
         self._kept = {id(item) for item in objects}
         self._known: dict[tuple[int, int], bool] = {}
+        self._issuers: dict[int, _IssuerVerdict] = {}
         self.checked = False  # whether a check ran with the memo: the signatures it needed are known
+
+    def of_issuer(
+        self, issuer: x509.Certificate, sources: Iterable[object], decide: Callable[[], _IssuerVerdict]
+    ) -> _IssuerVerdict:
+        """``decide()``'s verdict on the CRLs of ``issuer`` (``_issuer_crls``), remembered when ``issuer`` and every
+        one of the CA chain and CRLs it was decided from (``sources``) are the memo's objects: a monitor scan checks
+        hundreds of devices of one CA against the same chain and CRL."""
+        key = id(issuer)
+        known = self._issuers.get(key)
+        if known is None:
+            known = decide()
+            if key in self._kept and all(id(item) in self._kept for item in sources):
+                self._issuers[key] = known
+        return known
 
     def signed_by(
         self, signed: x509.CertificateRevocationList, signer: x509.Certificate, verify: Callable[[], bool]
@@ -128,6 +144,18 @@ def check(
     subject = _subject_certificate(certificate)
     if isinstance(subject, RevocationCheck):
         return subject
+    return check_subject(subject, ca_chain, crls, now, memo)
+
+
+def check_subject(
+    subject: x509.Certificate,
+    ca_chain: Iterable[CertificateInput],
+    crls: Iterable[CrlInput] | None,
+    now: datetime,
+    memo: SignatureMemo = _NO_MEMO,
+) -> RevocationCheck:
+    """``check`` of a certificate its first checks passed (parsed, not self-signed: ``_subject_certificate``), which
+    ``revocation_of`` made before it looked for the PKI: they are not made twice."""
     if crls is None:
         return RevocationCheck(crl_status.UNKNOWN, "no PKI publishes CRLs for this certificate")
     try:
@@ -160,6 +188,11 @@ def _parsed(item, load: Callable):
         raise ValueError(error.message) from None
 
 
+# What every certificate of one issuing CA is decided by alike: the check that ends there, or the CRLs of the issuer
+# (by name and key) that its key verifies, each with how details name it.
+_IssuerVerdict = RevocationCheck | list[tuple[x509.CertificateRevocationList, str]]
+
+
 def _against_pki(
     certificate: x509.Certificate,
     ca_chain: list[x509.Certificate],
@@ -167,37 +200,32 @@ def _against_pki(
     now: datetime,
     memo: SignatureMemo,
 ) -> RevocationCheck:
-    issuer = _verified_issuer(certificate, ca_chain)
+    issuer = _issuing_ca(certificate, ca_chain)
     if isinstance(issuer, RevocationCheck):
         return issuer
-    usage = extension_value(issuer, x509.KeyUsage)
-    if usage is not None and not usage.crl_sign:
-        return RevocationCheck(
-            crl_status.CA_CRLSIGN_MISSING, f"the issuing CA {_name(issuer.subject)} may not sign CRLs (keyUsage)"
-        )
-    crl = _current_crl(certificate, issuer, crls, now, memo)
-    if isinstance(crl, RevocationCheck):
-        return crl
+    signed = memo.of_issuer(issuer, (*ca_chain, *crls), lambda: _issuer_crls(issuer, ca_chain, crls, memo))
+    if isinstance(signed, RevocationCheck):
+        return signed
+    current = _current_crl(issuer, signed, now)
+    if isinstance(current, RevocationCheck):
+        return current
+    crl, named = current
     serial = serial_hex(certificate)
     listed = crl.get_revoked_certificate_by_serial_number(certificate.serial_number)
     reason = None if listed is None else _reason(listed)
     if listed is None or reason is x509.ReasonFlags.remove_from_crl:
-        return RevocationCheck(
-            crl_status.NOT_REVOKED, f"serial {serial} is not on the CRL of {_name(crl.issuer)} of {_when(crl)}"
-        )
+        return RevocationCheck(crl_status.NOT_REVOKED, f"serial {serial} is not on the CRL of {named}")
     return RevocationCheck(
         crl_status.REVOKED,
-        f"serial {serial} is on the CRL of {_name(crl.issuer)} of {_when(crl)}, revoked "
+        f"serial {serial} is on the CRL of {named}, revoked "
         f"{api_timestamp(listed.revocation_date_utc)} ({reason.value})",
         reason=reason,
         revoked_at=listed.revocation_date_utc,
     )
 
 
-def _verified_issuer(
-    certificate: x509.Certificate, ca_chain: list[x509.Certificate]
-) -> x509.Certificate | RevocationCheck:
-    """The CA of ``ca_chain`` that issued ``certificate``, once the path above it verifies."""
+def _issuing_ca(certificate: x509.Certificate, ca_chain: list[x509.Certificate]) -> x509.Certificate | RevocationCheck:
+    """The CA of ``ca_chain`` that issued ``certificate`` (by name and signature)."""
     named = [ca for ca in ca_chain if ca.subject == certificate.issuer]
     if not named:
         return RevocationCheck(
@@ -209,6 +237,30 @@ def _verified_issuer(
             crl_status.CERT_CHAIN_INVALID,
             f"the certificate's signature does not verify with the key of {_name(certificate.issuer)}",
         )
+    return issuer
+
+
+def _issuer_crls(
+    issuer: x509.Certificate,
+    ca_chain: list[x509.Certificate],
+    crls: list[x509.CertificateRevocationList],
+    memo: SignatureMemo,
+) -> _IssuerVerdict:
+    """Checks 7 (the path above ``issuer``) to 11, the same for every certificate ``issuer`` issued: the check that
+    ends there, or the CRLs of the issuer that verify with its key."""
+    path = _verified_path(issuer, ca_chain)
+    if path is not None:
+        return path
+    usage = extension_value(issuer, x509.KeyUsage)
+    if usage is not None and not usage.crl_sign:
+        return RevocationCheck(
+            crl_status.CA_CRLSIGN_MISSING, f"the issuing CA {_name(issuer.subject)} may not sign CRLs (keyUsage)"
+        )
+    return _signed_crls(issuer, crls, memo)
+
+
+def _verified_path(issuer: x509.Certificate, ca_chain: list[x509.Certificate]) -> RevocationCheck | None:
+    """None once the path from ``issuer`` up verifies, else why not."""
     path = [issuer]
     while True:
         current = path[-1]
@@ -217,10 +269,10 @@ def _verified_issuer(
                 crl_status.CERT_CHAIN_INVALID, f"{_name(current.subject)} is not a CA (basicConstraints)"
             )
         if issued_by(current, current):
-            return issuer
+            return None
         parents = [ca for ca in ca_chain if ca.subject == current.issuer and ca not in path]
         if not parents:
-            return issuer  # the last CA the PKI provides is a trust anchor
+            return None  # the last CA the PKI provides is a trust anchor
         parent = next((ca for ca in parents if issued_by(current, ca)), None)
         if parent is None:
             return RevocationCheck(
@@ -230,22 +282,18 @@ def _verified_issuer(
         path.append(parent)
 
 
-def _current_crl(
-    certificate: x509.Certificate,
-    issuer: x509.Certificate,
-    crls: list[x509.CertificateRevocationList],
-    now: datetime,
-    memo: SignatureMemo,
-) -> x509.CertificateRevocationList | RevocationCheck:
-    """The newest CRL of ``issuer`` that verifies and is current at ``now``."""
+def _signed_crls(
+    issuer: x509.Certificate, crls: list[x509.CertificateRevocationList], memo: SignatureMemo
+) -> _IssuerVerdict:
+    """The CRLs of ``issuer`` (checks 9 to 11) that verify with its key, each with how details name it."""
     if not crls:
         return RevocationCheck(crl_status.CRL_MISSING, "the PKI published no CRL")
-    naming = [crl for crl in crls if crl.issuer == certificate.issuer]
+    naming = [crl for crl in crls if crl.issuer == issuer.subject]
     if not naming:
         issuers = ", ".join(sorted({_name(crl.issuer) for crl in crls}))
         return RevocationCheck(
             crl_status.CRL_ISSUER_MISMATCH,
-            f"no CRL names the certificate's issuer {_name(certificate.issuer)}; the PKI's CRLs are of {issuers}",
+            f"no CRL names the certificate's issuer {_name(issuer.subject)}; the PKI's CRLs are of {issuers}",
         )
     of_issuer_key = [crl for crl in naming if _same_key_identifier(crl, issuer)]
     if not of_issuer_key:
@@ -259,15 +307,22 @@ def _current_crl(
             crl_status.CRL_SIGNATURE_INVALID,
             f"the CRL's signature does not verify with the key of {_name(issuer.subject)}",
         )
-    current = [crl for crl in signed if crl.last_update_utc <= now and not _expired(crl, now)]
+    return [(crl, f"{_name(crl.issuer)} of {_when(crl)}") for crl in signed]
+
+
+def _current_crl(
+    issuer: x509.Certificate, signed: list[tuple[x509.CertificateRevocationList, str]], now: datetime
+) -> tuple[x509.CertificateRevocationList, str] | RevocationCheck:
+    """The newest of the CRLs of ``issuer`` that verify (``_signed_crls``) that is current at ``now`` (check 12)."""
+    current = [(crl, named) for crl, named in signed if crl.last_update_utc <= now and not _expired(crl, now)]
     if not current:
-        newest = max(signed, key=lambda crl: crl.last_update_utc)
+        newest, _ = max(signed, key=lambda pair: pair[0].last_update_utc)
         return RevocationCheck(
             crl_status.CRL_TIME_INVALID,
             f"the CRL of {_name(issuer.subject)} of {_when(newest)} is not valid at {api_timestamp(now)} "
             f"(nextUpdate {api_timestamp(newest.next_update_utc) or 'none'})",
         )
-    return max(current, key=lambda crl: crl.last_update_utc)
+    return max(current, key=lambda pair: pair[0].last_update_utc)
 
 
 def _is_ca(certificate: x509.Certificate) -> bool:
@@ -448,10 +503,10 @@ async def revocation_of(
     if sources.verified.checked and sum(len(crl) for crl in sources.crls or ()) <= INLINE_CRL_ENTRIES:
         # The CRL's and the CA chain's signatures are known: left are the device certificate's signature and a look-up
         # in a short CRL, a fraction of a millisecond, less than a thread's turn costs (0.16 ms of CPU).
-        outcome = check(*arguments)
+        outcome = check_subject(*arguments)
     else:
         # Verifying the chain and the CRL's signature, or looking the serial up in a long CRL: off the event loop.
-        outcome = await asyncio.to_thread(check, *arguments)
+        outcome = await asyncio.to_thread(check_subject, *arguments)
         sources.verified.checked = True
     if sources.problems and outcome.status_id in STATUSES_EXPLAINED_BY_THE_FETCH:
         return RevocationCheck(outcome.status_id, f"{outcome.detail}: {'; '.join(sources.problems)}")

@@ -239,3 +239,30 @@ async def writes_in_one_trip(client: Any, statements: list[tuple[str, list[Any]]
             return changed
 
         return await raw._execute(write_all)
+
+
+async def update_then_read(
+    client: Any, update_sql: str, update_values: list[Any], read_sql: str, read_values: list[Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``update_sql`` (an UPDATE ... RETURNING, committed on its own as any statement outside a transaction) and
+    then, when it answered rows, the read ``read_sql``, on tortoise's SQLite ``client`` outside any transaction, in
+    one trip to aiosqlite's thread rather than two (a monitor visit's claim of its device's lease and the read of the
+    entry under it); the rows of each (none read when the UPDATE answered none)."""
+    # Logged before the trip as tortoise logs each statement it sends (the read too, though an UPDATE that answers no
+    # rows leaves it unrun): a test counting trips finds both in this one.
+    client.log.debug("%s: %s", update_sql, update_values)
+    client.log.debug("%s: %s", read_sql, read_values)
+    async with client.acquire_connection() as raw:  # the client's lock: no other statement or transaction meanwhile
+
+        def rows_of(sql: str, values: list[Any]) -> list[dict[str, Any]]:
+            cursor = raw._conn.execute(sql, values)
+            try:
+                return [dict(row) for row in cursor.fetchall()]
+            finally:
+                cursor.close()
+
+        def update_and_read() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            updated = rows_of(update_sql, update_values)
+            return updated, rows_of(read_sql, read_values) if updated else []
+
+        return await raw._execute(update_and_read)

@@ -282,11 +282,13 @@ UNKNOWN_NODE_STATUSES = frozenset({"BadNodeIdUnknown", "BadNodeIdInvalid", "BadM
 
 @dataclass(frozen=True)
 class Located:
-    """The nodes at ``paths`` below ``start`` as one TranslateBrowsePathsToNodeIds found them (None: no such node)."""
+    """The nodes at ``paths`` below ``start`` as one TranslateBrowsePathsToNodeIds found them (None: no such node), or
+    as the standard places them (``assumed``: not asked yet, ``DeviceSession.locate``)."""
 
     start: ua.NodeId
     paths: tuple[tuple[str, ...], ...]
     nodes: tuple[ua.NodeId | None, ...]
+    assumed: bool = False
 
 
 class FoundNodes:
@@ -452,16 +454,29 @@ class DeviceSession:
         ]
 
     async def locate(
-        self, purpose: str, start: ua.NodeId, paths: tuple[tuple[str, ...], ...]
+        self,
+        purpose: str,
+        start: ua.NodeId,
+        paths: tuple[tuple[str, ...], ...],
+        assumed: tuple[ua.NodeId, ...] | None = None,
     ) -> tuple[ua.NodeId | None, ...]:
         """``translate`` of ``paths`` below ``start``, kept by ``purpose`` for this device's later look-ups, in this
         session and later ones (``FoundNodes``). A request that names a node found so in an earlier session and that
-        the device answers as unknown has the paths translated again, once per session (``_relocated``)."""
+        the device answers as unknown has the paths translated again, once per session (``_relocated``).
+
+        ``assumed``: where the standard puts the nodes at ``paths`` (Part 12's ns=0 NodeIds), taken without a request
+        while nothing was found for ``purpose``: most devices have them there, and one that does not answers the
+        first request naming them as unknown, which has the paths translated then (as for nodes that moved). Only a
+        caller that gives ``assumed`` is answered with assumed nodes; another has them translated."""
         located = self.found.get(purpose)
-        if located is None or located.start != start or located.paths != paths:
-            located = Located(start, paths, tuple(await self.translate(start, *paths)))
+        if located is None or (located.start, located.paths) != (start, paths) or (located.assumed and not assumed):
+            if assumed is not None:
+                located = Located(start, paths, assumed, assumed=True)
+                self._reused.add(purpose)  # checked by the device's answers, as what an earlier session found
+            else:
+                located = Located(start, paths, tuple(await self.translate(start, *paths)))
+                self._reused.discard(purpose)
             self.found[purpose] = located
-            self._reused.discard(purpose)
             self._keep()
         return located.nodes
 
@@ -484,10 +499,13 @@ class DeviceSession:
         self._relocated_once = True
         for purpose in sorted(self._reused):
             before = self.found[purpose]
-            after = replace(before, nodes=tuple(await self.translate(before.start, *before.paths)))
+            after = replace(before, nodes=tuple(await self.translate(before.start, *before.paths)), assumed=False)
             self.found[purpose] = after
+            # A node the device does not have at all is asked for where it was, and answered as unknown again.
             self._moved |= {
-                old: new for old, new in zip(before.nodes, after.nodes, strict=True) if old is not None and new != old
+                old: new
+                for old, new in zip(before.nodes, after.nodes, strict=True)
+                if old is not None and new is not None and new != old
             }
         self._reused.clear()
         self._keep()

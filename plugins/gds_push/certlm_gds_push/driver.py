@@ -396,7 +396,8 @@ class GdsPushDriver(DeviceDriver):
         _announced.set(None)
         endpoints = announced[1] if announced is not None and announced[0] == url else None
         async with self._reading(target, "reading the device", SessionSecurity.SIGNED, endpoints) as session:
-            configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session)
+            # Nothing found on the device yet: its nodes are read where Part 12 puts them, found only if not there.
+            configuration, trust_file = await ServerConfiguration.locate_with_trust_list(session, assume_standard=True)
             trust_list = await trust_file.read_lists(TrustList.ALL)
             build_info, state = await self._build_info_and_state(session)
             status = await self._status(session, state)

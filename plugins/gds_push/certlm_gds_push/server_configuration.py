@@ -46,23 +46,29 @@ class ServerConfiguration:
         }
 
     @classmethod
-    async def locate(cls, session: DeviceSession) -> ServerConfiguration:
+    async def locate(cls, session: DeviceSession, assume_standard: bool = False) -> ServerConfiguration:
         """Resolve every node the push flow uses, DefaultApplicationGroup's CertificateTypes and its TrustList with
         its methods among them, in one TranslateBrowsePathsToNodeIds request, once per device (``DeviceSession.locate``
         keeps them across sessions and finds them again where the device's nodes moved): the group's browse path, not
         its NodeId, is their start (the same node; a device resolves the paths of one request independently).
-        ``trust_list_file`` makes the TrustList of what was found."""
+        ``trust_list_file`` makes the TrustList of what was found. ``assume_standard``: for a device whose nodes were
+        not found yet, Part 12's ns=0 NodeIds instead of the request, found by it only where the device answers one
+        as unknown (a monitor visit's reads; not for what tells whether the device has push management at all)."""
         own, paths = _OWN_PATHS
-        found = await session.locate("server_configuration", _SERVER, paths)
+        found = await session.locate(
+            "server_configuration", _SERVER, paths, _STANDARD_NODES if assume_standard else None
+        )
         configuration = cls(session)
         configuration._set_found(found[:own])
         configuration.trust_list_nodes = list(found[own:])
         return configuration
 
     @classmethod
-    async def locate_with_trust_list(cls, session: DeviceSession) -> tuple[ServerConfiguration, TrustListFile]:
+    async def locate_with_trust_list(
+        cls, session: DeviceSession, assume_standard: bool = False
+    ) -> tuple[ServerConfiguration, TrustListFile]:
         """``locate`` and DefaultApplicationGroup's ``TrustListFile``."""
-        configuration = await cls.locate(session)
+        configuration = await cls.locate(session, assume_standard)
         return configuration, await configuration.trust_list_file()
 
     async def trust_list_file(self) -> TrustListFile:
@@ -195,6 +201,10 @@ class ServerConfiguration:
 
 _SERVER = ua.NodeId(ua.ObjectIds.Server)
 _OWN_PATHS = ServerConfiguration._browse_paths()  # built once: ``DeviceSession.locate`` compares them
+# Where Part 12 puts the node at each of those paths: its ns=0 NodeId is named by the path's browse names.
+_STANDARD_NODES = tuple(
+    ua.NodeId(getattr(ua.ObjectIds, "_".join(name.removeprefix("0:") for name in path))) for path in _OWN_PATHS[1]
+)
 
 
 def type_name(node_id: ua.NodeId) -> str:

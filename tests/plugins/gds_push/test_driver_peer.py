@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from certlm_gds_push.connection import DeviceError
+from certlm_gds_push.connection import DeviceError, DeviceSession
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
 from cryptography import x509
@@ -365,3 +365,33 @@ async def test_hung_device_times_out_within_the_connect_time_out(
         await driver.push(silent_device, PushRequest(), opcua_test_ca.material())
     assert time.monotonic() - started < 1.5
     assert (failed.value.steps[0].step, failed.value.steps[0].status) == ("connect", "BadTimeout")
+
+
+async def test_a_first_monitor_visit_reads_the_peer_where_part_12_puts_its_nodes_without_finding_them(
+    admin: DeviceTarget, client_identity: ClientIdentity, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A monitor visit to a device nothing was found on yet takes ServerConfiguration's and its TrustList's standard
+    ns=0 NodeIds (``ServerConfiguration.locate(assume_standard=True)``): node-opcua has them there, so no
+    TranslateBrowsePaths request is sent, and the visit reads what a driver that found the nodes first reads."""
+    translated: list[object] = []
+    real = DeviceSession.translate
+
+    async def counted(self: DeviceSession, start: object, *paths: object) -> object:
+        translated.append(paths)
+        return await real(self, start, *paths)
+
+    monkeypatch.setattr(DeviceSession, "translate", counted)
+    cold = driver_for(GdsPushDriver, client_identity, host_services(tmp_path / "cold"))
+    target = target_for(admin.url, admin.port, **ADMIN, pinned_certificate=to_der(await presented(cold, admin)))
+    await cold.read_certificate(target, secure_session=False)
+    reading = await cold.read_device(target)
+    assert translated == []
+
+    finder = driver_for(GdsPushDriver, client_identity, host_services(tmp_path / "finder"))
+    assert (await finder.describe(target)).capabilities["push_management"] is True  # found by browse path
+    assert translated and translated[0][0] == ("0:ServerConfiguration",), translated
+    found = len(translated)
+    await finder.read_certificate(target, secure_session=False)
+    assert await finder.read_device(target) == reading
+    assert len(translated) == found, "read on what describe found"
+    assert as_stored(reading.trust_list) == as_stored(await finder.read_trust_list(target, TrustList.ALL))
