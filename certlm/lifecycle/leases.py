@@ -143,8 +143,8 @@ async def try_claim(
     A free lease (the common case: released by its last holder) is claimed with one conditional UPDATE, the
     condition's with it; only when that claims nothing is the condition applied alone and the row read, to make it
     (the entry's first operation: made holding the lease) or to take over an expired lease, learning whose it was.
-    ``new_entry`` (without a condition): the caller made the entry just now, so its row is made at once, holding the
-    lease (a scheduler that made it meanwhile makes this the usual claim)."""
+    ``new_entry`` (without a condition): the caller made the entry just now with its row holding ``holder``'s lease
+    (``new_entry_lease``), so nothing is claimed: the claim is the row's."""
     claim, _ = await _claim_or_holder(entry_id, holder, lease_s, condition, new_entry=new_entry)
     return claim
 
@@ -157,7 +157,9 @@ async def _claim_or_holder(
     now = _now()
     until = now + timedelta(seconds=lease_s)
     row: DeviceSchedule | None = None
-    if condition is None and not new_entry:
+    if new_entry:
+        return Claim(entry_id, None, fresh=True), None
+    if condition is None:
         database = DeviceSchedule._meta.db
         # Rows through execute_query_dict: tortoise's execute_query answers no rows for an UPDATE on PostgreSQL.
         claimed = await database.execute_query_dict(
@@ -166,7 +168,7 @@ async def _claim_or_holder(
         if claimed:
             return Claim(entry_id, None, marked=_marked(claimed[0])), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
-    elif condition is not None:
+    else:
         if await _claim_meeting(condition, entry_id, holder, until):
             return Claim(entry_id, None), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
@@ -413,21 +415,22 @@ async def device_lease(
     when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
     ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task. A ``condition`` is
     claimed first, in the lease's claim where the lease is free (``try_claim``); ``ConditionUnmet`` when the row does
-    not meet it. ``new_entry``: the caller made the entry just now (``try_claim``)."""
+    not meet it. ``new_entry``: the caller made the entry just now holding the lease (``new_entry_lease``): nothing
+    is claimed, nor queued for."""
     held = _held.get()
     if entry_id in held:
         if condition is not None:
             await _meet(entry_id, condition)
         yield held[entry_id]  # the holder's claim: what is set on its release is released with it
         return
-    async with _queued(entry_id, queue_wait_s):
+    # A lease held since the entry was made is this caller's: no other caller of this instance to queue behind.
+    async with contextlib.nullcontext() if new_entry else _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             claim, row = await _claim_or_holder(entry_id, INSTANCE, lease_s, condition, new_entry=new_entry)
             if claim is not None:
                 break
             condition = None  # met (its columns set) by the claim that found the lease held
-            new_entry = False  # its row is there: the usual claim from now on
             if asyncio.get_running_loop().time() >= deadline:
                 # The holder as the claim just read it (a scheduler that does not wait, wait_s 0, gives up on every
                 # device another instance works on: no second read for a message it drops); read only if it did not.
@@ -448,3 +451,11 @@ async def device_lease(
             _held.reset(token)
             if not claim.released:
                 await release(entry_id, **claim.on_release)
+
+
+def new_entry_lease(lease_s: float = LEASE_S, holder: str = INSTANCE) -> dict[str, Any]:
+    """The columns of a new entry's ``device_schedule`` row made holding its device's lease for ``holder``, for
+    ``lease_s`` from now (``certlm.inventory.entries.Inventory.create_entry(schedule=...)``): the entry's first
+    operation then holds the lease from the entry's insert on, and ``device_lease(..., new_entry=True)`` claims
+    nothing, its claim a ``fresh`` one (the row holds no mark)."""
+    return {"lease_holder": holder, "lease_until": _now() + timedelta(seconds=lease_s)}
