@@ -266,6 +266,9 @@ async def insert_and_check_in_one_trip(
     and the license's endpoint count that must still hold it). The id of the row inserted, None when rolled back.
     A statement that fails rolls everything back: tortoise's ``IntegrityError`` for a constraint, else its own error.
     """
+    if isinstance(client, SqliteTransactionWrapper):
+        # Its BEGIN would meet the caller's transaction (and the recovery below roll that back).
+        raise TransactionManagementError("insert_and_check_in_one_trip runs outside any transaction")
     statements = [insert, *with_it, check]
     for sql, parameters in statements:
         client.log.debug("%s: %s", sql, parameters)  # as tortoise logs each statement it sends
