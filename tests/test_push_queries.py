@@ -11,25 +11,15 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from pathlib import Path
 from typing import Any
 
-import pytest
 from certlm_gds_push.connection import DeviceSession
 from cryptography import x509
 
 from certlm.foundation.certs import certificate_detail
 from certlm.storage import sqlite_transactions
 from certlm.storage.models import DeviceSchedule, InventoryEntry
-from certlm.testing import (
-    InProcessApp,
-    InternalCa,
-    LicenseKeys,
-    create_internal_ca,
-    in_process_settings,
-    licensed_app,
-    push,
-)
+from certlm.testing import InProcessApp, InternalCa, push
 
 # The statements of the code running in the context where this is set (the request's task inherits it).
 _statements: ContextVar[list[str] | None] = ContextVar("push_statements", default=None)
@@ -240,41 +230,6 @@ async def test_an_onboarding_registers_the_device_on_one_trip(
     assert row.lease_holder is None and row.lease_until is None
     assert entry.server_key == entry.server and entry.created_at is not None
     assert entry.last_result["onboarding"]["success"] and entry.pinned_certificate_der == entry.certificate_der
-
-
-@pytest.mark.postgres
-async def test_an_onboarding_registers_the_device_in_one_statement_on_postgres(
-    postgres: Any,
-    tmp_path: Path,
-    certlm_license_keys: LicenseKeys,
-    certlm_settings: dict[str, Any],
-    certlm_simulated_device: Any,
-) -> None:
-    """On PostgreSQL the entry and its schedule row holding the lease are one INSERT statement (a WITH), in one
-    transaction with the license's endpoint count; no credential is read for the new entry. 12 statements before."""
-    database_url = postgres.create_database()
-    settings = in_process_settings(tmp_path / "data", certlm_license_keys, database_url=database_url, **certlm_settings)
-    async with licensed_app(settings, certlm_license_keys) as app:
-        await create_internal_ca(app)
-        await push(app, await certlm_simulated_device())  # the CA's first CRL, signed by the first push
-        device = await certlm_simulated_device()
-
-        with statements_sent() as statements:
-            onboarded = await push(app, device)
-
-        assert onboarded["success"], onboarded
-        [registering] = [s for s in statements if 'INSERT INTO "inventory_entry"' in s]
-        assert registering.startswith('WITH "entry" AS (INSERT INTO "inventory_entry"'), registering
-        assert 'INSERT INTO "device_schedule"' in registering, registering
-        schedule = [statement for statement in statements if '"device_schedule"' in statement]
-        assert len(schedule) == 2 and '"lease_holder" = NULL' in schedule[1], schedule
-        assert reads_of(statements, "device_credential") == [], statements
-        assert len(statements) <= 10, "\n".join(statements)
-        async with app.context():
-            entry = await InventoryEntry.get(port=device.config.port)
-            row = await DeviceSchedule.get(entry_id=entry.id)
-        assert row.lease_holder is None and entry.server_key == entry.server
-        assert entry.last_result["onboarding"]["success"] and entry.pinned_certificate_der == entry.certificate_der
 
 
 async def test_a_renewal_finds_the_push_management_nodes_where_the_onboarding_found_them(

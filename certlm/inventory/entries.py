@@ -312,6 +312,10 @@ async def licensed_endpoints_in_use() -> int:
 _ENDPOINT_COUNT_SQL = f"SELECT used FROM {ENDPOINT_COUNT_TABLE} WHERE id = 1"
 
 
+def _limit_reached(limit: int) -> Forbidden:
+    return Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+
+
 def counts_against_license(device_status: int | None) -> bool:
     """Whether an entry counts as a licensed endpoint: every entry not marked deleted, whichever table it is in."""
     return device_status != DEVICE_STATUS_DELETED
@@ -514,7 +518,7 @@ class Inventory:
         transaction, that the entries now counted are within the limit (the transaction is then to be rolled back)."""
         limit = await self.licensed_endpoint_limit()
         if await licensed_endpoints_in_use() + additional > limit:
-            raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+            raise _limit_reached(limit)
 
     async def create_entry(
         self,
@@ -580,15 +584,15 @@ class Inventory:
                     keep=lambda rows: limit is None or rows[0]["used"] <= limit,
                 )
                 if inserted is None:
-                    raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+                    raise _limit_reached(limit)
                 entry.id = inserted
             else:
                 sql = in_dialect(_entry_with_row_sql(entry_sql, row_sql), dialect)
                 async with in_transaction("default") as connection:
                     rows = await connection.execute_query_dict(sql, [*entry_values, *row_values[1:]])
                     entry.id = rows[0]["entry_id"]
-                    if limit is not None:
-                        await self.ensure_endpoint_capacity(0)
+                    if limit is not None and await licensed_endpoints_in_use() > limit:
+                        raise _limit_reached(limit)
         except IntegrityError:
             raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
         entry._saved_in_db = True
