@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from certlm_opcua_simulator import SimulatorConfig
 
+from certlm.lifecycle.identification import identify_entry
 from certlm.storage.models import InventoryEntry
 from tests.support import LicenseKeys, eventually, free_port, in_process_settings, licensed_app_in_process
+from tests.test_push_queries import on_table, statements_sent
 
 CONCURRENCY = 4
 DEVICES = 200
@@ -171,3 +173,29 @@ async def test_an_unreachable_device_is_logged_at_info_once_per_change_of_state(
     await device.stop()
     assert await register() == [(logging.INFO, first)]
     assert await register() == [(logging.DEBUG, first)]
+
+
+async def test_a_registered_device_is_identified_and_pinned_in_one_write(
+    in_process, simulated_device, tmp_path: Path
+) -> None:
+    """What the device says about itself, the driver that selects, the certificate it presents (pinned) and the
+    outcome: one UPDATE of its entry, and no other write (three UPDATEs before)."""
+    device = await simulated_device(SimulatorConfig(state_dir=tmp_path / "device", port=free_port(), auto_accept=True))
+    async with in_process.context():
+        entry = await in_process.host.inventory.create_entry("gds", "127.0.0.1", device.config.port, {})
+
+        with statements_sent() as statements:
+            failure = await identify_entry(in_process.host.runtime, entry, budget_s=10)
+
+        assert failure is None
+        writes = [statement for statement in statements if statement.startswith(("INSERT", "UPDATE", "DELETE"))]
+        assert writes == on_table(statements, "UPDATE", "inventory_entry"), writes
+        [written] = writes
+        for column in ("device_description", "service", "pinned_certificate_der", "certificate_der", "last_result"):
+            assert f'"{column}"' in written, written
+        stored = await InventoryEntry.get(id=entry.id)
+    assert stored.service != "gds-push-generic" and stored.device_name and stored.firmware_version
+    assert stored.pinned_certificate_der is not None and stored.certificate_der == stored.pinned_certificate_der
+    identified = stored.last_result["identify"]
+    assert identified["success"] and identified["service"] == stored.service
+    assert identified["first_contact"].endswith("; pinned"), identified

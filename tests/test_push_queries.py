@@ -81,12 +81,13 @@ def ca_reads_of(statements: list[str]) -> list[str]:
     return [s for s in reads_of(statements, "pki_internal_ca") if re.search(r'"pki_entry_id" ?= ?[?$]', s)]
 
 
-def assert_read_once(statements: list[str]) -> None:
-    """The rows a push's steps each ask for are read once in its request (``certlm.storage.reads``)."""
+def assert_read_once(statements: list[str], credentials: int = 1) -> None:
+    """The rows a push's steps each ask for are read once in its request (``certlm.storage.reads``); the credential
+    of an entry the push registered not at all (``credentials=0``): a new entry has none."""
     shared = reads_of(statements, "license")
     assert len(shared) == 1 and "certlm_schema" in shared[0], statements
     assert len(reads_of(statements, "certlm_schema")) == 1, statements
-    assert len(reads_of(statements, "device_credential")) == 1, statements
+    assert len(reads_of(statements, "device_credential")) == credentials, statements
     assert len(ca_reads_of(statements)) == 1, statements
 
 
@@ -175,17 +176,17 @@ async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
         onboarded = await push(certlm_in_process, device)
 
     assert onboarded["success"], onboarded
-    # The entry looked for once (not again for the duplicate check of its registration), the credential read once
-    # (by the push's connection, not again when the accepted one is stored), the license once (the request's checks
-    # and the endpoint limit), the lease's row made at once: 7 statements fewer than before (25, with the new CA's first
-    # CRL signed).
-    assert_read_once(statements)
+    # The entry looked for once (not again for the duplicate check of its registration), the credential not read (the
+    # entry made just now has none; read once before), the license once (the request's checks and the endpoint
+    # limit), the lease's row made with the entry: 8 statements fewer than before (25, with the new CA's first CRL
+    # signed).
+    assert_read_once(statements, credentials=0)
     assert len(reads_of(statements, "inventory_entry")) == 1, statements
-    assert len(statements) <= 18, "\n".join(statements)
+    assert len(statements) <= 17, "\n".join(statements)
     assert len(on_table(statements, "INSERT INTO", "device_schedule")) == 1
-    # The INSERT holding the lease (the entry registered by this push has no row to claim: no free-lease UPDATE and no
-    # read finding none, as before), the release: a row made by this push holds no changed identity to clear for the
-    # re-pin, and no mark for the operator's reset.
+    # The INSERT holding the lease, with the entry's (the entry registered by this push has no row to claim: no
+    # free-lease UPDATE and no read finding none, as before), the release: a row made by this push holds no changed
+    # identity to clear for the re-pin, and no mark for the operator's reset.
     assert len([s for s in statements if '"device_schedule"' in s]) == 2, statements
     # The entry with the identification's description, the pin and the record, in one UPDATE.
     assert len(on_table(statements, "UPDATE", "inventory_entry")) == 1, statements
@@ -194,6 +195,41 @@ async def test_an_onboarding_makes_the_schedule_row_holding_the_lease(
         row = await DeviceSchedule.get(entry_id=entry.id)
     assert row.lease_holder is None and row.lease_until is None
     assert entry.pinned_certificate_der == entry.certificate_der and entry.service
+
+
+async def test_an_onboarding_registers_the_device_on_one_trip(
+    certlm_in_process: InProcessApp, certlm_internal_ca: InternalCa, certlm_simulated_device: Any, monkeypatch
+) -> None:
+    """The entry an onboarding registers, its schedule row holding the device's lease for the push and the license's
+    endpoint count that must still hold it: one transaction, on one trip to SQLite's thread (BEGIN, the two INSERTs,
+    the count and COMMIT; six trips before). The credential of the entry made just now is not read: it has none."""
+    first, device = await certlm_simulated_device(), await certlm_simulated_device()
+    await push(certlm_in_process, first)  # the CA's first CRL, signed by the first push, is not this one's
+
+    with trips_taken(monkeypatch) as trips:
+        onboarded = await push(certlm_in_process, device)
+
+    assert onboarded["success"], onboarded
+    statements = [statement for trip in trips for statement in trip]
+    [registering] = [trip for trip in trips if on_table(trip, "INSERT INTO", "inventory_entry")]
+    assert [statement.split(" (")[0] for statement in registering] == [
+        'INSERT INTO "inventory_entry"',
+        'INSERT INTO "device_schedule"',
+        "SELECT used FROM licensed_endpoint_count WHERE id = 1",
+    ], trips
+    # The row is claimed by nothing else: its only other statement is the release.
+    schedule = [statement for statement in statements if '"device_schedule"' in statement]
+    assert len(schedule) == 2 and '"lease_holder" = NULL' in schedule[1], schedule
+    assert reads_of(statements, "device_credential") == [], statements
+    # 16 trips and 13 statements before.
+    assert len(trips) <= 10, "\n".join(map(str, trips))
+    assert len(statements) <= 12, "\n".join(statements)
+    async with certlm_in_process.context():
+        entry = await InventoryEntry.get(port=device.config.port)
+        row = await DeviceSchedule.get(entry_id=entry.id)
+    assert row.lease_holder is None and row.lease_until is None
+    assert entry.server_key == entry.server and entry.created_at is not None
+    assert entry.last_result["onboarding"]["success"] and entry.pinned_certificate_der == entry.certificate_der
 
 
 async def test_a_renewal_finds_the_push_management_nodes_where_the_onboarding_found_them(

@@ -42,6 +42,7 @@ from certlm.storage.migrations import DEVICE_STATUS_DELETED, ENDPOINT_COUNT_TABL
 from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry
 from certlm.storage.reads import forget_read, read_once, remember_read
 from certlm.storage.sql import in_dialect, rows_of
+from certlm.storage.sqlite_transactions import INSERTED_ID, insert_and_check_in_one_trip
 from certlm.system.licensing import LicenseService
 from certlm.system.settings import (
     DEVICE_STATUS_NAMES,
@@ -304,8 +305,15 @@ async def licensed_endpoints_in_use() -> int:
     """Entries of every device table not marked deleted, as the database's triggers count them
     (``certlm.storage.migrations.install_endpoint_count``): one row read, however large the inventory. Inside a
     transaction that inserted an entry, it includes that entry and every concurrent insert committed before."""
-    _, rows = await connections.get("default").execute_query(f"SELECT used FROM {ENDPOINT_COUNT_TABLE} WHERE id = 1")
+    _, rows = await connections.get("default").execute_query(_ENDPOINT_COUNT_SQL)
     return rows[0]["used"]
+
+
+_ENDPOINT_COUNT_SQL = f"SELECT used FROM {ENDPOINT_COUNT_TABLE} WHERE id = 1"
+
+
+def _limit_reached(limit: int) -> Forbidden:
+    return Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
 
 
 def counts_against_license(device_status: int | None) -> bool:
@@ -510,29 +518,85 @@ class Inventory:
         transaction, that the entries now counted are within the limit (the transaction is then to be rolled back)."""
         limit = await self.licensed_endpoint_limit()
         if await licensed_endpoints_in_use() + additional > limit:
-            raise Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
+            raise _limit_reached(limit)
 
     async def create_entry(
-        self, protocol: str, server: str, port: int | None, columns: dict[str, Any], *, looked_up: bool = False
+        self,
+        protocol: str,
+        server: str,
+        port: int | None,
+        columns: dict[str, Any],
+        *,
+        looked_up: bool = False,
+        schedule: dict[str, Any] | None = None,
     ) -> InventoryEntry:
         """A new entry after the duplicate and license checks; a raced duplicate is reported as 409 too. Without a
         ``service`` in ``columns`` it gets ``default_service``, without a port its driver's ``default_port``.
         ``looked_up``: the caller has just found no entry at ``server:port`` (``device_entry_at``), and the duplicate
-        is not looked for again (one made meanwhile is the raced one)."""
+        is not looked for again (one made meanwhile is the raced one). ``schedule``: the columns of the entry's
+        ``device_schedule`` row, made with it (a push's registration: the row holding the device's lease,
+        ``certlm.lifecycle.leases.new_entry_lease``), outside any transaction of the caller's: the entry, its row and
+        the license check in one transaction, and on SQLite one trip to its thread.
+
+        A new entry has no credential: the request (or push) reads none for it (``stored_credential``)."""
         columns.setdefault("service", self.default_service(protocol))
         if port is None:
             port = self.default_port(protocol, columns["service"])
         if not looked_up:
             await reject_duplicate(server, port, protocol)
-        async with in_transaction("default"):
-            try:
-                entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
-            except IntegrityError:
-                raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
-            if counts_against_license(entry.device_status):
-                # Checked after the insert, which counted the entry under the count row's lock: a concurrent insert,
-                # by this instance or another, waits for this transaction and then sees this entry.
-                await self.ensure_endpoint_capacity(0)
+        if schedule is not None:
+            entry = await self._create_with_schedule(
+                InventoryEntry(protocol=protocol, server=server, port=port, **columns), schedule
+            )
+        else:
+            async with in_transaction("default"):
+                try:
+                    entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
+                except IntegrityError:
+                    raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
+                if counts_against_license(entry.device_status):
+                    # Checked after the insert, which counted the entry under the count row's lock: a concurrent
+                    # insert, by this instance or another, waits for this transaction and then sees this entry.
+                    await self.ensure_endpoint_capacity(0)
+        remember_read(_credential_key(entry.id), None)
+        return entry
+
+    async def _create_with_schedule(self, entry: InventoryEntry, schedule: dict[str, Any]) -> InventoryEntry:
+        """Insert ``entry`` (not saved yet) and its ``device_schedule`` row with the columns ``schedule``, then check
+        the license's endpoint limit as ``create_entry`` does, all in one transaction: on SQLite in one trip to its
+        thread (``insert_and_check_in_one_trip``), on PostgreSQL the two inserts in one statement. The audit journal
+        lists the entry as made by ``InventoryEntry.create``; the row, bookkeeping, is not listed (as the lease's
+        claim that made it before was not)."""
+        entry.server_key = entry.server.lower()  # as ``InventoryEntry.save`` sets it
+        limit = await self.licensed_endpoint_limit() if counts_against_license(entry.device_status) else None
+        database = connections.get("default")
+        dialect = database.capabilities.dialect
+        entry_sql, entry_values = _insert_statement(entry)
+        row_sql, row_values = _insert_statement(DeviceSchedule(entry_id=0, **schedule))
+        try:
+            if dialect == "sqlite":
+                # The row's first value is its ``entry_id`` (``_insert_statement``): the entry's, once inserted.
+                inserted = await insert_and_check_in_one_trip(
+                    database,
+                    (in_dialect(entry_sql, dialect), entry_values),
+                    [(in_dialect(row_sql, dialect), [INSERTED_ID, *row_values[1:]])],
+                    (_ENDPOINT_COUNT_SQL, []),
+                    keep=lambda rows: limit is None or rows[0]["used"] <= limit,
+                )
+                if inserted is None:
+                    raise _limit_reached(limit)
+                entry.id = inserted
+            else:
+                sql = in_dialect(_entry_with_row_sql(entry_sql, row_sql), dialect)
+                async with in_transaction("default") as connection:
+                    rows = await connection.execute_query_dict(sql, [*entry_values, *row_values[1:]])
+                    entry.id = rows[0]["entry_id"]
+                    if limit is not None and await licensed_endpoints_in_use() > limit:
+                        raise _limit_reached(limit)
+        except IntegrityError:
+            raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+        entry._saved_in_db = True
+        await entry._post_save(None, True, None)
         return entry
 
     async def update_entry(self, entry: InventoryEntry, columns: dict[str, Any]) -> None:
@@ -835,3 +899,42 @@ async def entry_written(entry: InventoryEntry, fields: Iterable[str]) -> None:
     request's audit journal lists the change as for ``entry.save(update_fields=fields)`` (``certlm.system.audit``
     hooks on it) and post-save signals fire. (Nothing in certlm listens before a save.)"""
     await entry._post_save(None, False, list(dict.fromkeys(fields)))
+
+
+# --- an entry's insert with its schedule row --------------------------------------------------------------------------
+
+
+def _insert_statement(instance: InventoryEntry | DeviceSchedule) -> tuple[str, list[Any]]:
+    """The INSERT of the unsaved ``instance`` with every column but its key (a ``DeviceSchedule``'s ``entry_id``
+    first), with ``{}`` for each of its values, and the values, as tortoise's insert converts them (``created_at`` and
+    ``updated_at`` set to now)."""
+    model = type(instance)
+    fields_map = model._meta.fields_map
+    names = _inserted_fields(model)
+    values = [fields_map[name].to_db_value(getattr(instance, name), instance) for name in names]
+    return _insert_sql(model, names), values
+
+
+@functools.cache
+def _inserted_fields(model: type[InventoryEntry | DeviceSchedule]) -> tuple[str, ...]:
+    fields = model._meta.fields_map
+    names = [name for name in model._meta.fields_db_projection if not fields[name].pk]
+    return tuple(sorted(names, key=lambda name: name != "entry_id"))
+
+
+@functools.cache
+def _insert_sql(model: type[InventoryEntry | DeviceSchedule], names: tuple[str, ...]) -> str:
+    columns = ", ".join(f'"{model._meta.fields_db_projection[name]}"' for name in names)
+    marks = ", ".join("{}" for _ in names)
+    return f'INSERT INTO "{model._meta.db_table}" ({columns}) VALUES ({marks})'
+
+
+@functools.cache
+def _entry_with_row_sql(entry_sql: str, row_sql: str) -> str:
+    """The entry's INSERT and its row's as one PostgreSQL statement, answering the entry's id: the row's
+    ``entry_id`` (its first value) taken from the entry's insert. (VALUES rather than a SELECT of the row's values:
+    PostgreSQL types a VALUES list's parameters by their columns.)"""
+    row_insert, row_marks = row_sql.split(" VALUES ({}, ")
+    entry_id = '(SELECT "id" FROM "entry")'
+    returning = 'RETURNING "entry_id"'
+    return f'WITH "entry" AS ({entry_sql} RETURNING "id") {row_insert} VALUES ({entry_id}, {row_marks} {returning}'

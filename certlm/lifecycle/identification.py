@@ -16,7 +16,7 @@ from collections import OrderedDict
 from certlm.foundation.certs import api_now
 from certlm.foundation.errors import APIError
 from certlm.lifecycle.operations import record_operation
-from certlm.lifecycle.push import choose_driver, pin_first_contact
+from certlm.lifecycle.push import DESCRIPTION_FIELDS, PIN_FIELDS, pin_presented, take_description
 from certlm.lifecycle.runtime import Runtime
 from certlm.storage.models import InventoryEntry
 
@@ -115,14 +115,17 @@ async def identify_entry(runtime: Runtime, entry: InventoryEntry, budget_s: floa
     identifies it. The outcome is recorded as ``identify``; why the device could not be identified, or None."""
     try:
         target = await runtime.inventory.device_target(entry)
-        _, description = await asyncio.wait_for(choose_driver(runtime.drivers, entry, target), budget_s)
+        description = await asyncio.wait_for(runtime.drivers.get(entry.service).describe(target), budget_s)
     except (APIError, TimeoutError) as error:
         message = error.message if isinstance(error, APIError) else f"no answer within {budget_s:g} s"
         record_operation(entry, "identify", {"success": False, "error": message, "at": api_now()})
         await entry.save(update_fields=["last_result", "updated_at"])
         return message
-    note = await pin_first_contact(entry, description.certificate)
+    take_description(runtime.drivers, entry, description)
+    note = pin_presented(entry, description.certificate)
     record = {"success": True, "service": entry.service, "first_contact": note, "at": api_now()}
     record_operation(entry, "identify", record)
-    await entry.save(update_fields=["last_result", "updated_at"])
+    # The description, the driver it selects, the pin and the outcome in one UPDATE.
+    pinned = PIN_FIELDS if note is not None else ()
+    await entry.save(update_fields=[*DESCRIPTION_FIELDS, *pinned, "last_result", "updated_at"])
     return None

@@ -145,8 +145,8 @@ async def try_claim(
     A free lease (the common case: released by its last holder) is claimed with one conditional UPDATE, the
     condition's with it; only when that claims nothing is the condition applied alone and the row read, to make it
     (the entry's first operation: made holding the lease) or to take over an expired lease, learning whose it was.
-    ``new_entry`` (without a condition): the caller made the entry just now, so its row is made at once, holding the
-    lease (a scheduler that made it meanwhile makes this the usual claim)."""
+    ``new_entry`` (without a condition): the caller made the entry just now with its row holding ``holder``'s lease
+    (``new_entry_lease``), so nothing is claimed: the claim is the row's."""
     claim, _ = await _claim_or_holder(entry_id, holder, lease_s, condition, new_entry=new_entry)
     return claim
 
@@ -167,7 +167,9 @@ async def _claim_or_holder(
     now = _now()
     until = now + timedelta(seconds=lease_s)
     row: DeviceSchedule | None = None
-    if condition is None and not new_entry:
+    if new_entry:
+        return Claim(entry_id, None, fresh=True), None
+    if condition is None:
         database = DeviceSchedule._meta.db
         claimed, read = await _claim_then_read(
             database,
@@ -178,7 +180,7 @@ async def _claim_or_holder(
         if claimed:
             return Claim(entry_id, None, marked=_marked(claimed[0]), read=read), None
         row = await DeviceSchedule.get_or_none(entry_id=entry_id)
-    elif condition is not None:
+    else:
         claimed_meeting, read = await _claim_meeting(condition, entry_id, holder, until, then_read)
         if claimed_meeting:
             return Claim(entry_id, None, read=read), None
@@ -430,9 +432,10 @@ async def device_lease(
     when given), then wait up to ``wait_s`` for another instance's lease (``DeviceBusy``, 409, after either).
     ``EntryDeleted`` (404) when the entry was deleted meanwhile. Re-entrant within one task. A ``condition`` is
     claimed first, in the lease's claim where the lease is free (``try_claim``); ``ConditionUnmet`` when the row does
-    not meet it. ``new_entry``: the caller made the entry just now (``try_claim``). ``then_read``: a read (SQL in the
-    database's dialect, its values) whose rows the claim's ``read`` holds, read once the lease is held: on SQLite in
-    the trip of a free lease's claim (one trip to aiosqlite's thread, not two), else after the claim."""
+    not meet it. ``new_entry``: the caller made the entry just now holding the lease (``new_entry_lease``): nothing
+    is claimed, nor queued for. ``then_read``: a read (SQL in the database's dialect, its values) whose rows the
+    claim's ``read`` holds, read once the lease is held: on SQLite in the trip of a free lease's claim (one trip to
+    aiosqlite's thread, not two), else after the claim."""
     held = _held.get()
     if entry_id in held:
         if condition is not None:
@@ -441,7 +444,8 @@ async def device_lease(
             held[entry_id].read = await DeviceSchedule._meta.db.execute_query_dict(*then_read)
         yield held[entry_id]  # the holder's claim: what is set on its release is released with it
         return
-    async with _queued(entry_id, queue_wait_s):
+    # A lease held since the entry was made is this caller's: no other caller of this instance to queue behind.
+    async with contextlib.nullcontext() if new_entry else _queued(entry_id, queue_wait_s):
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             claim, row = await _claim_or_holder(
@@ -452,7 +456,6 @@ async def device_lease(
                     claim.read = await DeviceSchedule._meta.db.execute_query_dict(*then_read)
                 break
             condition = None  # met (its columns set) by the claim that found the lease held
-            new_entry = False  # its row is there: the usual claim from now on
             if asyncio.get_running_loop().time() >= deadline:
                 # The holder as the claim just read it (a scheduler that does not wait, wait_s 0, gives up on every
                 # device another instance works on: no second read for a message it drops); read only if it did not.
@@ -490,3 +493,11 @@ async def _claim_then_read(
         return await database.execute_query_dict(claim_sql, values), None
     claimed, read = await update_then_read(database, claim_sql, values, *then_read)
     return claimed, read if claimed else None
+
+
+def new_entry_lease(lease_s: float = LEASE_S, holder: str = INSTANCE) -> dict[str, Any]:
+    """The columns of a new entry's ``device_schedule`` row made holding its device's lease for ``holder``, for
+    ``lease_s`` from now (``certlm.inventory.entries.Inventory.create_entry(schedule=...)``): the entry's first
+    operation then holds the lease from the entry's insert on, and ``device_lease(..., new_entry=True)`` claims
+    nothing, its claim a ``fresh`` one (the row holds no mark)."""
+    return {"lease_holder": holder, "lease_until": _now() + timedelta(seconds=lease_s)}

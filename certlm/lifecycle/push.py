@@ -45,7 +45,7 @@ from certlm.foundation.logs import log_operation
 from certlm.inventory.entries import Inventory, device_entry_at, entry_write, entry_written, saved_fields
 from certlm.inventory.identity import identity_repinned, mark_identity_changed
 from certlm.lifecycle.issuers import trust_kept_by_campaigns
-from certlm.lifecycle.leases import Claim, EntryDeleted, device_lease, holds, release_with_write
+from certlm.lifecycle.leases import Claim, EntryDeleted, device_lease, holds, new_entry_lease, release_with_write
 from certlm.lifecycle.operations import (
     certificate_summary,
     description_record,
@@ -107,30 +107,14 @@ class PushError(APIError):
     """A push that did not complete; the body carries the steps it got through."""
 
 
-async def choose_driver(
-    drivers: DeviceDriverRegistry, entry: InventoryEntry, target: DeviceTarget
-) -> tuple[DeviceDriver, DeviceDescription]:
-    """Ask the device who it is and store the most specific installed driver that declares support for it."""
-    description = await drivers.get(entry.service).describe(target)
-    await adopt_description(drivers, entry, description)
-    return drivers.get(entry.service), description
-
-
-async def adopt_description(
-    drivers: DeviceDriverRegistry, entry: InventoryEntry, description: DeviceDescription
-) -> None:
-    """Store what the device said about itself and the driver it selects."""
-    take_description(drivers, entry, description)
-    await entry.save(update_fields=[*DESCRIPTION_FIELDS, "updated_at"])
-
-
-# The entry's columns ``take_description`` sets.
+# The entry's columns ``take_description`` sets, and ``pin_presented``.
 DESCRIPTION_FIELDS = ("device_description", "service", "firmware_version", "device_name")
 PIN_FIELDS = ("pinned_certificate_der", "certificate_der")
 
 
 def take_description(drivers: DeviceDriverRegistry, entry: InventoryEntry, description: DeviceDescription) -> None:
-    """``adopt_description`` without saving: for a caller that saves the entry anyway."""
+    """Take what the device said about itself, and the most specific installed driver that declares support for it,
+    into ``entry`` (``DESCRIPTION_FIELDS``), for the caller to save with its other changes."""
     entry.service = drivers.select_service(entry.protocol, description.identity) or entry.service
     entry.device_description = description_record(description)
     entry.firmware_version = description.identity.firmware or entry.firmware_version
@@ -156,7 +140,9 @@ async def push_to_address(
     entry = await device_entry_at(server, port)
     registered = entry is None
     if entry is None:
-        entry = await runtime.inventory.create_entry(protocol, server, port, {}, looked_up=True)
+        # Made holding the device's lease for this push (``push_certificate``'s ``registered``).
+        lease = new_entry_lease(runtime.settings.device_lease_s)
+        entry = await runtime.inventory.create_entry(protocol, server, port, {}, looked_up=True, schedule=lease)
     # Used by this push (``device_target``), stored by its success (``_record_success``).
     entry.update_from_dict(settings)
     try:
@@ -182,7 +168,7 @@ async def push_certificate(
     Raises ``PushError`` with the steps done (422 when the PKI refused the certificate request, the 4xx of a PKI
     entry that cannot be used as configured, 500 otherwise), or another ``APIError`` when the push could not start
     (no PKI, no pinned certificate for an automated push). Failures are recorded too. ``registered``: the caller
-    made the entry just now, and its schedule row is made holding the device's lease at once.
+    made the entry just now with its schedule row holding the device's lease (``new_entry_lease``).
     """
     # A scheduler's push reads each shared row once too, as a request does (``certlm.storage.reads``).
     with reads_once():
@@ -379,17 +365,10 @@ async def _select_driver(
     return drivers.get(entry.service)
 
 
-async def pin_first_contact(entry: InventoryEntry, presented: x509.Certificate | None) -> str | None:
-    """Pin the certificate a device presented at an operator's first contact (or re-onboarding); what was accepted,
-    for the operator to compare with the device's display. None when the device was not reached."""
-    note = pin_presented(entry, presented)
-    if note is not None:
-        await entry.save(update_fields=[*PIN_FIELDS, "updated_at"])
-    return note
-
-
 def pin_presented(entry: InventoryEntry, presented: x509.Certificate | None) -> str | None:
-    """``pin_first_contact`` without saving: for a caller that saves the entry anyway."""
+    """Pin the certificate a device presented at an operator's first contact (or re-onboarding) in ``entry``
+    (``PIN_FIELDS``), for the caller to save with its other changes; what was accepted, for the operator to compare
+    with the device's display. None when the device was not reached."""
     if presented is None:
         return None
     der = to_der(presented)

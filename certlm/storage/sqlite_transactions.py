@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ import aiosqlite
 from tortoise.backends.base.client import ConnectionWrapper
 from tortoise.backends.sqlite.client import SqliteTransactionContext, SqliteTransactionWrapper, _gen_savepoint_name
 from tortoise.connection import get_connections
-from tortoise.exceptions import TransactionManagementError
+from tortoise.exceptions import IntegrityError, TransactionManagementError
 
 # On aiosqlite's connection: the statements waiting for its next trip, in order.
 _DEFERRED = "_certlm_deferred_statements"
@@ -266,3 +267,65 @@ async def update_then_read(
             return updated, rows_of(read_sql, read_values) if updated else []
 
         return await raw._execute(update_and_read)
+
+
+class _InsertedId:
+    """``INSERTED_ID``: a parameter that stands for the id of the row ``insert_and_check_in_one_trip`` inserted."""
+
+    def __repr__(self) -> str:
+        return "INSERTED_ID"
+
+
+INSERTED_ID = _InsertedId()
+
+
+async def insert_and_check_in_one_trip(
+    client: Any,
+    insert: tuple[str, list[Any]],
+    with_it: list[tuple[str, list[Any]]],
+    check: tuple[str, list[Any]],
+    keep: Callable[[list[dict[str, Any]]], bool],
+) -> int | None:
+    """In a transaction of its own on tortoise's SQLite ``client``, outside any transaction, in one trip to aiosqlite's
+    thread rather than one for each statement and the COMMIT: the INSERT ``insert``, the statements ``with_it``
+    (``INSERTED_ID`` among their parameters stands for the row ``insert`` made), then the read ``check``, committed
+    when ``keep`` accepts the check's rows and rolled back otherwise (a new inventory entry with its schedule row,
+    and the license's endpoint count that must still hold it). The id of the row inserted, None when rolled back.
+    A statement that fails rolls everything back: tortoise's ``IntegrityError`` for a constraint, else its own error.
+    """
+    if isinstance(client, SqliteTransactionWrapper):
+        # Its BEGIN would meet the caller's transaction (and the recovery below roll that back).
+        raise TransactionManagementError("insert_and_check_in_one_trip runs outside any transaction")
+    statements = [insert, *with_it, check]
+    for sql, parameters in statements:
+        client.log.debug("%s: %s", sql, parameters)  # as tortoise logs each statement it sends
+    async with client.acquire_connection() as raw:  # the client's lock: no other statement or transaction meanwhile
+
+        def insert_all() -> int | None:
+            connection = raw._conn
+            if connection.in_transaction:  # left open by a COMMIT that failed (as ``_begin`` finds it)
+                connection.rollback()
+            connection.execute("BEGIN").close()
+            try:
+                cursor = connection.execute(*insert)
+                inserted = cursor.lastrowid
+                cursor.close()
+                for sql, parameters in with_it:
+                    connection.execute(sql, [inserted if p is INSERTED_ID else p for p in parameters]).close()
+                cursor = connection.execute(*check)
+                rows = [dict(row) for row in cursor.fetchall()]
+                cursor.close()
+                if not keep(rows):
+                    connection.rollback()
+                    return None
+                connection.commit()
+            except BaseException:
+                if connection.in_transaction:
+                    connection.rollback()
+                raise
+            return inserted
+
+        try:
+            return await raw._execute(insert_all)
+        except sqlite3.IntegrityError as error:
+            raise IntegrityError(error) from error

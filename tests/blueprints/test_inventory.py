@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 
 from certlm.foundation.certs import sha1_fingerprint, to_pem
 from certlm.inventory.entries import ScheduleOut
+from certlm.testing import create_internal_ca
 from tests.crypto_factory import pkcs12_base64, self_signed
 from tests.support import database_rows
 
@@ -32,6 +33,7 @@ INV_FIELDS = {
 TL_FIELDS = {"url", "trustlist_trusted_ca", "trustlist_trusted_crl", "trustlist_issuer_ca", "trustlist_issuer_crl"}
 INVALID_TABLE = "table must contain one of: gds, opc, ssh, pki, ca"
 P12_PASSWORD = "p12-pass"
+ADMIN = {"username": "admin", "password": "admin-pw"}  # the simulator's administrator
 
 
 def unique_host(prefix: str = "dev") -> str:
@@ -860,6 +862,36 @@ async def test_the_endpoint_limit_holds_across_instances_on_one_postgres(make_se
         listed = (await other.get("/gds/inventory")).json()
     assert sorted(statuses) == [200] * 6 + [403] * 18
     assert len(listed) == 6
+
+
+@pytest.mark.postgres
+async def test_two_onboardings_racing_for_the_last_endpoint_register_one_device(
+    make_service, database_url, license_keys, simulated_device
+) -> None:
+    """An onboarding registers its device, the device's lease and the license check in one transaction: of two sent
+    at once for the last licensed endpoint, one registers and onboards its device, the other is refused (403) and
+    leaves nothing behind."""
+    service = await make_service(database_url=database_url, licensed=False)
+    await service.install_license(license_keys.issue(endpoints=2))
+    devices = [await simulated_device(), await simulated_device()]
+    async with service.client() as api:
+        await create_internal_ca(api)
+        await create_gds(api)  # the first endpoint
+
+        onboardings = [
+            api.post("/gds/push/onboarding", json={"server": "127.0.0.1", "port": device.config.port, **ADMIN})
+            for device in devices
+        ]
+        responses = await asyncio.gather(*onboardings)
+
+        assert sorted(response.status_code for response in responses) == [200, 403], [r.text for r in responses]
+        refused = next(response for response in responses if response.status_code == 403)
+        assert refused.json() == {"error": "license endpoint limit reached: 2 endpoints licensed"}
+        winner = devices[[response.status_code for response in responses].index(200)]
+        listed = (await api.get("/gds/inventory")).json()
+        assert len(listed) == 2 and winner.config.port in {entry["port"] for entry in listed}, listed
+        onboarded = next(entry for entry in listed if entry["port"] == winner.config.port)
+        assert onboarded["cert_base64"] and onboarded["schedule"]["renewal_failures"] == 0, onboarded
 
 
 @pytest.mark.postgres

@@ -14,7 +14,8 @@ import asyncpg
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
-from certlm.storage.models import InventoryEntry
+from certlm.lifecycle.leases import INSTANCE, new_entry_lease
+from certlm.storage.models import DeviceSchedule, InventoryEntry
 from certlm.system import audit
 from certlm.testing import LicenseKeys, in_process_settings, licensed_app
 
@@ -178,6 +179,18 @@ async def outside_a_transaction(trips: RoundTrips) -> dict[str, Any]:
     return {"trips": statements, "names": list(names), "in_transaction_after": in_transaction_after, "left": left}
 
 
+async def registration_with_lease(app: Any, trips: RoundTrips) -> dict[str, Any]:
+    """An onboarding's registration (``create_entry(schedule=...)``): the entry and its schedule row holding the
+    device's lease in one statement, the license's endpoint count checked in the same transaction."""
+    trips.start()
+    entry = await app.host.inventory.create_entry(
+        "gds", "registered-1", 4840, {}, looked_up=True, schedule=new_entry_lease(60)
+    )
+    row = await DeviceSchedule.get(entry_id=entry.id)
+    held = row.lease_holder == INSTANCE and row.lease_until is not None
+    return {"trips": trips.transaction(), "held": held, "server_key": entry.server_key}
+
+
 async def main(database_url: str, directory: Path) -> None:
     keys = LicenseKeys.create(directory / "license-keys")
     trips = RoundTrips()
@@ -190,6 +203,7 @@ async def main(database_url: str, directory: Path) -> None:
             seen["rolled_back_before_any_statement"] = await _outcome(rolled_back_before_any_statement(trips))
             seen["failed_statement"] = await _outcome(failed_statement())
             seen["outside_a_transaction"] = await _outcome(outside_a_transaction(trips))
+            seen["registration_with_lease"] = await _outcome(registration_with_lease(app, trips))
     print(json.dumps(seen), flush=True)
 
 

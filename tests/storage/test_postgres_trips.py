@@ -81,3 +81,11 @@ def test_renames_recorded_at_once_each_insert_after_the_head_the_one_before_inse
     # (before, most of eight at once did: two more round trips each).
     at_once = seen["concurrent_renames"]
     assert at_once == {"statuses": [200] * 8, "head_reads": 0, "records": 10, "intact": True}
+
+
+def test_an_onboardings_registration_inserts_the_entry_and_its_leased_row_in_one_statement(
+    seen: dict[str, Any],
+) -> None:
+    # Before: BEGIN, INSERT, SELECT (the endpoint count), COMMIT, then the row's own BEGIN, INSERT and COMMIT.
+    registration = seen["registration_with_lease"]
+    assert registration == {"trips": ["BEGIN", "WITH", "SELECT", "COMMIT"], "held": True, "server_key": "registered-1"}

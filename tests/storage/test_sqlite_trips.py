@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from tortoise import connections
+from tortoise.exceptions import IntegrityError, TransactionManagementError
 from tortoise.transactions import in_transaction
 
 from certlm.storage import sqlite_transactions
@@ -103,3 +104,41 @@ async def test_insert_then_commit_commits_only_what_it_inserted(app_storage: Non
     assert raw.in_transaction
     await context.__aexit__(RuntimeError, RuntimeError("given up"), None)
     assert {e.server for e in await InventoryEntry.all()} == {"plc-7"}
+
+
+async def test_insert_and_check_in_one_trip_commits_what_the_check_keeps_and_rolls_back_the_rest(
+    app_storage: None, trips: list[str]
+) -> None:
+    """The INSERT, the statements made with its row's id and the check: one trip, committed only when the check
+    keeps them; a constraint's failure is tortoise's IntegrityError, and leaves nothing either."""
+    database = connections.get("default")
+    insert = (
+        'INSERT INTO "inventory_entry" ("protocol", "service", "server", "server_key", "port", "device_status", '
+        "\"created_at\", \"updated_at\") VALUES ('gds', 'gds-push-generic', ?, ?, 4840, 1, ?, ?)"
+    )
+    at = "2026-11-28 12:00:00+00:00"
+    rename = ('UPDATE "inventory_entry" SET "name" = ? WHERE "id" = ?', ["made", sqlite_transactions.INSERTED_ID])
+    check = ('SELECT count(*) AS "entries" FROM "inventory_entry"', [])
+    trips.clear()
+
+    made = await sqlite_transactions.insert_and_check_in_one_trip(
+        database, (insert, ["plc-5", "plc-5", at, at]), [rename], check, keep=lambda rows: rows[0]["entries"] == 1
+    )
+
+    assert len(trips) == 1, trips
+    assert made is not None and (await InventoryEntry.get(id=made)).name == "made"
+    refused = await sqlite_transactions.insert_and_check_in_one_trip(
+        database, (insert, ["plc-6", "plc-6", at, at]), [rename], check, keep=lambda rows: rows[0]["entries"] == 1
+    )
+    assert refused is None
+    with pytest.raises(IntegrityError):
+        await sqlite_transactions.insert_and_check_in_one_trip(
+            database, (insert, ["plc-5", "plc-5", at, at]), [rename], check, keep=lambda rows: True
+        )
+    assert [entry.server for entry in await InventoryEntry.all()] == ["plc-5"]
+    assert not database._connection.in_transaction
+    async with in_transaction("default") as transaction:
+        with pytest.raises(TransactionManagementError):
+            await sqlite_transactions.insert_and_check_in_one_trip(
+                transaction, (insert, ["plc-7", "plc-7", at, at]), [], check, keep=lambda rows: True
+            )
