@@ -1076,12 +1076,11 @@ class AuditFilter:
         if self.action is not None:
             q &= Q(action__startswith=self.action)
         if self.device_given:
-            about = Q(id__lt=0)  # nothing, unless an id or address matches
-            if self.entry_ids:
-                about |= Q(entry_id__in=list(self.entry_ids))
-            if self.devices:
-                about |= Q(device__in=list(self.devices))
-            q &= about
+            # Only the terms of the ids and addresses given (nothing when none is): a term on the id beside them would
+            # lead SQLite to read on through the ids rather than through the indexes of the entry and the device.
+            about = [Q(entry_id__in=list(self.entry_ids))] if self.entry_ids else []
+            about += [Q(device__in=list(self.devices))] if self.devices else []
+            q &= Q(*about, join_type=Q.OR) if about else Q(id__lt=0)
         return q
 
 
