@@ -207,7 +207,7 @@ async def count_opcodes(app, requests: int = 300) -> None:
     opcodes, calls = sum(counted.opcodes.values()), sum(counted.calls.values())
     print(f"audit.py per request ({done} requests of the mix, trail on): {opcodes / done:.0f} opcodes, "
           f"{calls / done:.1f} calls")  # fmt: skip
-    for name, count in counted.opcodes.most_common(15):
+    for name, count in counted.opcodes.most_common(20):
         print(f"  {count / done:7.1f} opcodes {counted.calls[name] / done:5.2f} calls  {name}")
 
 
