@@ -261,8 +261,8 @@ async def test_the_trails_python_per_request_stays_within_its_count(in_process: 
     """The trail's Python for each request of bench_audit's mix, counted in bytecode instructions (a count, not a
     time: the machine's load does not move it). The journal reads a model's fields in one call each way
     (``_fields_getter``, ``_row_reader``), diffs them in C (``_saved``) and tells common values apart by their type
-    first (``shown``). Counted on CPython 3.11 (rename, window made, window deleted): 2006, 1377, 1697 before; 1041,
-    1027, 1297 after; the bounds leave about a tenth for other versions."""
+    first (``shown``). Counted on CPython 3.11 (rename, window made, window deleted): 1972, 1343, 1663 before; 1041,
+    993, 1263 after; the bounds leave about a tenth for other versions."""
     app = in_process
     status, _ = await app.call("POST", "/gds/inventory", DEVICE)
     assert status == 200
