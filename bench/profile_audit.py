@@ -14,8 +14,11 @@ inflates the trail's many small calls several times over); ``--stats FILE`` also
 that a profile of each side can be compared function by function per request (the calls are counted, not timed: the
 count does not move with the machine's load). ``--pieces`` times the trail's Python alone, each piece on real rows of
 the running app, many times over (the best of five runs): the journal of a save and of a delete, and a record's
-values, row and hash. ``--postgres`` runs the app on a throw-away PostgreSQL cluster and counts round trips to it per
-request (each statement asyncpg sends) instead of trips to SQLite's thread.
+values, row and hash. ``--opcodes`` counts, over a few hundred requests of the mix with the trail on, the Python
+the trail's module (``certlm/system/audit.py``) runs per request: its bytecode instructions, its functions' calls
+(a coroutine's resumption counts as one) and each function's share, traced with ``sys.settrace``; a count, not a
+time, so the machine's load does not move it. ``--postgres`` runs the app on a throw-away PostgreSQL cluster and
+counts round trips to it per request (each statement asyncpg sends) instead of trips to SQLite's thread.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from certlm.storage.models import InventoryEntry, MaintenanceWindow
 from certlm.system import audit
 from certlm.testing.in_process import in_process_settings, licensed_app
 from certlm.testing.licenses import LicenseKeys
+from tests.support import ModuleOpcodes
 
 DEVICES = 50
 
@@ -195,6 +199,18 @@ async def time_pieces(app) -> None:
         await window.delete()
 
 
+async def count_opcodes(app, requests: int = 300) -> None:
+    """``--opcodes``: the trail's bytecode instructions and calls per request of the mix, and where they go."""
+    trail(True)
+    with ModuleOpcodes(audit.__file__) as counted:
+        done = await mix(app, requests, 500_000)
+    opcodes, calls = sum(counted.opcodes.values()), sum(counted.calls.values())
+    print(f"audit.py per request ({done} requests of the mix, trail on): {opcodes / done:.0f} opcodes, "
+          f"{calls / done:.1f} calls")  # fmt: skip
+    for name, count in counted.opcodes.most_common(20):
+        print(f"  {count / done:7.1f} opcodes {counted.calls[name] / done:5.2f} calls  {name}")
+
+
 def trail(on: bool) -> None:
     # The setting ``CERTLM_AUDIT_TRAIL`` sets at start-up, switched while the app runs.
     audit.configure(on, None, 60)
@@ -208,6 +224,7 @@ async def main() -> None:
     parser.add_argument("--profile", choices=("on", "off"))
     parser.add_argument("--stats", help="with --profile: also write the profile to this file (pstats), to compare")
     parser.add_argument("--pieces", action="store_true", help="also time the trail's Python piece by piece")
+    parser.add_argument("--opcodes", action="store_true", help="also count audit.py's opcodes and calls per request")
     parser.add_argument("--postgres", action="store_true", help="on a throw-away PostgreSQL cluster, not SQLite")
     args = parser.parse_args()
     postgres = None
@@ -280,6 +297,8 @@ async def measure(args: argparse.Namespace, postgres) -> None:
                     spent[on][2] += done
                     per_block[on].append(1000 * process / done)
                 number += 1
+            if args.opcodes:
+                await count_opcodes(app)
             if args.pieces:
                 print("the trail's Python alone (CPU per call, best of five runs):")
                 await time_pieces(app)

@@ -10,13 +10,17 @@ import shutil
 import socket
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager, closing, contextmanager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from aiohttp import web
@@ -218,3 +222,42 @@ class Rule:
     rrule: str | None = None
     cron: str | None = None
     duration_minutes: int | None = None
+
+
+class ModuleOpcodes:
+    """While entered, counts the bytecode instructions one module's functions run and their calls (a coroutine's
+    resumption counts as one), by function: a trace function (``sys.settrace``, this thread) only for that module's
+    frames, which turn on per-instruction events for themselves. The cost of its Python as a count, which the
+    machine's load does not move (``bench/profile_audit.py --opcodes``, ``tests/test_audit_cost.py``). Only the
+    entering task's and the tasks it starts meanwhile (a context variable marks them): not a scheduler's that runs
+    between them."""
+
+    _counted: ContextVar[bool] = ContextVar("counted_opcodes", default=False)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.opcodes: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._token: Token[bool] | None = None
+
+    def _called(self, frame: FrameType, event: str, _: object) -> Callable | None:
+        if event != "call" or frame.f_code.co_filename != self.path or not self._counted.get():
+            return None
+        self.calls[frame.f_code.co_qualname] += 1
+        frame.f_trace_opcodes = True
+        return self._ran
+
+    def _ran(self, frame: FrameType, event: str, _: object) -> Callable:
+        if event == "opcode":
+            self.opcodes[frame.f_code.co_qualname] += 1
+        return self._ran
+
+    def __enter__(self) -> ModuleOpcodes:
+        self._token = self._counted.set(True)
+        sys.settrace(self._called)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        sys.settrace(None)
+        if self._token is not None:
+            self._counted.reset(self._token)

@@ -20,7 +20,7 @@ from tortoise.backends.base.client import BaseDBAsyncClient
 from tortoise.transactions import in_transaction
 from tortoise.utils import generate_schema_for_client
 
-from certlm.storage.models import SERVER_KEY_UNIQUE
+from certlm.storage.models import SERVER_KEY_UNIQUE, AuditRecord
 from certlm.storage.sql import in_dialect
 
 log = logging.getLogger(__name__)
@@ -349,6 +349,28 @@ async def install_audit_chain_head_check(connection: BaseDBAsyncClient, dialect:
     )
 
 
+# An index of ``audit_record``'s entry or device over every row, which version 23 makes partial: it ends at its column.
+_FULL_AUDIT_DEVICE_INDEX = re.compile(r'\("?(entry_id|device)"?\)\s*$')
+
+
+async def _partial_audit_device_indexes(connection: BaseDBAsyncClient, dialect: str) -> None:
+    """Both engines: the indexes of ``audit_record``'s ``entry_id`` and ``device`` over every row dropped, the model's
+    over the rows that have one made (``IndexOfGiven``), as a new database gets them. The records stay as they are."""
+    if dialect == "sqlite":
+        sql = "SELECT name, sql AS made FROM sqlite_master WHERE type = 'index' AND tbl_name = 'audit_record'"
+    else:
+        sql = (
+            "SELECT indexname AS name, indexdef AS made FROM pg_indexes "
+            "WHERE schemaname = current_schema() AND tablename = 'audit_record'"
+        )
+    for row in await connection.execute_query_dict(sql):
+        if row["made"] and _FULL_AUDIT_DEVICE_INDEX.search(row["made"]):
+            await connection.execute_query(f'DROP INDEX IF EXISTS "{row["name"]}"')
+    generator = connection.schema_generator(connection)
+    for index in AuditRecord._meta.indexes:
+        await connection.execute_query(index.get_sql(generator, AuditRecord, safe=True))
+
+
 STEPS: tuple[MigrationStep, ...] = (
     MigrationStep(2, "maintenance rules: cron expression and occurrence duration", _add_rule_cron_columns),
     MigrationStep(3, "inventory: the device description its driver was chosen by", _add_device_description_column),
@@ -418,6 +440,11 @@ STEPS: tuple[MigrationStep, ...] = (
         22,
         "campaigns: the CRL probe certificates certlm gave up revoking, for the operator",
         _add_campaign_crl_probe_unrevoked,
+    ),
+    MigrationStep(
+        23,
+        "the audit trail: its device indexes only over the records of a device, so the others write none",
+        _partial_audit_device_indexes,
     ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)

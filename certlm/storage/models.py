@@ -7,6 +7,7 @@ from typing import Any
 
 from tortoise import fields
 from tortoise.backends.base.client import BaseDBAsyncClient
+from tortoise.indexes import Index
 from tortoise.models import Model as TortoiseModel
 from tortoise.models import ModelMeta
 
@@ -26,6 +27,7 @@ class Model(TortoiseModel, metaclass=_WithoutSourceComments):
 
     class Meta:
         abstract = True
+
 
 # The unique index every lookup of an inventory entry by address uses (``certlm.inventory.entries.find_entry_at``).
 SERVER_KEY_UNIQUE = ("server_key", "port", "protocol")
@@ -442,6 +444,16 @@ class RowIdField(fields.BigIntField):
         SQL_TYPE = "INTEGER"
 
 
+class IndexOfGiven(Index):
+    """An index of one column over the rows where it is not NULL only (a partial index; SQLite and PostgreSQL): a row
+    without a value writes nothing to it, and a filter on a value of the column still uses it. tortoise's
+    ``PartialIndex`` knows only ``column = value`` conditions."""
+
+    def __init__(self, column: str, name: str) -> None:
+        super().__init__(fields=(column,), name=name)
+        self.extra = f' WHERE "{column}" IS NOT NULL'
+
+
 class AuditRecord(Model):
     """One record of the audit trail (``certlm.system.audit``): who did what to which target, when, with what outcome
     and which fields changed. Never updated: each carries the SHA-256 of the record before it (``prev_hash``) and its
@@ -449,8 +461,9 @@ class AuditRecord(Model):
     have no gaps and a removed record shows."""
 
     # Every request that changes state writes one: each index is one more B-tree to write. Only the device filters
-    # (the dashboard's device history) have one; the others (time, actor, action) read on from ``after_id`` in id
-    # order, page by page, which ids already give.
+    # (the dashboard's device history) have one, over the records that name an entry or a device (``Meta.indexes``):
+    # a record of no device (a maintenance window, a key) writes no index. The other filters (time, actor, action)
+    # read on from ``after_id`` in id order, page by page, which ids already give.
     id = RowIdField(primary_key=True, generated=False)
     at = fields.DatetimeField()
     actor = fields.CharField(max_length=255)
@@ -459,8 +472,8 @@ class AuditRecord(Model):
     source = fields.CharField(max_length=64, null=True)
     action = fields.CharField(max_length=255)
     target = fields.TextField(null=True)
-    entry_id = fields.IntField(null=True, db_index=True)
-    device = fields.CharField(max_length=300, null=True, db_index=True)
+    entry_id = fields.IntField(null=True)
+    device = fields.CharField(max_length=300, null=True)
     status = fields.IntField(null=True)
     outcome = fields.CharField(max_length=16)
     detail = fields.TextField(null=True)
@@ -471,6 +484,10 @@ class AuditRecord(Model):
 
     class Meta:
         table = "audit_record"
+        indexes = (
+            IndexOfGiven("entry_id", "idx_audit_record_entry_id_given"),
+            IndexOfGiven("device", "idx_audit_record_device_given"),
+        )
 
 
 class AuditChainStart(Model):

@@ -44,8 +44,10 @@ import contextlib
 import copy
 import functools
 import hashlib
+import itertools
 import json
 import logging
+import operator
 import re
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -203,12 +205,20 @@ def is_secret(name: str) -> bool:
     return SECRET_NAME.search(name) is not None
 
 
+# Values of these very types are kept as they are (their subclasses, an enum say, go the general way).
+_KEPT_AS_THEY_ARE = frozenset({bool, int, float})
+
+
 def shown(name: str, value: Any) -> Any:
     """A field's value as the trail keeps it: secrets by name redacted, binary and long values as their digest."""
     if value is None:
         return None
     if is_secret(name):
         return REDACTED
+    # Most values are text or numbers: told apart by their very type first, the general checks after.
+    kind = type(value)
+    if (kind is str and len(value) <= LONG_VALUE_CHARS) or kind in _KEPT_AS_THEY_ARE:
+        return value
     if isinstance(value, bytes | bytearray | memoryview):
         data = bytes(value)
         return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -228,14 +238,52 @@ def _recorded_fields(model: type[Model]) -> tuple[str, ...]:
     return tuple(name for name in model._meta.fields_db_projection if name not in UNRECORDED_FIELDS)
 
 
-def _values(instance: Model, names: Iterable[str]) -> dict[str, Any]:
-    return {name: getattr(instance, name, None) for name in names}
+def _picker(pick: Callable[..., Callable[[Any], Any]], keys: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """``pick(*keys)`` (``operator.attrgetter`` or ``itemgetter``: the values in one call, in C) that gives a tuple
+    whatever the number of keys (``pick`` of one key gives the value alone, of none is an error)."""
+    if len(keys) == 1:
+        one = pick(keys[0])
+        return lambda source: (one(source),)
+    return pick(*keys) if keys else lambda _: ()
+
+
+@functools.cache
+def _fields_getter(model: type[Model], names: tuple[str, ...]) -> Callable[[Model], tuple[Any, ...]]:
+    # Per model and set of fields (all recorded ones, or those of one ``update_fields``): made once.
+    return _picker(operator.attrgetter, names)
+
+
+@functools.cache
+def _updated_fields(model: type[Model], update_fields: tuple[str, ...]) -> tuple[str, ...]:
+    """The recorded fields a save with ``update_fields`` writes; per model and ``update_fields``, as the saves of a
+    route give the same each time."""
+    given = set(update_fields)
+    # A foreign key is saved by its relation's name (``pki``) or its column's (``pki_id``).
+    return tuple(name for name in _recorded_fields(model) if name in given or name.removesuffix("_id") in given)
+
+
+def _values(instance: Model, names: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        return dict(zip(names, _fields_getter(type(instance), names)(instance), strict=True))
+    except AttributeError:  # a partial instance (``.only()``) has only the fields it was loaded with
+        return {name: getattr(instance, name, None) for name in names}
+
+
+@functools.cache
+def _changed_in_place(model: type[Model]) -> tuple[str, ...]:
+    """The recorded fields of ``model`` whose value may be changed in place (JSON: a dict or a list)."""
+    found = model._meta.fields_map
+    return tuple(name for name in _recorded_fields(model) if isinstance(found.get(name), fields.JSONField))
 
 
 def _snapshot(instance: Model) -> None:
-    values = _values(instance, _recorded_fields(type(instance)))
+    model = type(instance)
+    values = _values(instance, _recorded_fields(model))
     # JSON fields may be changed in place; the snapshot keeps the value as it is now.
-    instance.__dict__[_SNAPSHOT] = {k: copy.copy(v) if isinstance(v, dict | list) else v for k, v in values.items()}
+    for name in _changed_in_place(model):
+        if isinstance(value := values[name], dict | list):
+            values[name] = copy.copy(value)
+    instance.__dict__[_SNAPSHOT] = values
 
 
 def _known_before(instance: Model) -> bool:
@@ -249,17 +297,15 @@ def _loaded(instance: Model) -> dict[str, Any] | None:
     if snapshot is None and (row := found.pop(_LOADED_ROW, None)) is not None:
         # Read from the row as tortoise made it, not from the instance: a JSON field changed in place since is not in
         # the row. Only the recorded fields are made Python values, the way tortoise makes them.
-        snapshot = found[_SNAPSHOT] = {
-            name: row[column] if convert is None or row[column] is None else convert(row[column])
-            for name, column, convert in _row_reader(type(instance))
-        }
+        snapshot = found[_SNAPSHOT] = _row_reader(type(instance))(row)
     return snapshot
 
 
 @functools.cache
-def _row_reader(model: type[Model]) -> tuple[tuple[str, str, Callable[[Any], Any] | None], ...]:
-    """Each recorded field of ``model``: its name, its column in a row as the database gives it, and what makes the
-    column's value the field's Python value (None: the driver already did), as ``Model._init_from_db`` does."""
+def _row_reader(model: type[Model]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What makes a row of ``model`` as the database gives it (by column) its recorded fields' Python values (by
+    name), as ``Model._init_from_db`` does: the columns read in one call, then only the values the driver did not
+    already make Python values converted."""
     meta = model._meta
     converters: dict[str, tuple[str, Callable[[Any], Any] | None]] = {}
     for column, name, _ in meta.db_native_fields:
@@ -268,7 +314,18 @@ def _row_reader(model: type[Model]) -> tuple[tuple[str, str, Callable[[Any], Any
         converters[name] = (column, found.field_type)
     for column, name, found in meta.db_complex_fields:
         converters[name] = (column, found.to_python_value)
-    return tuple((name, *converters[name]) for name in _recorded_fields(model))
+    names = _recorded_fields(model)
+    columns = _picker(operator.itemgetter, tuple(converters[name][0] for name in names))
+    converted = tuple((name, convert) for name in names if (convert := converters[name][1]) is not None)
+
+    def read(row: dict[str, Any]) -> dict[str, Any]:
+        values = dict(zip(names, columns(row), strict=True))
+        for name, convert in converted:
+            if (value := values[name]) is not None:
+                values[name] = convert(value)
+        return values
+
+    return read
 
 
 def _note_entry(journal: Journal, instance: Model) -> None:
@@ -279,11 +336,7 @@ def _note_entry(journal: Journal, instance: Model) -> None:
 
 
 def _saved(journal: Journal, sender: type[Model], instance: Model, created: bool, update_fields: Any) -> None:
-    names = _recorded_fields(sender)
-    if update_fields:
-        given = set(update_fields)
-        # A foreign key is saved by its relation's name (``pki``) or its column's (``pki_id``).
-        names = [name for name in names if name in given or name.removesuffix("_id") in given]
+    names = _updated_fields(sender, tuple(update_fields)) if update_fields else _recorded_fields(sender)
     loaded = _loaded(instance)
     now = _values(instance, names)
     change: dict[str, Any] = {"table": sender._meta.db_table, "id": instance.pk}
@@ -293,7 +346,7 @@ def _saved(journal: Journal, sender: type[Model], instance: Model, created: bool
         # Saved without having been loaded in this request: what it was is not known, only what it is now.
         change.update(op="update", before=None, after={k: shown(k, v) for k, v in now.items()})
     else:
-        changed = [name for name in names if loaded.get(name) != now[name]]
+        changed = list(itertools.compress(names, map(operator.ne, map(loaded.get, names), now.values())))
         before = {name: shown(name, loaded.get(name)) for name in changed}
         after = {name: shown(name, now[name]) for name in changed}
         change.update(op="update", before=before, after=after)
@@ -314,9 +367,8 @@ def _deleted(journal: Journal, instance: Model) -> None:
 
 
 def _deletion(instance: Model) -> dict[str, Any]:
-    names = _recorded_fields(type(instance))
-    loaded = _loaded(instance) or _values(instance, names)
-    before = {name: shown(name, loaded.get(name)) for name in names if loaded.get(name) is not None}
+    loaded = _loaded(instance) or _values(instance, _recorded_fields(type(instance)))
+    before = {name: shown(name, value) for name, value in loaded.items() if value is not None}
     return {"table": instance._meta.db_table, "id": instance.pk, "op": "delete", "before": before, "after": None}
 
 
@@ -538,6 +590,9 @@ def watch_models() -> None:
     global _hooks_installed
     # Worked out anew for the models now loaded (which plugins' models refer to the host's may differ from before).
     _recorded_fields.cache_clear()
+    _fields_getter.cache_clear()
+    _updated_fields.cache_clear()
+    _changed_in_place.cache_clear()
     _row_reader.cache_clear()
     _referencing.cache_clear()
     _cascade_is_one_level.cache_clear()
@@ -633,6 +688,7 @@ def _is_postgres() -> bool:
 # A record's place in the chain: its id and hash.
 Link = tuple[int, str]
 _ROW_COLUMNS = (*HASHED_FIELDS, "hash")
+_row_values = operator.itemgetter(*_ROW_COLUMNS)
 
 
 @functools.cache
@@ -669,7 +725,7 @@ def _linked(values: dict[str, Any], head: Link) -> list[Any]:
     record = {**values, "id": head[0] + 1, "prev_hash": head[1]}
     record["hash"] = _hash_of(record)
     record["at"] = _at_in_database(record["at"])
-    return [record[name] for name in _ROW_COLUMNS]
+    return list(_row_values(record))
 
 
 _AT_FIELD = AuditRecord._meta.fields_map["at"]
@@ -1076,12 +1132,11 @@ class AuditFilter:
         if self.action is not None:
             q &= Q(action__startswith=self.action)
         if self.device_given:
-            about = Q(id__lt=0)  # nothing, unless an id or address matches
-            if self.entry_ids:
-                about |= Q(entry_id__in=list(self.entry_ids))
-            if self.devices:
-                about |= Q(device__in=list(self.devices))
-            q &= about
+            # Only the terms of the ids and addresses given (nothing when none is): a term on the id beside them would
+            # lead SQLite to read on through the ids rather than through the indexes of the entry and the device.
+            about = [Q(entry_id__in=list(self.entry_ids))] if self.entry_ids else []
+            about += [Q(device__in=list(self.devices))] if self.devices else []
+            q &= Q(*about, join_type=Q.OR) if about else Q(id__lt=0)
         return q
 
 

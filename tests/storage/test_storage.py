@@ -679,3 +679,81 @@ async def test_a_version_21_postgres_campaign_gets_the_list_of_probes_left_unrev
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
     await _assert_probe_left_to_the_operator(service, serial)
     assert postgres.query(url, "SELECT count(*) FROM crl_probe_revocation").strip() == "0"
+
+
+# --- version 23: the audit trail's device indexes only over the records of a device ----------------------------------
+
+PARTIAL_AUDIT_INDEXES = {"idx_audit_record_entry_id_given": "entry_id", "idx_audit_record_device_given": "device"}
+# ``GET /audit?device=1`` as ``AuditFilter`` asks it: the entry's id or its address, read on from ``after_id``.
+AUDIT_OF_DEVICE = (
+    'SELECT "id" FROM "audit_record" WHERE ("entry_id" IN (1) OR "device" IN (\'127.0.0.1:4900\')) AND "id">0 '
+    'ORDER BY "id" ASC LIMIT 101'
+)
+# The indexes as version 22 made them: over every record.
+VERSION_22_AUDIT_INDEXES = "".join(
+    f'DROP INDEX "{name}"; CREATE INDEX "idx_audit_recor_{column}" ON "audit_record" ("{column}");'
+    for name, column in PARTIAL_AUDIT_INDEXES.items()
+)
+
+
+async def _record_with_and_without_a_device(service) -> None:
+    await _record_some_requests(service, 2)
+    window = {"name": "window", "status": "active", "window_type": "one_time", "timezone": "UTC"}
+    async with service.client() as client:
+        answer = await client.post("/maintenance/inventory", json=window)
+        assert answer.status_code == 201, answer.text
+
+
+async def test_a_version_22_sqlite_audit_trail_indexes_only_the_records_of_a_device(make_service) -> None:
+    service = await make_service()
+    await _record_with_and_without_a_device(service)
+    await service.stop()
+    database = service.data_dir / "certlm.sqlite3"
+    with sqlite3.connect(database) as db:
+        db.executescript(VERSION_22_AUDIT_INDEXES + "UPDATE certlm_schema SET version = 22;")
+        records = db.execute("SELECT * FROM audit_record ORDER BY id").fetchall()
+    assert any(record[9] is None for record in records) and any(record[9] for record in records)  # device
+    await service.start()
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT version FROM certlm_schema").fetchone() == (CURRENT_VERSION,)
+        indexes = dict(
+            db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'audit_record'")
+        )
+        assert indexes == {
+            name: f'CREATE INDEX "{name}" ON "audit_record" ("{column}") WHERE "{column}" IS NOT NULL'
+            for name, column in PARTIAL_AUDIT_INDEXES.items()
+        }
+        plan = " ".join(row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {AUDIT_OF_DEVICE}"))
+        assert all(f"USING INDEX {name} " in plan for name in PARTIAL_AUDIT_INDEXES), plan
+        assert db.execute("SELECT * FROM audit_record ORDER BY id").fetchall() == records
+    await _record_some_requests(service, 1, first_port=5000)
+    await service.stop()
+    assert _verify_trail("--data-dir", str(service.data_dir)).startswith(f"audit trail intact: {len(records) + 1} ")
+
+
+async def test_a_version_22_postgres_audit_trail_indexes_only_the_records_of_a_device(make_service, postgres) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await _record_with_and_without_a_device(service)
+    await service.stop()
+    postgres.query(url, VERSION_22_AUDIT_INDEXES + "UPDATE certlm_schema SET version = 22;")
+    records = postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id")
+    await service.start()
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    indexes = postgres.query(url, "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'audit_record'")
+    assert dict(line.split("|") for line in indexes.splitlines()) == {
+        "audit_record_pkey": "CREATE UNIQUE INDEX audit_record_pkey ON public.audit_record USING btree (id)",
+        **{
+            name: f"CREATE INDEX {name} ON public.audit_record USING btree ({column}) WHERE ({column} IS NOT NULL)"
+            for name, column in PARTIAL_AUDIT_INDEXES.items()
+        },
+    }
+    # Told not to read the whole table, nor all of it in id order (it is small): the filter is answered from the two
+    # indexes.
+    sql = f"ANALYZE audit_record; SET enable_seqscan = off; SET enable_indexscan = off; EXPLAIN {AUDIT_OF_DEVICE}"
+    plan = postgres.query(url, sql)
+    assert all(f"Bitmap Index Scan on {name}" in plan for name in PARTIAL_AUDIT_INDEXES), plan
+    assert postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id") == records
+    await _record_some_requests(service, 1, first_port=5000)
+    count = len(records.splitlines())
+    assert _verify_trail("--database-url", url).startswith(f"audit trail intact: {count + 1} ")
