@@ -72,7 +72,8 @@ def on_table(statements: list[str], verb: str, table: str) -> list[str]:
 
 
 def reads_of(statements: list[str], table: str) -> list[str]:
-    return [s for s in statements if s.startswith("SELECT") and re.search(rf'\bFROM "?{table}"?\b', s)]
+    """The SELECTs that read ``table``, on its own or joined to others (a push's rows after its claim)."""
+    return [s for s in statements if s.startswith("SELECT") and re.search(rf'\b(FROM|JOIN) "?{table}"?\b', s)]
 
 
 def ca_reads_of(statements: list[str]) -> list[str]:
