@@ -6,8 +6,8 @@ A monitor visit: the lease and the scan's turn claimed in one UPDATE, the entry 
 written once and the lease released with the visit recorded; the devices' credentials and which of them have rejected
 certificates marked listed are read once by the scan (a device listing none, with none marked, writes nothing there).
 A scheduled renewal: the lease claimed, the schedule row, the entry and its PKI read in one joined SELECT under it
-(the push signs with that PKI row), the credentials, the campaigns' trust, the entry written once, the lease
-released; the PKI plugin's own statements (the internal CA's row, read once per push, the issued certificate) come on
+(the push signs with that PKI row), the credential with whether a campaign keeps trust on the device (one SELECT;
+two before), the entry written once, the lease released; the PKI plugin's own statements (the internal CA's row, read once per push, the issued certificate) come on
 top."""
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ MONITOR_VISIT = {"sqlite": 4, "postgres": 3}
 # A renewal wave's own: the calendar, the settings, the campaigns and PKIs the rollover check reads, the due entries
 # with their PKIs, their schedule rows (two reads), and the new CA's first CRL (its revoked certificates, its row).
 RENEWAL_WAVE = 10
-# Per renewal: certlm's seven (see above, and the issued certificate's record), the internal CA's row once, and,
-# for a renewal that finds the new CA's first CRL being signed, the row again under its lock (how many do depends on
-# how the renewals overlap).
-RENEWAL = 7 + 3
+# Per renewal: certlm's six (see above, and the issued certificate's record; seven before the credential and the
+# campaigns' test were read in one SELECT), the internal CA's row once, and, for a renewal that finds the new CA's
+# first CRL being signed, the row again under its lock (how many do depends on how the renewals overlap).
+RENEWAL = 6 + 3
 
 
 async def scan_context(interval: timedelta) -> ScanContext:
