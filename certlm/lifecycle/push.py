@@ -181,9 +181,19 @@ def _device_accepted_connection(error: APIError) -> bool:
     return any(step.get("step") == "connect" and step.get("ok") for step in steps)
 
 
+# What a caller that holds the device's lease (the renewal scheduler) sets in its ``device_schedule`` row for the push's
+# outcome: the columns for the push's error, or for its success (None).
+Settle = Callable[[APIError | None], dict[str, Any]]
+
+
 @journals_automated_work
 async def push_certificate(
-    runtime: Runtime, entry: InventoryEntry, order: PushOrder, *, registered: bool = False
+    runtime: Runtime,
+    entry: InventoryEntry,
+    order: PushOrder,
+    *,
+    registered: bool = False,
+    settled: Settle | None = None,
 ) -> dict[str, Any]:
     """Enroll a new certificate for ``entry``, store the outcome and record it as the entry's last push (or
     onboarding); the operation result.
@@ -191,15 +201,18 @@ async def push_certificate(
     Raises ``PushError`` with the steps done (422 when the PKI refused the certificate request, the 4xx of a PKI
     entry that cannot be used as configured, 500 otherwise), or another ``APIError`` when the push could not start
     (no PKI, no pinned certificate for an automated push). Failures are recorded too. ``registered``: the caller
-    made the entry just now, and its schedule row is made holding the device's lease at once.
+    made the entry just now, and its schedule row is made holding the device's lease at once. ``settled``: the caller
+    holds the device's lease and does nothing more under it once the push recorded its outcome; the push releases it
+    with that record's write, setting the columns ``settled`` answers for the outcome (a push that certlm stopped
+    records no outcome: the caller's lease is released as the caller's block ends).
     """
     # A scheduler's push reads each shared row once too, as a request does (``certlm.storage.reads``).
     with reads_once():
-        return await _push_certificate(runtime, entry, order, registered)
+        return await _push_certificate(runtime, entry, order, registered, settled)
 
 
 async def _push_certificate(
-    runtime: Runtime, entry: InventoryEntry, order: PushOrder, registered: bool
+    runtime: Runtime, entry: InventoryEntry, order: PushOrder, registered: bool, settled: Settle | None
 ) -> dict[str, Any]:
     # One push at a time per device, whichever instance runs it: two concurrent sessions would each make the device
     # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
@@ -211,14 +224,16 @@ async def _push_certificate(
     async with lease as claim:
         # The entry's first operation made its schedule row just now: there is no mark on it to look for and clear.
         unmarked = claim.fresh and not outer_lease
-        # The record's write releases the lease this push claimed (an outer holder's goes on after it).
+        # The record's write releases the lease this push claimed (an outer holder's goes on after it, unless it
+        # asked for it with its ``settled`` columns).
         own_claim = None if outer_lease else claim
         started = api_now()
         try:
             result = await _push_locked(runtime, entry, order, unmarked=unmarked, registered=registered)
         except APIError as error:
             failed = {"url": runtime.inventory.entry_url(entry), "steps": [], **error.details.get("result", {})}
-            await _record_push(entry, order, started, failed, error.message, release=own_claim)
+            release = _settling(claim, settled, error) if settled else own_claim
+            await _record_push(entry, order, started, failed, error.message, release=release)
             raise
         except asyncio.CancelledError:
             # certlm stopping past its grace period (or the request dropped): the record says so, not the push
@@ -242,7 +257,14 @@ async def _push_certificate(
                 renewal_retry_at=None,
             )
         # The success's changes to the entry (``_record_success``) are saved with the record, in one UPDATE.
-        return await _record_push(entry, order, started, result, save_entry=True, release=own_claim)
+        release = _settling(claim, settled, None) if settled else own_claim
+        return await _record_push(entry, order, started, result, save_entry=True, release=release)
+
+
+def _settling(claim: Claim, settled: Settle, error: APIError | None) -> Claim:
+    """The caller's ``claim``, released with the columns it sets for the push's outcome."""
+    claim.on_release.update(settled(error))
+    return claim
 
 
 async def _record_push(
