@@ -118,11 +118,17 @@ async def once_back(timeouts: DeviceTimeouts, attempt: Callable[[], Awaitable[_T
         await asyncio.sleep(delay)
 
 
+# How a device reopening its endpoints answers a session begun meanwhile: on the endpoints it announced before, its
+# security checks fail; while it closes them, the connection is reset; until it listens again, it is refused.
+REOPENING_STATUSES = frozenset({"BadSecurityChecksFailed", "BadCommunicationError", "BadNotConnected"})
+
+
 async def past_a_reopening(timeouts: DeviceTimeouts, open_session: Callable[[], Awaitable[_T]]) -> _T:
     """``open_session()`` for a try after the update was sent: the device may have taken it in and be reopening its
-    endpoints with the new certificate (ApplyChanges closes every channel a moment later), and a session begun on
-    the endpoints it announced before fails the device's security checks (BadSecurityChecksFailed). That failure is
-    tried again, paused as the verification's, within the operation time-out; any other ends the try as before."""
+    endpoints with the new certificate (ApplyChanges closes every channel a moment later), and a session begun
+    meanwhile fails as ``REOPENING_STATUSES`` say. Those failures are tried again, paused as the verification's,
+    within the operation time-out (a session that connected before the device closed its endpoints is reset, and the
+    next is refused until it listens again); any other ends the try as before."""
     deadline = time.monotonic() + timeouts.operation_s
     delays = verify_retry_delays()
     while True:
@@ -130,7 +136,7 @@ async def past_a_reopening(timeouts: DeviceTimeouts, open_session: Callable[[], 
             return await open_session()
         except Exception as error:
             delay = next(delays)
-            if status_name(error) != "BadSecurityChecksFailed" or time.monotonic() + delay > deadline:
+            if status_name(error) not in REOPENING_STATUSES or time.monotonic() + delay > deadline:
                 raise
         await asyncio.sleep(delay)
 
