@@ -336,6 +336,12 @@ async def stored_credential(entry_id: int) -> DeviceCredential | None:
     return await read_once(_credential_key(entry_id), load)
 
 
+def remember_credential(entry_id: int, credential: DeviceCredential | None) -> None:
+    """Make ``credential`` (None: the entry has none) what ``stored_credential`` finds in this scope: for a caller
+    that read it with other rows in one statement."""
+    remember_read(_credential_key(entry_id), credential)
+
+
 async def credential_as_of(entry_id: int, updated_at: datetime | None) -> None:
     """Make the entry's credential read once in this scope (``stored_credential``) the one last changed at
     ``updated_at`` (None: the entry has none), as a read of the entry just found it: one read before (a scan's, when

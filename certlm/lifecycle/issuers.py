@@ -171,18 +171,21 @@ def new_issuer(campaign: Campaign) -> Issuer:
 # --- what every push keeps trusted ----------------------------------------------------------------------------------
 
 
-async def trust_kept_by_campaigns(entry_id: int) -> TrustList:
+async def trust_kept_by_campaigns(entry_id: int, *, kept: bool | None = None) -> TrustList:
     """What a push to the device must keep trusted beside its PKI's chain: both issuers of every campaign that has
-    the device and has not retired the old issuer on it (``PushRequest.also_trusted``).
+    the device and has not retired the old issuer on it (``PushRequest.also_trusted``). ``kept``: whether such a
+    campaign has the device, as the caller read it already (``keeping_campaign_test``); None: asked here.
 
     The old issuer's CRLs are those the campaign was given (its PKI's ``crl()``) and those of its CAs the device's
     trust list holds as certlm last read or wrote it (``InventoryEntry.trustlist``). The backend gives at most one
     CRL, and none for a CA whose certificates name no distribution point (CMP); an issuing CA's own CRL comes only
     from the certificates it issued. Without them a reissue push would drop the old CA's CRL, and a device that demands
     a CRL of every CA on a path would refuse the peers that still present old certificates until the retire."""
-    database = connections.get("default")
-    sql = _keeping_campaign_sql(database.capabilities.dialect)
-    if not await database.execute_query_dict(sql, [entry_id, *KEEPING_STATES, STEP_DONE]):
+    if kept is None:
+        database = connections.get("default")
+        sql = _keeping_campaign_sql(database.capabilities.dialect)
+        kept = bool(await database.execute_query_dict(sql, keeping_campaign_values(entry_id)))
+    if not kept:
         return TrustList()  # the usual push: no campaign has the device
     rows = await CampaignDevice.filter(
         entry_id=entry_id, campaign__state__in=KEEPING_STATES, retire__not=STEP_DONE
@@ -191,23 +194,31 @@ async def trust_kept_by_campaigns(entry_id: int) -> TrustList:
     if not rows:
         return TrustList()
     held_crls = await _stored_crls(entry_id)
-    kept = TrustList()
+    kept_trust = TrustList()
     for row in rows:
         for issuer in (old_issuer(row.campaign).with_crls_from(held_crls), new_issuer(row.campaign)):
-            kept = issuer.change().applied_to(kept)
-    return kept
+            kept_trust = issuer.change().applied_to(kept_trust)
+    return kept_trust
+
+
+def keeping_campaign_test() -> str:
+    """A SELECT that answers a row when a campaign that keeps trust has the device (``{}`` for each of
+    ``keeping_campaign_values``): for a statement that asks it beside other reads (``EXISTS``)."""
+    states = ", ".join("{}" for _ in KEEPING_STATES)
+    return (
+        "SELECT 1 FROM campaign_device d JOIN campaign c ON c.id = d.campaign_id "
+        f"WHERE d.entry_id = {{}} AND c.state IN ({states}) AND (d.retire IS NULL OR d.retire <> {{}})"
+    )
+
+
+def keeping_campaign_values(entry_id: int) -> list[object]:
+    return [entry_id, *KEEPING_STATES, STEP_DONE]
 
 
 @functools.cache
 def _keeping_campaign_sql(dialect: str) -> str:
-    """Whether a campaign that keeps trust has the device (its id, ``KEEPING_STATES``, ``STEP_DONE``): plain SQL built
-    once, as every push asks."""
-    states = ", ".join("{}" for _ in KEEPING_STATES)
-    return in_dialect(
-        "SELECT 1 FROM campaign_device d JOIN campaign c ON c.id = d.campaign_id "
-        f"WHERE d.entry_id = {{}} AND c.state IN ({states}) AND (d.retire IS NULL OR d.retire <> {{}}) LIMIT 1",
-        dialect,
-    )
+    """Whether a campaign that keeps trust has the device: plain SQL built once, as every push asks."""
+    return in_dialect(f"{keeping_campaign_test()} LIMIT 1", dialect)
 
 
 async def _stored_crls(entry_id: int) -> list[bytes]:

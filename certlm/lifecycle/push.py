@@ -7,6 +7,7 @@ it). The REST push endpoints and the renewal scheduler both come here; a device 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,9 +43,16 @@ from certlm.foundation.errors import (
     CsrRejected,
 )
 from certlm.foundation.logs import log_operation
-from certlm.inventory.entries import Inventory, device_entry_at, entry_write, entry_written, saved_fields
+from certlm.inventory.entries import (
+    Inventory,
+    device_entry_at,
+    entry_write,
+    entry_written,
+    remember_credential,
+    saved_fields,
+)
 from certlm.inventory.identity import identity_repinned, mark_identity_changed
-from certlm.lifecycle.issuers import trust_kept_by_campaigns
+from certlm.lifecycle.issuers import keeping_campaign_test, keeping_campaign_values, trust_kept_by_campaigns
 from certlm.lifecycle.leases import Claim, EntryDeleted, device_lease, holds, new_entry_lease, release_with_write
 from certlm.lifecycle.operations import (
     certificate_summary,
@@ -57,8 +65,9 @@ from certlm.lifecycle.operations import (
 from certlm.lifecycle.runtime import Runtime
 from certlm.pki.material import enrollment_pki, pki_material, revoke_on_decommission
 from certlm.pki.revocation import RevocationCheck, store_revocation
-from certlm.storage.models import DeviceSchedule, InventoryEntry, PkiEntry
+from certlm.storage.models import DeviceCredential, DeviceSchedule, InventoryEntry, PkiEntry
 from certlm.storage.reads import reads_once
+from certlm.storage.sql import ModelT, in_dialect
 from certlm.system.audit import journaled_update, journals_automated_work, record_automated
 
 log = logging.getLogger(__name__)
@@ -158,9 +167,19 @@ def _device_accepted_connection(error: APIError) -> bool:
     return any(step.get("step") == "connect" and step.get("ok") for step in steps)
 
 
+# What a caller that holds the device's lease (the renewal scheduler) sets in its ``device_schedule`` row for the push's
+# outcome: the columns for the push's error, or for its success (None).
+Settle = Callable[[APIError | None], dict[str, Any]]
+
+
 @journals_automated_work
 async def push_certificate(
-    runtime: Runtime, entry: InventoryEntry, order: PushOrder, *, registered: bool = False
+    runtime: Runtime,
+    entry: InventoryEntry,
+    order: PushOrder,
+    *,
+    registered: bool = False,
+    settled: Settle | None = None,
 ) -> dict[str, Any]:
     """Enroll a new certificate for ``entry``, store the outcome and record it as the entry's last push (or
     onboarding); the operation result.
@@ -168,15 +187,18 @@ async def push_certificate(
     Raises ``PushError`` with the steps done (422 when the PKI refused the certificate request, the 4xx of a PKI
     entry that cannot be used as configured, 500 otherwise), or another ``APIError`` when the push could not start
     (no PKI, no pinned certificate for an automated push). Failures are recorded too. ``registered``: the caller
-    made the entry just now with its schedule row holding the device's lease (``new_entry_lease``).
+    made the entry just now with its schedule row holding the device's lease (``new_entry_lease``). ``settled``: the
+    caller holds the device's lease and does nothing more under it once the push recorded its outcome; the push
+    releases it with that record's write, setting the columns ``settled`` answers for the outcome (a push that
+    certlm stopped records no outcome: the caller's lease is released as the caller's block ends).
     """
     # A scheduler's push reads each shared row once too, as a request does (``certlm.storage.reads``).
     with reads_once():
-        return await _push_certificate(runtime, entry, order, registered)
+        return await _push_certificate(runtime, entry, order, registered, settled)
 
 
 async def _push_certificate(
-    runtime: Runtime, entry: InventoryEntry, order: PushOrder, registered: bool
+    runtime: Runtime, entry: InventoryEntry, order: PushOrder, registered: bool, settled: Settle | None
 ) -> dict[str, Any]:
     # One push at a time per device, whichever instance runs it: two concurrent sessions would each make the device
     # discard the other's pending key pair. An operator's push waits for a running one, then answers 409.
@@ -188,14 +210,16 @@ async def _push_certificate(
     async with lease as claim:
         # The entry's first operation made its schedule row just now: there is no mark on it to look for and clear.
         unmarked = claim.fresh and not outer_lease
-        # The record's write releases the lease this push claimed (an outer holder's goes on after it).
+        # The record's write releases the lease this push claimed (an outer holder's goes on after it, unless it
+        # asked for it with its ``settled`` columns).
         own_claim = None if outer_lease else claim
         started = api_now()
         try:
             result = await _push_locked(runtime, entry, order, unmarked=unmarked, registered=registered)
         except APIError as error:
             failed = {"url": runtime.inventory.entry_url(entry), "steps": [], **error.details.get("result", {})}
-            await _record_push(entry, order, started, failed, error.message, release=own_claim)
+            release = _settling(claim, settled, error) if settled else own_claim
+            await _record_push(entry, order, started, failed, error.message, release=release)
             raise
         except asyncio.CancelledError:
             # certlm stopping past its grace period (or the request dropped): the record says so, not the push
@@ -219,7 +243,14 @@ async def _push_certificate(
                 renewal_retry_at=None,
             )
         # The success's changes to the entry (``_record_success``) are saved with the record, in one UPDATE.
-        return await _record_push(entry, order, started, result, save_entry=True, release=own_claim)
+        release = _settling(claim, settled, None) if settled else own_claim
+        return await _record_push(entry, order, started, result, save_entry=True, release=release)
+
+
+def _settling(claim: Claim, settled: Settle, error: APIError | None) -> Claim:
+    """The caller's ``claim``, released with the columns it sets for the push's outcome."""
+    claim.on_release.update(settled(error))
+    return claim
 
 
 async def _record_push(
@@ -266,6 +297,7 @@ async def _push_locked(
     """The push under the device's lease; ``unmarked``: the entry's schedule row has no mark yet (the lease's claim
     made it), so a re-pin has no changed identity to clear; ``registered``: this push made the entry, which no
     campaign has yet."""
+    rows = await _read_push_rows(entry, order.pki_id, registered)
     target = await runtime.inventory.device_target(entry)
     if order.username is not None:
         target.username, target.pkcs12, target.pkcs12_password = order.username, None, None
@@ -283,6 +315,8 @@ async def _push_locked(
         target.pinned_certificate = None
     if order.pki_id is not None:
         entry.pki_id = order.pki_id  # type: ignore[attr-defined]
+    if rows.pki is not None:
+        entry.pki = rows.pki  # found by ``enrollment_pki``, not read again
     pki = await enrollment_pki(entry, runtime.pki_backends)
     material = await pki_material(pki, entry, runtime.pki_backends, runtime.services, runtime.crl_cache)
     described: list[DeviceDescription] = []
@@ -298,7 +332,7 @@ async def _push_locked(
         # entry this push registered is in no campaign that could have pushed to it yet (its first contact asks no
         # statement about campaigns): a campaign made meanwhile, with the entry in its scope, pushes to it only once
         # this push released the lease it holds since the entry was made, and that push writes what it keeps.
-        also_trusted=TrustList() if registered else await trust_kept_by_campaigns(entry.id),
+        also_trusted=TrustList() if registered else await trust_kept_by_campaigns(entry.id, kept=rows.kept),
     )
     contact_note: str | None = None
     try:
@@ -339,6 +373,67 @@ async def _push_locked(
             await identity_repinned(entry.id)
     await _store_tried_credentials(runtime.inventory, entry, order)
     return await _record_success(runtime.drivers, entry, target, pki, outcome, order.debug, contact_note)
+
+
+@dataclass(frozen=True)
+class _PushRows:
+    pki: PkiEntry | None
+    """The PKI entry the push enrolls from, when it was read here (not when the entry came with it, or has none)."""
+    kept: bool | None
+    """Whether a campaign that keeps trust has the device (``trust_kept_by_campaigns``); None: not asked."""
+
+
+async def _read_push_rows(entry: InventoryEntry, pki_id: int | None, registered: bool) -> _PushRows:
+    """What a push reads of the database once it holds the device's lease, in one SELECT rather than one each: the
+    entry's stored credential (kept for ``stored_credential``), the PKI entry it enrolls from (``pki_id``, else the
+    entry's) unless the entry came with it, and whether a campaign keeps trust on the device, which an entry this push
+    ``registered`` is in no campaign to keep (``_push_locked``)."""
+    pki_id = pki_id if pki_id is not None else entry.pki_id  # type: ignore[attr-defined]
+    fetched = entry.pki
+    read_pki = pki_id is not None and not (isinstance(fetched, PkiEntry) and fetched.id == pki_id)
+    if registered and not read_pki:
+        # Nothing to read: the entry was made without a credential (``create_entry`` remembered none for it) and is in
+        # no campaign yet.
+        return _PushRows(None, None)
+    database = InventoryEntry._meta.db
+    # In the order of their markers: the campaigns' test is in the columns, before the joins.
+    values: list[Any] = [] if registered else keeping_campaign_values(entry.id)
+    values += [entry.id, pki_id] if read_pki else [entry.id]
+    rows = await database.execute_query_dict(
+        _push_rows_sql(database.capabilities.dialect, read_pki, not registered), values
+    )
+    row = rows[0]
+    credential = _joined_row(DeviceCredential, "credential", row)
+    remember_credential(entry.id, credential)
+    return _PushRows(
+        _joined_row(PkiEntry, "pki", row) if read_pki else None, bool(row["kept"]) if not registered else None
+    )
+
+
+@functools.cache
+def _push_rows_sql(dialect: str, read_pki: bool, ask_campaigns: bool) -> str:
+    joined = [(DeviceCredential, "credential", '"credential"."entry_id" = {}')]
+    if read_pki:
+        joined.append((PkiEntry, "pki", '"pki"."id" = {}'))
+    columns = [
+        f'"{alias}"."{column}" AS "{alias}.{column}"'
+        for model, alias, _ in joined
+        for column in model._meta.fields_db_projection.values()
+    ]
+    if ask_campaigns:
+        columns.append(f'EXISTS ({keeping_campaign_test()}) AS "kept"')
+    joins = "".join(f' LEFT JOIN "{model._meta.db_table}" AS "{alias}" ON {on}' for model, alias, on in joined)
+    # One row whatever is missing: each table joined to a row of none.
+    return in_dialect(f'SELECT {", ".join(columns)} FROM (SELECT 1 AS "one") AS "one"{joins}', dialect)
+
+
+def _joined_row(model: type[ModelT], alias: str, row: dict[str, Any]) -> ModelT | None:
+    """The row of ``model`` a ``_push_rows_sql`` joined as ``alias``, None where it found none."""
+    prefix = f"{alias}."
+    columns = {name[len(prefix) :]: value for name, value in row.items() if name.startswith(prefix)}
+    if columns[model._meta.db_pk_column] is None:
+        return None
+    return model._init_from_db(**columns)
 
 
 def _push_failure_status(cause: BaseException | None) -> int:

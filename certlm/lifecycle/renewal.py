@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cryptography import x509
@@ -211,28 +211,40 @@ class RenewalWave:
             return
         log.info("renewing %s:%s: %s", entry.server, entry.port, reason)
         before = _retry_state(schedule)
+
+        def settled(error: APIError | None) -> dict[str, Any]:
+            """The schedule row's retry state after the push, set in the release of the lease, which the push sends
+            with its record's write: a success resets it (and checks the new certificate), a failure backs off."""
+            if error is None:
+                # The push set the entry as it saves it (the new certificate): not read again.
+                schedule.renewal_failures, schedule.renewal_retry_at = 0, None
+                self._check_successor(entry, schedule)
+            else:
+                schedule.renewal_failures += 1
+                wait = backoff(schedule.renewal_failures, self.settings.scheduler_retry_base_s,
+                               self.settings.scheduler_retry_max_s)  # fmt: skip
+                # Never later than the next scan: a wave whose interval is shorter than the back-off tries the device
+                # again in its next scan, not after the back-off (a failed push was already tried in fresh sessions).
+                schedule.renewal_retry_at = min(now + wait, self.context.started + self.context.interval)
+            changed = {
+                name: value
+                for name, old, value in zip(RETRY_STATE_FIELDS, before, _retry_state(schedule), strict=True)
+                if value != old
+            }
+            # The usual renewal (no failure before, none now) sets nothing more.
+            return {**changed, "updated_at": datetime.now(UTC)} if changed else {}
+
         try:
-            await push_certificate(self.runtime, entry, PushOrder(automated=True, trigger="scheduler"))
+            order = PushOrder(automated=True, trigger="scheduler")
+            await push_certificate(self.runtime, entry, order, settled=settled)
         except (PushError, APIError) as error:
-            schedule.renewal_failures += 1
-            wait = backoff(schedule.renewal_failures, self.settings.scheduler_retry_base_s,
-                           self.settings.scheduler_retry_max_s)  # fmt: skip
-            # Never later than the next scan: a wave whose interval is shorter than the back-off tries the device
-            # again in its next scan, not after the back-off (a failed push was already tried in fresh sessions).
-            schedule.renewal_retry_at = min(now + wait, self.context.started + self.context.interval)
-            await schedule.save(update_fields=["renewal_failures", "renewal_retry_at", "updated_at"])
             log.warning("renewal of %s:%s failed (%d in a row, next try after %s): %s", entry.server, entry.port,
                         schedule.renewal_failures, api_timestamp(schedule.renewal_retry_at), error.message)  # fmt: skip
             self.report.count("failed")
             return
-        # The push set the entry as it saved it (the new certificate): not read again.
-        schedule.renewal_failures, schedule.renewal_retry_at = 0, None
-        await self._check_successor(entry, schedule)
-        if _retry_state(schedule) != before:  # the usual renewal (no failure before, none now) writes nothing here
-            await schedule.save(update_fields=[*RETRY_STATE_FIELDS, "updated_at"])
         self.report.count("renewed")
 
-    async def _check_successor(self, entry: InventoryEntry, schedule: DeviceSchedule) -> None:
+    def _check_successor(self, entry: InventoryEntry, schedule: DeviceSchedule) -> None:
         """A new certificate that is due at once means renewal_days is beyond what the PKI issues: say so once."""
         pki: PkiEntry = entry.pki  # type: ignore[assignment]
         renewal_days = self.renewal_days(entry)

@@ -118,19 +118,29 @@ async def once_back(timeouts: DeviceTimeouts, attempt: Callable[[], Awaitable[_T
         await asyncio.sleep(delay)
 
 
+# How a device reopening its endpoints answers a session begun meanwhile: on the endpoints it announced before, its
+# security checks fail; as it closes them, the connection is reset.
+REOPENING_STATUSES = frozenset({"BadSecurityChecksFailed", "BadCommunicationError"})
+
+
 async def past_a_reopening(timeouts: DeviceTimeouts, open_session: Callable[[], Awaitable[_T]]) -> _T:
     """``open_session()`` for a try after the update was sent: the device may have taken it in and be reopening its
-    endpoints with the new certificate (ApplyChanges closes every channel a moment later), and a session begun on
-    the endpoints it announced before fails the device's security checks (BadSecurityChecksFailed). That failure is
-    tried again, paused as the verification's, within the operation time-out; any other ends the try as before."""
+    endpoints with the new certificate (ApplyChanges closes every channel a moment later), and a session begun
+    meanwhile fails as ``REOPENING_STATUSES`` say. Those failures are tried again, paused as the verification's,
+    within the operation time-out, and so is a refused connection once one of them showed the device reopening (it
+    refuses until it listens again); any other ends the try as before, a refusal first too (the device is down)."""
     deadline = time.monotonic() + timeouts.operation_s
     delays = verify_retry_delays()
+    reopening = False
     while True:
         try:
             return await open_session()
         except Exception as error:
             delay = next(delays)
-            if status_name(error) != "BadSecurityChecksFailed" or time.monotonic() + delay > deadline:
+            status = status_name(error)
+            reopening = reopening or status in REOPENING_STATUSES
+            expected = status in REOPENING_STATUSES or (reopening and status == "BadNotConnected")
+            if not expected or time.monotonic() + delay > deadline:
                 raise
         await asyncio.sleep(delay)
 

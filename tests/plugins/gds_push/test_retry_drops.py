@@ -125,10 +125,16 @@ def test_the_command_line_takes_a_drop_point_and_refuses_a_bad_one(
 
 async def test_a_try_after_the_update_opens_its_session_past_the_devices_reopening() -> None:
     """A device that took the update in reopens its endpoints with the new certificate: a session begun on the ones it
-    announced before fails its security checks, and is opened again (within the operation time-out). Any other
-    failure ends the try at once, and so does BadSecurityChecksFailed once the time is spent."""
+    announced before fails its security checks, one begun as it closes them is reset, and one begun then, before it
+    listens again, is refused; each is opened again (within the operation time-out). Any other failure ends the try at
+    once, a refused connection too when nothing showed the device reopening (it is down), and so does a reopening's
+    once the time is spent."""
     timeouts = DeviceTimeouts(connect_s=1.0, operation_s=5.0)
-    failures = [DeviceError("channel refused", "BadSecurityChecksFailed")] * 2
+    failures = [
+        ConnectionRefusedError(111, "Connect call failed"),
+        ConnectionResetError(104, "Connection reset by peer"),
+        DeviceError("channel refused", "BadSecurityChecksFailed"),
+    ]
 
     async def reopening() -> str:
         if failures:
