@@ -33,13 +33,15 @@ import contextlib
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 from tortoise.backends.base.client import ConnectionWrapper
 from tortoise.backends.sqlite.client import SqliteTransactionContext, SqliteTransactionWrapper, _gen_savepoint_name
 from tortoise.connection import get_connections
 from tortoise.exceptions import IntegrityError, TransactionManagementError
+
+_T = TypeVar("_T")
 
 # On aiosqlite's connection: the statements waiting for its next trip, in order.
 _DEFERRED = "_certlm_deferred_statements"
@@ -221,25 +223,35 @@ async def writes_in_one_trip(client: Any, statements: list[tuple[str, list[Any]]
         client.log.debug("%s: %s", sql, parameters)  # as tortoise logs each statement it sends
     async with client.acquire_connection() as raw:  # the client's lock: no other statement or transaction meanwhile
 
-        def write_all() -> list[int]:
-            connection = raw._conn
+        def write_all(connection: sqlite3.Connection) -> tuple[list[int], bool]:
             changed = []
-            if connection.in_transaction:  # left open by a COMMIT that failed (as ``_begin`` finds it)
-                connection.rollback()
-            connection.execute("BEGIN").close()
-            try:
-                for sql, parameters in statements:
-                    cursor = connection.execute(sql, parameters)
-                    changed.append(cursor.rowcount)
-                    cursor.close()
-                connection.commit()
-            except BaseException:
-                if connection.in_transaction:
-                    connection.rollback()
-                raise
-            return changed
+            for sql, parameters in statements:
+                cursor = connection.execute(sql, parameters)
+                changed.append(cursor.rowcount)
+                cursor.close()
+            return changed, True
 
-        return await raw._execute(write_all)
+        return await raw._execute(_in_own_transaction, raw._conn, write_all)
+
+
+def _in_own_transaction(connection: sqlite3.Connection, work: Callable[[sqlite3.Connection], tuple[_T, bool]]) -> _T:
+    """On aiosqlite's thread: BEGIN, ``work`` (its result, and whether to keep what it did), then COMMIT, or ROLLBACK
+    where ``work`` keeps nothing or fails (its error raised). What ``writes_in_one_trip`` and
+    ``insert_and_check_in_one_trip`` send in one trip."""
+    if connection.in_transaction:  # left open by a COMMIT that failed (as ``_begin`` finds it)
+        connection.rollback()
+    connection.execute("BEGIN").close()
+    try:
+        result, keep = work(connection)
+        if keep:
+            connection.commit()
+        else:
+            connection.rollback()
+    except BaseException:
+        if connection.in_transaction:
+            connection.rollback()
+        raise
+    return result
 
 
 async def update_then_read(
@@ -301,31 +313,19 @@ async def insert_and_check_in_one_trip(
         client.log.debug("%s: %s", sql, parameters)  # as tortoise logs each statement it sends
     async with client.acquire_connection() as raw:  # the client's lock: no other statement or transaction meanwhile
 
-        def insert_all() -> int | None:
-            connection = raw._conn
-            if connection.in_transaction:  # left open by a COMMIT that failed (as ``_begin`` finds it)
-                connection.rollback()
-            connection.execute("BEGIN").close()
-            try:
-                cursor = connection.execute(*insert)
-                inserted = cursor.lastrowid
-                cursor.close()
-                for sql, parameters in with_it:
-                    connection.execute(sql, [inserted if p is INSERTED_ID else p for p in parameters]).close()
-                cursor = connection.execute(*check)
-                rows = [dict(row) for row in cursor.fetchall()]
-                cursor.close()
-                if not keep(rows):
-                    connection.rollback()
-                    return None
-                connection.commit()
-            except BaseException:
-                if connection.in_transaction:
-                    connection.rollback()
-                raise
-            return inserted
+        def insert_all(connection: sqlite3.Connection) -> tuple[int | None, bool]:
+            cursor = connection.execute(*insert)
+            inserted = cursor.lastrowid
+            cursor.close()
+            for sql, parameters in with_it:
+                connection.execute(sql, [inserted if p is INSERTED_ID else p for p in parameters]).close()
+            cursor = connection.execute(*check)
+            rows = [dict(row) for row in cursor.fetchall()]
+            cursor.close()
+            kept = keep(rows)
+            return (inserted if kept else None), kept
 
         try:
-            return await raw._execute(insert_all)
+            return await raw._execute(_in_own_transaction, raw._conn, insert_all)
         except sqlite3.IntegrityError as error:
             raise IntegrityError(error) from error
