@@ -316,6 +316,10 @@ def _limit_reached(limit: int) -> Forbidden:
     return Forbidden(f"license endpoint limit reached: {limit} endpoints licensed")
 
 
+def _already_listed(protocol: str, server: str, port: int | None) -> APIError:
+    return APIError(f"{protocol} inventory already has {server}:{port}", 409)
+
+
 def counts_against_license(device_status: int | None) -> bool:
     """Whether an entry counts as a licensed endpoint: every entry not marked deleted, whichever table it is in."""
     return device_status != DEVICE_STATUS_DELETED
@@ -559,12 +563,12 @@ class Inventory:
                 try:
                     entry = await InventoryEntry.create(protocol=protocol, server=server, port=port, **columns)
                 except IntegrityError:
-                    raise APIError(f"{protocol} inventory already has {server}:{port}", 409) from None
+                    raise _already_listed(protocol, server, port) from None
                 if counts_against_license(entry.device_status):
                     # Checked after the insert, which counted the entry under the count row's lock: a concurrent
                     # insert, by this instance or another, waits for this transaction and then sees this entry.
                     await self.ensure_endpoint_capacity(0)
-        remember_read(_credential_key(entry.id), None)
+        remember_credential(entry.id, None)
         return entry
 
     async def _create_with_schedule(self, entry: InventoryEntry, schedule: dict[str, Any]) -> InventoryEntry:
@@ -600,7 +604,7 @@ class Inventory:
                     if limit is not None and await licensed_endpoints_in_use() > limit:
                         raise _limit_reached(limit)
         except IntegrityError:
-            raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+            raise _already_listed(entry.protocol, entry.server, entry.port) from None
         entry._saved_in_db = True
         await entry._post_save(None, True, None)
         return entry
@@ -615,7 +619,7 @@ class Inventory:
             try:
                 await entry.save()
             except IntegrityError:
-                raise APIError(f"{entry.protocol} inventory already has {entry.server}:{entry.port}", 409) from None
+                raise _already_listed(entry.protocol, entry.server, entry.port) from None
             if reviving:
                 await self.ensure_endpoint_capacity(0)
 
