@@ -42,7 +42,6 @@ import asyncio
 import logging
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -51,7 +50,17 @@ from pathlib import Path
 import aiohttp
 import asyncua_baseline
 from asyncua_baseline import SESSIONS_PER_PUSH
-from common import ADMIN, LicenseKeys, RunningService, Simulators, cpu_seconds, listening, start_certlm
+from common import (
+    ADMIN,
+    LicenseKeys,
+    RunningService,
+    Simulators,
+    add_keep_option,
+    cpu_seconds,
+    listening,
+    start_certlm,
+    work_directory,
+)
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
@@ -401,6 +410,7 @@ async def main() -> None:
     parser.add_argument("--sizes", default="1,10,100")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternating rounds per size (at least 1)")
+    add_keep_option(parser)
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -410,9 +420,9 @@ async def main() -> None:
     crypto = crypto_baseline_seconds()
     print(f"unavoidable crypto per push (measured now): {crypto * 1000:.2f} ms CPU")
     ca = await asyncio.to_thread(asyncua_baseline.BaselineCa.create)  # as certlm's CA, made once for the run
-    with tempfile.TemporaryDirectory(prefix="certlm-bench-") as tmp:
+    with work_directory(args.keep, "certlm-bench-") as tmp:
         for count in (int(size) for size in args.sizes.split(",")):
-            await run_size(count, args.concurrency, args.rounds, Path(tmp), crypto, ca)
+            await run_size(count, args.concurrency, args.rounds, tmp, crypto, ca)
 
 
 if __name__ == "__main__":

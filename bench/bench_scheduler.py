@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import logging
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -61,9 +60,11 @@ from common import (
     RunningService,
     Simulators,
     Usage,
+    add_keep_option,
     listening,
     load_average,
     start_certlm,
+    work_directory,
 )
 from prometheus_client.parser import text_string_to_metric_families
 from scheduler_baseline import BaselineRun, monitor_read, run
@@ -592,6 +593,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternating rounds per setup (at least 1)")
     parser.add_argument("--skip-postgres", action="store_true", help="measure one instance on SQLite only")
     parser.add_argument("--skip-sqlite", action="store_true", help="measure two instances on PostgreSQL only")
+    add_keep_option(parser)
     args = parser.parse_args()
     if args.rounds < 1 or args.devices < 1:
         parser.error("--rounds and --devices must be at least 1")
@@ -599,8 +601,8 @@ async def main() -> None:
           f"{args.concurrency}; certlm's scheduler_concurrency {Settings.scheduler_concurrency}; "
           f"load average {load_average()}")  # fmt: skip
     results: list[Result] = []
-    with tempfile.TemporaryDirectory(prefix="certlm-bench-scheduler-") as tmp:
-        workdir = Path(tmp)
+    with work_directory(args.keep, "certlm-bench-scheduler-") as tmp:
+        workdir = tmp
         license_keys = LicenseKeys.create(workdir / "license")
         if not args.skip_sqlite:
             results.append(await run_setup("one instance, SQLite", args, workdir / "sqlite", license_keys, None, 1))

@@ -7,14 +7,18 @@ way the tests do.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import os
 import random
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,3 +280,24 @@ class BackendClock:
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages, as a benchmark prints them beside a figure measured on a shared machine."""
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def add_keep_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="keep the services' data, logs and devices in DIR (a new folder)"
+    )
+
+
+@contextlib.contextmanager
+def work_directory(keep: Path | None, prefix: str) -> Iterator[Path]:
+    """The folder a run keeps its services, devices and logs in: a temporary one, removed after the run, or ``keep``
+    (``--keep``, made now, private), left for a look after (a failure's traceback is in its services' logs)."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield Path(tmp)
+        return
+    if keep.exists():
+        raise SystemExit(f"--keep {keep}: already exists; give a new folder")
+    keep.mkdir(mode=0o700, parents=True)
+    print(f"keeping the run's services, devices and logs in {keep}")
+    yield keep

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 from functools import partial
 from typing import Any
 
 from cryptography import x509
-from quart import Quart
+from quart import Quart, request
 from quart_schema import QuartSchema
 from tortoise.expressions import Q
 
@@ -169,6 +170,27 @@ def install_openapi(app: Quart) -> None:
     )
 
 
+class CertlmQuart(Quart):
+    """Quart, with one difference: a ``CancelledError`` that reaches a request's handling while no one cancelled its
+    task (it came from a future or task the handler awaited, which something else cancelled) is an unexpected error,
+    answered as one: a JSON 500, its traceback logged. Quart passes every ``CancelledError`` on as the request's
+    cancellation, and hypercorn then answers a request left without a response with an empty 500. A request its
+    client dropped, or one cancelled as certlm stops, has its task cancelled and goes on being cancelled."""
+
+    async def full_dispatch_request(self, request_context: Any = None) -> Any:
+        try:
+            return await super().full_dispatch_request(request_context)
+        except asyncio.CancelledError as cancelled:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            log.error("a wait inside %s %s was cancelled, not the request", request.method, request.path,
+                      exc_info=cancelled)  # fmt: skip
+            return await self.finalize_request(
+                ({"error": f"internal error: {type(cancelled).__name__}"}, 500), request_context
+            )
+
+
 def install_request_reads(app: Quart) -> None:
     """Each HTTP request reads a shared row once (``certlm.storage.reads``): the license its checks and its route ask
     for, a push's CA row and credential. Opened around the request's handling, which Quart runs in tasks of its own
@@ -189,7 +211,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     host = build_host(settings)
     plugin_manager = host.plugin_manager
 
-    app = Quart("certlm", static_folder=None)
+    app = CertlmQuart("certlm", static_folder=None)
     # opc.tcp://host:port arrives as a path parameter; its "//" must not be merged away.
     app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
