@@ -561,7 +561,8 @@ async def _claim_and_read(
 
 @functools.cache
 def _claim_and_read_sql(claim_braces: str, returns: tuple[str, ...], read_sql: str) -> str:
-    # The claim's columns named apart from the read's (both have an "id" or an "updated_at" to come).
+    # The claim's columns are named apart from the read's, which may have columns of the same names; the read's
+    # markers ($1, ...) are moved past the claim's.
     seen = 'WITH "seen" AS (SELECT "xmin" AS "version" FROM "device_schedule" WHERE "entry_id" = {}), '
     braces = f'{seen}"claim" AS ({claim_braces}) '
     offset = braces.count("{}")
