@@ -25,9 +25,7 @@ from urllib.parse import urlsplit
 from asyncua import Client, ua
 from asyncua.client.ua_client import StateSubscription, UaClientState
 from asyncua.common.methods import call_method_full
-from asyncua.common.utils import Buffer
 from asyncua.crypto import security_policies, uacrypto
-from asyncua.ua import ua_binary
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import pkcs12
 
@@ -742,53 +740,3 @@ def is_transient(error: BaseException | None) -> bool:
     if isinstance(error, ua.UaStatusCodeError):
         return status_name(error) in TRANSIENT_STATUSES
     return isinstance(error, TimeoutError | ConnectionError | EOFError | asyncio.IncompleteReadError)
-
-
-# Every monitor visit decodes the device's endpoints twice, each with the device's certificate: GetEndpoints' answer
-# and CreateSession's (ServerEndpoints, the same list), and the next scan the same bytes again: together some tenth
-# of a visit's CPU. asyncua's decoder of a list of EndpointDescription is made to remember the lists it decoded, by
-# their bytes: bytes it saw before give the same objects (a list of its own), with no decoding. Nothing changes the
-# objects of a decoded EndpointDescription (certlm makes its ``Endpoint`` of them, asyncua only reads them).
-_ENDPOINT_LISTS_KEPT = 1024
-# The bytes a remembered list is looked up by: its count and the first endpoint's URL, which names the device.
-_LOOKUP_BYTES = 96
-
-
-class _RememberedEndpoints:
-    """A list of EndpointDescription decoded from a ``Buffer`` (asyncua's), remembered by its bytes (the last
-    ``_ENDPOINT_LISTS_KEPT`` lists)."""
-
-    def __init__(self, decode: Callable[[Any], list[Any]]) -> None:
-        self._decode = decode
-        self._known: OrderedDict[bytes, tuple[bytes, list[Any]]] = OrderedDict()
-
-    def __call__(self, data: Any) -> list[Any]:
-        if not isinstance(data, Buffer):
-            return self._decode(data)
-        start, held = data.cur_pos, data._data
-        lookup = bytes(held[start : start + _LOOKUP_BYTES])
-        known = self._known.get(lookup)
-        if known is not None and len(known[0]) <= len(data) and held[start : start + len(known[0])] == known[0]:
-            data.skip(len(known[0]))
-            self._known.move_to_end(lookup)
-            return list(known[1])
-        endpoints = self._decode(data)
-        self._known[lookup] = (bytes(held[start : data.cur_pos]), endpoints)
-        if len(self._known) > _ENDPOINT_LISTS_KEPT:
-            self._known.popitem(last=False)
-        return list(endpoints)
-
-
-_decoder_of_list = ua_binary._create_list_deserializer
-
-
-@functools.cache
-def _decoder_of_list_remembering_endpoints(uatype: Any) -> Callable[[Any], list[Any]]:
-    decode = _decoder_of_list(uatype)
-    return _RememberedEndpoints(decode) if uatype is ua.EndpointDescription else decode
-
-
-ua_binary._create_list_deserializer = _decoder_of_list_remembering_endpoints
-# Decoders made before (of GetEndpoints' and CreateSession's answers) are made again, with it.
-ua_binary._create_type_deserializer.cache_clear()
-ua_binary._create_dataclass_deserializer.cache_clear()
