@@ -22,9 +22,10 @@ import asyncio
 import contextlib
 import functools
 import os
+import re
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -176,6 +177,7 @@ async def _claim_or_holder(
             _free_claim_sql(database.capabilities.dialect),
             [holder, _UNTIL.to_db_value(until, None), entry_id],
             then_read,
+            (_free_claim_braces, _FREE_CLAIM_RETURNS, entry_id),
         )
         if claimed:
             return Claim(entry_id, None, marked=_marked(claimed[0]), read=read), None
@@ -217,11 +219,19 @@ _UNTIL = DeviceSchedule._meta.fields_map["lease_until"]
 def _free_claim_sql(dialect: str) -> str:
     """The claim of a free lease (holder, expiry, entry id), answering with the row's marks: plain SQL built once, as
     every push and every scheduled visit claims one."""
-    return in_dialect(
+    return in_dialect(_free_claim_braces(), dialect)
+
+
+_FREE_CLAIM_RETURNS = ("certificate_changed_at", "renewal_failures", "renewal_retry_at")
+
+
+@functools.cache
+def _free_claim_braces(unchanged: str = "") -> str:
+    # ``unchanged``: what else the lease's claim needs (``_UNCHANGED_SINCE_READ`` where the entry is read with it).
+    return (
         'UPDATE "device_schedule" SET "lease_holder" = {}, "lease_until" = {} '
-        'WHERE "entry_id" = {} AND "lease_holder" IS NULL '
-        'RETURNING "certificate_changed_at", "renewal_failures", "renewal_retry_at"',
-        dialect,
+        f'WHERE "entry_id" = {{}} AND "lease_holder" IS NULL{unchanged} '
+        f"RETURNING {', '.join(map(_quoted, _FREE_CLAIM_RETURNS))}"
     )
 
 
@@ -255,7 +265,8 @@ async def _claim_meeting(
     values = [_db_value(column, value) for column, value in condition.sets.items()]
     values += [holder, _UNTIL.to_db_value(until, None), entry_id]
     values += [_db_value(column, value) for column, value in condition.values]
-    rows, read = await _claim_then_read(database, sql, values, then_read)
+    braces = functools.partial(_claim_meeting_braces, tuple(condition.sets), condition.where)
+    rows, read = await _claim_then_read(database, sql, values, then_read, (braces, _MEETING_RETURNS, entry_id))
     if not rows:
         raise ConditionUnmet(entry_id)
     # RETURNING answers the row as updated: ours when it holds this holder and this expiry (a lease of this holder
@@ -266,14 +277,22 @@ async def _claim_meeting(
 
 @functools.cache
 def _claim_meeting_sql(dialect: str, columns: tuple[str, ...], where: str) -> str:
+    return in_dialect(_claim_meeting_braces(columns, where), dialect)
+
+
+_MEETING_RETURNS = ("lease_holder", "lease_until")
+
+
+@functools.cache
+def _claim_meeting_braces(columns: tuple[str, ...], where: str, unchanged: str = "") -> str:
     # Every SET expression sees the row as it was (SQLite and PostgreSQL alike): the lease is taken only if free.
+    # ``unchanged``: as ``_free_claim_braces``'s, a further test of taking the lease.
     assignments = "".join(f'"{column}" = {{}}, ' for column in columns)
-    return in_dialect(
+    return (
         f'UPDATE "device_schedule" SET {assignments}'
-        '"lease_holder" = CASE WHEN "lease_holder" IS NULL THEN {} ELSE "lease_holder" END, '
-        '"lease_until" = CASE WHEN "lease_holder" IS NULL THEN {} ELSE "lease_until" END '
-        f'WHERE "entry_id" = {{}} AND ({where}) RETURNING "lease_holder", "lease_until"',
-        dialect,
+        f'"lease_holder" = CASE WHEN "lease_holder" IS NULL{unchanged} THEN {{}} ELSE "lease_holder" END, '
+        f'"lease_until" = CASE WHEN "lease_holder" IS NULL{unchanged} THEN {{}} ELSE "lease_until" END '
+        f'WHERE "entry_id" = {{}} AND ({where}) RETURNING {", ".join(map(_quoted, _MEETING_RETURNS))}'
     )
 
 
@@ -434,8 +453,9 @@ async def device_lease(
     claimed first, in the lease's claim where the lease is free (``try_claim``); ``ConditionUnmet`` when the row does
     not meet it. ``new_entry``: the caller made the entry just now holding the lease (``new_entry_lease``): nothing
     is claimed, nor queued for. ``then_read``: a read (SQL in the database's dialect, its values) whose rows the
-    claim's ``read`` holds, read once the lease is held: on SQLite in the trip of a free lease's claim (one trip to
-    aiosqlite's thread, not two), else after the claim."""
+    claim's ``read`` holds, read once the lease is held: with a free lease's claim, in its statement on PostgreSQL
+    (one round trip, not two) and in its trip on SQLite (one trip to aiosqlite's thread, not two), else after the
+    claim."""
     held = _held.get()
     if entry_id in held:
         if condition is not None:
@@ -483,11 +503,14 @@ Read = tuple[str, list[Any]]
 
 
 async def _claim_then_read(
-    database: Any, claim_sql: str, values: list[Any], then_read: Read | None
+    database: Any, claim_sql: str, values: list[Any], then_read: Read | None, in_one: _InOne
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The rows of the claim ``claim_sql`` (an UPDATE ... RETURNING) and, where it claimed a row and ``then_read`` is
-    given, those of ``then_read`` read right after it: in the same trip to aiosqlite's thread on SQLite outside a
-    transaction (``update_then_read``); None for them elsewhere (the caller reads them once the lease is held)."""
+    given, those of ``then_read`` read with it: on PostgreSQL in the same statement (``_claim_and_read``), on SQLite
+    outside a transaction in the same trip to aiosqlite's thread (``update_then_read``); None for them elsewhere (the
+    caller reads them once the lease is held). ``in_one``: the claim as ``_claim_and_read`` makes it."""
+    if then_read is not None and database.capabilities.dialect == "postgres":
+        return await _claim_and_read(database, values, then_read, *in_one)
     if then_read is None or database.capabilities.dialect != "sqlite" or isinstance(database, TransactionalDBClient):
         # Rows through execute_query_dict: tortoise's execute_query answers no rows for an UPDATE on PostgreSQL.
         return await database.execute_query_dict(claim_sql, values), None
@@ -501,3 +524,55 @@ def new_entry_lease(lease_s: float = LEASE_S, holder: str = INSTANCE) -> dict[st
     operation then holds the lease from the entry's insert on, and ``device_lease(..., new_entry=True)`` claims
     nothing, its claim a ``fresh`` one (the row holds no mark)."""
     return {"lease_holder": holder, "lease_until": _now() + timedelta(seconds=lease_s)}
+
+
+_InOne = tuple[Callable[[str], str], tuple[str, ...], int]
+"""A claim as ``_claim_and_read`` makes it: its SQL with ``{}`` for each value, given what else taking the lease needs
+(``_UNCHANGED_SINCE_READ``), the columns it answers and the entry's id."""
+
+# A claim read with the entry in one PostgreSQL statement takes the lease only from the row version the statement's
+# snapshot holds: the read sees what that snapshot saw. A claim that waited for another transaction's lock on the row
+# (the last holder releasing it as the statement began) is re-checked by PostgreSQL on the row as that transaction
+# left it, but the read still sees the snapshot from before: the last holder's writes to the entry, committed with
+# its release, would be missing. There the lease is not taken, and the caller claims it again, reading after.
+_UNCHANGED_SINCE_READ = ' AND "xmin" = (SELECT "version" FROM "seen")'
+
+
+async def _claim_and_read(
+    database: Any,
+    values: list[Any],
+    then_read: Read,
+    claim: Callable[[str], str],
+    returns: tuple[str, ...],
+    entry_id: int,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """``_claim_then_read`` on PostgreSQL: the claim and the read in one statement, one round trip rather than two (a
+    monitor visit's claim and the read of its entry under it). The read's rows where the claim answered a row."""
+    read_sql, read_values = then_read
+    sql = _claim_and_read_sql(claim(_UNCHANGED_SINCE_READ), returns, read_sql)
+    rows = await database.execute_query_dict(sql, [entry_id, *values, *read_values])
+    if not rows:
+        return [], None
+    claimed = {column: rows[0][f"claim.{column}"] for column in returns}
+    skip = len(returns) + 1  # the claim's columns, then whether the read answered this row
+    read = [dict(list(row.items())[skip:]) for row in rows if row["read.found"]]
+    return [claimed], read
+
+
+@functools.cache
+def _claim_and_read_sql(claim_braces: str, returns: tuple[str, ...], read_sql: str) -> str:
+    # The claim's columns are named apart from the read's, which may have columns of the same names; the read's
+    # markers ($1, ...) are moved past the claim's.
+    seen = 'WITH "seen" AS (SELECT "xmin" AS "version" FROM "device_schedule" WHERE "entry_id" = {}), '
+    braces = f'{seen}"claim" AS ({claim_braces}) '
+    offset = braces.count("{}")
+    read = re.sub(r"\$(\d+)", lambda mark: f"${int(mark[1]) + offset}", read_sql)
+    picked = ", ".join(f'"claim".{_quoted(column)} AS "claim.{column}"' for column in returns)
+    return (
+        f'{in_dialect(braces, "postgres")}SELECT {picked}, "read".* FROM "claim" '
+        f'LEFT JOIN (SELECT TRUE AS "read.found", "row".* FROM ({read}) AS "row") AS "read" ON TRUE'
+    )
+
+
+def _quoted(column: str) -> str:
+    return f'"{column}"'

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ import asyncpg
 from tortoise.exceptions import IntegrityError
 from tortoise.transactions import in_transaction
 
-from certlm.lifecycle.leases import INSTANCE, new_entry_lease
+from certlm.lifecycle.leases import INSTANCE, ClaimCondition, device_lease, ensure_rows, new_entry_lease
 from certlm.storage.models import DeviceSchedule, InventoryEntry
+from certlm.storage.sql import in_dialect
 from certlm.system import audit
 from certlm.testing import LicenseKeys, in_process_settings, licensed_app
 
@@ -191,6 +193,66 @@ async def registration_with_lease(app: Any, trips: RoundTrips) -> dict[str, Any]
     return {"trips": trips.transaction(), "held": held, "server_key": entry.server_key}
 
 
+def _scan_turn() -> ClaimCondition:
+    """A monitor scan's turn at a device, as ``certlm.lifecycle.monitoring`` claims it with the lease."""
+    now = datetime.now(UTC)
+    free = '"monitored_at" IS NULL OR "monitored_at" < {}'
+    return ClaimCondition(free, (("monitored_at", now - timedelta(minutes=1)),), {"monitored_at": now})
+
+
+def _name_read(entry_id: int) -> tuple[str, list[Any]]:
+    return in_dialect('SELECT "name" FROM "inventory_entry" WHERE "id" = {}', "postgres"), [entry_id]
+
+
+async def claim_with_read(trips: RoundTrips) -> dict[str, Any]:
+    """A free lease claimed with a read under it (``device_lease``'s ``then_read``, a monitor visit's entry), with and
+    without a scan's turn: the claim and the read in one statement, then the release."""
+    entry = await InventoryEntry.create(**_entry("claim-read-1"), name="as read")
+    await ensure_rows([entry.id])
+    seen = {}
+    for kind, condition in (("free", None), ("scan turn", _scan_turn())):
+        trips.start()
+        async with device_lease(entry.id, wait_s=0, condition=condition, then_read=_name_read(entry.id)) as claim:
+            in_block = trips.all()
+        row = await DeviceSchedule.get(entry_id=entry.id)
+        seen[kind] = {"trips": in_block, "read": claim.read, "released": row.lease_holder is None}
+    return seen
+
+
+async def claim_waiting_for_a_release(trips: RoundTrips) -> dict[str, Any]:
+    """The claim with its read, made while the last holder's transaction writes the entry and releases the lease: the
+    claim waits for that transaction's lock on the row, and its read must then see what that transaction wrote (the
+    statement's snapshot was taken before it committed)."""
+    pool = InventoryEntry._meta.db._pool
+    seen = {}
+    for kind, condition in (("free", None), ("scan turn", _scan_turn())):
+        entry = await InventoryEntry.create(**_entry(f"claim-wait-{len(seen)}"), name="before")
+        await DeviceSchedule.create(entry_id=entry.id, lease_holder="other:1:x", lease_until=datetime.now(UTC))
+        async with pool.acquire() as holder, pool.acquire() as watcher:
+            await holder.execute("BEGIN")
+            await holder.execute(
+                "UPDATE inventory_entry SET name = 'written by the last holder' WHERE id = $1", entry.id
+            )
+            await holder.execute(
+                "UPDATE device_schedule SET lease_holder = NULL, lease_until = NULL WHERE entry_id = $1", entry.id
+            )
+
+            async def claim(entry_id: int = entry.id, condition: ClaimCondition | None = condition) -> Any:
+                async with device_lease(entry_id, wait_s=5, condition=condition, then_read=_name_read(entry_id)) as c:
+                    return c.read
+
+            claiming = asyncio.create_task(claim())
+            for _ in range(500):  # until the claim waits for the holder's lock
+                if await watcher.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the claim never waited for the holder's lock")
+            await holder.execute("COMMIT")
+            seen[kind] = await asyncio.wait_for(claiming, 10)
+    return seen
+
+
 async def main(database_url: str, directory: Path) -> None:
     keys = LicenseKeys.create(directory / "license-keys")
     trips = RoundTrips()
@@ -204,6 +266,8 @@ async def main(database_url: str, directory: Path) -> None:
             seen["failed_statement"] = await _outcome(failed_statement())
             seen["outside_a_transaction"] = await _outcome(outside_a_transaction(trips))
             seen["registration_with_lease"] = await _outcome(registration_with_lease(app, trips))
+            seen["claim_with_read"] = await _outcome(claim_with_read(trips))
+            seen["claim_waiting_for_a_release"] = await _outcome(claim_waiting_for_a_release(trips))
     print(json.dumps(seen), flush=True)
 
 

@@ -89,3 +89,16 @@ def test_an_onboardings_registration_inserts_the_entry_and_its_leased_row_in_one
     # Before: BEGIN, INSERT, SELECT (the endpoint count), COMMIT, then the row's own BEGIN, INSERT and COMMIT.
     registration = seen["registration_with_lease"]
     assert registration == {"trips": ["BEGIN", "WITH", "SELECT", "COMMIT"], "held": True, "server_key": "registered-1"}
+
+
+def test_a_lease_claimed_with_a_read_under_it_is_one_round_trip(seen: dict[str, Any]) -> None:
+    # A monitor visit's claim (with the scan's turn) and the read of its entry: two round trips before.
+    claimed = seen["claim_with_read"]
+    for kind in ("free", "scan turn"):
+        assert claimed[kind] == {"trips": ["WITH"], "read": [{"name": "as read"}], "released": True}, kind
+
+
+def test_a_claim_that_waited_for_the_last_holders_release_reads_what_that_holder_wrote(seen: dict[str, Any]) -> None:
+    # The claim's statement began before the release committed: its own read would have missed the holder's write.
+    expected = [{"name": "written by the last holder"}]
+    assert seen["claim_waiting_for_a_release"] == {"free": expected, "scan turn": expected}
