@@ -1,7 +1,7 @@
 """What every REST call pays besides its own work, pinned by counts of Python calls (not times, which a loaded machine
 makes noise of): quart-schema's ``TypeAdapter`` is made once per type, not at every request (``reused_type_adapter``),
 and Quart's check that a hook or view is a coroutine function takes no call for an ``async def``
-(``CertlmQuart.ensure_async``)."""
+(``CertlmQuart.ensure_async``); and an onboarding finds its PKI in plain SQL, without the ORM's query building."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from certlm.pki.material import enrollment_pki
+from certlm.storage.models import InventoryEntry
 from certlm.testing import InProcessApp
 
 DEVICE = {"server": "127.0.0.1", "port": 4870}
@@ -76,3 +78,24 @@ async def test_an_async_hook_is_taken_as_it_is(in_process: InProcessApp) -> None
     wrapped = quart_app.ensure_async(sync_hook)  # a plain function still runs in Quart's executor
     assert wrapped is not sync_hook
     await wrapped()
+
+
+async def test_an_onboarding_finds_its_pki_without_building_a_query(in_process: InProcessApp) -> None:
+    """``enrollment_pki`` of an entry without a PKI reads the PKI entries in plain SQL (``certlm.storage.sql``), as its
+    read of an assigned one: pypika builds nothing (the ORM's query cost an onboarding some 350 calls)."""
+    pki_id = await in_process.create_internal_ca()
+    entry = InventoryEntry(server="127.0.0.1", port=4870)
+    built = [0]
+
+    def profile(frame: Any, event: str, _: Any) -> None:
+        if event == "call" and "pypika" in frame.f_code.co_filename:
+            built[0] += 1
+
+    async with in_process.context():
+        sys.setprofile(profile)
+        try:
+            found = await enrollment_pki(entry, in_process.host.runtime.pki_backends)
+        finally:
+            sys.setprofile(None)
+    assert found.id == pki_id and entry.pki_id == pki_id
+    assert built[0] == 0
