@@ -19,6 +19,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from certlm.foundation.certs import (
     certificate_detail,
     certificate_text,
+    colon_hex,
     crl_signed_by,
     is_self_signed,
     issued_by,
@@ -292,3 +293,9 @@ def test_signature_answers_are_remembered_per_certificate_never_per_name() -> No
         assert is_self_signed(real.certificate) and is_self_signed(impostor.certificate)
         assert crl_signed_by(real.crl(), [real.certificate]) and not crl_signed_by(impostor.crl(), [real.certificate])
         assert crl_signed_by(impostor.crl(), [real.certificate, impostor.certificate])
+
+
+def test_colon_hex_writes_each_byte_as_two_upper_case_digits() -> None:
+    assert colon_hex(b"") == ""
+    assert colon_hex(b"\x0f") == "0F"
+    assert colon_hex(bytes([0, 10, 171, 255])) == "00:0A:AB:FF"

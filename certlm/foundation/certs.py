@@ -144,7 +144,8 @@ def to_der(certificate: x509.Certificate) -> bytes:
 
 
 def colon_hex(data: bytes) -> str:
-    return ":".join(f"{byte:02X}" for byte in data)
+    # bytes.hex in one C call: the join of formatted bytes took two Python calls a byte (a fingerprint, 41 calls).
+    return data.hex(":").upper()
 
 
 def serial_hex(certificate: x509.Certificate | x509.RevokedCertificate | int) -> str:

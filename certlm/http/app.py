@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
+import inspect
 import logging
 from functools import partial
+from types import FunctionType
 from typing import Any
 
+import quart_schema.conversion
 from cryptography import x509
+from pydantic import TypeAdapter
 from quart import Quart, request
 from quart_schema import QuartSchema
 from tortoise.expressions import Q
@@ -151,7 +156,23 @@ def build_host(settings: Settings) -> Host:
     return host
 
 
+@functools.cache
+def _type_adapter_of(type_: Any) -> TypeAdapter:
+    return TypeAdapter(type_)
+
+
+def reused_type_adapter(type_: Any) -> TypeAdapter:
+    """The ``TypeAdapter`` of ``type_``, made once per type: quart-schema makes one per call, at every request for
+    its body's model (``validate_request``) and for every dict answered (``TypeAdapter(dict)``, which builds its
+    schema anew: some 180 Python calls of each plain answer). Reusing one answers the same."""
+    try:
+        return _type_adapter_of(type_)
+    except TypeError:  # a type that cannot be a dict key (an ``Annotated`` with a list, say): made per call
+        return TypeAdapter(type_)
+
+
 def install_openapi(app: Quart) -> None:
+    quart_schema.conversion.TypeAdapter = reused_type_adapter  # type: ignore[misc,assignment]
     # /docs is certlm's own page (blueprints/docs.py): quart-schema's would load Swagger UI from the internet.
     # CertlmOpenAPIProvider completes what quart-schema generates: every status, media type and open route.
     QuartSchema(
@@ -176,6 +197,13 @@ class CertlmQuart(Quart):
     answered as one: a JSON 500, its traceback logged. Quart passes every ``CancelledError`` on as the request's
     cancellation, and hypercorn then answers a request left without a response with an empty 500. A request its
     client dropped, or one cancelled as certlm stops, has its task cancelled and goes on being cancelled."""
+
+    def ensure_async(self, func: Any) -> Any:
+        # Quart asks this of every hook, handler and view at every request; an ``async def`` function is told by its
+        # code's flag here, in one step rather than the ten calls of asyncio's ``iscoroutinefunction``.
+        if type(func) is FunctionType and func.__code__.co_flags & inspect.CO_COROUTINE:
+            return func
+        return super().ensure_async(func)
 
     async def full_dispatch_request(self, request_context: Any = None) -> Any:
         try:

@@ -22,6 +22,7 @@ explicit declaration. ``requires_role(ADMIN, spec_key_only=True)`` keeps a route
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import logging
@@ -183,7 +184,12 @@ class FailureLimiter:
 
 def request_source() -> str:
     """The source address failures are counted for: the client's address, an IPv6 one as its /64."""
-    address = request.remote_addr or "unknown"
+    return _source_of(request.remote_addr or "unknown")
+
+
+# Every request asks; its clients are few, and parsing an address takes some twenty Python calls.
+@functools.lru_cache(maxsize=1024)
+def _source_of(address: str) -> str:
     try:
         parsed = ipaddress.ip_address(address)
     except ValueError:
