@@ -22,11 +22,12 @@ The chain: each record holds the SHA-256 of the one before (``prev_hash``; 64 ze
 head's plus one, given under the chain's lock (on PostgreSQL an advisory lock held by the appending transaction;
 on SQLite its one connection, which serialises transactions) after the head this process last committed, which the
 insert checks is still the head (``_known_heads``; else the head is read), so several instances on one database
-append to one chain and ids have no gaps. ``verify_chain`` finds a changed, removed or reordered record and names
-the first; the head is logged at INFO every ``audit_anchor_interval_min`` and at shutdown (``log_anchor``) for an
-external collector, and ``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention
-(``drop_expired``) drops only a whole prefix and keeps the last dropped record's id and hash (``AuditChainStart``)
-as where the chain starts.
+append to one chain and ids have no gaps. On PostgreSQL a request's record is appended by a function that takes the
+lock and reads the head itself (``certlm_audit_append``), its call sent with the request's COMMIT.
+``verify_chain`` finds a changed, removed or reordered record and names the first; the head is logged at INFO
+every ``audit_anchor_interval_min`` and at shutdown (``log_anchor``) for an external collector, and
+``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention (``drop_expired``) drops only a
+whole prefix and keeps the last dropped record's id and hash (``AuditChainStart``) as where the chain starts.
 
 The record is written before the request's answer is sent. A route that changes only the database takes
 ``commits_with_record``: its changes and its record are made in one transaction and committed once (the trail's cost
