@@ -18,7 +18,10 @@ values, row and hash. ``--opcodes`` counts, over a few hundred requests of the m
 the trail's module (``certlm/system/audit.py``) runs per request: its bytecode instructions, its functions' calls
 (a coroutine's resumption counts as one) and each function's share, traced with ``sys.settrace``; a count, not a
 time, so the machine's load does not move it. ``--postgres`` runs the app on a throw-away PostgreSQL cluster and
-counts round trips to it per request (each statement asyncpg sends) instead of trips to SQLite's thread.
+counts round trips to it per request (each statement asyncpg sends) instead of trips to SQLite's thread, and the
+CPU of its backends; ``--against-checked-insert`` (with ``--postgres``) compares, the trail on in both, a request's
+record appended by ``certlm_audit_append`` with its COMMIT (one round trip) against the checked INSERT and the COMMIT
+before it (two), block against block.
 """
 
 from __future__ import annotations
@@ -216,6 +219,22 @@ def trail(on: bool) -> None:
     audit.configure(on, None, 60)
 
 
+_append_and_commit_postgres = audit.RequestTransaction._append_and_commit_postgres
+
+
+async def _checked_insert_then_commit(self, values):
+    return None  # as if no head were known: the checked INSERT in the request's transaction, then its COMMIT
+
+
+def function_or_checked_insert(on: bool) -> None:
+    """``--against-checked-insert``: the trail on for both sides; "on" appends a request's record as certlm does
+    (PostgreSQL: ``certlm_audit_append`` sent with the COMMIT), "off" as before version 24 (the checked INSERT, then
+    the COMMIT), so that what the change saves is measured block against block under the same load."""
+    audit.configure(True, None, 60)
+    method = _append_and_commit_postgres if on else _checked_insert_then_commit
+    audit.RequestTransaction._append_and_commit_postgres = method
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to measure, both sides together")
@@ -226,6 +245,11 @@ async def main() -> None:
     parser.add_argument("--pieces", action="store_true", help="also time the trail's Python piece by piece")
     parser.add_argument("--opcodes", action="store_true", help="also count audit.py's opcodes and calls per request")
     parser.add_argument("--postgres", action="store_true", help="on a throw-away PostgreSQL cluster, not SQLite")
+    parser.add_argument(
+        "--against-checked-insert",
+        action="store_true",
+        help="with --postgres: both sides with the trail, 'off' appending as before version 24 (INSERT, then COMMIT)",
+    )
     args = parser.parse_args()
     postgres = None
     if args.postgres:
@@ -267,10 +291,11 @@ async def measure(args: argparse.Namespace, postgres) -> None:
             # As ``certlm serve`` does once started: what start-up made is out of the collector's sight.
             gc.collect()
             gc.freeze()
+            switch = function_or_checked_insert if args.against_checked_insert else trail
             deadline, number = time.monotonic() + args.seconds, 0
             while time.monotonic() < deadline:
                 for on in (True, False) if number % 2 == 0 else (False, True):
-                    trail(on)
+                    switch(on)
                     profiled = profiler if args.profile == ("on" if on else "off") else None
                     thread0, process0, wall0 = time.thread_time(), time.process_time(), time.monotonic()
                     trips0 = trips.count

@@ -319,6 +319,20 @@ def test_a_record_is_hashed_over_the_standard_librarys_canonical_json(text: str)
     assert audit._hash_of(values) == hashlib.sha256(standard.encode()).hexdigest()
 
 
+@pytest.mark.parametrize(
+    "text", ["plain", ',"id":0,"outcome":"ok","prev_hash":"","role":', 'ends in \\', "Grüße, 設備 \x00 🔒"]
+)
+def test_a_records_json_cut_around_its_link_hashes_as_the_record_once_linked(text: str) -> None:
+    # PostgreSQL's ``certlm_audit_append`` joins the parts around the head's id + 1 and hash and hashes them.
+    values = {name: None for name in audit.HASHED_FIELDS if name not in ("id", "prev_hash")} | {
+        "at": datetime(2026, 11, 27, 1, 2, 3, tzinfo=UTC), "actor": text, "detail": text, "device": text,
+        "entry_id": 12, "outcome": text, "changes": json.dumps([{"after": {"name": text}}]),
+    }  # fmt: skip
+    head = (41, "cd" * 32)
+    parts = audit._json_around_link(values)
+    assert audit._hash_after(head, parts) == audit._hash_of({**values, "id": 42, "prev_hash": head[1]})
+
+
 def test_a_value_orjson_refuses_is_hashed_the_standard_librarys_way() -> None:
     values = {name: None for name in audit.HASHED_FIELDS} | {
         "id": 1, "at": datetime(2026, 11, 27, tzinfo=UTC), "target": "lone \udc80 surrogate", "entry_id": 2**70,

@@ -349,6 +349,43 @@ async def install_audit_chain_head_check(connection: BaseDBAsyncClient, dialect:
     )
 
 
+AUDIT_APPEND = "certlm_audit_append"
+# Its parameters: the record's columns but its id and the two hashes, then its canonical JSON (what its hash is taken
+# of) cut around the id and the previous hash, which only the chain's head under the lock decides.
+_AUDIT_APPEND_PARAMETERS = (
+    "at TIMESTAMPTZ, actor TEXT, actor_kind TEXT, role TEXT, source TEXT, action TEXT, target TEXT, entry_id INTEGER, "
+    "device TEXT, status INTEGER, outcome TEXT, detail TEXT, changes TEXT, "
+    "json_to_id TEXT, json_to_prev_hash TEXT, json_rest TEXT"
+)
+
+
+async def install_audit_append(connection: BaseDBAsyncClient, dialect: str) -> None:
+    """PostgreSQL: the function that appends a request's record at the chain's head (``certlm.system.audit``): it
+    takes the chain's lock, reads the head (the last record, else where retention left the chain, else the genesis),
+    and inserts the record after it, its hash (SHA-256 of its canonical JSON) taken here over the head's id and hash.
+    It cannot find the head stale, so nothing needs undoing when another instance appended: a call of it and the
+    COMMIT after it go in one simple query, with no savepoint. Its statements are planned once per connection (a
+    function's are), the call itself is a trivial plan. SQLite has one writer at a time: nothing to install."""
+    if dialect == "sqlite":
+        return
+    await connection.execute_script(
+        f"CREATE OR REPLACE FUNCTION {AUDIT_APPEND}({_AUDIT_APPEND_PARAMETERS}) "
+        "RETURNS VOID LANGUAGE plpgsql VOLATILE AS $$ DECLARE head_id BIGINT; head_hash TEXT; BEGIN "
+        f"PERFORM {AUDIT_CHAIN_LOCK}; "
+        "SELECT r.id, r.hash INTO head_id, head_hash FROM audit_record r ORDER BY r.id DESC LIMIT 1; "
+        "IF NOT FOUND THEN "
+        "SELECT s.last_dropped_id, s.last_dropped_hash INTO head_id, head_hash FROM audit_chain_start s "
+        "WHERE s.id = 1; "
+        f"IF NOT FOUND THEN head_id := 0; head_hash := '{'0' * 64}'; END IF; "
+        "END IF; "
+        'INSERT INTO audit_record ("id", "at", "actor", "actor_kind", "role", "source", "action", "target", '
+        '"entry_id", "device", "status", "outcome", "detail", "changes", "prev_hash", "hash") VALUES (head_id + 1, '
+        "at, actor, actor_kind, role, source, action, target, entry_id, device, status, outcome, detail, changes, "
+        "head_hash, encode(sha256(convert_to(json_to_id || (head_id + 1) || json_to_prev_hash || head_hash "
+        "|| json_rest, 'UTF8')), 'hex')); END $$;"
+    )
+
+
 # An index of ``audit_record``'s entry or device over every row, which version 23 makes partial: it ends at its column.
 _FULL_AUDIT_DEVICE_INDEX = re.compile(r'\("?(entry_id|device)"?\)\s*$')
 
@@ -446,6 +483,11 @@ STEPS: tuple[MigrationStep, ...] = (
         "the audit trail: its device indexes only over the records of a device, so the others write none",
         _partial_audit_device_indexes,
     ),
+    MigrationStep(
+        24,
+        "the audit trail: a request's record appended by one function, its call sent with the request's COMMIT",
+        install_audit_append,
+    ),
 )
 CURRENT_VERSION = max((step.version for step in STEPS), default=1)
 
@@ -512,6 +554,7 @@ async def migrate(connection: BaseDBAsyncClient) -> int:
         async with in_transaction("default") as tx:
             await install_endpoint_count(tx, dialect)
             await install_audit_chain_head_check(tx, dialect)
+            await install_audit_append(tx, dialect)
         await connection.execute_query(
             f"INSERT INTO certlm_schema (id, version, updated_at) VALUES (1, {CURRENT_VERSION}, "
             f"CURRENT_TIMESTAMP) {conflict}"

@@ -25,6 +25,9 @@ connection of its own, outside the pool), it declares no cursor outside a transa
 no session variable. ``LeanResetConnection`` keeps what asyncpg always does on release (an open transaction rolled
 back, listeners removed) and sends no reset query.
 
+And ``run_then_commit`` puts a statement without parameters (the audit trail's record, ``certlm_audit_append``) and
+the COMMIT after it in one simple query: one round trip rather than two.
+
 ``tests/storage/test_postgres_trips.py`` counts the round trips and shows a savepoint rolled back to still undoes
 what it should, on a real PostgreSQL. ``make_postgres_round_trips_lean()`` installs it, once, when storage is imported;
 an asyncpg or tortoise-orm release that changes these internals fails those tests rather than a plant.
@@ -35,10 +38,13 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
+from asyncpg.transaction import TransactionState
 from tortoise.backends.asyncpg.client import AsyncpgDBClient, TransactionWrapper
 from tortoise.backends.base.client import ConnectionWrapper
 from tortoise.backends.sqlite.client import _gen_savepoint_name
 from tortoise.exceptions import TransactionManagementError
+
+from certlm.storage.sqlite_transactions import CommitFailed
 
 # On the outermost TransactionWrapper of a transaction: what waits to be sent, in order ("SAVEPOINT x" or
 # "RELEASE SAVEPOINT x"), and the names of the savepoints among them not sent yet.
@@ -159,3 +165,29 @@ def one_statement(updates: list[str]) -> str:
     *before, last = updates
     clauses = ", ".join(f'"write_{number}" AS ({update})' for number, update in enumerate(before))
     return f"WITH {clauses} {last}" if before else last
+
+
+async def run_then_commit(transaction: TransactionWrapper, sql: str) -> None:
+    """Run ``sql`` (a statement without parameters: a simple query carries it and the COMMIT) and COMMIT
+    ``transaction``, the outermost level of a tortoise transaction, in one round trip rather than two. When ``sql``
+    fails, PostgreSQL skips the COMMIT: the error is raised, the transaction left open (aborted) for its rollback.
+    When the COMMIT fails, PostgreSQL has rolled the transaction back: ``CommitFailed``, the transaction finished."""
+    xact = transaction.transaction
+    raw = xact._connection  # asyncpg's connection itself, not the pool's proxy of it
+    # COMMIT ends every savepoint: those deferred are never sent, as at ``_commit``.
+    transaction.__dict__.pop(_PENDING, None)
+    async with ConnectionWrapper(transaction._lock, transaction) as connection:
+        # What asyncpg's own commit does: the connection no longer has a transaction of asyncpg's open.
+        if raw._top_xact is xact:
+            raw._top_xact = None
+        try:
+            await connection.execute(f"{sql}; COMMIT")
+        except BaseException as error:
+            if isinstance(error, Exception) and not raw.is_in_transaction():
+                xact._state = TransactionState.FAILED
+                transaction._finalized = True
+                raise CommitFailed(str(error)) from error
+            raw._top_xact = xact  # still open: rolled back by its owner, as any failed or cancelled transaction
+            raise
+    xact._state = TransactionState.COMMITTED
+    transaction._finalized = True

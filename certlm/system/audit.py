@@ -22,11 +22,12 @@ The chain: each record holds the SHA-256 of the one before (``prev_hash``; 64 ze
 head's plus one, given under the chain's lock (on PostgreSQL an advisory lock held by the appending transaction;
 on SQLite its one connection, which serialises transactions) after the head this process last committed, which the
 insert checks is still the head (``_known_heads``; else the head is read), so several instances on one database
-append to one chain and ids have no gaps. ``verify_chain`` finds a changed, removed or reordered record and names
-the first; the head is logged at INFO every ``audit_anchor_interval_min`` and at shutdown (``log_anchor``) for an
-external collector, and ``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention
-(``drop_expired``) drops only a whole prefix and keeps the last dropped record's id and hash (``AuditChainStart``)
-as where the chain starts.
+append to one chain and ids have no gaps. On PostgreSQL a request's record is appended by a function that takes the
+lock and reads the head itself (``certlm_audit_append``), its call sent with the request's COMMIT.
+``verify_chain`` finds a changed, removed or reordered record and names the first; the head is logged at INFO
+every ``audit_anchor_interval_min`` and at shutdown (``log_anchor``) for an external collector, and
+``verify_chain(anchor=...)`` checks the chain still holds such a head. Retention (``drop_expired``) drops only a
+whole prefix and keeps the last dropped record's id and hash (``AuditChainStart``) as where the chain starts.
 
 The record is written before the request's answer is sent. A route that changes only the database takes
 ``commits_with_record``: its changes and its record are made in one transaction and committed once (the trail's cost
@@ -49,6 +50,7 @@ import json
 import logging
 import operator
 import re
+import secrets
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextvars import ContextVar
@@ -65,8 +67,9 @@ from tortoise.transactions import in_transaction
 
 from certlm.foundation.actors import ADMIN, Actor, current_actor
 from certlm.foundation.hostspec import address_url
-from certlm.storage.migrations import AUDIT_CHAIN_HEAD_CHECK, AUDIT_CHAIN_LOCK
+from certlm.storage.migrations import AUDIT_APPEND, AUDIT_CHAIN_HEAD_CHECK, AUDIT_CHAIN_LOCK
 from certlm.storage.models import AuditChainStart, AuditRecord, InventoryEntry
+from certlm.storage.postgres_transactions import run_then_commit
 from certlm.storage.sql import in_dialect
 from certlm.storage.sqlite_transactions import CommitFailed, DeferredRead, insert_then_commit, read_on_next_trip
 
@@ -728,6 +731,60 @@ def _linked(values: dict[str, Any], head: Link) -> list[Any]:
     return list(_row_values(record))
 
 
+def _json_around_link(values: dict[str, Any]) -> tuple[bytes, bytes, bytes]:
+    """The canonical JSON a record's hash is taken of (``_hash_of``), cut where its id and its ``prev_hash`` go: the
+    JSON is the first part, the id, the second, the previous hash, the third. Keys are sorted, so the id comes after
+    ``entry_id`` and ``prev_hash`` after ``outcome``; a string value cannot hold ``,"id":`` (its quotes are escaped)."""
+    text = _canonical_bytes({**values, "at": _moment(values["at"]), "id": 0, "prev_hash": ""})
+    to_id = text.index(b',"id":0,') + len(b',"id":')
+    to_prev_hash = text.index(b',"prev_hash":""', to_id) + len(b',"prev_hash":"')
+    return text[:to_id], text[to_id + 1 : to_prev_hash], text[to_prev_hash:]
+
+
+def _hash_after(head: Link, json_parts: tuple[bytes, bytes, bytes]) -> str:
+    """``_hash_of`` the record whose JSON is cut in ``json_parts`` once it follows ``head``, as the function
+    ``certlm_audit_append`` takes it (for the link this process keeps)."""
+    to_id, to_prev_hash, rest = json_parts
+    linked = (to_id, str(head[0] + 1).encode(), to_prev_hash, head[1].encode(), rest)
+    return hashlib.sha256(b"".join(linked)).hexdigest()
+
+
+# The record's columns ``certlm_audit_append`` takes, in its parameters' order (its JSON parts after them).
+_APPEND_COLUMNS = tuple(name for name in HASHED_FIELDS if name not in ("id", "prev_hash"))
+
+
+def _literal(value: Any, tag: str) -> str:
+    """A value of a record as PostgreSQL SQL text: text dollar-quoted with ``tag`` (``_quote_tag``), never escaped
+    by hand."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool) or not isinstance(value, int | str | datetime):
+        raise TypeError(f"no literal for a record's {type(value).__name__}")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, datetime):
+        return f"{tag}{value.isoformat()}{tag}"
+    return f"{tag}{value}{tag}"
+
+
+def _quote_tag(texts: Iterable[str]) -> str:
+    """A dollar-quote tag of random letters that none of ``texts`` holds, nor ends with the start of: nothing in them
+    can end the quote."""
+    while True:
+        tag = f"$q{secrets.token_hex(8)}$"
+        if all((text + tag).find(tag) == len(text) for text in texts):
+            return tag
+
+
+def _append_call(values: dict[str, Any], json_parts: tuple[bytes, bytes, bytes]) -> str:
+    """PostgreSQL: the call of ``certlm_audit_append`` that appends the record of ``values``, its arguments literals
+    (a simple query, which carries the COMMIT too, takes no parameters; the call's plan is trivial, the function's
+    INSERT is planned once per connection)."""
+    arguments = [values[name] for name in _APPEND_COLUMNS] + [part.decode() for part in json_parts]
+    tag = _quote_tag([value for value in arguments if isinstance(value, str)])
+    return f"SELECT {AUDIT_APPEND}({', '.join(_literal(value, tag) for value in arguments)})"
+
+
 _AT_FIELD = AuditRecord._meta.fields_map["at"]
 
 
@@ -807,12 +864,15 @@ async def _append(connection: Any, batch: list[dict[str, Any]]) -> list[Link]:
     transaction's end): in the checked INSERT of the head this process knows, else before it reads the head."""
     if _is_sqlite(connection):
         return await _append_in_turn(connection, batch)
-    database = _database(connection)
+    async with _append_turn(_database(connection)):
+        return await _append_in_turn(connection, batch)
+
+
+def _append_turn(database: Any) -> asyncio.Lock:
     turn = _append_turns.get(database)
     if turn is None:
         turn = _append_turns[database] = asyncio.Lock()
-    async with turn:
-        return await _append_in_turn(connection, batch)
+    return turn
 
 
 async def _append_in_turn(connection: Any, batch: list[dict[str, Any]]) -> list[Link]:
@@ -954,8 +1014,11 @@ class RequestTransaction:
     async def _insert_and_commit(self, values: dict[str, Any]) -> Link | None:
         """SQLite, with the head this process committed last: the record inserted after it if it is still the head,
         and the transaction committed, in one trip to SQLite's thread; its link, or None when the head was not known
-        or not the head any more (nothing inserted, the transaction still open)."""
-        head = known_head(self.connection) if _is_sqlite(self.connection) else None
+        or not the head any more (nothing inserted, the transaction still open). PostgreSQL: see
+        ``_append_and_commit_postgres``."""
+        if not _is_sqlite(self.connection):
+            return await self._append_and_commit_postgres(values)
+        head = known_head(self.connection)
         if head is None:
             return None
         row = _linked(values, head)
@@ -964,6 +1027,25 @@ class RequestTransaction:
             return None
         await self.context.__aexit__(None, None, None)  # committed: only gives the connection back
         return row[0], row[-1]
+
+    async def _append_and_commit_postgres(self, values: dict[str, Any]) -> Link | None:
+        """PostgreSQL, with the head this process appended last: the record appended at the chain's head by
+        ``certlm_audit_append`` (which takes the lock and reads the head itself) and the transaction committed, in
+        one round trip (the call and the COMMIT in one simple query); its link as this process knows the chain: when
+        another instance appended meanwhile, the record went after that one's and the link kept is stale, which the
+        next checked INSERT finds (``_known_heads``). None when no head is known (nothing sent, the transaction still
+        open). In this process's turn (``_append_turns``), held to the COMMIT: the next in turn would wait for the
+        chain's lock anyway."""
+        database = _database(self.connection)
+        async with _append_turn(database):
+            head = _known_heads.get(database)
+            if head is None:
+                return None
+            json_parts = _json_around_link(values)
+            await run_then_commit(self.connection, _append_call(values, json_parts))
+            _known_heads[database] = link = (head[0] + 1, _hash_after(head, json_parts))
+        await self.context.__aexit__(None, None, None)  # committed: only gives the connection back
+        return link
 
     async def _append_then_commit(self, values: dict[str, Any]) -> Link:
         try:

@@ -60,7 +60,8 @@ class RoundTrips:
         assert len(begins) == 1, self.seen
         connection = self.seen[begins[0]][0]
         mine = [sql for con, sql in self.seen[begins[0] :] if con is connection]
-        return mine[: mine.index("COMMIT") + 1]
+        # Up to the trip that commits (a recorded request's record is appended by a call sent with its COMMIT).
+        return mine[: next(n for n, sql in enumerate(mine) if sql.split("; ")[-1] == "COMMIT") + 1]
 
     def all(self) -> list[str]:
         return [sql for _, sql in self.seen]
@@ -253,12 +254,99 @@ async def claim_waiting_for_a_release(trips: RoundTrips) -> dict[str, Any]:
     return seen
 
 
+# A name whose record's JSON holds what ``_json_around_link`` cuts at, quotes, a backslash, controls and non-ASCII.
+AWKWARD_NAME = ',"id":0,"prev_hash":"" \\ \x01 Grüße 設備 🔒'
+
+
+async def awkward_name(app: Any) -> dict[str, Any]:
+    """A recorded rename to ``AWKWARD_NAME``: its hash, taken by ``certlm_audit_append``, verifies."""
+    status, body = await app.call("PATCH", "/gds/inventory", {**DEVICE, "name": AWKWARD_NAME})
+    assert status == 200, body
+    last = await audit.AuditRecord.all().order_by("-id").first()
+    return {
+        "in_changes": AWKWARD_NAME in json.loads(last.changes)[0]["after"]["name"],
+        "intact": (await audit.verify_chain()).intact,
+    }
+
+
+async def head_moved(app: Any, trips: RoundTrips) -> dict[str, Any]:
+    """A recorded rename when the chain's head is no longer the one this process appended (another instance appended
+    since): ``certlm_audit_append`` reads the head under the chain's lock, so the record follows the real head, in
+    the same one round trip as ever."""
+    async with app.context():
+        head = await audit.AuditRecord.all().order_by("-id").first()
+        before = await audit.AuditRecord.get(id=head.id - 1)
+        audit._known_heads[audit._database()] = (before.id, before.hash)
+    trips.start()
+    status, body = await app.call("PATCH", "/gds/inventory", {**DEVICE, "name": "Press 5"})
+    assert status == 200, body
+    statements = trips.transaction()
+    async with app.context():
+        last = await audit.AuditRecord.all().order_by("-id").first()
+        name = (await InventoryEntry.get(server=DEVICE["server"])).name
+        intact = (await audit.verify_chain()).intact
+    return {
+        "trips": statements[-2:], "record": [last.id - head.id, last.prev_hash == head.hash, last.action, last.outcome],
+        "name": name, "intact": intact,
+    }  # fmt: skip
+
+
+# Fail the record of a rename of DEVICE (its INSERT, or the COMMIT after it: a deferred constraint trigger).
+_REFUSE = """
+CREATE FUNCTION certlm_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+RAISE EXCEPTION 'the record is refused'; END $$;
+"""
+_FAIL_RECORD = (
+    _REFUSE
+    + """
+CREATE TRIGGER certlm_test_refuse BEFORE INSERT ON audit_record FOR EACH ROW
+WHEN (NEW.action = 'PATCH /gds/inventory' AND NEW.outcome = 'ok') EXECUTE FUNCTION certlm_test_refuse();
+"""
+)
+_FAIL_COMMIT = (
+    _REFUSE
+    + """
+CREATE CONSTRAINT TRIGGER certlm_test_refuse AFTER INSERT ON audit_record DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (NEW.action = 'PATCH /gds/inventory' AND NEW.outcome = 'ok') EXECUTE FUNCTION certlm_test_refuse();
+"""
+)
+
+
+async def record_fails(app: Any, setup: str) -> dict[str, Any]:
+    """A recorded rename whose record's call fails (``_FAIL_RECORD``) or whose COMMIT, sent with it, fails
+    (``_FAIL_COMMIT``): the rename is rolled back with its record (500), its failure recorded on its own, the chain
+    whole; the next rename is recorded as ever."""
+    async with app.context():
+        connection = audit.connections.get("default")
+        await connection.execute_script(setup)
+        head = await audit.AuditRecord.all().order_by("-id").first()
+    status, body = await app.call("PATCH", "/gds/inventory", {**DEVICE, "name": "Refused"})
+    async with app.context():
+        name = (await InventoryEntry.get(server=DEVICE["server"])).name
+        after = await audit.AuditRecord.filter(id__gt=head.id).order_by("id").values_list("outcome", flat=True)
+        await connection.execute_script(
+            "DROP TRIGGER certlm_test_refuse ON audit_record; DROP FUNCTION IF EXISTS certlm_test_refuse CASCADE;"
+        )
+    again, _ = await app.call("PATCH", "/gds/inventory", {**DEVICE, "name": "Press 6"})
+    async with app.context():
+        last = await audit.AuditRecord.all().order_by("-id").first()
+        intact = (await audit.verify_chain()).intact
+    return {
+        "status": status, "rolled_back": "rolled back" in body.get("error", ""), "renamed": name == "Refused",
+        "records": list(after), "again": [again, last.outcome], "intact": intact,
+    }  # fmt: skip
+
+
 async def main(database_url: str, directory: Path) -> None:
     keys = LicenseKeys.create(directory / "license-keys")
     trips = RoundTrips()
     async with licensed_app(in_process_settings(directory / "data", keys, database_url=database_url), keys) as app:
         seen = {"rename": await _outcome(rename(app, trips))}
         seen["concurrent_renames"] = await _outcome(concurrent_renames(app, trips))
+        seen["awkward_name"] = await _outcome(awkward_name(app))
+        seen["head_moved"] = await _outcome(head_moved(app, trips))
+        seen["record_refused"] = await _outcome(record_fails(app, _FAIL_RECORD))
+        seen["commit_refused"] = await _outcome(record_fails(app, _FAIL_COMMIT))
         async with app.context():
             seen["nested"] = await _outcome(nested(trips))
             seen["rolled_back"] = await _outcome(rolled_back())

@@ -44,7 +44,8 @@ def test_a_recorded_rename_costs_no_round_trip_for_its_routes_savepoints(seen: d
     # The request's transaction (``commits_with_record``) puts the route's two nested transactions a level deeper:
     # their savepoints go in one simple query, and their releases are dropped at the COMMIT (tortoise sent four).
     rename = seen["rename"]
-    assert rename["trips"] == ["BEGIN", "SELECT", "SAVEPOINT; SAVEPOINT", "UPDATE", "SELECT", "INSERT", "COMMIT"]
+    # Its record: one call of ``certlm_audit_append``, sent with the COMMIT (before: the checked INSERT, then COMMIT).
+    assert rename["trips"] == ["BEGIN", "SELECT", "SAVEPOINT; SAVEPOINT", "UPDATE", "SELECT", "SELECT; COMMIT"]
     assert [record["outcome"] for record in rename["records"]] == ["ok"]
     (change,) = rename["records"][0]["changes"]
     assert (change["before"], change["after"]) == ({"name": None}, {"name": "Press 4"})
@@ -102,3 +103,28 @@ def test_a_claim_that_waited_for_the_last_holders_release_reads_what_that_holder
     # The claim's statement began before the release committed: its own read would have missed the holder's write.
     expected = [{"name": "written by the last holder"}]
     assert seen["claim_waiting_for_a_release"] == {"free": expected, "scan turn": expected}
+
+
+def test_a_record_after_another_instances_append_follows_the_real_head_in_the_same_round_trip(
+    seen: dict[str, Any],
+) -> None:
+    # The function reads the head under the chain's lock: a stale head known here costs nothing (before, with the
+    # reverted literal INSERT, a failed INSERT, a ROLLBACK TO, a head read and an INSERT more).
+    moved = seen["head_moved"]
+    assert moved == {
+        "trips": ["SELECT", "SELECT; COMMIT"], "record": [1, True, "PATCH /gds/inventory", "ok"], "name": "Press 5",
+        "intact": True,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("failing", ["record_refused", "commit_refused"])
+def test_a_rename_whose_record_or_commit_fails_is_rolled_back_with_it(seen: dict[str, Any], failing: str) -> None:
+    refused = seen[failing]
+    assert refused == {
+        "status": 500, "rolled_back": True, "renamed": False, "records": ["failed"], "again": [200, "ok"],
+        "intact": True,
+    }  # fmt: skip
+
+
+def test_a_record_hashed_by_the_function_verifies_whatever_its_text_holds(seen: dict[str, Any]) -> None:
+    assert seen["awkward_name"] == {"in_changes": True, "intact": True}

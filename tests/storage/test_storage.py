@@ -475,6 +475,23 @@ async def test_a_version_19_postgres_database_gets_the_audit_chains_head_check(m
     assert _verify_trail("--database-url", url).startswith(f"audit trail intact: {count + 3} ")
 
 
+async def test_a_version_23_postgres_database_gets_the_audit_chains_append_function(make_service, postgres) -> None:
+    url = postgres.create_database()
+    service = await make_service(database_url=url)
+    await _record_some_requests(service, 2)
+    await service.stop()
+    # The database as version 23 left it: a request's record was a checked INSERT, then its COMMIT.
+    postgres.query(url, "DROP FUNCTION certlm_audit_append; UPDATE certlm_schema SET version = 23;")
+    records = postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id")
+    await service.start()
+    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
+    assert postgres.query(url, "SELECT count(*) FROM pg_proc WHERE proname = 'certlm_audit_append'") == "1\n"
+    assert postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id") == records
+    await _record_some_requests(service, 3, first_port=5000)
+    count = len(records.splitlines())
+    assert _verify_trail("--database-url", url).startswith(f"audit trail intact: {count + 3} ")
+
+
 # --- version 19: a campaign's CRL waivers and its CRL probe certificate ---------------------------------------------
 
 CAMPAIGN_COLUMNS_SINCE_19 = ("crl_waivers", "crl_probe_pem")
