@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -457,36 +458,30 @@ async def test_a_version_17_postgres_audit_trail_loses_the_three_indexes_no_filt
     assert _verify_trail("--database-url", url).startswith("audit trail intact: ")
 
 
-async def test_a_version_19_postgres_database_gets_the_audit_chains_head_check(make_service, postgres) -> None:
+@pytest.mark.parametrize(
+    ("version", "function"),
+    [
+        # Version 19 left appends taking the chain's lock in a statement of their own.
+        (19, "certlm_audit_chain_head_is"),
+        # Version 23 left a request's record a checked INSERT, then its COMMIT.
+        (23, "certlm_audit_append"),
+    ],
+)
+async def test_an_older_postgres_database_gets_the_audit_chains_function(
+    make_service, postgres, version: int, function: str
+) -> None:
     url = postgres.create_database()
     service = await make_service(database_url=url)
     await _record_some_requests(service, 2)
     await service.stop()
-    # The database as version 19 left it: appends took the chain's lock in a statement of their own.
-    postgres.query(url, "DROP FUNCTION certlm_audit_chain_head_is; UPDATE certlm_schema SET version = 19;")
+    # The database as that version left it.
+    postgres.query(url, f"DROP FUNCTION {function}; UPDATE certlm_schema SET version = {version};")
     records = postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id")
     await service.start()
     assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
-    assert postgres.query(url, "SELECT count(*) FROM pg_proc WHERE proname = 'certlm_audit_chain_head_is'") == "1\n"
+    assert postgres.query(url, f"SELECT count(*) FROM pg_proc WHERE proname = '{function}'") == "1\n"
     assert postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id") == records
     # Records appended after the step follow the last one kept, and the whole chain verifies.
-    await _record_some_requests(service, 3, first_port=5000)
-    count = len(records.splitlines())
-    assert _verify_trail("--database-url", url).startswith(f"audit trail intact: {count + 3} ")
-
-
-async def test_a_version_23_postgres_database_gets_the_audit_chains_append_function(make_service, postgres) -> None:
-    url = postgres.create_database()
-    service = await make_service(database_url=url)
-    await _record_some_requests(service, 2)
-    await service.stop()
-    # The database as version 23 left it: a request's record was a checked INSERT, then its COMMIT.
-    postgres.query(url, "DROP FUNCTION certlm_audit_append; UPDATE certlm_schema SET version = 23;")
-    records = postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id")
-    await service.start()
-    assert postgres.query(url, "SELECT version FROM certlm_schema").strip() == str(CURRENT_VERSION)
-    assert postgres.query(url, "SELECT count(*) FROM pg_proc WHERE proname = 'certlm_audit_append'") == "1\n"
-    assert postgres.query(url, "SELECT id, hash FROM audit_record ORDER BY id") == records
     await _record_some_requests(service, 3, first_port=5000)
     count = len(records.splitlines())
     assert _verify_trail("--database-url", url).startswith(f"audit trail intact: {count + 3} ")
