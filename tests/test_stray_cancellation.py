@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import certlm.http.blueprints.system as system_routes
+import certlm.service.info as system_information
 from certlm.testing import in_process_settings, licensed_app
 
 
@@ -23,7 +23,7 @@ async def test_a_cancellation_the_request_did_not_ask_for_answers_a_json_500(
     tmp_path, license_keys, monkeypatch, caplog
 ) -> None:
     async with licensed_app(in_process_settings(tmp_path / "data", license_keys), license_keys) as app:
-        monkeypatch.setattr(system_routes, "system_info", _awaits_a_cancelled_future)
+        monkeypatch.setattr(system_information, "system_settings", _awaits_a_cancelled_future)
         with caplog.at_level(logging.ERROR, logger="certlm.http.app"):
             status, body = await app.call("GET", "/systeminfo")
         assert (status, body) == (500, {"error": "internal error: CancelledError"})
@@ -46,7 +46,7 @@ async def test_a_request_cancelled_itself_stays_cancelled(tmp_path, license_keys
         await asyncio.sleep(5)
 
     async with licensed_app(in_process_settings(tmp_path / "data", license_keys), license_keys) as app:
-        monkeypatch.setattr(system_routes, "system_info", cancelled_request)
+        monkeypatch.setattr(system_information, "system_settings", cancelled_request)
         with caplog.at_level(logging.ERROR, logger="certlm.http.app"):
             response = await app.client.get("/systeminfo", headers=app.headers)
         # Cancelled, not answered: Quart's test client reports a request whose handler ended without an answer as
