@@ -28,7 +28,6 @@ import logging
 import pstats
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,10 +36,9 @@ from types import SimpleNamespace
 import aiosqlite
 import asyncua_baseline
 import scheduler_baseline
-from asyncua.client import ua_client
 from certlm_gds_push import identity
 from common import ADMIN, LicenseKeys, Simulators
-from profile_push import QueryCounter, wave
+from profile_push import OpcRequests, QueryCounter, wave
 
 import certlm.lifecycle.monitoring
 from certlm.lifecycle.monitoring import monitor_scan
@@ -72,41 +70,6 @@ class ThreadTrips:
             yield
         finally:
             aiosqlite.Connection._execute = real
-
-
-class OpcRequests:
-    """The OPC UA requests certlm sends (asyncua's ``UASocketProtocol._send_request``, by request type) and the
-    connections it opens (``connect_socket``): what a visit costs the device and the channel's crypto, to set beside
-    the script's (``scheduler_baseline.monitor_read``: two connections, one session, 11 requests in it)."""
-
-    def __init__(self) -> None:
-        self.requests: Counter[str] = Counter()
-        self.connections = 0
-
-    @contextlib.contextmanager
-    def counting(self) -> Iterator[None]:
-        protocol, client = ua_client.UASocketProtocol, ua_client.UaClient
-        real_send, real_connect = protocol._send_request, client.connect_socket
-
-        def send(protocol_self, request, *args, **kwargs):
-            self.requests[type(request).__name__] += 1
-            return real_send(protocol_self, request, *args, **kwargs)
-
-        async def connect(client_self, *args, **kwargs):
-            self.connections += 1
-            return await real_connect(client_self, *args, **kwargs)
-
-        protocol._send_request, client.connect_socket = send, connect
-        try:
-            yield
-        finally:
-            protocol._send_request, client.connect_socket = real_send, real_connect
-
-    def line(self, visits: int) -> str:
-        each = ", ".join(f"{name.removesuffix('Request')} {count / visits:.2f}" for name, count in
-                         self.requests.most_common())  # fmt: skip
-        requests = self.requests.total() / visits
-        return f"{self.connections / visits:.2f} connections and {requests:.2f} OPC UA requests per visit: {each}"
 
 
 class InFlight:

@@ -1,6 +1,6 @@
 """Where certlm's CPU of a push goes: N onboardings and N renewals through the REST API of certlm's app in this process
 (Quart's test client, SQLite, an internal CA), under cProfile, with the simulated devices in a process of their own;
-and how many database queries each push makes.
+how many database queries each push makes, and how many connections and OPC UA requests (by type) it sends.
 
     .venv/bin/python bench/profile_push.py [--devices 20] [--concurrency 4] [--top 40] [--sort tottime]
 
@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from asyncua.client import ua_client
 from common import ADMIN, LicenseKeys, Simulators
 
 from certlm.testing import in_process_settings, licensed_app
@@ -53,6 +54,41 @@ class QueryCounter:
 
     def total(self) -> int:
         return sum(self.shapes.values())
+
+
+class OpcRequests:
+    """The OPC UA requests certlm sends (asyncua's ``UASocketProtocol._send_request``, by request type) and the
+    connections it opens (``connect_socket``): what a visit costs the device and the channel's crypto, to set beside
+    the script's (``scheduler_baseline.monitor_read``: two connections, one session, 11 requests in it)."""
+
+    def __init__(self) -> None:
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.connections = 0
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        protocol, client = ua_client.UASocketProtocol, ua_client.UaClient
+        real_send, real_connect = protocol._send_request, client.connect_socket
+
+        def send(protocol_self, request, *args, **kwargs):
+            self.requests[type(request).__name__] += 1
+            return real_send(protocol_self, request, *args, **kwargs)
+
+        async def connect(client_self, *args, **kwargs):
+            self.connections += 1
+            return await real_connect(client_self, *args, **kwargs)
+
+        protocol._send_request, client.connect_socket = send, connect
+        try:
+            yield
+        finally:
+            protocol._send_request, client.connect_socket = real_send, real_connect
+
+    def line(self, visits: int) -> str:
+        each = ", ".join(f"{name.removesuffix('Request')} {count / visits:.2f}" for name, count in
+                         self.requests.most_common())  # fmt: skip
+        requests = self.requests.total() / visits
+        return f"{self.connections / visits:.2f} connections and {requests:.2f} OPC UA requests per visit: {each}"
 
 
 async def wave(app, path: str, body: dict, ports: list[int], concurrency: int) -> list[str]:
@@ -85,6 +121,7 @@ async def main() -> None:
     args = parser.parse_args()
     logging.getLogger("asyncua").setLevel(logging.ERROR)
     counter = QueryCounter()
+    opc = OpcRequests()
     db_log = logging.getLogger("tortoise.db_client")
     with tempfile.TemporaryDirectory(prefix="certlm-profile-") as tmp:
         workdir = Path(tmp)
@@ -100,8 +137,10 @@ async def main() -> None:
                     ("renewal", "/gds/push/change", {}),
                 ):
                     counter.shapes.clear()
+                    opc.requests.clear()
+                    opc.connections = 0
                     profile = cProfile.Profile(time.process_time) if args.timer == "cpu" else cProfile.Profile()
-                    with counter.counting(db_log):
+                    with counter.counting(db_log), opc.counting():
                         started = time.process_time()
                         if not args.no_profile:
                             profile.enable()
@@ -112,6 +151,7 @@ async def main() -> None:
                     print(f"\n=== {what}: {done}/{args.devices} in {cpu:.2f} s CPU = "
                           f"{1000 * cpu / max(done, 1):.1f} ms per push; {counter.total() / max(done, 1):.1f} "
                           "database queries per push")  # fmt: skip
+                    print("  " + opc.line(max(done, 1)).replace("per visit", "per push"))
                     for failure in failures[:5]:
                         print("  failed:", failure)
                     for shape, count in counter.shapes.most_common(25):
