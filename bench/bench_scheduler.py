@@ -8,11 +8,12 @@ Each setup starts ``--devices`` simulated devices in ``--simulators`` ``certlm-s
 ``certlm serve`` processes with an internal CA, and onboards every device (``POST /gds/push/onboarding``, at most
 ``--concurrency`` calls in flight); the baseline, ``scheduler_baseline.py`` (a plain asyncua script doing the same
 reads and renewals, at the same concurrency: ``scheduler_concurrency`` per instance, so twice that for two instances),
-gets as many devices of its own (same simulator processes and options) and pushes to each once, as certlm onboarded
-its own, so that both sides read devices holding a CA's certificate and trust list. Each side then scans once more,
-not counted (the warm-up). Then ``--rounds`` rounds, the sides taking turns (certlm-script in one round,
-script-certlm in the next, so that the machine's drift and other work fall on both alike), each round a monitor scan
-of every device by each side and then a renewal wave of every device by each side:
+gets as many devices of its own (same simulator processes and options) and pushes to each once (a device it fails on
+is tried again, at most ``FIRST_CONTACT_RETRIES`` times), as certlm onboarded its own, so that both sides read
+devices holding a CA's certificate and trust list. Each side then scans once more, not counted (the warm-up). Then
+``--rounds`` rounds, the sides taking turns (certlm-script in one round, script-certlm in the next, so that the
+machine's drift and other work fall on both alike), each round a monitor scan of every device by each side and then
+a renewal wave of every device by each side:
 
 - monitor scan: the monitor scheduler is switched on on every instance and the benchmark polls ``GET /systeminfo``
   until each instance's scan has finished. The scan's duration is the instance's own
@@ -74,6 +75,7 @@ from certlm.foundation.config import Settings
 TARGET_RATIO = 1.2  # certlm's monitor scan and renewal wave over the plain script's
 # The defaults: both setups in about 5 minutes on a 2-core machine.
 DEVICES, ROUNDS = 100, 3
+FIRST_CONTACT_RETRIES = 3  # the script's warm-up tries a device it failed on at most this many times more
 POLL_S = 0.5
 # The wave's outcomes are listed from certlm (a query per page, on certlm's cores) this often while the devices' own
 # count says some are not renewed yet, to print failures as they come; once they all are, at every poll until the
@@ -510,6 +512,17 @@ class Script:
         first = await run("first contact", urls, self.ca, self.concurrency, push, self.simulators.pids)
         print(f"  the script's first contact (its warm-up, not counted): {first.done}/{first.devices} devices in "
               f"{time.monotonic() - started:.1f} s")  # fmt: skip
+        # A device the script's first push failed on (the script does not retry; on a loaded machine one in a
+        # thousand met its time-out) would fail every phase after it, and every round would be void: the warm-up
+        # tries those devices again, so that both sides start from devices holding a CA's certificate.
+        failed = first
+        for _ in range(FIRST_CONTACT_RETRIES):
+            if not failed.failed_urls:
+                break
+            print(f"    failed: {'; '.join(failed.failures[:3])}; trying {len(failed.failed_urls)} again")
+            failed = await run("first contact", failed.failed_urls, self.ca, self.concurrency, push)
+        if failed.failed_urls:
+            print(f"    still failing, every round will be void: {'; '.join(failed.failures[:3])}")
 
     async def measure(self, what: str, one: Callable[[str, BaselineCa], Awaitable[None]]) -> BaselineRun:
         load = load_average()

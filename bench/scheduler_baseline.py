@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncua import ua
 from asyncua_baseline import BaselineCa, endpoint_presenting, push, secure_client
@@ -86,6 +86,7 @@ class BaselineRun:
     cpu_s: float
     failures: list[str]
     devices_cpu_s: float | None = None  # the simulated devices' processes, when their pids were given
+    failed_urls: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> int:
@@ -111,6 +112,7 @@ async def run(
     a machine of few cores the devices' CPU is a budget the script and certlm share with them."""
     gate = asyncio.Semaphore(concurrency)
     failures: list[str] = []
+    failed_urls: list[str] = []
 
     async def each(url: str) -> None:
         async with gate:
@@ -118,13 +120,14 @@ async def run(
                 await one(url, ca)
             except Exception as error:  # the script counts a failed device and goes on, as a wave does
                 failures.append(f"{url}: {type(error).__name__} {error}")
+                failed_urls.append(url)
 
     devices_cpu_before = sum(cpu_seconds(pid) for pid in device_pids)
     started_cpu, started = time.process_time(), time.monotonic()
     await asyncio.gather(*(each(url) for url in urls))
     wall, cpu = time.monotonic() - started, time.process_time() - started_cpu
     devices_cpu = sum(cpu_seconds(pid) for pid in device_pids) - devices_cpu_before if device_pids else None
-    return BaselineRun(what, len(urls), wall, cpu, failures, devices_cpu)
+    return BaselineRun(what, len(urls), wall, cpu, failures, devices_cpu, failed_urls)
 
 
 async def baseline(
