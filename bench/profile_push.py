@@ -58,8 +58,9 @@ class QueryCounter:
 
 class OpcRequests:
     """The OPC UA requests certlm sends (asyncua's ``UASocketProtocol._send_request``, by request type) and the
-    connections it opens (``connect_socket``): what a visit costs the device and the channel's crypto, to set beside
-    the script's (``scheduler_baseline.monitor_read``: two connections, one session, 11 requests in it)."""
+    connections it opens (``connect_socket``): what a push or a monitor visit costs the device and the channel's
+    crypto, to set beside the script's (``asyncua_baseline.push``: four connections, 23 requests;
+    ``scheduler_baseline.monitor_read``: two connections, one session, 11 requests in it)."""
 
     def __init__(self) -> None:
         self.requests: collections.Counter[str] = collections.Counter()
@@ -84,11 +85,12 @@ class OpcRequests:
         finally:
             protocol._send_request, client.connect_socket = real_send, real_connect
 
-    def line(self, visits: int) -> str:
-        each = ", ".join(f"{name.removesuffix('Request')} {count / visits:.2f}" for name, count in
+    def line(self, times: int, each_what: str = "visit") -> str:
+        """The counts per ``each_what`` (a visit, a push), over ``times`` of them."""
+        each = ", ".join(f"{name.removesuffix('Request')} {count / times:.2f}" for name, count in
                          self.requests.most_common())  # fmt: skip
-        requests = self.requests.total() / visits
-        return f"{self.connections / visits:.2f} connections and {requests:.2f} OPC UA requests per visit: {each}"
+        requests = self.requests.total() / times
+        return f"{self.connections / times:.2f} connections and {requests:.2f} OPC UA requests per {each_what}: {each}"
 
 
 async def wave(app, path: str, body: dict, ports: list[int], concurrency: int) -> list[str]:
@@ -121,7 +123,6 @@ async def main() -> None:
     args = parser.parse_args()
     logging.getLogger("asyncua").setLevel(logging.ERROR)
     counter = QueryCounter()
-    opc = OpcRequests()
     db_log = logging.getLogger("tortoise.db_client")
     with tempfile.TemporaryDirectory(prefix="certlm-profile-") as tmp:
         workdir = Path(tmp)
@@ -137,8 +138,7 @@ async def main() -> None:
                     ("renewal", "/gds/push/change", {}),
                 ):
                     counter.shapes.clear()
-                    opc.requests.clear()
-                    opc.connections = 0
+                    opc = OpcRequests()
                     profile = cProfile.Profile(time.process_time) if args.timer == "cpu" else cProfile.Profile()
                     with counter.counting(db_log), opc.counting():
                         started = time.process_time()
@@ -151,7 +151,7 @@ async def main() -> None:
                     print(f"\n=== {what}: {done}/{args.devices} in {cpu:.2f} s CPU = "
                           f"{1000 * cpu / max(done, 1):.1f} ms per push; {counter.total() / max(done, 1):.1f} "
                           "database queries per push")  # fmt: skip
-                    print("  " + opc.line(max(done, 1)).replace("per visit", "per push"))
+                    print(f"  {opc.line(max(done, 1), 'push')}")
                     for failure in failures[:5]:
                         print("  failed:", failure)
                     for shape, count in counter.shapes.most_common(25):
