@@ -99,3 +99,27 @@ async def test_an_onboarding_finds_its_pki_without_building_a_query(in_process: 
             sys.setprofile(None)
     assert found.id == pki_id and entry.pki_id == pki_id
     assert built[0] == 0
+
+
+async def test_the_datetimes_sqlite_hands_back_are_parsed_without_python_calls(in_process: InProcessApp) -> None:
+    """tortoise-orm parses each datetime SQLite hands back with ``ciso8601`` when it is installed (a dependency of
+    certlm), else with the pure-Python ``iso8601``, some 30 calls and 8 us a value: a monitor visit reads about nine,
+    a listing several per entry."""
+    window = {"name": "shutdown", "status": "active", "window_type": "one_time", "timezone": "UTC"}
+    status, created = await in_process.call("POST", "/maintenance/inventory", window)
+    assert status == 201, created
+    parsed_in_python = [0]
+
+    def profile(frame: Any, event: str, _: Any) -> None:
+        if event == "call" and "iso8601" in frame.f_code.co_filename:
+            parsed_in_python[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        status, shown = await in_process.call("GET", f"/maintenance/inventory/{created['id']}")
+    finally:
+        sys.setprofile(None)
+    assert status == 200, shown
+    # The window shows when it was made and changed: read from SQLite as datetimes, as they were written.
+    assert shown["created_at"] == created["created_at"] and shown["updated_at"] == created["updated_at"], shown
+    assert parsed_in_python[0] == 0
