@@ -16,6 +16,7 @@ from typing import Any
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.gc_collector import GCCollector
 
 from certlm.inventory.entries import DEVICE_STATUS_ACTIVE, LISTING_BATCH, Inventory
 from certlm.lifecycle.rollover import RolloverProposal
@@ -36,6 +37,9 @@ class SchedulerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # python_gc_collections_total and the objects collected, by generation: how often the collector ran (each run
+        # holds the event loop; ``certlm.http.server.COLLECTOR_THRESHOLDS``).
+        GCCollector(registry=self.registry)
         self.runs = Counter("certlm_scheduler_runs", "Scheduler scans run", ["scheduler"], registry=self.registry)
         self.duration = Histogram(
             "certlm_scheduler_run_duration_seconds",
