@@ -29,6 +29,18 @@ def counting_calls_of(code: Any) -> tuple[Callable[..., None], list[int]]:
     return profile, seen
 
 
+def counting_calls_into(file_part: str) -> tuple[Callable[..., None], list[int]]:
+    """A profile function counting the calls of every function in a file whose path holds ``file_part``, and the
+    count."""
+    seen = [0]
+
+    def profile(frame: Any, event: str, _: Any) -> None:
+        if event == "call" and file_part in frame.f_code.co_filename:
+            seen[0] += 1
+
+    return profile, seen
+
+
 async def test_a_request_makes_no_type_adapter(in_process: InProcessApp) -> None:
     app = in_process
     status, body = await app.call(
@@ -85,12 +97,7 @@ async def test_an_onboarding_finds_its_pki_without_building_a_query(in_process: 
     read of an assigned one: pypika builds nothing (the ORM's query cost an onboarding some 350 calls)."""
     pki_id = await in_process.create_internal_ca()
     entry = InventoryEntry(server="127.0.0.1", port=4870)
-    built = [0]
-
-    def profile(frame: Any, event: str, _: Any) -> None:
-        if event == "call" and "pypika" in frame.f_code.co_filename:
-            built[0] += 1
-
+    profile, built = counting_calls_into("pypika")
     async with in_process.context():
         sys.setprofile(profile)
         try:
@@ -103,17 +110,12 @@ async def test_an_onboarding_finds_its_pki_without_building_a_query(in_process: 
 
 async def test_the_datetimes_sqlite_hands_back_are_parsed_without_python_calls(in_process: InProcessApp) -> None:
     """tortoise-orm parses each datetime SQLite hands back with ``ciso8601`` when it is installed (a dependency of
-    certlm), else with the pure-Python ``iso8601``, some 30 calls and 8 us a value: a monitor visit reads about nine,
+    certlm), else with the pure-Python ``iso8601``, some 8 calls and 8 us a value: a monitor visit reads about nine,
     a listing several per entry."""
     window = {"name": "shutdown", "status": "active", "window_type": "one_time", "timezone": "UTC"}
     status, created = await in_process.call("POST", "/maintenance/inventory", window)
     assert status == 201, created
-    parsed_in_python = [0]
-
-    def profile(frame: Any, event: str, _: Any) -> None:
-        if event == "call" and "iso8601" in frame.f_code.co_filename:
-            parsed_in_python[0] += 1
-
+    profile, parsed_in_python = counting_calls_into("iso8601")
     sys.setprofile(profile)
     try:
         status, shown = await in_process.call("GET", f"/maintenance/inventory/{created['id']}")
