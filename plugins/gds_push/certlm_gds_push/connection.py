@@ -15,6 +15,7 @@ import enum
 import functools
 import logging
 import socket
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable, Sequence
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from asyncua.client.ua_client import StateSubscription, UaClientState
 from asyncua.common.methods import call_method_full
 from asyncua.crypto import security_policies, uacrypto
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from certlm import (
@@ -38,6 +40,7 @@ from certlm import (
     UnsupportedOperation,
     UpstreamUnavailable,
     sha1_fingerprint,
+    to_der,
 )
 from certlm_gds_push.identity import ClientIdentity
 from certlm_gds_push.per_host import PerHost
@@ -329,6 +332,46 @@ found_nodes = PerHost(lambda services: FoundNodes())
 """``found_nodes(services)``: the nodes found on devices by the host that lent ``services``."""
 
 
+class RememberedEndpoints:
+    """The endpoints each device announced at its last GetEndpoints in this process on which a secure session then
+    opened (a monitor visit, a push's verification), for a while: the next secure session with it, a renewal right
+    after the monitor scan, opens its channel on them rather than asking again (a connection, a channel and the
+    decoding of every endpoint with its certificate, on certlm and on the device). Nothing is taken on trust from
+    them: the secure channel and CreateSession prove the device holds the key of the remembered certificate, and a
+    device that does not (it changed its certificate or its endpoints since) is asked GetEndpoints as before
+    (``open_session``). Bounded in age and in the number of devices; a device another instance renewed is not known
+    here to have changed, so its remembered endpoints cost one channel refused before it is asked."""
+
+    MAX_AGE_S = 900.0
+    MAX_DEVICES = 10_000
+
+    def __init__(self, max_age_s: float = MAX_AGE_S, max_devices: int = MAX_DEVICES) -> None:
+        self.max_age_s, self.max_devices = max_age_s, max_devices
+        self._devices: OrderedDict[str, tuple[float, tuple[Endpoint, ...]]] = OrderedDict()
+
+    def get(self, url: str) -> tuple[Endpoint, ...] | None:
+        kept = self._devices.get(url)
+        if kept is None:
+            return None
+        if time.monotonic() - kept[0] > self.max_age_s:
+            del self._devices[url]
+            return None
+        return kept[1]
+
+    def put(self, url: str, endpoints: Sequence[Endpoint]) -> None:
+        self._devices[url] = (time.monotonic(), tuple(endpoints))
+        self._devices.move_to_end(url)
+        while len(self._devices) > self.max_devices:
+            self._devices.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        self._devices.pop(url, None)
+
+
+remembered_endpoints = PerHost(lambda services: RememberedEndpoints())
+"""``remembered_endpoints(services)``: what devices announced to the host that lent ``services``."""
+
+
 def device_key(target: DeviceTarget, endpoint: Endpoint) -> Hashable:
     """A device as ``FoundNodes`` knows it: its address and the application it announces, the entry's user and the
     channel's mode (a device may show a user or a channel less of its address space). Its certificate is not part of
@@ -561,6 +604,7 @@ async def open_session(
     on_client_rejected: Callable[[], None] | None = None,
     announced: Announced | None = None,
     known: FoundNodes | None = None,
+    remembered: RememberedEndpoints | None = None,
 ) -> AsyncIterator[DeviceSession]:
     """A session on the strongest endpoint the entry's masks allow, as certlm's client application and the entry's
     user. With ``SessionSecurity.ANY`` a device that rejects certlm's client certificate is read without security
@@ -568,8 +612,95 @@ async def open_session(
     certificate, whether the session then goes on without security or fails. ``announced``: the endpoints the device
     announced moments ago in the same operation (GetEndpoints is then not asked again); the secure channel verifies
     the certificate the device presents whatever was announced. ``known``: the nodes found on devices in earlier
-    sessions (``DeviceSession.locate``)."""
-    offered = endpoints_of(announced if announced is not None else await server_endpoints(target.url, timeouts))
+    sessions (``DeviceSession.locate``). ``remembered``: the endpoints devices announced at their last GetEndpoints
+    (``RememberedEndpoints``), tried first where ``announced`` is not given, and what the device announced kept there
+    once a secure session opened on it."""
+    session = None
+    if announced is None and remembered is not None and (kept := remembered.get(target.url)) is not None:
+        try:
+            session = await _on_remembered(kept, target, identity, timeouts, security, check_server, known)
+        finally:
+            if session is None:  # the next session asks what the device announces now
+                remembered.forget(target.url)
+    if session is None:
+        offered = endpoints_of(announced if announced is not None else await server_endpoints(target.url, timeouts))
+        session = await _on_announced(
+            offered, target, identity, timeouts, security, check_server, on_client_rejected, known
+        )
+        if remembered is not None and session.endpoint.secure:
+            # Only endpoints a secure session just opened on: a device that refuses certlm's client certificate (read
+            # without security) would refuse a session on them again before being asked.
+            remembered.put(target.url, offered)
+    try:
+        yield session
+    finally:
+        await session.close()
+
+
+async def _on_remembered(
+    kept: Sequence[Endpoint],
+    target: DeviceTarget,
+    identity: ClientIdentity,
+    timeouts: DeviceTimeouts,
+    security: SessionSecurity,
+    check_server: ServerCheck | None,
+    known: FoundNodes | None,
+) -> DeviceSession | None:
+    """A session on the strongest endpoint of those the device announced before, if it is secure and presented the
+    certificate certlm pinned, and the device still holds its key (its channel and CreateSession prove it); None
+    (then it is asked GetEndpoints) when no remembered endpoint is secure and usable, its certificate is not the pinned
+    one or not what ``check_server`` wants, or the device refuses the channel or closes the connection. Any other
+    failure is the session's: one that refuses the session's user, or does not answer at all."""
+    try:
+        endpoint = usable_endpoints(kept, target, security)[0]
+    except DeviceFailure:
+        return None
+    if not endpoint.secure or endpoint.certificate is None:
+        return None  # only a secure channel proves whose the remembered certificate is
+    if target.pinned_certificate is None or to_der(endpoint.certificate) != target.pinned_certificate:
+        # Not the certificate certlm pinned: a device at first contact (or onboarded again: replaced?), or one that a
+        # push since installed a certificate in (this instance's or another's: the pin is the database's).
+        return None
+    if check_server is not None:
+        try:
+            check_server(endpoint.certificate)
+        except DeviceFailure:
+            return None
+    try:
+        session = await _connect(target, identity, timeouts, endpoint, known, reuse=check_server is not None)
+    except Exception as error:
+        if not _refused_remembered(error):
+            raise
+        # A device that drops such a request unanswered costs the connect time-out once, not at every session.
+        log.debug("%s: the endpoints it announced before do not open (%s)", target.url, status_name(error))
+        return None
+    session.announced = kept
+    return session
+
+
+def _refused_remembered(error: BaseException) -> bool:
+    """Whether a session on remembered endpoints failed as one on endpoints the device no longer has does: the channel
+    refused, unanswered (``SecureChannelUnanswered``) or the connection closed (a device that no longer offers the
+    policy, or cannot decrypt what was encrypted for a key it no longer holds), a signature that the remembered
+    certificate does not verify, or asyncua finding the certificate the device presents in CreateSession is not the
+    one it was given. Not a device that refuses the session's user, or does not answer at all: asking GetEndpoints
+    first would not change that."""
+    if _client_rejected(error) or isinstance(error, ConnectionError | InvalidSignature | SecureChannelUnanswered):
+        return True
+    return isinstance(error, ua.UaError) and not isinstance(error, ua.UaStatusCodeError)
+
+
+async def _on_announced(
+    offered: Sequence[Endpoint],
+    target: DeviceTarget,
+    identity: ClientIdentity,
+    timeouts: DeviceTimeouts,
+    security: SessionSecurity,
+    check_server: ServerCheck | None,
+    on_client_rejected: Callable[[], None] | None,
+    known: FoundNodes | None,
+) -> DeviceSession:
+    """A session on the strongest of the endpoints ``offered`` (``open_session``)."""
     endpoints = usable_endpoints(offered, target, security)
     attempts = endpoints[:1]
     if security is SessionSecurity.ANY and endpoints[0].secure and not endpoints[-1].secure:
@@ -595,10 +726,7 @@ async def open_session(
             )
     assert session is not None
     session.announced = offered
-    try:
-        yield session
-    finally:
-        await session.close()
+    return session
 
 
 def certificate_name(certificate: x509.Certificate) -> str:
@@ -676,12 +804,30 @@ async def _connect(
                     "BadSecurityChecksFailed",
                 ) from error
             raise
-        except BaseException:
+        except BaseException as error:
+            unanswered = isinstance(error, TimeoutError) and _secure_channel_unanswered(client)
             client.disconnect_socket()
+            if unanswered:
+                unanswered_on = f"the device did not answer OpenSecureChannel on {endpoint.name}"
+                raise SecureChannelUnanswered(unanswered_on) from error
             raise
     if known is None:
         return DeviceSession(client, endpoint, timeouts)
     return DeviceSession(client, endpoint, timeouts, known, device_key(target, endpoint), reuse)
+
+
+class SecureChannelUnanswered(TimeoutError):
+    """The device took the connection and answered Hello, then let OpenSecureChannel go unanswered until the connect
+    time-out: what asyncua's server does with a request for a security policy it does not offer or encrypted for a key
+    it does not hold (it logs the failure and drops the message). A time-out as any other, but for a session on
+    remembered endpoints (``_refused_remembered``)."""
+
+
+def _secure_channel_unanswered(client: Client) -> bool:
+    # asyncua keeps the OpenSecureChannel parameters it sent until the response replaces them.
+    protocol = client.uaclient.protocol
+    exchange = getattr(protocol, "_open_secure_channel_exchange", None) if protocol is not None else None
+    return isinstance(exchange, ua.OpenSecureChannelParameters)
 
 
 async def _states_seen(states: StateSubscription) -> list[UaClientState]:

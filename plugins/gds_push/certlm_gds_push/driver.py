@@ -50,6 +50,7 @@ from certlm_gds_push.connection import (
     failure,
     found_nodes,
     open_session,
+    remembered_endpoints,
     server_endpoints,
     server_listens,
     status_name,
@@ -163,6 +164,7 @@ class GdsPushDriver(DeviceDriver):
             on_client_rejected=lambda: identity.forget_client_identity(self.services),
             announced=announced,
             known=found_nodes(self.services),
+            remembered=remembered_endpoints(self.services),
         ) as session:
             yield session
 
