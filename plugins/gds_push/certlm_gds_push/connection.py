@@ -333,23 +333,23 @@ found_nodes = PerHost(lambda services: FoundNodes())
 
 
 class RememberedEndpoints:
-    """The endpoints each device announced at its last GetEndpoints in this process on which a secure session then
-    opened (a monitor visit, a push's verification), for a while: the next secure session with it, a renewal right
-    after the monitor scan, opens its channel on them rather than asking again (a connection, a channel and the
-    decoding of every endpoint with its certificate, on certlm and on the device). Nothing is taken on trust from
-    them: the secure channel and CreateSession prove the device holds the key of the remembered certificate, and a
-    device that does not (it changed its certificate or its endpoints since) is asked GetEndpoints as before
-    (``open_session``). Bounded in age and in the number of devices; a device another instance renewed is not known
-    here to have changed, so its remembered endpoints cost one channel refused before it is asked."""
+    """The endpoint of each device's last secure session in this process opened on what it announced (a monitor
+    visit, a push's verification), for a while: the device's next secure session, a renewal right after the monitor
+    scan, opens its channel on it rather than asking GetEndpoints again (a connection, a channel and the decoding of
+    every endpoint the device offers, each with its certificate, on certlm and on the device). Nothing is taken on
+    trust from it: the secure channel and CreateSession prove the device holds the key of the remembered certificate,
+    and a device that does not (it changed its certificate or its endpoints since) is asked GetEndpoints as before
+    (``open_session``). One endpoint a device, not all it announced: some 3 kB each rather than 20, for every device
+    of a plant's monitor scan. Bounded in age and in the number of devices."""
 
     MAX_AGE_S = 900.0
     MAX_DEVICES = 10_000
 
     def __init__(self, max_age_s: float = MAX_AGE_S, max_devices: int = MAX_DEVICES) -> None:
         self.max_age_s, self.max_devices = max_age_s, max_devices
-        self._devices: OrderedDict[str, tuple[float, tuple[Endpoint, ...]]] = OrderedDict()
+        self._devices: OrderedDict[str, tuple[float, Endpoint]] = OrderedDict()
 
-    def get(self, url: str) -> tuple[Endpoint, ...] | None:
+    def get(self, url: str) -> Endpoint | None:
         kept = self._devices.get(url)
         if kept is None:
             return None
@@ -358,8 +358,8 @@ class RememberedEndpoints:
             return None
         return kept[1]
 
-    def put(self, url: str, endpoints: Sequence[Endpoint]) -> None:
-        self._devices[url] = (time.monotonic(), tuple(endpoints))
+    def put(self, url: str, endpoint: Endpoint) -> None:
+        self._devices[url] = (time.monotonic(), endpoint)
         self._devices.move_to_end(url)
         while len(self._devices) > self.max_devices:
             self._devices.popitem(last=False)
@@ -612,9 +612,9 @@ async def open_session(
     certificate, whether the session then goes on without security or fails. ``announced``: the endpoints the device
     announced moments ago in the same operation (GetEndpoints is then not asked again); the secure channel verifies
     the certificate the device presents whatever was announced. ``known``: the nodes found on devices in earlier
-    sessions (``DeviceSession.locate``). ``remembered``: the endpoints devices announced at their last GetEndpoints
-    (``RememberedEndpoints``), tried first where ``announced`` is not given, and what the device announced kept there
-    once a secure session opened on it."""
+    sessions (``DeviceSession.locate``). ``remembered``: the endpoints of devices' last secure sessions
+    (``RememberedEndpoints``), the device's tried first where ``announced`` is not given, and the endpoint of a secure
+    session opened on what the device announced kept there."""
     session = None
     if announced is None and remembered is not None and (kept := remembered.get(target.url)) is not None:
         try:
@@ -628,9 +628,9 @@ async def open_session(
             offered, target, identity, timeouts, security, check_server, on_client_rejected, known
         )
         if remembered is not None and session.endpoint.secure:
-            # Only endpoints a secure session just opened on: a device that refuses certlm's client certificate (read
-            # without security) would refuse a session on them again before being asked.
-            remembered.put(target.url, offered)
+            # Only an endpoint a secure session just opened on: a device that refuses certlm's client certificate (read
+            # without security) would refuse a session on it again before being asked.
+            remembered.put(target.url, session.endpoint)
     try:
         yield session
     finally:
@@ -638,7 +638,7 @@ async def open_session(
 
 
 async def _on_remembered(
-    kept: Sequence[Endpoint],
+    kept: Endpoint,
     target: DeviceTarget,
     identity: ClientIdentity,
     timeouts: DeviceTimeouts,
@@ -646,13 +646,14 @@ async def _on_remembered(
     check_server: ServerCheck | None,
     known: FoundNodes | None,
 ) -> DeviceSession | None:
-    """A session on the strongest endpoint of those the device announced before, if it is secure and presented the
-    certificate certlm pinned, and the device still holds its key (its channel and CreateSession prove it); None
-    (then it is asked GetEndpoints) when no remembered endpoint is secure and usable, its certificate is not the pinned
-    one or not what ``check_server`` wants, or the device refuses the channel or closes the connection. Any other
-    failure is the session's: one that refuses the session's user, or does not answer at all."""
+    """A session on ``kept``, the endpoint of the device's last secure session (``RememberedEndpoints``), where the
+    session asked for may use it, it presented the certificate certlm pinned, and the device still holds that
+    certificate's key (the channel and CreateSession prove it). None (then the device is asked GetEndpoints) where
+    the session may not use it, its certificate is not the pinned one or not what ``check_server`` wants, or the
+    device refuses the channel, leaves it unanswered or closes the connection. Any other failure is the session's: a
+    device that refuses the session's user, or does not answer at all."""
     try:
-        endpoint = usable_endpoints(kept, target, security)[0]
+        endpoint = usable_endpoints([kept], target, security)[0]
     except DeviceFailure:
         return None
     if not endpoint.secure or endpoint.certificate is None:
@@ -672,9 +673,8 @@ async def _on_remembered(
         if not _refused_remembered(error):
             raise
         # A device that drops such a request unanswered costs the connect time-out once, not at every session.
-        log.debug("%s: the endpoints it announced before do not open (%s)", target.url, status_name(error))
+        log.debug("%s: the endpoint of its last session does not open (%s)", target.url, status_name(error))
         return None
-    session.announced = kept
     return session
 
 

@@ -99,8 +99,7 @@ async def test_a_device_that_no_longer_offers_the_remembered_endpoint_is_asked_f
     services = host_services(tmp_path / "data")
     device, driver, target = await onboarded(simulated_device, services, client_identity, opcua_test_ca)
     remembered = remembered_endpoints(services).get(target.url)
-    assert remembered is not None
-    assert max(remembered, key=lambda endpoint: endpoint.strength()).name == "Aes256Sha256RsaPss/SignAndEncrypt"
+    assert remembered is not None and remembered.name == "Aes256Sha256RsaPss/SignAndEncrypt"
     # The plant restarts the device with its strongest policy switched off; its certificate stays.
     await device.stop()
     restarted = SimulatedDevice(
@@ -143,14 +142,15 @@ def test_what_is_remembered_is_forgotten_after_its_age_and_beyond_its_number(mon
     now = [1000.0]
     monkeypatch.setattr("certlm_gds_push.connection.time.monotonic", lambda: now[0])
     remembered = RememberedEndpoints(max_age_s=60, max_devices=2)
-    remembered.put("opc.tcp://a:4840", [])
-    remembered.put("opc.tcp://b:4840", [])
+    endpoint = object()  # what is kept is not looked at here
+    remembered.put("opc.tcp://a:4840", endpoint)
+    remembered.put("opc.tcp://b:4840", endpoint)
     now[0] += 30
-    remembered.put("opc.tcp://c:4840", [])  # the third: the one seen longest ago goes
+    remembered.put("opc.tcp://c:4840", endpoint)  # the third: the one seen longest ago goes
     assert remembered.get("opc.tcp://a:4840") is None
-    assert remembered.get("opc.tcp://b:4840") == ()
+    assert remembered.get("opc.tcp://b:4840") is endpoint
     now[0] += 31  # b was announced 61 s ago, c 31 s ago
     assert remembered.get("opc.tcp://b:4840") is None
-    assert remembered.get("opc.tcp://c:4840") == ()
+    assert remembered.get("opc.tcp://c:4840") is endpoint
     remembered.forget("opc.tcp://c:4840")
     assert remembered.get("opc.tcp://c:4840") is None
