@@ -369,7 +369,7 @@ class RememberedEndpoints:
 
 
 remembered_endpoints = PerHost(lambda services: RememberedEndpoints())
-"""``remembered_endpoints(services)``: what devices announced to the host that lent ``services``."""
+"""``remembered_endpoints(services)``: the endpoints of devices' last secure sessions with the host of ``services``."""
 
 
 def device_key(target: DeviceTarget, endpoint: Endpoint) -> Hashable:

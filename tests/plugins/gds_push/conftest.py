@@ -17,13 +17,15 @@ import pytest
 from certlm_gds_push.driver import GdsPushDriver
 from certlm_gds_push.identity import ClientIdentity
 from certlm_opcua_simulator import SimulatedDevice
+from certlm_opcua_simulator.driver import SimulatedPlcDriver
 from cryptography import x509
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certlm import CsrRejected, DeviceTarget, Enrollment, HostServices, PkiMaterial, SecretBox
+from certlm import CsrRejected, DeviceTarget, Enrollment, HostServices, PkiMaterial, PushRequest, SecretBox, to_der
+from tests.conftest import StartDevice
 from tests.crypto_factory import SERVER_AND_CLIENT, certificate, device_key_usage, make_ca, name, rsa_key
 from tests.support import free_port, in_process_settings, stop_process
 
@@ -237,3 +239,17 @@ def target_for(url: str, port: int, **extra) -> DeviceTarget:
 
 def device_target(device: SimulatedDevice, **extra: Any) -> DeviceTarget:
     return target_for(device.url, device.config.port, **extra)
+
+
+async def onboarded_plc(
+    simulated_device: StartDevice, client_identity: ClientIdentity, services: HostServices, ca: OpcUaTestCa, **options
+) -> tuple[Any, GdsPushDriver, DeviceTarget]:
+    """A simulated PLC onboarded by its own driver (which waits for the device to drop its channels after
+    ApplyChanges), the driver and the target pinned to what the device presents."""
+    device = await simulated_device(**options)
+    driver = driver_for(SimulatedPlcDriver, client_identity, services)
+    target = device_target(device, **ADMIN)
+    onboarded = await driver.push(target, PushRequest(onboarding=True, trust_on_first_use=True), ca.material())
+    target.pinned_certificate = to_der(onboarded.certificate)
+    await device.settle()
+    return device, driver, target

@@ -16,19 +16,9 @@ from certlm_gds_push.identity import ClientIdentity
 from certlm_opcua_simulator.device import SimulatedDevice
 from certlm_opcua_simulator.driver import SimulatedPlcDriver
 
-from certlm import DeviceFailure, HostServices, PushRequest, to_der
+from certlm import DeviceFailure, PushRequest, to_der
 from tests.conftest import StartDevice
-from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for, host_services
-
-
-async def onboarded(start: StartDevice, services: HostServices, identity: ClientIdentity, ca: OpcUaTestCa, **options):
-    device = await start(**options)
-    driver = driver_for(SimulatedPlcDriver, identity, services)
-    target = device_target(device, **ADMIN)
-    outcome = await driver.push(target, PushRequest(onboarding=True, trust_on_first_use=True), ca.material())
-    target.pinned_certificate = to_der(outcome.certificate)
-    await device.settle()
-    return device, driver, target
+from tests.plugins.gds_push.conftest import OpcUaTestCa, driver_for, host_services, onboarded_plc
 
 
 def renewal(target, ca: OpcUaTestCa) -> PushRequest:
@@ -40,7 +30,7 @@ async def test_a_renewal_after_a_monitor_visit_opens_its_session_without_asking_
     simulated_device: StartDevice, client_identity: ClientIdentity, tmp_path: Path, opcua_test_ca: OpcUaTestCa
 ) -> None:
     services = host_services(tmp_path / "data")
-    device, driver, target = await onboarded(simulated_device, services, client_identity, opcua_test_ca)
+    device, driver, target = await onboarded_plc(simulated_device, client_identity, services, opcua_test_ca)
     remembered_endpoints(services).forget(target.url)  # as after a restart of certlm
     reading = await driver.read_certificate(target, secure_session=False)  # a monitor visit: what it announces,
     await driver.read_device(target)  # then its session on those endpoints
@@ -68,7 +58,7 @@ async def test_a_device_another_instance_renewed_is_asked_for_its_endpoints(
 ) -> None:
     # Two instances on one database: each remembers what it saw; the pin they share says what the device presents.
     here = host_services(tmp_path / "here")
-    device, driver, target = await onboarded(simulated_device, here, client_identity, opcua_test_ca)
+    device, driver, target = await onboarded_plc(simulated_device, client_identity, here, opcua_test_ca)
     elsewhere = driver_for(SimulatedPlcDriver, client_identity, host_services(tmp_path / "elsewhere"))
     renewed_elsewhere = await elsewhere.push(target, renewal(target, opcua_test_ca), opcua_test_ca.material())
     await device.settle()
@@ -97,7 +87,7 @@ async def test_a_device_that_no_longer_offers_the_remembered_endpoint_is_asked_f
     simulated_device: StartDevice, client_identity: ClientIdentity, tmp_path: Path, opcua_test_ca: OpcUaTestCa
 ) -> None:
     services = host_services(tmp_path / "data")
-    device, driver, target = await onboarded(simulated_device, services, client_identity, opcua_test_ca)
+    device, driver, target = await onboarded_plc(simulated_device, client_identity, services, opcua_test_ca)
     remembered = remembered_endpoints(services).get(target.url)
     assert remembered is not None and remembered.name == "Aes256Sha256RsaPss/SignAndEncrypt"
     # The plant restarts the device with its strongest policy switched off; its certificate stays.
@@ -127,7 +117,7 @@ async def test_a_refused_user_is_not_asked_again_after_the_endpoints(
     # The session on the remembered endpoints fails for what GetEndpoints would not change: it is the push's failure,
     # and the password is not sent a second time.
     services = host_services(tmp_path / "data")
-    device, driver, target = await onboarded(simulated_device, services, client_identity, opcua_test_ca)
+    device, driver, target = await onboarded_plc(simulated_device, client_identity, services, opcua_test_ca)
     asked, attempts = device.endpoint_requests, device.sessions_created
     wrong = replace(target, password="not-the-password")
 

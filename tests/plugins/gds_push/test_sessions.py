@@ -37,7 +37,14 @@ from certlm import (
     to_der,
 )
 from tests.conftest import StartDevice
-from tests.plugins.gds_push.conftest import ADMIN, OpcUaTestCa, device_target, driver_for, host_services
+from tests.plugins.gds_push.conftest import (
+    ADMIN,
+    OpcUaTestCa,
+    device_target,
+    driver_for,
+    host_services,
+    onboarded_plc,
+)
 
 DEVICE_TIMEOUTS = {"CERTLM_DEVICE_CONNECT_TIMEOUT_S": "3", "CERTLM_DEVICE_OPERATION_TIMEOUT_S": "20"}
 ONBOARDING_REQUESTS = 11
@@ -306,20 +313,6 @@ def adding(ca: OpcUaTestCa) -> Callable[[TrustList], TrustList]:
         )
 
     return compose
-
-
-async def onboarded_plc(
-    simulated_device: StartDevice, client_identity: ClientIdentity, services: HostServices, ca: OpcUaTestCa, **options
-) -> tuple[Any, GdsPushDriver, DeviceTarget]:
-    """A simulated PLC onboarded by its own driver (which waits for the device to drop its channels after
-    ApplyChanges), the driver and the target pinned to what the device presents."""
-    device = await simulated_device(**options)
-    driver = driver_for(SimulatedPlcDriver, client_identity, services)
-    target = device_target(device, **ADMIN)
-    onboarded = await driver.push(target, PushRequest(onboarding=True, trust_on_first_use=True), ca.material())
-    target.pinned_certificate = to_der(onboarded.certificate)
-    await device.settle()
-    return device, driver, target
 
 
 async def test_a_trust_list_change_is_read_back_in_its_own_session_and_leaves_a_device_that_listens(
