@@ -23,6 +23,7 @@ import certlm_gds_push.driver
 import pytest
 
 import certlm.lifecycle.monitoring
+import certlm.lifecycle.renewal
 from certlm.lifecycle.monitoring import monitor_scan
 from certlm.lifecycle.push import INTERRUPTED
 from certlm.lifecycle.renewal import renewal_scan
@@ -36,18 +37,20 @@ from tests.test_monitor_queries import reads_of
 from tests.test_push_queries import ca_reads_of, statements_sent, trips_taken
 
 DEVICES = 3
-# A monitor scan's own statements: the calendar, the settings, the active entries, their schedule rows, their PKIs,
-# their credentials and the entries with rejected certificates marked listed.
-MONITOR_SCAN = 7
+# A monitor scan's own statements: the calendar, the settings, the active entries' ids, their schedule rows, their
+# PKIs, their credentials, the entries with rejected certificates marked listed, and the entries' rows a page at a time
+# (``EntryPages``: one page here).
+MONITOR_SCAN = 8
 # Per visit: the claim, the entry read under the lease, the entry's one write and the release (the credentials and the
 # rejected list's UPDATE, one statement each per visit before, are the scan's). The write and the release are both or
 # neither, without a transaction's BEGIN and COMMIT: on PostgreSQL one statement (a round trip; four before), on SQLite
 # one trip to its thread (three before). On PostgreSQL the claim and the entry's read are one statement too (two
 # before): a visit is two round trips.
 MONITOR_VISIT = {"sqlite": 4, "postgres": 2}
-# A renewal wave's own: the calendar, the settings, the campaigns and PKIs the rollover check reads, the due entries
-# with their PKIs, their schedule rows (two reads), and the new CA's first CRL (its revoked certificates, its row).
-RENEWAL_WAVE = 10
+# A renewal wave's own: the calendar, the settings, the campaigns and PKIs the rollover check reads, the listed
+# entries' ids, their schedule rows made (a read), a page of entries with their PKIs and their schedule rows (one page
+# here), and the new CA's first CRL (its revoked certificates, its row).
+RENEWAL_WAVE = 11
 # Per renewal: certlm's six (see above, and the issued certificate's record; seven before the credential and the
 # campaigns' test were read in one SELECT), the internal CA's row once, and, for a renewal that finds the new CA's
 # first CRL being signed, the row again under its lock (how many do depends on how the renewals overlap).
@@ -130,7 +133,8 @@ def check(measured: dict[str, Any]) -> None:
     monitor, renewal = measured["monitor"], measured["renewal"]
     assert monitor["outcomes"] == {"read": DEVICES} and monitor["seen and released"] == DEVICES, monitor
     assert monitor["schedule writes"] == 2 * DEVICES, monitor["sent"]
-    assert monitor["entry reads"] == 1 + DEVICES and monitor["entry writes"] == DEVICES, monitor["sent"]
+    # The scan's listing (the ids) and its one page of entries; each visit's read under its lease.
+    assert monitor["entry reads"] == 2 + DEVICES and monitor["entry writes"] == DEVICES, monitor["sent"]
     if measured["dialect"] == "postgres":
         assert len(claims_with_read(monitor["sent"])) == DEVICES, monitor["sent"]
     visit = MONITOR_VISIT[measured["dialect"]]
@@ -142,7 +146,7 @@ def check(measured: dict[str, Any]) -> None:
     # Per renewal: the claim and the release; the schedule row with its entry and PKI read once, joined.
     assert renewal["schedule writes"] == 2 * DEVICES, renewal["sent"]
     assert renewal["schedule reads"] == 2 + DEVICES, renewal["sent"]
-    assert renewal["entry reads"] == 1, renewal["sent"]  # the wave's listing; the rest joined
+    assert renewal["entry reads"] == 2, renewal["sent"]  # the wave's listing and its page; the rest joined
     assert renewal["pki reads"] == 2, renewal["sent"]  # the rollover check's and the wave's
     assert renewal["entry writes"] == DEVICES, renewal["sent"]
     # The wave's rollover check (both PKIs) and due check (the new one) read the CA rows; each push reads its row once
@@ -281,6 +285,71 @@ async def test_a_failed_renewal_backs_off_in_the_release_of_its_lease(
     assert len(writes) == 2 and '"renewal_failures"' in writes[1] and '"lease_holder" = NULL' in writes[1], writes
     ending = [trip for trip in trips if any(s.startswith('UPDATE "inventory_entry"') for s in trip)]
     assert len(ending) == 1 and writes[1] in ending[0], trips
+
+
+def page_reads(statements: list[str]) -> list[int]:
+    """How many entries each read of a page of entries by id asked for (``EntryPages``, the renewal wave's pages)."""
+    marker = '"id" IN ('
+    return [
+        statement.split(marker, 1)[1].split(")", 1)[0].count("?")
+        for statement in reads_of(statements, "inventory_entry")
+        if marker in statement
+    ]
+
+
+@pytest.mark.parametrize("certlm_settings", [{**TEST_DEVICE_TIMEOUTS, "scheduler_concurrency": 1}])
+async def test_a_monitor_scan_reads_its_entries_a_page_at_a_time(
+    certlm_in_process: InProcessApp,
+    certlm_internal_ca: InternalCa,
+    certlm_simulated_device: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scan lists the ids of the active entries and reads their rows a page (twice ``scheduler_concurrency``) at a
+    time as its visits reach them, not all at once: five devices, one at a time, in pages of 2, 2 and 1. An entry
+    deleted after the scan listed it (during the first visit) is counted as deleted, not visited."""
+    devices = await onboarded(certlm_in_process, certlm_simulated_device, 5)
+    last = devices[-1].config
+    reads: list[str] = []
+    read_certificate = certlm_gds_push.driver.GdsPushDriver.read_certificate
+
+    async def read_after_deleting_the_last(self: Any, target: Any, **options: Any) -> Any:
+        # In the first visit, which holds the scan's one place: no other visit, and no other page, goes on meanwhile.
+        if not reads:
+            status, body = await certlm_in_process.call("DELETE", f"/gds/inventory/{last.host}:{last.port}")
+            assert status == 200, body
+        reads.append(target.url)
+        return await read_certificate(self, target, **options)
+
+    monkeypatch.setattr(certlm_gds_push.driver.GdsPushDriver, "read_certificate", read_after_deleting_the_last)
+    async with certlm_in_process.context():
+        with statements_sent() as sent:
+            report = await monitor_scan(certlm_in_process.host.runtime, await scan_context(timedelta(0)))
+    assert report.devices == 5 and report.outcomes == {"read": 4, "deleted": 1}, report
+    assert len(reads) == 4 and f"{last.host}:{last.port}" not in " ".join(reads), reads
+    assert page_reads(sent) == [2, 2, 1], [s for s in sent if 'FROM "inventory_entry"' in s]
+
+
+async def test_a_renewal_wave_decides_what_is_due_a_page_of_entries_at_a_time(
+    certlm_in_process: InProcessApp,
+    certlm_internal_ca: InternalCa,
+    certlm_simulated_device: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wave reads the listed entries a page at a time to decide which are due, keeping only their ids: with
+    pages of 2, three due devices are decided in pages of 2 and 1, and each is renewed once."""
+    devices = await onboarded(certlm_in_process, certlm_simulated_device, 3)
+    successor = await create_internal_ca(certlm_in_process, "Successor CA")
+    for device in devices:
+        address = {"server": device.config.host, "port": device.config.port}
+        status, body = await certlm_in_process.call("PATCH", "/gds/inventory", {**address, "pki": successor.pki_id})
+        assert status == 200, body
+    monkeypatch.setattr(certlm.lifecycle.renewal, "DUE_PAGE_SIZE", 2)
+    async with certlm_in_process.context():
+        with statements_sent() as sent:
+            report = await renewal_scan(certlm_in_process.host.runtime, await scan_context(timedelta(days=1)))
+    assert report.devices == 3 and report.outcomes == {"renewed": 3}, report
+    assert [len(device.installed_certificates) for device in devices] == [2, 2, 2]
+    assert page_reads(sent) == [2, 1], [s for s in sent if 'FROM "inventory_entry"' in s]
 
 
 async def test_a_renewal_cancelled_mid_way_releases_its_lease_and_records_the_interruption(

@@ -355,18 +355,16 @@ async def credential_as_of(entry_id: int, updated_at: datetime | None) -> None:
         forget_read(_credential_key(entry_id))
 
 
-async def preload_credentials(entries: list[InventoryEntry]) -> None:
-    """Read the stored credentials of ``entries`` (all of one ``device_status``) in one statement into the read-once
-    scope open (``certlm.storage.reads``), where ``stored_credential`` finds them, None for an entry without one: a
-    scan visiting each of them then reads none on its own."""
-    if not entries:
+async def preload_credentials(entry_ids: list[int], device_status: str) -> None:
+    """Read the stored credentials of the entries ``entry_ids`` (all of ``device_status``) in one statement into the
+    read-once scope open (``certlm.storage.reads``), where ``stored_credential`` finds them, None for an entry
+    without one: a scan visiting each of them then reads none on its own."""
+    if not entry_ids:
         return
-    statuses = {entry.device_status for entry in entries}
-    assert len(statuses) == 1, "one device_status: the credentials are read by it"
-    rows = await DeviceCredential.filter(entry__device_status=statuses.pop())
+    rows = await DeviceCredential.filter(entry__device_status=device_status)
     found = {row.entry_id: row for row in rows}  # type: ignore[attr-defined]
-    for entry in entries:
-        remember_read(_credential_key(entry.id), found.get(entry.id))
+    for entry_id in entry_ids:
+        remember_read(_credential_key(entry_id), found.get(entry_id))
 
 
 async def reject_duplicate(server: str, port: int, protocol: str, keep_id: int | None = None) -> None:

@@ -264,18 +264,20 @@ async def monitor_scan(runtime: Runtime, context: ScanContext) -> ScanReport:
     when, why) and the scan goes on; a device certlm is in contact with (it has a pinned certificate) is also asked
     for its trust list, firmware and status where its driver offers them."""
     report = ScanReport()
-    entries = await InventoryEntry.filter(device_status=DEVICE_STATUS_ACTIVE)
-    report.devices = len(entries)
+    listed = await InventoryEntry.filter(device_status=DEVICE_STATUS_ACTIVE).order_by("id").values_list("id", "pki_id")
+    report.devices = len(listed)
     with reads_once():
-        await _visit_all(runtime, context, entries, report)
+        await _visit_all(runtime, context, listed, report)
     return report
 
 
 async def _visit_all(
-    runtime: Runtime, context: ScanContext, entries: list[InventoryEntry], report: ScanReport
+    runtime: Runtime, context: ScanContext, listed: list[tuple[int, int | None]], report: ScanReport
 ) -> None:  # fmt: skip
-    await ensure_rows([entry.id for entry in entries])
+    entry_ids = [entry_id for entry_id, _ in listed]
+    await ensure_rows(entry_ids)
     limit = asyncio.Semaphore(runtime.settings.scheduler_concurrency)
+    entries = EntryPages(entry_ids, page_size=2 * runtime.settings.scheduler_concurrency)
 
     # Instances sharing the database share the scan: each device goes to the instance that claims it first, and is
     # not claimed again within half an interval. The scan's turn at a device is claimed with the device's lease.
@@ -283,23 +285,27 @@ async def _visit_all(
     free = '"monitored_at" IS NULL OR "monitored_at" < {}'
     # The PKI rows the revocation checks need, read once per scan (the entries share a few PKIs), before the visits
     # start: visits running at once would each miss a row still being read.
-    pki_ids = {entry.pki_id for entry in entries if entry.pki_id is not None}  # type: ignore[attr-defined]
+    pki_ids = {pki_id for _, pki_id in listed if pki_id is not None}
     pkis: dict[int, PkiEntry | None] = {pki.id: pki for pki in await PkiEntry.filter(id__in=pki_ids)} if pki_ids else {}
     # Likewise what each visit read on its own before, one statement each: the devices' stored credentials (into the
     # scan's read-once scope, where a visit's ``device_target`` finds them; read again by a visit that finds them
     # changed since, ``_refresh``) and the entries with rejected client certificates marked listed (a visit to any
     # other device that lists none has nothing to clear). An operator's change of the latter is seen by the next
     # scan, as a change of a PKI row is.
-    await preload_credentials(entries)
+    await preload_credentials(entry_ids, DEVICE_STATUS_ACTIVE)
     rejected_listed = set(await RejectedClient.filter(listed=True).distinct().values_list("entry_id", flat=True))
 
-    async def watch(entry: InventoryEntry) -> None:
+    async def watch(index: int) -> None:
         async with DeviceSlot(limit) as slot:
             if context.stopping():
                 report.count("stopping")
                 return
             if context.suppressed_now():
                 report.count("suppressed")
+                return
+            entry = await entries.take(index)
+            if entry is None:
+                report.count("deleted")
                 return
             now = context.clock()
             turn = ClaimCondition(free, (("monitored_at", claimable_before),), {"monitored_at": now})
@@ -310,7 +316,45 @@ async def _visit_all(
                 )
             )  # fmt: skip
 
-    await asyncio.gather(*(watch(entry) for entry in entries))
+    await asyncio.gather(*(watch(index) for index in range(len(entry_ids))))
+
+
+class EntryPages:
+    """A scan's entries, read a page at a time as its visits reach them rather than all when it starts: an entry's
+    row with its trust list, its last result and the device's description is some 20 kB as the database hands it
+    over and as Python objects (a simulated device's: 9 kB and 12 kB), so reading every device of a plant at once
+    would hold tens of MB at the scan's start (hundreds at 10,000 devices), memory the process keeps long after. A
+    visit takes its entry (``take``) when its turn comes, in the order of ``entry_ids``; the first visit of a page
+    reads the whole page in one statement, and each entry is let go when taken. An entry is read as it is then, not
+    as it was when the scan listed it."""
+
+    def __init__(self, entry_ids: list[int], page_size: int) -> None:
+        self._ids, self._page_size = entry_ids, max(1, page_size)
+        self._pages: dict[int, asyncio.Future[dict[int, InventoryEntry]]] = {}
+        self._left: dict[int, int] = {}
+
+    async def take(self, index: int) -> InventoryEntry | None:
+        """The entry at ``index`` of ``entry_ids``; None when it was deleted since the scan listed it."""
+        page = index // self._page_size
+        loading = self._pages.get(page)
+        if loading is None:
+            loading = self._pages[page] = asyncio.get_running_loop().create_future()
+            ids = self._ids[page * self._page_size : (page + 1) * self._page_size]
+            self._left[page] = len(ids)
+            try:
+                loading.set_result({entry.id: entry for entry in await InventoryEntry.filter(id__in=ids)})
+            except asyncio.CancelledError:
+                loading.cancel()
+                raise
+            except Exception as error:
+                # The page's other visits fail with the same error, as the scan's listing failing would have.
+                loading.set_exception(error)
+        found = await asyncio.shield(loading)
+        entry = found.pop(self._ids[index], None)
+        self._left[page] -= 1
+        if not self._left[page]:
+            del self._pages[page], self._left[page]
+        return entry
 
 
 class DeviceSlot:

@@ -76,6 +76,9 @@ def config_key(pki: PkiEntry, renewal_days: int) -> str:
     return f"renewal_days={renewal_days};pki={pki.id}@{pki.updated_at.isoformat() if pki.updated_at else ''}"
 
 
+# Entries a renewal wave reads at once to decide which are due (``RenewalWave.run``).
+DUE_PAGE_SIZE = 100
+
 # What a renewal's outcome sets in the device's schedule row.
 RETRY_STATE_FIELDS = ("renewal_failures", "renewal_retry_at", "renewal_config_error", "renewal_config_key")
 
@@ -103,25 +106,33 @@ class RenewalWave:
         self.look_ahead_until = upcoming.end if upcoming else context.started
 
     async def run(self) -> ScanReport:
-        entries = await InventoryEntry.filter(
+        listed = InventoryEntry.filter(
             device_status=DEVICE_STATUS_ACTIVE, pki_id__isnull=False, pinned_certificate_der__isnull=False
-        ).prefetch_related("pki")
-        self.report.devices = len(entries)
-        await ensure_rows([entry.id for entry in entries])
-        schedules = {s.entry_id: s for s in await DeviceSchedule.filter(entry_id__in=[e.id for e in entries])}  # type: ignore[attr-defined]
-        # An entry deleted since it was listed has no schedule row (``ensure_rows`` skips it): nothing to renew.
-        due = [
-            entry
-            for entry in entries
-            if entry.id in schedules and await self._due(entry, schedules[entry.id], self.context.clock())
-        ]
+        )
+        entry_ids = await listed.order_by("id").values_list("id", flat=True)
+        self.report.devices = len(entry_ids)
+        await ensure_rows(entry_ids)
+        # Which are due is decided a page of entries at a time, and only their ids are kept: every entry of a plant
+        # at once, each with its trust list, its last result and the device's description, would be tens of MB (and
+        # stay the process's). A renewal reads its entry again when it has the device's lease.
+        due: list[int] = []
+        for start in range(0, len(entry_ids), DUE_PAGE_SIZE):
+            page = entry_ids[start : start + DUE_PAGE_SIZE]
+            entries = await listed.filter(id__in=page).order_by("id").prefetch_related("pki")
+            schedules = {s.entry_id: s for s in await DeviceSchedule.filter(entry_id__in=page)}  # type: ignore[attr-defined]
+            # An entry deleted since it was listed has no schedule row (``ensure_rows`` skips it): nothing to renew.
+            due += [
+                entry.id
+                for entry in entries
+                if entry.id in schedules and await self._due(entry, schedules[entry.id], self.context.clock())
+            ]
         limit = asyncio.Semaphore(self.settings.scheduler_concurrency)
 
-        async def renew(entry: InventoryEntry) -> None:
+        async def renew(entry_id: int) -> None:
             async with limit:
-                await self._renew(entry)
+                await self._renew(entry_id)
 
-        await asyncio.gather(*(renew(entry) for entry in due))
+        await asyncio.gather(*(renew(entry_id) for entry_id in due))
         return self.report
 
     async def _cas_of(self, pki: PkiEntry) -> tuple[x509.Certificate, ...]:
@@ -172,7 +183,7 @@ class RenewalWave:
             return entry.renewal_days
         return self.context.settings.gds_push_scheduler_renewal_days
 
-    async def _renew(self, entry: InventoryEntry) -> None:
+    async def _renew(self, entry_id: int) -> None:
         if self.context.stopping():
             # certlm is stopping: the renewals already running finish; this one waits for the next start.
             self.report.count("stopping")
@@ -182,18 +193,18 @@ class RenewalWave:
             self.report.count("suppressed")
             return
         try:
-            async with device_lease(entry.id, wait_s=0, lease_s=self.settings.device_lease_s) as claim:
-                await self._renew_claimed(entry, claim)
+            async with device_lease(entry_id, wait_s=0, lease_s=self.settings.device_lease_s) as claim:
+                await self._renew_claimed(entry_id, claim)
         except DeviceBusy:
             self.report.count("leased_elsewhere")
         except EntryDeleted:
             # Deleted since the scan listed it: the delete waited for nothing of ours, and nothing is left to renew.
             self.report.count("deleted")
 
-    async def _renew_claimed(self, listed: InventoryEntry, claim: Claim) -> None:
+    async def _renew_claimed(self, entry_id: int, claim: Claim) -> None:
         # Another instance may have renewed it between our scan and our claim: decide again on fresh rows, read in
         # one joined SELECT (the schedule row, its entry and the entry's PKI, which the push then signs with).
-        schedule = await DeviceSchedule.filter(entry_id=listed.id).select_related("entry__pki").first()
+        schedule = await DeviceSchedule.filter(entry_id=entry_id).select_related("entry__pki").first()
         if schedule is None:  # deleted since the claim: its row went with it
             self.report.count("deleted")
             return
