@@ -18,6 +18,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from quart import Response, request
+from tortoise import connections
 
 from certlm.foundation.actors import ADMIN, Actor
 from certlm.storage.models import AuditChainStart, AuditRecord, PkiEntry
@@ -300,6 +302,33 @@ async def test_a_change_whose_commit_fails_leaves_the_chain_without_a_gap(
     async with in_process.context():
         ids = [r.id for r in await AuditRecord.all().order_by("id")]
         assert ids == list(range(1, len(ids) + 1))
+        assert (await audit.verify_chain()).intact
+
+
+async def test_a_route_s_change_and_record_are_committed_before_its_answer_is_made(in_process: InProcessApp) -> None:
+    # SQLite's one connection is held by the route's transaction from its change to its commit: committed with the
+    # record as the view returns, it is free again while the answer is made (validated, encoded, the hooks after).
+    app = in_process.client.app
+    async with in_process.context():
+        database = connections.get("default")
+    seen: list[tuple[bool, list[int]]] = []
+
+    async def while_the_answer_is_made(response: Response) -> Response:
+        if request.method == "POST" and request.path == "/maintenance/inventory":
+            statuses = await AuditRecord.filter(action="POST /maintenance/inventory").values_list("status", flat=True)
+            seen.append((database._lock.locked(), statuses))
+        return response
+
+    app.after_request_funcs.setdefault(None, []).append(while_the_answer_is_made)  # runs before the trail's hook
+    window = {"name": "w", "status": "active", "window_type": "one_time"}
+    status, body = await in_process.call("POST", "/maintenance/inventory", window)
+    assert status == 201, body
+    assert seen == [(False, [201])]
+    status, body = await in_process.call("POST", "/maintenance/inventory", {**window, "window_type": "weekly"})
+    assert status == 400, body  # a failure is recorded with its answer's error, as before
+    async with in_process.context():
+        failed = await AuditRecord.filter(action="POST /maintenance/inventory", status=400).first()
+        assert failed is not None and failed.outcome == "failed" and "window_type" in failed.detail
         assert (await audit.verify_chain()).intact
 
 

@@ -30,14 +30,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sqlite3
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiosqlite
-from tortoise.backends.base.client import ConnectionWrapper
-from tortoise.backends.sqlite.client import SqliteTransactionContext, SqliteTransactionWrapper, _gen_savepoint_name
+from tortoise.backends.base.client import ConnectionWrapper, TransactionalDBClient
+from tortoise.backends.sqlite.client import (
+    SqliteClient,
+    SqliteTransactionContext,
+    SqliteTransactionWrapper,
+    _gen_savepoint_name,
+)
 from tortoise.connection import get_connections
 from tortoise.exceptions import IntegrityError, TransactionManagementError
 
@@ -168,6 +175,10 @@ async def _exit(self: SqliteTransactionContext, exc_type: Any, exc_val: Any, exc
 
 
 async def _enter_connection(self: ConnectionWrapper) -> Any:
+    pending = _first_change.get()
+    if pending is not None and pending.client is not None and pending.serves(self.client):
+        # Its transaction holds the lock this waits for: it would wait for ever.
+        raise TransactionManagementError("a statement outside the task's transaction, which holds the connection")
     await self._lock.acquire()
     try:
         await self.ensure_connection()
@@ -205,10 +216,123 @@ async def insert_then_commit(transaction: Any, sql: str, parameters: list[Any]) 
     return inserted
 
 
+# --- a transaction its task begins at its first change ------------------------------------------------------------
+
+_first_change: ContextVar[TransactionAtFirstChange | None] = ContextVar("certlm_first_change", default=None)
+_READS = ("SELECT", "select")
+
+
+class TransactionAtFirstChange:
+    """A transaction on tortoise's SQLite connection that the task which made it begins at its first change (the
+    first statement that is not a SELECT, a nested ``in_transaction``, or ``begin``), not up front.
+
+    Why: SQLite has one connection, and a transaction holds it (tortoise's lock) from BEGIN to COMMIT; every other
+    task's statement waits meanwhile, and runs alone when its turn comes. A request whose change and audit record
+    commit together (``certlm.system.audit.commits_with_record``) held it from its view's start: its reads, the
+    answer's making and the record, with every other request queued behind it one at a time. Begun at the change,
+    the reads before it go out as any other task's do. What they read is what the request would have read without
+    the trail (and what a transaction at READ COMMITTED on PostgreSQL reads): committed rows, which another request
+    may change before this one's change (the change and its record are still one commit).
+
+    While it is armed (``arm``), the owner's statements sent to the client outside a transaction go into it once
+    begun; other tasks' are not touched. ``disarm`` once the transaction is finished or was never needed."""
+
+    def __init__(self, connection_name: str = "default") -> None:
+        self.owner = asyncio.current_task()
+        self.connection_name = connection_name
+        self.context: SqliteTransactionContext | None = None
+        self.client: SqliteTransactionWrapper | None = None  # the transaction, once begun
+        self._token: Any = None
+
+    def arm(self) -> None:
+        self._token = _first_change.set(self)
+
+    def disarm(self) -> None:
+        if _first_change.get() is self:
+            _first_change.set(None)
+
+    async def begin(self) -> SqliteTransactionWrapper:
+        """The transaction, begun now if it was not (BEGIN itself waits for the next statement's trip)."""
+        if self.client is None:
+            parent = get_connections().get(self.connection_name)
+            context = SqliteTransactionContext(SqliteTransactionWrapper(parent), parent._lock)
+            self.client = await context.__aenter__()
+            self.context = context
+        return self.client
+
+    def serves(self, client: Any) -> bool:
+        """Whether a statement the current task sends to ``client`` belongs to this transaction."""
+        return (
+            asyncio.current_task() is self.owner
+            and not isinstance(client, TransactionalDBClient)
+            and client.connection_name == self.connection_name
+        )
+
+
+def first_change_pending(client: Any) -> TransactionAtFirstChange | None:
+    """The armed ``TransactionAtFirstChange`` a statement of the current task to ``client`` would go into."""
+    pending = _first_change.get()
+    return pending if pending is not None and pending.serves(client) else None
+
+
+async def transaction_for_change(client: Any) -> Any:
+    """The client a change about to be made through ``client`` (and the reads that must see the same rows) should
+    use: the current task's ``TransactionAtFirstChange``, begun now, when one is armed; else ``client`` itself."""
+    pending = first_change_pending(client)
+    return await pending.begin() if pending is not None else client
+
+
+def _into_first_change(method: Callable[..., Any], reads: bool) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def send(self: Any, query: str, *args: Any) -> Any:
+        pending = _first_change.get()
+        if pending is not None and pending.serves(self):
+            if pending.client is None and reads and query.lstrip().startswith(_READS):
+                return await method(self, query, *args)
+            return await getattr(await pending.begin(), method.__name__)(query, *args)
+        return await method(self, query, *args)
+
+    return send
+
+
+class _NestedInFirstChange:
+    """``in_transaction`` inside an armed ``TransactionAtFirstChange``: begins it, then a savepoint within it."""
+
+    def __init__(self, pending: TransactionAtFirstChange) -> None:
+        self.pending = pending
+        self.nested: Any = None
+
+    async def __aenter__(self) -> Any:
+        self.nested = (await self.pending.begin())._in_transaction()
+        return await self.nested.__aenter__()
+
+    async def __aexit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        await self.nested.__aexit__(exc_type, exc_val, exc_tb)
+
+
+_plain_in_transaction = SqliteClient._in_transaction
+
+
+def _in_transaction(self: SqliteClient) -> Any:
+    pending = first_change_pending(self)
+    return _NestedInFirstChange(pending) if pending is not None else _plain_in_transaction(self)
+
+
 def make_sqlite_transactions_cancel_safe_and_lean() -> None:
     SqliteTransactionContext.__aenter__ = _enter  # type: ignore[method-assign]
     SqliteTransactionContext.__aexit__ = _exit  # type: ignore[method-assign]
     ConnectionWrapper.__aenter__ = _enter_connection  # type: ignore[method-assign]
+    if not getattr(SqliteClient, "_certlm_first_change", False):
+        for name, reads in (
+            ("execute_query", True),
+            ("execute_query_dict", True),
+            ("execute_insert", False),
+            ("execute_many", False),
+            ("execute_script", False),
+        ):
+            setattr(SqliteClient, name, _into_first_change(getattr(SqliteClient, name), reads))
+        SqliteClient._in_transaction = _in_transaction  # type: ignore[method-assign]
+        SqliteClient._certlm_first_change = True  # type: ignore[attr-defined]
     SqliteTransactionWrapper.savepoint = _savepoint  # type: ignore[method-assign]
     SqliteTransactionWrapper.release_savepoint = _release_savepoint  # type: ignore[method-assign]
     aiosqlite.Connection._execute = _execute_after_deferred  # type: ignore[method-assign]
@@ -305,8 +429,9 @@ async def insert_and_check_in_one_trip(
     and the license's endpoint count that must still hold it). The id of the row inserted, None when rolled back.
     A statement that fails rolls everything back: tortoise's ``IntegrityError`` for a constraint, else its own error.
     """
-    if isinstance(client, SqliteTransactionWrapper):
-        # Its BEGIN would meet the caller's transaction (and the recovery below roll that back).
+    if isinstance(client, SqliteTransactionWrapper) or first_change_pending(client) is not None:
+        # Its BEGIN would meet the caller's transaction (and the recovery below roll that back); or it would commit
+        # apart from the transaction the caller's change belongs in.
         raise TransactionManagementError("insert_and_check_in_one_trip runs outside any transaction")
     statements = [insert, *with_it, check]
     for sql, parameters in statements:

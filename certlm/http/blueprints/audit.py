@@ -163,12 +163,36 @@ async def stop_trail() -> None:
         await keeper.stop()
 
 
+class RecordNotWritten(APIError):
+    """A ``commits_with_record`` route's change was rolled back as its view returned: its record could not be
+    written or committed with it."""
+
+    status = 500
+
+
 @blueprint.before_app_request
 async def journal_request() -> None:
     if audit.recording():
         asked = request._get_current_object()  # the proxy's look-up once, not per attribute
         if asked.method in audit.STATE_CHANGING_METHODS and asked.url_rule is not None:
-            audit.open_journal()
+            audit.open_journal(record_on_return=record_on_return)
+
+
+async def record_on_return(answer: Any) -> None:
+    """Record a ``commits_with_record`` route's request as its view returns ``answer`` (a success), committing its
+    change with the record then rather than once the answer is made: on SQLite the transaction holds the one
+    connection till its commit. Its change rolled back: ``RecordNotWritten`` (500), the failure recorded."""
+    status = answer[1] if isinstance(answer, tuple) and len(answer) > 1 and isinstance(answer[1], int) else 200
+    if isinstance(answer, Response):
+        status = answer.status_code
+    journal = audit.current_journal()
+    if status >= 300 or journal is None:
+        return  # not a success: recorded with the answer's error once it is made
+    asked = request._get_current_object()  # the proxy's look-up once, not per attribute
+    journal.recorded = True
+    error = await _record(asked, journal, status, None)
+    if error is not None:
+        raise RecordNotWritten(error)
 
 
 @blueprint.after_app_request
@@ -182,8 +206,21 @@ async def record_request(response: Response) -> Response:
     if not (changing or refused) or method == "OPTIONS":
         return response
     journal = audit.current_journal()
+    if journal is not None and journal.recorded:  # as its view returned (``record_on_return``)
+        return response
+    detail = await _error_of(response) if status >= 400 else None
+    error = await _record(asked, journal, status, detail)
+    if error is not None:
+        return Response(json.dumps({"error": error}), status=500, mimetype="application/json")
+    return response
+
+
+async def _record(asked: Request, journal: audit.Journal | None, status: int, detail: str | None) -> str | None:
+    """Append the request's record; the error to answer instead when its change had to be rolled back."""
     if journal is not None:
         journal.closed = True
+    method, url_rule = asked.method, asked.url_rule
+    refused = status in audit.REFUSED_STATUSES
     actor = current_actor()
     if actor.source is None:
         actor = type(actor)(actor.kind, actor.name, actor.role, asked.remote_addr)
@@ -199,7 +236,7 @@ async def record_request(response: Response) -> Response:
             target=target,
             entry_id=entry_id,
             device=device,
-            detail=await _error_of(response) if status >= 400 else None,
+            detail=detail,
             changes=journal.changes if journal is not None else None,
         )
         if status == 413:
@@ -216,13 +253,12 @@ async def record_request(response: Response) -> Response:
             await record(outcome=audit.FAILED, status=500, detail=str(error), changes=None)
         except Exception:
             current_app.logger.exception("the audit trail could not record %s %s", method, rule)
-        return Response(json.dumps({"error": str(error)}), status=500, mimetype="application/json")
+        return str(error)
     except Exception:
         current_app.logger.exception("the audit trail could not record %s %s", method, rule)
         if await audit.abandon_request_transaction():
-            error = "the change was rolled back: its audit record could not be written"
-            return Response(json.dumps({"error": error}), status=500, mimetype="application/json")
-    return response
+            return "the change was rolled back: its audit record could not be written"
+    return None
 
 
 @blueprint.teardown_app_request
