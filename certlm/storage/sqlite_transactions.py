@@ -22,8 +22,12 @@ audit trail's read of what a delete will cascade to) on that statement's trip. `
 counts the trips and shows the deferred statements take effect where they did before (a savepoint rolled back to, a
 failing BEGIN).
 
-``make_sqlite_transactions_cancel_safe_and_lean()`` installs both, once, when storage is imported; a tortoise-orm or
-aiosqlite release that changes these internals fails those tests rather than a plant.
+Held for less. ``TransactionAtFirstChange`` is a transaction its task begins at its first change, not up front (the
+audit trail's request transaction): the reads before it leave the one connection to every other task
+(``tests/storage/test_first_change.py``).
+
+``make_sqlite_transactions_cancel_safe_and_lean()`` installs all three, once, when storage is imported; a tortoise-orm
+or aiosqlite release that changes these internals fails those tests rather than a plant.
 """
 
 from __future__ import annotations
