@@ -1144,8 +1144,9 @@ def commits_with_record(view: Callable[..., Awaitable[Any]]) -> Callable[..., Aw
     ``record_on_return``, which the HTTP layer gives), not once the answer is made; a view that fails is recorded
     with the answer's error, as any request. On PostgreSQL the transaction begins at the view's start; on SQLite at
     the view's first change (``TransactionAtFirstChange``): there it holds the only connection, every other
-    request's statements waiting, so it is held from the change to the record and no longer (bench_audit, 8
-    clients: the trail's CPU per request 0.9 ms held from the view's start to the answer, about 0.4 ms so).
+    request's statements waiting, so it is held from the change to the record and no longer
+    (``bench/profile_audit.py --clients 8``: the trail's CPU per request 0.92 ms when held from the view's start to
+    the answer's end, 0.63-0.86 ms so).
 
     Only for routes that change nothing but the database and wait on nothing else once they changed something: on
     SQLite a route that waited on a device or a PKI in its transaction would stall every other request. Nor may
