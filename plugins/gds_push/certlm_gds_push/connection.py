@@ -252,12 +252,45 @@ def usable_endpoints(descriptions: Announced, target: DeviceTarget, security: Se
     return sorted(usable, key=Endpoint.strength, reverse=True)
 
 
+class TimeLimit:
+    """``asyncio.timeout(seconds)`` whose expiry is always ``TimeoutError``. asyncua bounds its requests with
+    ``wait_for2``, which raises ``CancelledWithResultError``, a ``CancelledError`` of its own class, when a
+    cancellation meets the answer it was waiting for; Python 3.11's ``asyncio.timeout`` turns only ``CancelledError``
+    itself into ``TimeoutError`` (3.12 any subclass of it). So a time-out that expired at that very moment escaped as
+    a cancellation: on a loaded machine an onboarding failed now and then with 500 "internal error:
+    CancelledWithResultError" rather than its step's time-out. A cancellation from outside (the task's own) stays
+    one."""
+
+    __slots__ = ("_cancelling", "_task", "_timeout")
+
+    def __init__(self, seconds: float | None) -> None:
+        self._timeout = asyncio.timeout(seconds)
+
+    async def __aenter__(self) -> asyncio.Timeout:
+        self._task = asyncio.current_task()
+        self._cancelling = self._task.cancelling() if self._task is not None else 0
+        return await self._timeout.__aenter__()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, traceback: Any) -> bool | None:
+        handled = await self._timeout.__aexit__(exc_type, exc, traceback)  # a plain CancelledError: TimeoutError
+        if (
+            exc_type is not None
+            and exc_type is not asyncio.CancelledError
+            and issubclass(exc_type, asyncio.CancelledError)
+            and self._timeout.expired()
+            and self._task is not None
+            and self._task.cancelling() <= self._cancelling
+        ):
+            raise TimeoutError from exc
+        return handled
+
+
 async def server_endpoints(url: str, timeouts: DeviceTimeouts) -> list[ua.EndpointDescription]:
     """GetEndpoints over a channel without security, as every OPC UA client starts."""
     client = Client(url, timeout=timeouts.connect_s)
     # Bounds here are ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` runs what it bounds in a task
     # of its own, four more per renewal (and per monitor visit) for the same bound.
-    async with asyncio.timeout(timeouts.connect_s):
+    async with TimeLimit(timeouts.connect_s):
         return await client.connect_and_get_server_endpoints()
 
 
@@ -266,7 +299,7 @@ async def server_listens(url: str, timeouts: DeviceTimeouts) -> None:
     device that restarts its endpoints has to show, without the GetEndpoints that decodes every endpoint it offers
     (each with its certificate). Raises ``OSError`` or ``TimeoutError`` while it does not."""
     address = urlsplit(url)
-    async with asyncio.timeout(timeouts.connect_s):
+    async with TimeLimit(timeouts.connect_s):
         _, writer = await asyncio.open_connection(address.hostname, address.port or DEFAULT_OPC_TCP_PORT)
     writer.close()
     with contextlib.suppress(OSError):
@@ -434,7 +467,7 @@ class DeviceSession:
         """``operation`` of several requests (a Browse and its BrowseNext), bounded as a whole by the operation
         time-out. A single request needs no such bound: the client bounds each request by it (``_connect``), and a
         second bound costs a task and a timer on every request of a push."""
-        async with asyncio.timeout(self.timeouts.operation_s):
+        async with TimeLimit(self.timeouts.operation_s):
             return await operation
 
     async def call(self, object_id: ua.NodeId, method_id: ua.NodeId, *arguments: ua.Variant) -> list[Any]:
@@ -791,7 +824,7 @@ async def _connect(
     _set_user(client, target)
     async with client.uaclient.subscribe_state() as states:
         try:
-            async with asyncio.timeout(timeouts.connect_s):
+            async with TimeLimit(timeouts.connect_s):
                 await client.connect()
         except ConnectionError as error:
             client.disconnect_socket()

@@ -56,6 +56,7 @@ from certlm_gds_push.connection import (
     Endpoint,
     ServerCheck,
     SessionSecurity,
+    TimeLimit,
     certificate_name,
     explain,
     is_transient,
@@ -103,8 +104,8 @@ async def once_back(timeouts: DeviceTimeouts, attempt: Callable[[], Awaitable[_T
     bound = min(RECONNECT_ATTEMPT_FIRST_S, timeouts.connect_s)
     while True:
         try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the attempt as a task of its own.
-            async with asyncio.timeout(bound):
+            # A time limit, not wait_for: on Python 3.11 wait_for runs the attempt as a task of its own.
+            async with TimeLimit(bound):
                 return await attempt()
         except DeviceIdentityChanged:
             raise
