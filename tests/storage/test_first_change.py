@@ -20,6 +20,7 @@ from certlm.storage.sqlite_transactions import (
     insert_and_check_in_one_trip,
     transaction_for_change,
 )
+from tests.support import eventually
 
 
 def _entry(n: int) -> dict:
@@ -79,11 +80,11 @@ async def test_the_change_and_what_follows_it_commit_together(database: Any) -> 
     entry.name = "renamed"
     await entry.save()
     asked.set()
-    for _ in range(1000):  # until it waits for the connection (a bound, not a time)
-        await asyncio.sleep(0)
-        if database._lock._waiters:
-            break
-    assert database._lock._waiters and not outside.done()  # it waits for the commit, never reads into it
+    async def waits_for_the_connection() -> bool:
+        return bool(database._lock._waiters)
+
+    await eventually(waits_for_the_connection, "read waiting for the connection", timeout=10, every=0.01)
+    assert not outside.done()  # it waits for the commit, never reads into it
     first_change.disarm()
     await first_change.context.__aexit__(None, None, None)
     assert await asyncio.wait_for(outside, 10) == 1

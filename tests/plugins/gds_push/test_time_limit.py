@@ -53,8 +53,10 @@ async def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
 
 
 async def test_an_answer_in_time_and_a_plain_time_out_are_as_before() -> None:
+    answered = asyncio.get_running_loop().create_future()
+    answered.set_result("answer")
     async with TimeLimit(10):
-        assert await wait_for(asyncio.sleep(0, "answer"), 5) == "answer"
+        assert await wait_for(answered, 5) == "answer"
     with pytest.raises(TimeoutError):
         async with TimeLimit(0.01):
             await asyncio.Event().wait()
