@@ -179,8 +179,8 @@ async def _exit(self: SqliteTransactionContext, exc_type: Any, exc_val: Any, exc
 
 
 async def _enter_connection(self: ConnectionWrapper) -> Any:
-    pending = _first_change.get()
-    if pending is not None and pending.client is not None and pending.serves(self.client):
+    pending = first_change_pending(self.client)
+    if pending is not None and pending.client is not None:
         # Its transaction holds the lock this waits for: it would wait for ever.
         raise TransactionManagementError("a statement outside the task's transaction, which holds the connection")
     await self._lock.acquire()
@@ -246,10 +246,9 @@ class TransactionAtFirstChange:
         self.connection_name = connection_name
         self.context: SqliteTransactionContext | None = None
         self.client: SqliteTransactionWrapper | None = None  # the transaction, once begun
-        self._token: Any = None
 
     def arm(self) -> None:
-        self._token = _first_change.set(self)
+        _first_change.set(self)
 
     def disarm(self) -> None:
         if _first_change.get() is self:
@@ -289,8 +288,8 @@ async def transaction_for_change(client: Any) -> Any:
 def _into_first_change(method: Callable[..., Any], reads: bool) -> Callable[..., Any]:
     @functools.wraps(method)
     async def send(self: Any, query: str, *args: Any) -> Any:
-        pending = _first_change.get()
-        if pending is not None and pending.serves(self):
+        pending = first_change_pending(self)
+        if pending is not None:
             if pending.client is None and reads and query.lstrip().startswith(_READS):
                 return await method(self, query, *args)
             return await getattr(await pending.begin(), method.__name__)(query, *args)

@@ -208,15 +208,15 @@ async def record_request(response: Response) -> Response:
     journal = audit.current_journal()
     if journal is not None and journal.recorded:  # as its view returned (``record_on_return``)
         return response
-    detail = await _error_of(response) if status >= 400 else None
-    error = await _record(asked, journal, status, detail)
+    error = await _record(asked, journal, status, response)
     if error is not None:
         return Response(json.dumps({"error": error}), status=500, mimetype="application/json")
     return response
 
 
-async def _record(asked: Request, journal: audit.Journal | None, status: int, detail: str | None) -> str | None:
-    """Append the request's record; the error to answer instead when its change had to be rolled back."""
+async def _record(asked: Request, journal: audit.Journal | None, status: int, response: Response | None) -> str | None:
+    """Append the request's record (a failure's error sentence from ``response``, once the answer is made); the
+    error to answer instead when its change had to be rolled back."""
     if journal is not None:
         journal.closed = True
     method, url_rule = asked.method, asked.url_rule
@@ -236,7 +236,7 @@ async def _record(asked: Request, journal: audit.Journal | None, status: int, de
             target=target,
             entry_id=entry_id,
             device=device,
-            detail=detail,
+            detail=await _error_of(response) if response is not None and status >= 400 else None,
             changes=journal.changes if journal is not None else None,
         )
         if status == 413:
