@@ -7,7 +7,10 @@ processes on a shared machine move it less.
     .venv/bin/python bench/profile_audit.py [--seconds 60] [--block 30] [--profile on|off] [--postgres]
 
 After the warm-up the collector is frozen (``gc.freeze()``), as ``certlm serve`` does once started, and each side's
-garbage collections are counted with the CPU they took (the trail's journals and records are objects too).
+garbage collections are counted with the CPU they took (the trail's journals and records are objects too). On SQLite
+the lock tortoise serialises the one connection with is timed too (``HoldClock``): the share of the time it was held,
+its holds per request, how long each lasted and how long each was waited for; a request whose change and record share
+a transaction holds it from the change's trip to the commit's.
 
 ``--profile on`` (or ``off``) also prints a cProfile (CPU clock) of that side's requests, sorted by own time (which
 inflates the trail's many small calls several times over); ``--stats FILE`` also writes it to ``FILE`` (pstats), so
@@ -44,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import asyncpg
 from common import BackendClock
+from tortoise import connections
 
 from certlm.foundation.actors import ADMIN, Actor
 from certlm.storage import sqlite_transactions
@@ -107,6 +111,40 @@ class RoundTrips:
             return await run(con, *args, **kwargs)
 
         connection.execute, connection._execute = counted_execute, counted_run
+
+
+class HoldClock:
+    """Times the lock tortoise's SQLite client serialises its one connection with (a statement outside a transaction
+    holds it for its trip, a transaction from BEGIN to COMMIT): how long it was held and waited for. Its ``acquire``
+    and ``release`` are wrapped on the lock itself (every transaction holds the client's lock, not a copy), from a
+    moment it is free. Under the mix at 8 clients it is held most of the time, each hold lasting at least until its
+    task resumes after the trip (a turn of the event loop, all other ready tasks' work included): the rate follows its
+    holds as much as the CPU."""
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self.held = self.waited = 0.0
+        self.acquired = 0
+        self._since: float | None = None
+        acquire, release = lock.acquire, lock.release
+
+        async def timed_acquire() -> bool:
+            asked = time.monotonic()
+            await acquire()
+            self._since = time.monotonic()
+            self.waited += self._since - asked
+            self.acquired += 1
+            return True
+
+        def timed_release() -> None:
+            if self._since is not None:
+                self.held += time.monotonic() - self._since
+                self._since = None
+            release()
+
+        lock.acquire, lock.release = timed_acquire, timed_release
+
+    def read(self) -> tuple[float, float, int]:
+        return self.held, self.waited, self.acquired
 
 
 class Collections:
@@ -278,6 +316,7 @@ async def measure(args: argparse.Namespace, postgres) -> None:
     gc_of = {True: [0, 0.0], False: [0, 0.0]}  # collections, CPU seconds in them
     collector = Collections()
     per_block: dict[bool, list[float]] = {True: [], False: []}
+    lock_of = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}  # SQLite's connection lock: held s, waited s, holds
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
         keys = LicenseKeys.create(root / "keys")
@@ -291,6 +330,7 @@ async def measure(args: argparse.Namespace, postgres) -> None:
             # As ``certlm serve`` does once started: what start-up made is out of the collector's sight.
             gc.collect()
             gc.freeze()
+            lock = HoldClock(connections.get("default")._lock) if postgres is None else None
             switch = function_or_checked_insert if args.against_checked_insert else trail
             deadline, number = time.monotonic() + args.seconds, 0
             while time.monotonic() < deadline:
@@ -301,6 +341,7 @@ async def measure(args: argparse.Namespace, postgres) -> None:
                     trips0 = trips.count
                     collector.start()
                     backends_before = backends.read() if backends is not None else None
+                    lock_before = lock.read() if lock is not None else None
                     if profiled is not None:
                         profiled.enable()
                     first = 1000 + number * args.block * args.clients
@@ -313,6 +354,9 @@ async def measure(args: argparse.Namespace, postgres) -> None:
                     collections, collecting = collector.stop()
                     if backends is not None:
                         backend_cpu[on] += backends.spent_since(backends_before)
+                    if lock is not None:
+                        since = zip(lock.read(), lock_before, lock_of[on], strict=True)
+                        lock_of[on] = [now - then + kept for now, then, kept in since]
                     gc_of[on][0] += collections
                     gc_of[on][1] += collecting
                     spent[on][3] += time.monotonic() - wall0
@@ -336,6 +380,11 @@ async def measure(args: argparse.Namespace, postgres) -> None:
               f"{1000 * process_s / done:.3f} ms/request (median block {statistics.median(per_block[on]):.3f}; "
               f"{done} requests; {trips_of[on] / done:.2f} trips to {where} per request; garbage collector "
               f"{gc_of[on][0] / done:.3f} collections, {1e6 * gc_of[on][1] / done:.1f} us per request)")  # fmt: skip
+        if postgres is None:
+            held, waited, holds = lock_of[on]
+            print(f"           SQLite's connection lock held {100 * held / spent[on][3]:.0f} % of the time, "
+                  f"{holds / done:.2f} holds per request of {1000 * held / max(holds, 1):.3f} ms, each waited for "
+                  f"{1000 * waited / max(holds, 1):.3f} ms")  # fmt: skip
     if backends is not None:
         per_request = {on: 1000 * backend_cpu[on] / spent[on][2] for on in spent}
         print(f"PostgreSQL backends: on {per_request[True]:.3f} ms/request, off {per_request[False]:.3f} ms/request "

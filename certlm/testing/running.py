@@ -133,13 +133,15 @@ class RunningService:
         return self.console() + "".join(path.read_text(errors="replace") for path in files)
 
     def client(self, api_key: str | bool | None = True, **kwargs: Any) -> httpx.AsyncClient:
-        """An HTTP client; ``api_key=True`` sends this service's key, a string sends that, None none."""
+        """An HTTP client; ``api_key=True`` sends this service's key, a string sends that, None none. It waits 60 s
+        for an answer unless ``timeout`` says otherwise."""
         headers = kwargs.pop("headers", {})
         if api_key is True:
             headers["X-API-Key"] = self.api_key
         elif isinstance(api_key, str):
             headers["X-API-Key"] = api_key
-        return httpx.AsyncClient(base_url=self.url, headers=headers, verify=False, timeout=60, **kwargs)
+        kwargs.setdefault("timeout", 60)
+        return httpx.AsyncClient(base_url=self.url, headers=headers, verify=False, **kwargs)
 
     async def install_license(self, license_b64: str) -> httpx.Response:
         async with self.client() as client:
