@@ -116,10 +116,10 @@ class RoundTrips:
 class HoldClock:
     """Times the lock tortoise's SQLite client serialises its one connection with (a statement outside a transaction
     holds it for its trip, a transaction from BEGIN to COMMIT): how long it was held and waited for. Its ``acquire``
-    and ``release`` are wrapped on the lock itself (every transaction holds the client's lock, not a copy), from a
-    moment it is free. Under the mix at 8 clients it is held most of the time, each hold lasting at least until its
-    task resumes after the trip (a turn of the event loop, all other ready tasks' work included): the rate follows its
-    holds as much as the CPU."""
+    and ``release`` are wrapped on the lock itself (every transaction holds the client's lock, not a copy); a hold
+    already under way when it is wrapped is not counted. Under the mix at 8 clients it is held most of the time, each
+    hold lasting at least until its task resumes after the trip (a turn of the event loop, all other ready tasks' work
+    included): the rate follows its holds as much as the CPU."""
 
     def __init__(self, lock: asyncio.Lock) -> None:
         self.held = self.waited = 0.0
